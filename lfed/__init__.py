@@ -1,0 +1,1 @@
+"""lfed: federated learning on PyTorch Lightning."""
