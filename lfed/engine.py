@@ -1,0 +1,398 @@
+"""CohortTrainer: local SGD of a whole cohort of clients at once, on the device.
+
+Every local objective of SPEC §2 is one step rule,
+
+    w ← w - eta_l * (grad_scale * g_k(w) + decay ⊙ w + shift),
+
+with per-client or shared ``grad_scale``, ``decay`` and ``shift`` (see :class:`StepRule`):
+FedAvg has none of them, FedProx ``decay = mu, shift = -mu * w_start``, SCAFFOLD
+``shift = c - c_k``, IGFL-C ``grad_scale = 1 + 1/|S|`` and a constant shift, EFL
+``decay = lam * U, shift = -lam * V``. The trainer therefore knows nothing about algorithms.
+
+Two backends with the same maths (DESIGN.md):
+
+* ``vmap``: the K clients' parameters are one ``[K, P]`` tensor; each local step is one call of
+  ``vmap(grad(loss))`` over the stacked parameters and a gathered ``[K, B, ...]`` batch.
+* ``loop``: one client after another with ordinary autograd, for models that cannot be
+  vmapped (BatchNorm with running statistics, cuDNN RNNs).
+
+Both consume the same batch schedule (:func:`batch_schedule`), so they agree to round-off.
+Uneven client sizes and partial batches are masked; clients that completed fewer steps
+(stragglers) stop updating after their last step and, in ``vmap``, drop out of the
+computation of later steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, grad, grad_and_value, vmap
+
+from lfed.params import ParamLayout
+
+BACKENDS = ("auto", "vmap", "loop")
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+def per_example_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
+    """Cross-entropy per example (``reduction='none'``): lfed's default client loss."""
+    return F.cross_entropy(logits, target, reduction="none")
+
+
+def as_per_example_loss(loss: nn.Module | LossFn | None) -> LossFn:
+    """Turn a user's loss into one that returns a loss per example.
+
+    A ``torch.nn`` loss module with a ``reduction`` attribute is copied with
+    ``reduction='none'``; a plain callable must already return one value per example.
+    """
+    if loss is None:
+        return per_example_cross_entropy
+    if isinstance(loss, nn.Module) and hasattr(loss, "reduction"):
+        import copy
+
+        loss = copy.copy(loss)
+        loss.reduction = "none"
+        return loss
+    if not callable(loss):
+        raise ValueError(f"loss: expected a torch.nn loss or a callable (logits, target) -> per-example loss, got {loss!r}")
+    return loss
+
+
+def has_running_stats(net: nn.Module) -> bool:
+    """Whether ``net`` holds BatchNorm running statistics (which vmap cannot update)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats for m in net.modules())
+
+
+@dataclass
+class StepRule:
+    """The local step ``w ← w - lr * (grad_scale * g + decay ⊙ w + shift)`` for K clients.
+
+    Attributes:
+        grad_scale: A float, or ``[K]`` per client.
+        decay: None, a float, ``[P]`` shared, or ``[K, P]`` per client.
+        shift: None, ``[P]`` shared, or ``[K, P]`` per client.
+    """
+
+    grad_scale: float | Tensor = 1.0
+    decay: float | Tensor | None = None
+    shift: Tensor | None = None
+
+    def direction(self, g: Tensor, w: Tensor) -> Tensor:
+        """The step direction for gradients ``g`` and weights ``w`` (both ``[K, P]`` or ``[P]``)."""
+        scale = self.grad_scale
+        if isinstance(scale, Tensor) and scale.dim() == 1 and g.dim() == 2:
+            scale = scale[:, None]
+        d = g if (not isinstance(scale, Tensor) and scale == 1.0) else scale * g
+        if self.decay is not None:
+            d = d + self.decay * w
+        if self.shift is not None:
+            d = d + self.shift
+        return d
+
+    def select(self, rows: Tensor | int, num_clients: int) -> StepRule:
+        """The rule of a subset of the K clients (``rows`` indexes the cohort)."""
+
+        def pick(x, per_client_dim):
+            if isinstance(x, Tensor) and x.dim() == per_client_dim and x.shape[0] == num_clients:
+                return x[rows]
+            return x
+
+        return replace(self, grad_scale=pick(self.grad_scale, 1), decay=pick(self.decay, 2), shift=pick(self.shift, 2))
+
+
+@dataclass
+class CohortResult:
+    """What local training of a cohort returns.
+
+    Attributes:
+        weights: ``[K, P]`` final client weights ``w_k_end``.
+        loss: ``[K]`` mean training loss over the steps each client took (0 for none).
+        buffers: ``{name: [K, ...]}`` final client buffers (``loop`` backend with running
+            statistics only), else None.
+    """
+
+    weights: Tensor
+    loss: Tensor
+    buffers: dict[str, Tensor] | None = None
+
+
+def steps_per_epoch(num_examples: Tensor, batch_size: int | None) -> Tensor:
+    """``ceil(n_k / B)`` per client (1 for full-batch, ``batch_size=None``)."""
+    if batch_size is None:
+        return torch.ones_like(num_examples)
+    return torch.div(num_examples + batch_size - 1, batch_size, rounding_mode="floor").clamp_min(1)
+
+
+def batch_schedule(
+    num_examples: Tensor, num_steps: int, batch_size: int | None, generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    """Mini-batch positions of every client for every local step of a round.
+
+    Client k reshuffles its ``n_k`` examples at the start of each local epoch and walks
+    through them in batches of ``B`` (the last one partial). Step ``t`` is batch
+    ``t mod ceil(n_k/B)`` of epoch ``t // ceil(n_k/B)``.
+
+    Args:
+        num_examples: ``[K]`` client sizes ``n_k``.
+        num_steps: Number of steps to schedule (the largest step count of the cohort).
+        batch_size: ``B``, or None for full-batch steps.
+        generator: CPU generator; the schedule depends on it alone, so both backends and
+            any device see the same batches.
+
+    Returns:
+        ``positions [K, T, B']`` (indices into each client's own example list) and
+        ``valid [K, T, B']`` (False on padding), with ``B' = min(B, max n_k)``.
+    """
+    n = num_examples.detach().cpu().long()
+    K, max_n = n.numel(), int(n.max())
+    B = max_n if batch_size is None else min(int(batch_size), max_n)
+    nb = steps_per_epoch(n, batch_size)
+    T = max(int(num_steps), 0)
+    if T == 0:
+        empty = torch.zeros(K, 0, B, dtype=torch.long)
+        return empty, empty.bool()
+    epochs = int(torch.div(T + nb - 1, nb, rounding_mode="floor").max())
+    keys = torch.rand(K, epochs, max_n, generator=generator, dtype=torch.float64)
+    keys.masked_fill_((torch.arange(max_n) >= n[:, None])[:, None, :], math.inf)
+    perm = keys.argsort(dim=-1)
+    t = torch.arange(T)
+    epoch = torch.div(t[None, :], nb[:, None], rounding_mode="floor")  # [K, T]
+    batch = t[None, :] % nb[:, None]
+    pos = batch[..., None] * (B if batch_size is not None else max_n) + torch.arange(B)  # [K, T, B]
+    valid = pos < n[:, None, None]
+    positions = perm[torch.arange(K)[:, None, None], epoch[..., None], pos.clamp(max=max_n - 1)]
+    return positions, valid
+
+
+class CohortTrainer:
+    """Runs the local training of a cohort of clients (SPEC §1, §2) on one device.
+
+    Args:
+        net: The model; only its structure and buffers are used, parameters come in flat.
+        loss: Per-example loss (see :func:`as_per_example_loss`); cross-entropy by default.
+        backend: ``"vmap"``, ``"loop"`` or ``"auto"`` (vmap unless the model cannot be vmapped).
+        chunk_size: Train at most this many clients at once (bounds memory); None for all.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        loss: nn.Module | LossFn | None = None,
+        backend: str = "auto",
+        chunk_size: int | None = None,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: {backend!r} is not one of {BACKENDS}")
+        if chunk_size is not None and chunk_size < 1:
+            raise ValueError(f"chunk_size: must be >= 1 or None, got {chunk_size}")
+        if backend == "vmap" and has_running_stats(net):
+            raise ValueError(
+                "backend='vmap' cannot train a model with BatchNorm running statistics "
+                f"({type(net).__name__}): each client would update shared buffers in place. "
+                "Use backend='loop' (or 'auto'), or a norm without running stats (GroupNorm, "
+                "BatchNorm(track_running_stats=False))."
+            )
+        self.net = net
+        self.loss_fn = as_per_example_loss(loss)
+        self.layout = ParamLayout.from_module(net)
+        self.requested_backend = backend
+        self.chunk_size = chunk_size
+        self._backend: str | None = None if backend == "auto" else backend
+        self._vmapped = vmap(grad_and_value(self._client_loss), in_dims=(0, 0, 0, 0, None), randomness="different")
+
+    # ----------------------------------------------------------------- backend choice
+    @property
+    def backend(self) -> str:
+        """The backend in use (``auto`` is resolved on the first round)."""
+        return self._backend or "undecided"
+
+    def resolve_backend(self, x: Tensor, y: Tensor) -> str:
+        """Pick the backend for ``auto``: vmap if a two-client probe step works, else loop."""
+        if self._backend is not None:
+            return self._backend
+        if has_running_stats(self.net):
+            self._backend = "loop"
+            return self._backend
+        try:
+            w = self.layout.module_vector(self.net).to(x.device)
+            W = torch.stack([w, w])
+            xs, ys = x[:1].expand(2, 1, *x.shape[1:]), y[:1].expand(2, 1, *y.shape[1:])
+            self._vmapped(W, xs, ys, torch.ones(2, 1, dtype=w.dtype, device=w.device), self._buffers())
+            self._backend = "vmap"
+        except Exception:  # any vmap limitation (custom kernels, in-place buffer updates, cuDNN RNN)
+            self._backend = "loop"
+        return self._backend
+
+    # ----------------------------------------------------------------- losses
+    def _buffers(self) -> dict[str, Tensor]:
+        return dict(self.net.named_buffers())
+
+    def _client_loss(self, flat: Tensor, x: Tensor, y: Tensor, mask: Tensor, buffers: dict[str, Tensor]) -> Tensor:
+        out = functional_call(self.net, (self.layout.unflatten(flat), buffers), (x,))
+        per_example = self.loss_fn(out, y)
+        return (per_example * mask).sum() / mask.sum().clamp_min(1)
+
+    def _example_loss(self, flat: Tensor, x: Tensor, y: Tensor, buffers: dict[str, Tensor]) -> Tensor:
+        out = functional_call(self.net, (self.layout.unflatten(flat), buffers), (x[None],))
+        return self.loss_fn(out, y[None]).sum()
+
+    # ----------------------------------------------------------------- training
+    def train(
+        self,
+        w_start: Tensor,
+        data_x: Tensor,
+        data_y: Tensor,
+        index: Tensor,
+        num_examples: Tensor,
+        steps_done: Tensor,
+        rule: StepRule,
+        lr: float,
+        batch_size: int | None,
+        generator: torch.Generator,
+    ) -> CohortResult:
+        """Local training of K clients from the broadcast weights ``w_start``.
+
+        Args:
+            w_start: ``[P]`` broadcast global weights.
+            data_x, data_y: The pooled training tensors on the device.
+            index: ``[K, max_n]`` positions of each client's examples in ``data_x``.
+            num_examples: ``[K]`` client sizes ``n_k`` (only the first ``n_k`` of ``index`` count).
+            steps_done: ``[K]`` local steps each client completes this round (``s_k``).
+            rule: The objective's step rule (:class:`StepRule`).
+            lr: Client learning rate ``eta_l``.
+            batch_size: ``B``, or None for full-batch steps.
+            generator: CPU generator for the batch schedule.
+        """
+        K = index.shape[0]
+        steps = steps_done.detach().cpu().long()
+        positions, valid = batch_schedule(num_examples, int(steps.max()) if K else 0, batch_size, generator)
+        positions, valid = positions.to(index.device), valid.to(index.device)
+        backend = self.resolve_backend(data_x, data_y)
+        run = self._train_vmap if backend == "vmap" else self._train_loop
+        size = self.chunk_size or K
+        results = []
+        for lo in range(0, K, size):
+            rows = torch.arange(lo, min(lo + size, K), device=index.device)
+            sub_rule = rule if size >= K else rule.select(rows, K)
+            results.append(
+                run(w_start, data_x, data_y, index[rows], positions[rows], valid[rows], steps[rows.cpu()], sub_rule, lr)
+            )
+        if len(results) == 1:
+            return results[0]
+        buffers = None
+        if results[0].buffers is not None:
+            buffers = {k: torch.cat([r.buffers[k] for r in results]) for k in results[0].buffers}
+        return CohortResult(torch.cat([r.weights for r in results]), torch.cat([r.loss for r in results]), buffers)
+
+    def _train_vmap(self, w_start, data_x, data_y, index, positions, valid, steps, rule, lr) -> CohortResult:
+        K = index.shape[0]
+        W = w_start.expand(K, -1).clone()
+        loss_sum = torch.zeros(K, dtype=W.dtype, device=W.device)
+        buffers = self._buffers()
+        for t in range(positions.shape[1]):
+            active = steps > t
+            if bool(active.all()):
+                rows, step_rule, w = None, rule, W
+            else:
+                rows = active.nonzero().squeeze(1).to(W.device)
+                step_rule, w = rule.select(rows, K), W[rows]
+            pos = positions[:, t] if rows is None else positions[rows, t]
+            idx = (index if rows is None else index[rows]).gather(1, pos)
+            mask = (valid[:, t] if rows is None else valid[rows, t]).to(W.dtype)
+            g, loss = self._vmapped(w, data_x[idx], data_y[idx], mask, buffers)
+            w = w - lr * step_rule.direction(g, w)
+            if rows is None:
+                W, loss_sum = w, loss_sum + loss.detach()
+            else:
+                W = W.index_copy(0, rows, w)
+                loss_sum = loss_sum.index_add(0, rows, loss.detach())
+        return CohortResult(W, loss_sum / steps.clamp_min(1).to(W.device, W.dtype))
+
+    def _train_loop(self, w_start, data_x, data_y, index, positions, valid, steps, rule, lr) -> CohortResult:
+        K = index.shape[0]
+        base_buffers = self._buffers()
+        track = has_running_stats(self.net)
+        finals, losses, client_buffers = [], [], []
+        for k in range(K):
+            w = w_start.clone()
+            rule_k = rule.select(k, K)
+            buffers = {n: b.clone() for n, b in base_buffers.items()} if track else base_buffers
+            loss_sum = w.new_zeros(())
+            for t in range(int(steps[k])):
+                idx = index[k, positions[k, t][valid[k, t]]]
+                leaf = w.detach().requires_grad_(True)
+                out = functional_call(self.net, (self.layout.unflatten(leaf), buffers), (data_x[idx],))
+                loss = self.loss_fn(out, data_y[idx]).mean()
+                (g,) = torch.autograd.grad(loss, leaf)
+                w = w - lr * rule_k.direction(g, w)
+                loss_sum = loss_sum + loss.detach()
+            finals.append(w.detach())
+            losses.append(loss_sum / max(int(steps[k]), 1))
+            if track:
+                client_buffers.append(buffers)
+        stacked = None
+        if track:
+            stacked = {n: torch.stack([b[n] for b in client_buffers]) for n in base_buffers}
+        return CohortResult(torch.stack(finals), torch.stack(losses), stacked)
+
+    # ----------------------------------------------------------------- Fisher information
+    def fisher_diagonal(
+        self,
+        weights: Tensor,
+        data_x: Tensor,
+        data_y: Tensor,
+        index: Tensor,
+        num_examples: Tensor,
+        num_samples: int,
+        generator: torch.Generator,
+        max_elements: int = 2**26,
+    ) -> Tensor:
+        """Empirical Fisher diagonal of each client at its own weights (EFL, SPEC §2 efl).
+
+        ``diag(F_k) = mean_i (∂ loss(x_i) / ∂ w)²`` over ``min(n_k, num_samples)`` of client
+        k's examples drawn without replacement: squared per-example gradients, never
+        squared batch gradients.
+
+        Args:
+            weights: ``[K, P]`` client weights (``w_end``).
+            num_samples: Examples per client (>= 1).
+            max_elements: Bound on ``K * chunk * P`` per-example gradient entries held at once.
+
+        Returns:
+            ``[K, P]`` Fisher diagonals.
+        """
+        if num_samples < 1:
+            raise ValueError(f"num_samples: must be >= 1, got {num_samples}")
+        K, P = weights.shape
+        n = num_examples.detach().cpu().long()
+        max_n = int(n.max())
+        S = min(int(num_samples), max_n)
+        keys = torch.rand(K, max_n, generator=generator, dtype=torch.float64)
+        keys.masked_fill_(torch.arange(max_n) >= n[:, None], math.inf)
+        pos = keys.argsort(dim=1)[:, :S].to(index.device)
+        count = torch.minimum(n, torch.tensor(S)).to(weights.device, weights.dtype)
+        valid = (torch.arange(S)[None, :] < n[:, None].clamp(max=S)).to(weights.device, weights.dtype)
+        idx = index.gather(1, pos)
+        buffers = self._buffers()
+        total = torch.zeros_like(weights)
+        if self.resolve_backend(data_x, data_y) == "vmap":
+            per_example = vmap(vmap(grad(self._example_loss), in_dims=(None, 0, 0, None)), in_dims=(0, 0, 0, None))
+            chunk = max(1, min(S, max_elements // max(K * P, 1)))
+            for lo in range(0, S, chunk):
+                sl = slice(lo, min(lo + chunk, S))
+                g = per_example(weights, data_x[idx[:, sl]], data_y[idx[:, sl]], buffers)  # [K, c, P]
+                total += (g.square() * valid[:, sl, None]).sum(1)
+        else:
+            for k in range(K):
+                for i in range(int(count[k])):
+                    leaf = weights[k].detach().requires_grad_(True)
+                    loss = self._example_loss(leaf, data_x[idx[k, i]], data_y[idx[k, i]], buffers)
+                    (g,) = torch.autograd.grad(loss, leaf)
+                    total[k] += g.square()
+        return total / count[:, None]
