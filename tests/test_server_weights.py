@@ -12,6 +12,7 @@ from lfed.server.weights import (
     WEIGHT_RULES,
     DegenerateWeightsWarning,
     aggregation_weights,
+    counting_mask,
     dwfed_weights,
     ish,
     label_distance,
@@ -271,3 +272,15 @@ def test_dwfed_input_errors():
         label_distance(torch.ones(3), torch.ones(3))
     with pytest.raises(ValueError, match="client_label_counts"):
         label_distance(torch.tensor([[1, -1]]), torch.ones(2))
+
+
+def test_counting_mask():
+    s, b = torch.tensor([4, 2, 0]), torch.tensor([4, 4, 4])
+    assert counting_mask(s, b, "keep").tolist() == [True, True, False]
+    assert counting_mask(s, b, "scale").tolist() == [True, True, False]
+    assert counting_mask(s, b, "drop").tolist() == [True, False, False]
+    with pytest.raises(ValueError, match="partial_work"):
+        counting_mask(s, b, "all")
+    # a counting client with weight exactly 0 (DWFed clamp, K = 2, D = [2, 0.5]) still counts
+    assert dwfed_weights(t([2.0, 0.5]), mask=counting_mask(torch.tensor([1, 1]), torch.tensor([1, 1])),
+                         dtype=F64).tolist() == [0.0, 1.0]

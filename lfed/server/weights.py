@@ -37,6 +37,7 @@ __all__ = [
     "label_distance",
     "ish",
     "dwfed_weights",
+    "counting_mask",
     "aggregation_weights",
 ]
 
@@ -276,6 +277,38 @@ def dwfed_weights(
     return (index / total).to(out_dtype)
 
 
+def counting_mask(steps_done: Tensor, step_budget: Tensor, partial_work: str = "keep") -> Tensor:
+    """Which clients' work counts this round (SPEC §3), as used by :func:`aggregation_weights`.
+
+    Active clients (``steps_done > 0``) count; with ``partial_work="drop"`` only those that also
+    completed their budget (``steps_done >= step_budget``). Use this rather than ``weights > 0``
+    to decide whose state to update: a counting client can get weight exactly 0 under DWFed
+    (``ISH_k`` clamped at 0 when at most two clients count).
+
+    Args:
+        steps_done: ``[K]`` completed local steps ``s_k``.
+        step_budget: ``[K]`` planned local steps ``T_k``.
+        partial_work: one of :data:`PARTIAL_WORK`.
+
+    Returns:
+        ``[K]`` bool mask on the device of ``steps_done``.
+
+    Raises:
+        ValueError: on an unknown ``partial_work`` or mismatched shapes.
+    """
+    if partial_work not in PARTIAL_WORK:
+        raise ValueError(f"partial_work must be one of {PARTIAL_WORK}, got {partial_work!r}")
+    _check_vector("steps_done", steps_done)
+    _check_vector("step_budget", step_budget)
+    if step_budget.shape != steps_done.shape:
+        raise ValueError(f"step_budget must have the shape of steps_done {tuple(steps_done.shape)}, "
+                         f"got {tuple(step_budget.shape)}")
+    active = steps_done > 0
+    if partial_work == "drop":
+        return active & (steps_done >= step_budget.to(steps_done.device))
+    return active
+
+
 def aggregation_weights(
     rule: str,
     *,
@@ -352,7 +385,7 @@ def aggregation_weights(
 
     active = s > 0
     complete = s >= t
-    counting = active & complete if partial_work == "drop" else active
+    counting = counting_mask(s, t, partial_work)
     num_counting = int(counting.sum())
 
     if rule == "size":
