@@ -1,0 +1,421 @@
+"""Benchmark datasets as in-memory tensors (SPEC §8).
+
+Every loader returns a :class:`DatasetTensors`: the whole train and test split
+as tensors, ready to be moved to the device once (DESIGN.md, "The cohort trains
+at once, on the device"). Pixel values are ``float32`` scaled to ``[0, 1]``
+(``x / 255``; ``x / 16`` for the 8x8 digits) with no mean/std standardisation,
+so the same tensors serve every model; a model that wants standardised inputs
+does it itself. Images are ``[n, C, H, W]``.
+
+Datasets (:data:`DATASETS`):
+
+- ``digits``: scikit-learn's embedded 8x8 digits (1,797 images, 10 classes),
+  split 80/20 per class with a fixed seed, so every run sees the same split.
+- ``mnist``, ``fashion_mnist``: the four standard IDX ``.gz`` files, read by
+  ``torchvision.datasets.MNIST`` / ``FashionMNIST``. Accepted layouts under the
+  data directory: torchvision's ``MNIST/raw/`` (``FashionMNIST/raw/``), with
+  the decompressed files or only the ``.gz`` files, or lfed's shared layout
+  ``mnist/*.gz`` (``fashion_mnist/*.gz``). torchvision reads only decompressed
+  files, so ``.gz`` files are decompressed once (with torchvision's own
+  ``extract_archive``) into a torchvision root in the cache directory
+  (:func:`resolve_cache_dir`), keyed by the source files' path, size and
+  modification time, and written atomically.
+- ``cifar10``, ``cifar100``: ``torchvision.datasets.CIFAR10`` / ``CIFAR100``
+  with root = the data directory (``cifar-10-batches-py/`` etc.).
+- ``emnist``: ``torchvision.datasets.EMNIST``, split ``"byclass"`` by default
+  (62 classes: digits, upper case, lower case, the EMNIST-62 of Reddi et al.
+  and the same label order as LEAF FEMNIST). Images are transposed to upright
+  orientation (the raw EMNIST files store them transposed).
+- ``femnist``, ``shakespeare``: LEAF JSON files, see :mod:`lfed.data.leaf`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "DATASETS",
+    "NUM_CLASSES",
+    "DatasetTensors",
+    "load_dataset",
+    "resolve_cache_dir",
+    "resolve_data_dir",
+    "validate_labels",
+]
+
+#: Names accepted by :func:`load_dataset`.
+DATASETS: tuple[str, ...] = (
+    "digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist", "shakespeare",
+)
+
+#: Number of classes of each dataset (``emnist`` with its default split ``byclass``).
+NUM_CLASSES: dict[str, int] = {
+    "digits": 10, "mnist": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100,
+    "emnist": 62, "femnist": 62, "shakespeare": 80,
+}
+
+_EMNIST_CLASSES = {"byclass": 62, "bymerge": 47, "balanced": 47, "letters": 27, "digits": 10, "mnist": 10}
+_IDX_NAMES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+# name -> (torchvision class name, lfed shared-layout folder)
+_IDX_DATASETS = {"mnist": ("MNIST", "mnist"), "fashion_mnist": ("FashionMNIST", "fashion_mnist")}
+_CACHE_VERSION = "1"
+
+
+@dataclass
+class DatasetTensors:
+    """A dataset's train and test splits as tensors.
+
+    Attributes:
+        name: Dataset name (one of :data:`DATASETS` or a user's name).
+        train_x: Training inputs: ``float32 [n, C, H, W]`` images, or ``long [n, 80]``
+            character indices for Shakespeare.
+        train_y: Training labels, ``long [n]`` in ``[0, num_classes)``.
+        test_x: Test inputs, same layout as ``train_x``.
+        test_y: Test labels, ``long [m]``.
+        num_classes: Number of classes ``C``.
+        train_groups: ``long [n]`` natural client id (LEAF writer / role) of each
+            training example, or ``None`` when the dataset has no natural partition.
+        test_groups: ``long [m]`` natural client id of each test example, or ``None``.
+    """
+
+    name: str
+    train_x: Tensor
+    train_y: Tensor
+    test_x: Tensor
+    test_y: Tensor
+    num_classes: int
+    train_groups: Tensor | None = None
+    test_groups: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        for split in ("train", "test"):
+            x, y = getattr(self, f"{split}_x"), getattr(self, f"{split}_y")
+            groups = getattr(self, f"{split}_groups")
+            if x.shape[0] != y.shape[0]:
+                raise ValueError(f"{self.name}: {split}_x has {x.shape[0]} examples but {split}_y has {y.shape[0]}")
+            if groups is not None and groups.shape != y.shape:
+                raise ValueError(f"{self.name}: {split}_groups has shape {tuple(groups.shape)}, "
+                                 f"expected {tuple(y.shape)} like {split}_y")
+            validate_labels(y, self.num_classes, f"{self.name} {split}")
+
+
+def validate_labels(y: Tensor, num_classes: int, where: str) -> None:
+    """Check that every label is an integer in ``[0, num_classes)``.
+
+    Args:
+        y: Label tensor of any shape and integer dtype.
+        num_classes: Number of classes ``C >= 1``.
+        where: What the labels are (e.g. ``"mnist train"``), named in the error.
+
+    Raises:
+        ValueError: If ``num_classes < 1``, ``y`` is not an integer tensor, or a
+            label is ``< 0`` or ``>= num_classes`` (the message names ``where``
+            and the first bad label).
+    """
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise ValueError(f"{where}: num_classes must be an int >= 1, got {num_classes!r}")
+    if not isinstance(y, Tensor) or y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
+        kind = y.dtype if isinstance(y, Tensor) else type(y).__name__
+        raise ValueError(f"{where}: labels must be an integer tensor, got {kind}")
+    if y.numel() == 0:
+        return
+    bad = (y < 0) | (y >= num_classes)
+    if bool(bad.any()):
+        first = int(y[bad].flatten()[0])
+        raise ValueError(f"{where}: label {first} is outside [0, {num_classes}) "
+                         f"({int(bad.sum())} bad label(s); num_classes={num_classes})")
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path:
+    """Where datasets are read from: ``data_dir``, else ``$LFED_DATA_DIR``, else ``~/.cache/lfed``.
+
+    Args:
+        data_dir: Explicit directory, or ``None`` to use the environment / default.
+
+    Returns:
+        The directory as an expanded ``Path`` (it need not exist).
+    """
+    if data_dir is None or str(data_dir) == "":
+        data_dir = os.environ.get("LFED_DATA_DIR") or "~/.cache/lfed"
+    return Path(data_dir).expanduser()
+
+
+def resolve_cache_dir() -> Path:
+    """Where decoded datasets are cached: ``$LFED_CACHE_DIR``, else ``~/.cache/lfed/cache``.
+
+    Returns:
+        The cache directory as an expanded ``Path`` (created on first write).
+    """
+    return Path(os.environ.get("LFED_CACHE_DIR") or "~/.cache/lfed/cache").expanduser()
+
+
+def _source_key(tag: str, sources: list[Path]) -> str:
+    """Cache key from the resolved path, size and mtime of every source file."""
+    h = hashlib.sha256(f"{tag}/{_CACHE_VERSION}".encode())
+    for p in sorted(Path(s).resolve() for s in sources):
+        st = p.stat()
+        h.update(f"\n{p}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def _atomic_save(obj: object, path: Path) -> None:
+    """``torch.save`` to a temporary file in the same directory, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(obj, fh)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def cached_tensors(tag: str, sources: list[Path], build: Callable[[], dict]) -> dict:
+    """Return ``build()``, cached with ``torch.save`` under :func:`resolve_cache_dir`.
+
+    The cache file is keyed by ``tag`` and the path, size and mtime of ``sources``,
+    written atomically; an unreadable cache file is rebuilt, and a cache directory
+    that cannot be written only costs a warning.
+
+    Args:
+        tag: Short name of what is cached (e.g. ``"femnist"``).
+        sources: Files the result is decoded from.
+        build: Decodes the sources into a dict of tensors (and plain Python values).
+
+    Returns:
+        The dict, from the cache when possible.
+    """
+    path = resolve_cache_dir() / f"{tag}-{_source_key(tag, sources)}.pt"
+    if path.is_file():
+        try:
+            return torch.load(path, weights_only=True)
+        except Exception:  # noqa: BLE001 - a damaged cache file is rebuilt below
+            pass
+    obj = build()
+    try:
+        _atomic_save(obj, path)
+    except OSError as err:
+        warnings.warn(f"could not write dataset cache {path}: {err}", stacklevel=2)
+    return obj
+
+
+def load_dataset(
+    name: str, data_dir: str | os.PathLike | None = None, download: bool = False, *, emnist_split: str = "byclass"
+) -> DatasetTensors:
+    """Load a benchmark dataset as tensors.
+
+    Args:
+        name: One of :data:`DATASETS`.
+        data_dir: Directory holding the data (see :func:`resolve_data_dir`).
+        download: For torchvision datasets, download missing files (needs network).
+            LEAF data and the embedded digits are never downloaded.
+        emnist_split: torchvision EMNIST split for ``name="emnist"``: ``byclass``
+            (default, 62 classes), ``bymerge``, ``balanced``, ``letters``, ``digits``, ``mnist``.
+
+    Returns:
+        The train and test tensors (see :class:`DatasetTensors`).
+
+    Raises:
+        ValueError: Unknown ``name`` or ``emnist_split``; a corrupt file (named);
+            labels outside ``[0, num_classes)``.
+        FileNotFoundError: Data files are missing (the message names them, the
+            directories searched, and how to get them).
+    """
+    if name not in DATASETS:
+        raise ValueError(f"name must be one of {DATASETS}, got {name!r}")
+    root = resolve_data_dir(data_dir)
+    if name == "digits":
+        return _load_digits()
+    if name in _IDX_DATASETS:
+        return _load_idx_dataset(name, root, download)
+    if name in ("cifar10", "cifar100"):
+        return _load_cifar(name, root, download)
+    if name == "emnist":
+        return _load_emnist(root, download, emnist_split)
+    from lfed.data import leaf  # local import: leaf imports this module
+
+    return leaf.load_femnist(root) if name == "femnist" else leaf.load_shakespeare(root)
+
+
+def _load_digits(test_fraction: float = 0.2, seed: int = 0) -> DatasetTensors:
+    """scikit-learn digits, split per class: ``floor(0.2 * n_c + 0.5)`` test examples of class c."""
+    from sklearn.datasets import load_digits
+
+    data, target = load_digits(return_X_y=True)
+    x = torch.as_tensor(data, dtype=torch.float32).div(16.0).reshape(-1, 1, 8, 8)
+    y = torch.as_tensor(target, dtype=torch.long)
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(y.numel(), generator=g)
+    order = order[torch.argsort(y[order], stable=True)]  # grouped by class, random within class
+    counts = torch.bincount(y, minlength=10)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(y.numel()) - starts[y[order]]
+    n_test = torch.floor(counts.double() * test_fraction + 0.5).long()
+    is_test = torch.zeros(y.numel(), dtype=torch.bool)
+    is_test[order[rank < n_test[y[order]]]] = True
+    return DatasetTensors("digits", x[~is_test], y[~is_test], x[is_test], y[is_test], 10)
+
+
+def _check_idx_header(path: Path, images: bool, source: Path) -> int:
+    """Validate an IDX file's magic and size before torchvision parses it; return its count."""
+    magic_expected = 2051 if images else 2049
+    header_len = 16 if images else 8
+    with open(path, "rb") as fh:
+        header = fh.read(header_len)
+    what = "images" if images else "labels"
+    if len(header) < header_len:
+        raise ValueError(f"{source}: corrupt IDX {what} file, only {len(header)} bytes")
+    magic = int.from_bytes(header[:4], "big")
+    if magic != magic_expected:
+        raise ValueError(f"{source}: not an IDX {what} file (magic {magic}, expected {magic_expected})")
+    count = int.from_bytes(header[4:8], "big")
+    per_item = int.from_bytes(header[8:12], "big") * int.from_bytes(header[12:16], "big") if images else 1
+    if images and per_item != 28 * 28:
+        raise ValueError(f"{source}: images are not 28x28")
+    size, expected = path.stat().st_size, header_len + count * per_item
+    if size != expected:
+        raise ValueError(f"{source}: IDX {what} file has {size} bytes, expected {expected} for {count} items")
+    return count
+
+
+def _decompress_to_cache(name: str, tv_name: str, gz_files: list[Path]) -> Path:
+    """Decompress the four ``.gz`` files into a torchvision root in the cache; return the root."""
+    from torchvision.datasets.utils import extract_archive
+
+    root = resolve_cache_dir() / "torchvision" / f"{name}-{_source_key(name, gz_files)}"
+    raw = root / tv_name / "raw"
+    if all((raw / f.name[:-3]).is_file() for f in gz_files):
+        return root
+    raw.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=raw, prefix=".extract-") as tmp:
+        for gz in gz_files:
+            try:
+                out = Path(extract_archive(str(gz), tmp))
+            except Exception as err:  # noqa: BLE001 - BadGzipFile (OSError), EOFError, zlib.error
+                raise ValueError(f"{gz}: corrupt gzip file ({type(err).__name__}: {err})") from err
+            _check_idx_header(out, "images" in gz.name, gz)
+            os.replace(out, raw / out.name)
+    return root
+
+
+def _idx_missing_error(name: str, searched: list[Path], missing: list[str]) -> FileNotFoundError:
+    return FileNotFoundError(
+        f"{name}: missing file(s) {', '.join(missing)}; searched {', '.join(str(d) for d in searched)} "
+        f"(as the four {name} IDX .gz files, or decompressed in torchvision's layout). "
+        f"Put the files in one of these directories, point data_dir or $LFED_DATA_DIR at a directory "
+        f"holding them, or pass download=True when online."
+    )
+
+
+def _load_idx_dataset(name: str, data_dir: Path, download: bool) -> DatasetTensors:
+    """MNIST / FashionMNIST through torchvision from either layout (see module docstring)."""
+    import torchvision.datasets as tvd
+
+    tv_name, short = _IDX_DATASETS[name]
+    tv_raw, shared = data_dir / tv_name / "raw", data_dir / short
+    sources: dict[str, Path] = {}
+    if all((tv_raw / f).is_file() for f in _IDX_NAMES):
+        root = data_dir
+        sources = {f: tv_raw / f for f in _IDX_NAMES}
+    else:
+        missing = [f + ".gz" for f in _IDX_NAMES]
+        for d in (tv_raw, shared):
+            gz = [d / (f + ".gz") for f in _IDX_NAMES]
+            if all(p.is_file() for p in gz):
+                root = _decompress_to_cache(name, tv_name, gz)
+                sources = dict(zip(_IDX_NAMES, gz))
+                missing = []
+                break
+            if any(p.is_file() for p in gz):
+                missing = [p.name for p in gz if not p.is_file()]
+        if missing and download:
+            root = data_dir
+            try:
+                getattr(tvd, tv_name)(str(root), train=True, download=True)
+                getattr(tvd, tv_name)(str(root), train=False, download=True)
+            except Exception as err:  # noqa: BLE001 - offline: URLError, RuntimeError, OSError
+                raise FileNotFoundError(
+                    f"{name}: download into {tv_raw} failed ({type(err).__name__}: {err}); "
+                    f"download=True needs network access. Otherwise copy the files there."
+                ) from err
+            sources = {f: tv_raw / f for f in _IDX_NAMES}
+        elif missing:
+            raise _idx_missing_error(name, [tv_raw, shared], missing)
+    raw = root / tv_name / "raw"
+    counts = {f: _check_idx_header(raw / f, "images" in f, sources[f]) for f in _IDX_NAMES}
+    for split in ("train", "t10k"):
+        if counts[f"{split}-images-idx3-ubyte"] != counts[f"{split}-labels-idx1-ubyte"]:
+            raise ValueError(f"{name}: {sources[f'{split}-images-idx3-ubyte']} holds "
+                             f"{counts[f'{split}-images-idx3-ubyte']} images but "
+                             f"{sources[f'{split}-labels-idx1-ubyte']} {counts[f'{split}-labels-idx1-ubyte']} labels")
+    splits = []
+    for train in (True, False):
+        try:
+            ds = getattr(tvd, tv_name)(str(root), train=train, download=False)
+        except Exception as err:  # noqa: BLE001 - torchvision asserts on malformed files
+            raise ValueError(f"{name}: torchvision could not read {raw} ({type(err).__name__}: {err})") from err
+        splits += [ds.data.unsqueeze(1).to(torch.float32).div_(255.0), ds.targets.long()]
+    return DatasetTensors(name, *splits, num_classes=10)
+
+
+def _torchvision_error(name: str, root: Path, expected: list[Path], download: bool, err: Exception) -> Exception:
+    """FileNotFoundError for missing files / failed downloads; ValueError for corrupt files."""
+    missing = [p for p in expected if not p.exists()]
+    if missing or download:
+        how = ("the download failed; download=True needs network access" if download else
+               "pass download=True (needs network access) or point data_dir / $LFED_DATA_DIR at the data")
+        return FileNotFoundError(
+            f"{name}: missing {', '.join(str(p) for p in missing) or 'files'} under {root}; {how} "
+            f"({type(err).__name__}: {err})"
+        )
+    return ValueError(f"{name}: files under {root} are corrupt ({type(err).__name__}: {err})")
+
+
+def _load_cifar(name: str, data_dir: Path, download: bool) -> DatasetTensors:
+    """CIFAR-10/100 through torchvision: uint8 HWC -> float32 [n, 3, 32, 32] / 255."""
+    import torchvision.datasets as tvd
+
+    cls = tvd.CIFAR10 if name == "cifar10" else tvd.CIFAR100
+    folder = data_dir / cls.base_folder
+    expected = [folder / f for f, _ in cls.train_list + cls.test_list] + [folder / cls.meta["filename"]]
+    splits = []
+    for train in (True, False):
+        try:
+            ds = cls(str(data_dir), train=train, download=download)
+        except Exception as err:  # noqa: BLE001 - RuntimeError (not found / corrupt), URLError offline
+            raise _torchvision_error(name, data_dir, expected, download, err) from err
+        x = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous().to(torch.float32).div_(255.0)
+        splits += [x, torch.as_tensor(ds.targets, dtype=torch.long)]
+    return DatasetTensors(name, *splits, num_classes=10 if name == "cifar10" else 100)
+
+
+def _load_emnist(data_dir: Path, download: bool, split: str) -> DatasetTensors:
+    """EMNIST through torchvision, transposed to upright images, float32 [n, 1, 28, 28] / 255."""
+    import torchvision.datasets as tvd
+
+    if split not in _EMNIST_CLASSES:
+        raise ValueError(f"emnist_split must be one of {tuple(_EMNIST_CLASSES)}, got {split!r}")
+    raw = data_dir / "EMNIST" / "raw"
+    expected = [raw / f"emnist-{split}-{s}-{k}-idx{d}-ubyte"
+                for s in ("train", "test") for k, d in (("images", 3), ("labels", 1))]
+    splits = []
+    for train in (True, False):
+        try:
+            ds = tvd.EMNIST(str(data_dir), split=split, train=train, download=download)
+        except Exception as err:  # noqa: BLE001
+            raise _torchvision_error("emnist", data_dir, expected, download, err) from err
+        x = ds.data.transpose(1, 2).unsqueeze(1).to(torch.float32).div_(255.0)
+        splits += [x, ds.targets.long()]
+    return DatasetTensors("emnist", *splits, num_classes=_EMNIST_CLASSES[split])
