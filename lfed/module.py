@@ -25,7 +25,9 @@ from lfed.engine import BACKENDS, CohortTrainer, as_per_example_loss, steps_per_
 from lfed.params import ParamLayout
 from lfed.rng import round_generator
 from lfed.sampling import SAMPLERS, AttentionSampler, FractionSchedule, as_schedule, cohort_size
-from lfed.server.weights import aggregation_weights
+import warnings
+
+from lfed.server.weights import DegenerateWeightsWarning, aggregation_weights, counting_mask
 from lfed.stragglers import Stragglers
 from lfed.communication import CommunicationMeter
 
@@ -238,17 +240,22 @@ class FederatedModule(LightningModule):
         n_k = d.client_sizes[clients]
         budget = self.step_budget(n_k)
         steps_done = self.stragglers.draw(budget.cpu(), round_generator(self.seed, r, "stragglers")).to(self.device)
-        weights = aggregation_weights(
-            self.weighting,
-            num_examples=n_k,
-            steps_done=steps_done,
-            step_budget=budget,
-            partial_work=self.partial_work,
-            client_label_counts=d.label_counts[clients],
-            population_label_counts=d.label_counts.sum(0),
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", DegenerateWeightsWarning)
+            weights = aggregation_weights(
+                self.weighting,
+                num_examples=n_k,
+                steps_done=steps_done,
+                step_budget=budget,
+                partial_work=self.partial_work,
+                client_label_counts=d.label_counts[clients],
+                population_label_counts=d.label_counts.sum(0),
+                dtype=torch.float64,
+            )
+        for w in caught:
+            rank_zero_warn(f"round {r}: {w.message}")
         optimizer = self.optimizers()
-        counting = weights > 0
+        counting = counting_mask(steps_done, budget, self.partial_work)
         if not bool(counting.any()):
             rank_zero_warn(f"round {r}: no client's work counts (all inactive or dropped); the round is skipped")
             optimizer.zero_grad(set_to_none=True)
