@@ -373,6 +373,8 @@ def _load_idx_dataset(name: str, data_dir: Path, download: bool) -> DatasetTenso
 def _torchvision_error(name: str, root: Path, expected: list[Path], download: bool, err: Exception) -> Exception:
     """FileNotFoundError for missing files / failed downloads; ValueError for corrupt files."""
     missing = [p for p in expected if not p.exists()]
+    if missing and not missing[0].parent.exists():
+        missing = [missing[0].parent]  # the whole folder is absent: name it, not every file in it
     if missing or download:
         how = ("the download failed; download=True needs network access" if download else
                "pass download=True (needs network access) or point data_dir / $LFED_DATA_DIR at the data")

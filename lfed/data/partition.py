@@ -14,6 +14,7 @@ part ``n // N`` and the first ``n mod N`` parts one more (:func:`quota_sizes`).
 from __future__ import annotations
 
 import math
+import operator
 import warnings
 
 import torch
@@ -30,16 +31,21 @@ __all__ = [
 PARTITIONS: tuple[str, ...] = ("iid", "shards", "dirichlet", "classes", "natural")
 
 
-def _int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
+def _int(name: str, value: object, minimum: int | None = None) -> int:
+    """``value`` as a Python int (numpy ints too, not bools or floats), checked against ``minimum``."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or (minimum is not None and number < minimum):
+        raise ValueError(f"{name} must be an int{'' if minimum is None else f' >= {minimum}'}, got {value!r}")
+    return number
 
 
 def _generator(seed: int) -> torch.Generator:
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an int, got {seed!r}")
-    return torch.Generator(device="cpu").manual_seed(seed)
+    return torch.Generator(device="cpu").manual_seed(_int("seed", seed))
 
 
 def _labels(labels: Tensor, num_classes: int | None) -> tuple[Tensor, int]:
@@ -55,7 +61,7 @@ def _labels(labels: Tensor, num_classes: int | None) -> tuple[Tensor, int]:
 
 
 def _clients(num_clients: int, n: int) -> int:
-    _int("num_clients", num_clients, 1)
+    num_clients = _int("num_clients", num_clients, 1)
     if num_clients > n:
         raise ValueError(f"num_clients must be <= the number of examples ({n}), got {num_clients}")
     return num_clients
@@ -71,8 +77,7 @@ def quota_sizes(total: int, parts: int) -> Tensor:
     Returns:
         ``long [parts]`` summing to ``total``; e.g. ``quota_sizes(10, 4) = [3, 3, 2, 2]``.
     """
-    _int("total", total, 0)
-    _int("parts", parts, 1)
+    total, parts = _int("total", total, 0), _int("parts", parts, 1)
     return torch.full((parts,), total // parts, dtype=torch.long) + (torch.arange(parts) < total % parts).long()
 
 
@@ -119,7 +124,7 @@ def iid_partition(labels: Tensor, num_clients: int, seed: int = 0) -> list[Tenso
     if not isinstance(labels, Tensor) or labels.dim() != 1 or labels.numel() == 0:
         raise ValueError(f"labels must be a non-empty 1-D tensor, got {getattr(labels, 'shape', labels)!r}")
     n = labels.numel()
-    _clients(num_clients, n)
+    num_clients = _clients(num_clients, n)
     perm = torch.randperm(n, generator=_generator(seed))
     owner = torch.repeat_interleave(torch.arange(num_clients), quota_sizes(n, num_clients))
     return _split_by_owner(perm, owner, num_clients, labels.device)
@@ -145,8 +150,8 @@ def shards_partition(labels: Tensor, num_clients: int, seed: int = 0, shards_per
     """
     labels_cpu, _ = _labels(labels, None)
     n = labels_cpu.numel()
-    _clients(num_clients, n)
-    _int("shards_per_client", shards_per_client, 1)
+    num_clients = _clients(num_clients, n)
+    shards_per_client = _int("shards_per_client", shards_per_client, 1)
     num_shards = shards_per_client * num_clients
     if num_shards > n:
         raise ValueError(f"shards_per_client * num_clients must be <= the number of examples ({n}), "
@@ -217,7 +222,7 @@ def dirichlet_partition(
     """
     labels_cpu, num_classes = _labels(labels, num_classes)
     n = labels_cpu.numel()
-    _clients(num_clients, n)
+    num_clients = _clients(num_clients, n)
     if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not rho > 0 or not math.isfinite(rho):
         raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
     g = _generator(seed)
@@ -275,7 +280,7 @@ def classes_partition(
         ValueError: Bad arguments, or a class with fewer examples than holders.
     """
     labels_cpu, num_classes = _labels(labels, num_classes)
-    _clients(num_clients, labels_cpu.numel())
+    num_clients = _clients(num_clients, labels_cpu.numel())
     m = _int("classes_per_client", classes_per_client, 1)
     if m > num_classes:
         raise ValueError(f"classes_per_client must be in [1, {num_classes}] (num_classes), got {m}")
@@ -325,7 +330,7 @@ def natural_partition(groups: Tensor, num_clients: int | None = None) -> list[Te
     ids = torch.unique(groups_cpu)
     if num_clients is None:
         num_clients = ids.numel()
-    _int("num_clients", num_clients, 1)
+    num_clients = _int("num_clients", num_clients, 1)
     if num_clients > ids.numel():
         raise ValueError(f"num_clients must be <= the {ids.numel()} groups for the natural partition, "
                          f"got {num_clients}")
