@@ -379,10 +379,14 @@ class CohortTrainer:
         count = torch.minimum(n, torch.tensor(S)).to(weights.device, weights.dtype)
         valid = (torch.arange(S)[None, :] < n[:, None].clamp(max=S)).to(weights.device, weights.dtype)
         idx = index.gather(1, pos)
-        buffers = self._buffers()
+        buffers = {n: b.clone() for n, b in self._buffers().items()}  # running stats must not move
         total = torch.zeros_like(weights)
         if self.resolve_backend(data_x, data_y) == "vmap":
-            per_example = vmap(vmap(grad(self._example_loss), in_dims=(None, 0, 0, None)), in_dims=(0, 0, 0, None))
+            per_example = vmap(
+                vmap(grad(self._example_loss), in_dims=(None, 0, 0, None), randomness="different"),
+                in_dims=(0, 0, 0, None),
+                randomness="different",
+            )
             chunk = max(1, min(S, max_elements // max(K * P, 1)))
             for lo in range(0, S, chunk):
                 sl = slice(lo, min(lo + chunk, S))
