@@ -52,3 +52,28 @@ def test_console_script_prints_a_complete_config():
 def test_unknown_algorithm_is_refused_with_the_allowed_names():
     with pytest.raises(ValueError, match="algorithm: 'fedsgd' is not one of .*scaffold"):
         run_cli(["fit", "--model.algorithm", "fedsgd", "--trainer.logger", "false"])
+
+
+def test_default_logger_is_wandb_offline_without_an_account(monkeypatch, tmp_path):
+    from lfed.cli import default_logger, wandb_logged_in
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    assert not wandb_logged_in()
+    assert default_logger()["init_args"]["offline"] is True
+    (tmp_path / "netrc").write_text("machine api.wandb.ai\n  login user\n  password abc\n")
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    assert wandb_logged_in() and default_logger()["init_args"]["offline"] is False
+
+
+def test_quickstart_writes_an_offline_wandb_run_with_no_account(tmp_path):
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("WANDB")}
+    env.update({"WANDB_MODE": "offline", "NETRC": str(tmp_path / "none"), "WANDB_SILENT": "true"})
+    subprocess.run(
+        [sys.executable, "-m", "lfed.cli", "fit", "--config", str(REPO / "configs/quickstart.yaml"),
+         "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false",
+         "--trainer.logger.init_args.save_dir", str(tmp_path)],
+        cwd=tmp_path, env=env, check=True, capture_output=True, text=True, timeout=300,
+    )
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert runs and any(p.suffix == ".wandb" for p in runs[0].iterdir())
