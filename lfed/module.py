@@ -27,7 +27,7 @@ from lfed.rng import round_generator
 from lfed.sampling import SAMPLERS, AttentionSampler, FractionSchedule, as_schedule, cohort_size
 import warnings
 
-from lfed.server.weights import DegenerateWeightsWarning, aggregation_weights, counting_mask
+from lfed.server.weights import PARTIAL_WORK, WEIGHT_RULES, DegenerateWeightsWarning, aggregation_weights, counting_mask
 from lfed.stragglers import Stragglers
 from lfed.communication import CommunicationMeter
 
@@ -53,7 +53,8 @@ class FederatedModule(LightningModule):
         partial_work: What stragglers' partial work counts for: keep, drop, scale (EFL T/s).
         aggregation: Server combination: mean, or IGFL-S attention self, global, time (SPEC §4).
         attention_temperature: Temperature τ of the attention softmax (ψ/τ), > 0.
-        compression: Sparsity q in (0, 1] of ternary compression with residuals (SPEC §7); None is off.
+        compression: Sparsity q in (0, 1] of ternary compression with residuals (SPEC §7); None takes
+            the preset's choice (off for all but ``efl``); False switches compression off.
         sampler: Client sampler: uniform, attention (AdaFL, SPEC §5).
         sampler_alpha: AdaFL score decay α in [0, 1).
         fraction: Participation fraction C in (0, 1], or a schedule (lfed.sampling.StepwiseFraction ...).
@@ -83,7 +84,7 @@ class FederatedModule(LightningModule):
         partial_work: str | None = None,
         aggregation: str | None = None,
         attention_temperature: float = 1.0,
-        compression: float | None = None,
+        compression: float | bool | None = None,
         sampler: str | None = None,
         sampler_alpha: float = 0.9,
         fraction: float | FractionSchedule | None = None,
@@ -125,7 +126,13 @@ class FederatedModule(LightningModule):
             raise ValueError(f"backend: {backend!r} is not one of {BACKENDS}")
         if cfg["aggregation"] not in AGGREGATIONS:
             raise ValueError(f"aggregation: {cfg['aggregation']!r} is not one of {AGGREGATIONS}")
+        if cfg["weighting"] not in WEIGHT_RULES:
+            raise ValueError(f"weighting: {cfg['weighting']!r} is not one of {WEIGHT_RULES}")
+        if cfg["partial_work"] not in PARTIAL_WORK:
+            raise ValueError(f"partial_work: {cfg['partial_work']!r} is not one of {PARTIAL_WORK}")
         _check_positive("attention_temperature", attention_temperature)
+        if cfg["compression"] is False:  # explicitly off, also for a preset that compresses (efl)
+            cfg["compression"] = None
         if cfg["compression"] is not None:
             from lfed.server.compression import validate_sparsity
 
@@ -261,6 +268,8 @@ class FederatedModule(LightningModule):
             optimizer.zero_grad(set_to_none=True)
             optimizer.step()  # no gradients: advances the round counter only
             self.log("round/skipped", 1.0)
+            # the cohort was sampled and sent the model, but nobody's upload counts
+            self.log_dict(self.comm.record(0, bits_down=clients.numel() * self._bits(dense=self.compression is None)))
             return
 
         w0 = self.layout.module_vector(self.net)
@@ -332,7 +341,9 @@ class FederatedModule(LightningModule):
             sent, query=self.aggregation, previous_updates=cohort.previous_update,
             temperature=self.attention_temperature, mask=counting,
         )
-        self.last_attention = res
+        self.last_attention = res  # for lfed.callbacks.AttentionHeatmap
+        self.last_attention_clients = cohort.clients
+        self.last_attention_round = cohort.round
         return res.update, {"attention/entropy": float(res.entropy), "attention/weight_sum": float(res.weights.sum())}
 
     def _compress_upstream(self, updates: Tensor, clients: Tensor, counting: Tensor) -> Tensor:

@@ -48,12 +48,16 @@ class AttentionResult:
             keys) for ``self`` and ``time``, ``[1, K]`` for ``global``; masked rows/columns are 0.
         entropy: float64 scalar, the mean over query rows of the row entropy of ``α`` in nats
             (``log K`` for uniform attention, 0 when saturated).
+        query: the query used (``"self"``, ``"global"`` or ``"time"``).
+        mask: ``[K]`` bool, the clients that took part (keys, and query rows for ``self``/``time``).
     """
 
     update: Tensor
     weights: Tensor
     matrix: Tensor
     entropy: Tensor
+    query: str = "self"
+    mask: Tensor | None = None
 
     @property
     def weight_sum(self) -> Tensor:
@@ -177,6 +181,8 @@ def attention_combine(
             weights=torch.zeros(k, dtype=torch.float64, device=device),
             matrix=torch.zeros(rows, k, dtype=torch.float64, device=device),
             entropy=zero,
+            query=query,
+            mask=mask,
         )
 
     if query == "self":
@@ -212,4 +218,4 @@ def attention_combine(
     else:
         weights = torch.diagonal(alpha) * maskf
     update = weights.to(updates.dtype) @ updates
-    return AttentionResult(update=update, weights=weights, matrix=alpha, entropy=entropy)
+    return AttentionResult(update=update, weights=weights, matrix=alpha, entropy=entropy, query=query, mask=mask)
