@@ -20,7 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 
 from lfed import algorithms
-from lfed.client.objectives import Cohort, build_objective
+from lfed.client.objectives import Cohort, build_objective, check_state_shapes
 from lfed.engine import BACKENDS, CohortTrainer, as_per_example_loss, steps_per_epoch
 from lfed.params import ParamLayout
 from lfed.rng import round_generator
@@ -487,6 +487,11 @@ class FederatedModule(LightningModule):
         if state:
             self.comm.load_state_dict(state["comm"])
             self.eval_history = [tuple(x) for x in state["eval_history"]]
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        # Per-client history and residuals ([N, P]) made for other clients or another model fail clearly.
+        check_state_shapes(self, state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
 
 
 def _check_positive(name: str, value: float) -> None:

@@ -6,15 +6,37 @@ into a :class:`~lfed.engine.StepRule` for the whole cohort (one general step,
 ``w ← w - eta_l (grad_scale g + decay ⊙ w + shift)``); after local training it updates its
 state from the clients' final weights. Nothing here loops over clients.
 
-State memory is ``N × P`` numbers per per-client tensor: SCAFFOLD on the McMahan CIFAR CNN
-(P = 1,068,298 in lfed.models) with 100 clients keeps ``c_k`` in 100 × 1.07M × 4 B ≈ 427 MB
-(float32); EFL keeps two such tensors (``u_k``, ``v_k``), IGFL one (the previous update).
+Per-client state is ``N × P`` numbers per tensor (``N`` clients, ``P`` trainable parameters),
+held on the device in the module's state dict:
+
+=========  =====================================================  ==========================
+objective  state                                                  numbers
+=========  =====================================================  ==========================
+plain      none                                                   0
+prox       none (``w_start`` is the broadcast model)              0
+scaffold   ``c_k`` (``client_control``), ``c`` (``control``)      ``N·P + P``
+igfl       ``Δw_k`` (module ``previous_update``), ``Δw_ps``       ``N·P + P``
+           (module ``global_change``), kept by the module
+efl        ``u_k``, ``v_k`` (``fisher_u``, ``fisher_v``) and      ``2·N·P + 2·P``
+           their sums ``U``, ``V``
+=========  =====================================================  ==========================
+
+For example SCAFFOLD on :class:`~lfed.models.McMahanCIFARCNN` at its default 32×32 input
+(P = 1,756,426) with 100 clients keeps ``c_k`` in 100 × 1,756,426 × 4 B ≈ 703 MB (670 MiB) in
+float32, twice that in float64; at the paper's 24×24 crops (P = 1,068,298) it is ≈ 427 MB.
+EFL keeps two such tensors (≈ 1.4 GB at 32×32), IGFL one. The MNIST 2NN (P = 199,210) with
+100 clients needs ≈ 80 MB per tensor. A checkpoint carries all of it; loading one whose state
+was made for another ``N`` or ``P`` fails with a :class:`ValueError` naming the buffer and both
+shapes (:func:`check_state_shapes`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import numbers
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -58,6 +80,38 @@ class Cohort:
 FisherFn = Callable[[Tensor], Tensor]
 
 
+def check_state_shapes(module: nn.Module, state_dict: Mapping[str, Any], prefix: str) -> None:
+    """Refuse a state dict whose buffers of ``module`` have other shapes than ``module``'s own.
+
+    Per-client state is ``[N, P]`` and server state ``[P]`` (``N`` clients, ``P`` parameters).
+    A checkpoint made for another number of clients or another model cannot be resumed:
+    copying it would fail deep inside ``load_state_dict``, or, worse, index the wrong clients.
+    Call it from ``_load_from_state_dict`` (it looks only at ``module``'s direct buffers).
+
+    Args:
+        module: The module whose registered buffers are checked.
+        state_dict: The state dict being loaded.
+        prefix: ``module``'s key prefix in ``state_dict`` (e.g. ``"objective."``).
+
+    Raises:
+        ValueError: Naming the buffer, the checkpoint's shape and this module's shape.
+    """
+    wrong = []
+    for name, buf in module._buffers.items():
+        key = prefix + name
+        if buf is None or key not in state_dict or not isinstance(state_dict[key], Tensor):
+            continue
+        got, want = tuple(state_dict[key].shape), tuple(buf.shape)
+        if got != want:
+            wrong.append(f"{key} has shape {got} in the checkpoint but {want} in this run")
+    if wrong:
+        raise ValueError(
+            "the checkpoint's state does not fit this run: " + "; ".join(wrong) + ". Per-client state is "
+            "[num_clients, num_params] and server state [num_params]: resume with the same data.num_clients "
+            "and the same model (and objective) as the run that saved it."
+        )
+
+
 class LocalObjective(nn.Module):
     """Base class: the plain FedAvg objective, ``w ← w - eta_l g_k(w)``."""
 
@@ -77,6 +131,22 @@ class LocalObjective(nn.Module):
     def _zeros(self, name: str, shape: tuple[int, ...], like: Tensor) -> None:
         self.register_buffer(name, torch.zeros(shape, dtype=like.dtype, device=like.device))
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        check_state_shapes(self, state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+
+
+def _check_coefficient(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def _check_fisher_samples(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"fisher_samples: need an integer >= 1 (examples per client for the Fisher diagonal), got {value!r}")
+    return int(value)
+
 
 class Plain(LocalObjective):
     """FedAvg's local SGD (McMahan et al. 2017)."""
@@ -93,9 +163,7 @@ class Prox(LocalObjective):
 
     def __init__(self, mu: float = 0.01) -> None:
         super().__init__()
-        if not mu >= 0:
-            raise ValueError(f"mu: the proximal coefficient must be >= 0, got {mu}")
-        self.mu = float(mu)
+        self.mu = _check_coefficient("mu", mu)
 
     def step_rule(self, cohort: Cohort, w_start: Tensor, lr: float) -> StepRule:
         return StepRule(decay=self.mu, shift=-self.mu * w_start)
@@ -163,12 +231,8 @@ class EFL(LocalObjective):
 
     def __init__(self, lam: float = 0.1, fisher_samples: int = 64) -> None:
         super().__init__()
-        if not lam >= 0:
-            raise ValueError(f"efl_lambda: the elastic coefficient must be >= 0, got {lam}")
-        if int(fisher_samples) < 1:
-            raise ValueError(f"fisher_samples: need at least 1 example per client for the Fisher diagonal, got {fisher_samples}")
-        self.lam = float(lam)
-        self.fisher_samples = int(fisher_samples)
+        self.lam = _check_coefficient("efl_lambda", lam)
+        self.fisher_samples = _check_fisher_samples(fisher_samples)
 
     def setup(self, num_clients: int, num_params: int, like: Tensor) -> None:
         self._zeros("fisher_u", (num_clients, num_params), like)
@@ -195,7 +259,18 @@ class EFL(LocalObjective):
 
 
 def build_objective(name: str, mu: float = 0.01, efl_lambda: float = 0.1, fisher_samples: int = 64) -> LocalObjective:
-    """The objective called ``name`` (one of :data:`OBJECTIVES`)."""
+    """The objective called ``name`` (one of :data:`OBJECTIVES`).
+
+    ``mu``, ``efl_lambda`` and ``fisher_samples`` are checked whichever objective is built,
+    so a bad value fails early even where it would not be used.
+
+    Raises:
+        ValueError: An unknown ``name``, ``mu`` or ``efl_lambda`` negative or not finite,
+            ``fisher_samples`` not an integer >= 1.
+    """
+    _check_coefficient("mu", mu)
+    _check_coefficient("efl_lambda", efl_lambda)
+    _check_fisher_samples(fisher_samples)
     if name == "plain":
         return Plain()
     if name == "prox":
