@@ -43,8 +43,8 @@ class FederatedModule(LightningModule):
     Args:
         net: The global model (any ``nn.Module``). None builds lfed's MLP 2NN sized from the data.
         algorithm: Preset name: fedavg, fedavgm, fedadam, fedyogi, fedadagrad, fedprox, scaffold,
-            igfl, igfl_c, igfl_s, igfl_s_global, igfl_s_time, dwfed, adafl, adafl_scaffold,
-            adafl_fedprox, efl.
+            igfl, igfl_c, igfl_s, igfl_s_self, igfl_s_global, igfl_s_time, dwfed, adafl,
+            adafl_scaffold, adafl_fedprox, efl.
         objective: Local objective: plain, prox, scaffold, igfl, efl (SPEC §2).
         mu: FedProx proximal coefficient.
         efl_lambda: EFL elastic coefficient λ.

@@ -559,3 +559,23 @@ def test_round_with_every_client_inactive_changes_nothing_but_the_round(backend)
 def test_bad_server_arguments_fail_early_with_clear_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         _module(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "algorithm,expected",
+    [
+        # 000 Table 2 (cross-device, C = 0.1, 10 classes, lfed's default setting): global attention
+        ("igfl", {"objective": "igfl", "aggregation": "global", "weighting": "size"}),
+        ("igfl_s", {"objective": "plain", "aggregation": "global"}),
+        ("igfl_s_self", {"objective": "plain", "aggregation": "self"}),
+        ("igfl_s_time", {"objective": "plain", "aggregation": "time"}),
+        ("igfl_c", {"objective": "igfl", "aggregation": "mean"}),
+        ("dwfed", {"objective": "plain", "weighting": "dwfed", "aggregation": "mean"}),
+        ("efl", {"objective": "efl", "partial_work": "scale", "compression": 0.1}),
+    ],
+)
+def test_server_side_presets(algorithm, expected):
+    m = FederatedModule(nn.Linear(2, 2), algorithm=algorithm)
+    got = {"objective": m.objective.name, "aggregation": m.aggregation, "weighting": m.weighting,
+           "partial_work": m.partial_work, "compression": m.compression}
+    assert {k: got[k] for k in expected} == expected
