@@ -147,6 +147,8 @@ class Recorder(Callback):
         self.track_attention = track_attention
         self.attention_sum: torch.Tensor | None = None
         self.attention_rounds = 0
+        self.entropy: list[float] = []
+        self.weight_sum: list[float] = []
 
     def on_validation_end(self, trainer, module) -> None:
         if trainer.sanity_checking:
@@ -160,6 +162,11 @@ class Recorder(Callback):
         })
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        m = trainer.callback_metrics
+        if "attention/entropy" in m:  # nats; log K is uniform, 0 saturated
+            self.entropy.append(float(m["attention/entropy"]))
+        if "attention/weight_sum" in m:  # 1 for self/global; time-attention's server step size
+            self.weight_sum.append(float(m["attention/weight_sum"]))
         res = getattr(module, "last_attention", None)
         if not self.track_attention or res is None:
             return
@@ -198,11 +205,25 @@ class Run:
 
 
 class Runner:
-    def __init__(self, data_dir: Path, workdir: Path, log) -> None:
+    """Runs one config through LfedCLI and records it; finished runs are cached in ``cache``
+    (one JSON per run, keyed by its name and argument list) unless ``fresh``."""
+
+    def __init__(self, data_dir: Path, workdir: Path, log, cache: Path | None = None, fresh: bool = False) -> None:
         self.data_dir = data_dir
         self.workdir = workdir
         self.log = log
+        self.cache = cache
+        self.fresh = fresh
         self._datamodules: dict[str, object] = {}
+
+    def _cache_file(self, name: str, args: list[str]) -> Path | None:
+        if self.cache is None:
+            return None
+        import hashlib
+
+        stable = [a for a in args if not a.startswith("--trainer.default_root_dir=")]
+        key = hashlib.sha1(json.dumps([name, stable]).encode()).hexdigest()[:16]
+        return self.cache / f"{re.sub(r'[^A-Za-z0-9]+', '_', name).strip('_')}-{key}.json"
 
     def run(self, name: str, configs: list[Path], overrides: list[str], *, track_attention: bool = False,
             datamodule=None) -> Run:
@@ -215,6 +236,12 @@ class Runner:
             "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
             f"--trainer.default_root_dir={self.workdir}", "--trainer.accelerator=cpu", *overrides,
         ]
+        cached = self._cache_file(name, args)
+        if cached is not None and cached.is_file() and not self.fresh:
+            d = json.loads(cached.read_text())
+            run = Run(d["name"], d["history"], d["summary"], d["seconds"], d["args"], d.get("attention"), d.get("extra", {}))
+            self.log(f"  {name:<28} (cached) last10% {run.last10:.4f}")
+            return run
         start = time.time()
         cli = LfedCLI(FederatedModule, FederatedDataModule, run=False, args=args, save_config_callback=None)
         if datamodule is None:  # reuse a built partition across algorithms of the same setting
@@ -222,13 +249,27 @@ class Runner:
             datamodule = self._datamodules.setdefault(key, cli.datamodule)
         rec = Recorder(track_attention)
         cli.trainer.callbacks.append(rec)
-        cli.trainer.fit(cli.model, datamodule=datamodule)
+        extra: dict = {}
+        try:
+            cli.trainer.fit(cli.model, datamodule=datamodule)
+        except FloatingPointError as err:  # lfed stops a run on NaN/Inf; that is a result too
+            extra["diverged_at_round"] = int(cli.trainer.global_step)
+            extra["error"] = str(err).split(";")[0]
+            self.log(f"  {name}: {extra['error']}")
         seconds = time.time() - start
+        if rec.entropy:
+            extra["attention_entropy_mean"] = sum(rec.entropy) / len(rec.entropy)
+        if rec.weight_sum:
+            extra["attention_weight_sum_mean"] = sum(rec.weight_sum) / len(rec.weight_sum)
+            extra["attention_weight_sum_max"] = max(rec.weight_sum)
         att = None
         if rec.attention_sum is not None:
             att = (rec.attention_sum / rec.attention_rounds).tolist()
         run = Run(name, rec.history, dict(getattr(cli.model, "final_summary", {})), seconds,
-                  [str(Path(a).relative_to(REPO)) if a.startswith(str(REPO)) else a for a in args], att)
+                  [str(Path(a).relative_to(REPO)) if a.startswith(str(REPO)) else a for a in args], att, extra)
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            cached.write_text(json.dumps(to_json(run)))
         self.log(f"  {name:<28} acc {run.history[-1]['acc'] if run.history else float('nan'):.4f}  "
                  f"last10% {run.last10:.4f}  {seconds:6.1f} s")
         return run
@@ -496,11 +537,25 @@ def ours_for_paper(runs: dict[str, Run], table: dict[str, float]) -> dict[str, f
     return out
 
 
+def attention_cell(run: Run) -> str:
+    e = run.extra
+    if "attention_entropy_mean" not in e:
+        return "–"
+    cell = f"{e['attention_entropy_mean']:.2f}"
+    if "attention_weight_sum_max" in e and abs(e["attention_weight_sum_max"] - 1) > 1e-6:
+        cell += f"; Σα mean {e['attention_weight_sum_mean']:.2f}, max {e['attention_weight_sum_max']:.2f}"
+    return cell
+
+
 def igfl_table(runs: dict[str, Run], paper: dict[str, float] | None, paper_label: str) -> list[str]:
-    lines = [f"| method | ours: last-10% acc (%) | best (%) | {paper_label} |", "|---|---|---|---|"]
+    lines = [f"| method | ours: last-10% acc (%) | best (%) | attention entropy (nats) | {paper_label} |",
+             "|---|---|---|---|---|"]
     for name, run in runs.items():
         p = paper.get(paper_name(name)) if paper else None
-        lines.append(f"| {name} | {pct(run.last10)} | {pct(run.best)} | {p if p is not None else '–'} |")
+        ours = pct(run.last10)
+        if "diverged_at_round" in run.extra:
+            ours = f"diverged (NaN/Inf at round {run.extra['diverged_at_round']})"
+        lines.append(f"| {name} | {ours} | {pct(run.best)} | {attention_cell(run)} | {p if p is not None else '–'} |")
     if paper:
         tau, n, bad = kendall(ours_for_paper(runs, paper), paper)
         flips = "; ".join(f"paper {a} > {b}, ours the reverse" for a, b in bad) or "none"
@@ -657,7 +712,7 @@ def collect_runs(val):
 def to_json(val):
     if isinstance(val, Run):
         return {"name": val.name, "history": val.history, "summary": val.summary, "seconds": round(val.seconds, 2),
-                "args": val.args, "attention": val.attention}
+                "args": val.args, "attention": val.attention, "extra": val.extra}
     if isinstance(val, dict):
         return {str(k): to_json(v) for k, v in val.items()}
     if isinstance(val, (list, tuple)):
@@ -684,7 +739,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data-dir", default=os.environ.get("LFED_DATA_DIR", str(REPO.parent / "shared" / "data")))
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--out", default=str(RESULTS), help="where to write the Markdown report")
-    p.add_argument("--plots", default=str(PLOTS), help="folder for PNG plots and results.json")
+    p.add_argument("--plots", default=str(PLOTS), help="folder for PNG plots, results.json and the run cache")
+    p.add_argument("--fresh", action="store_true", help="recompute runs found in the cache (<plots>/runs/)")
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -702,7 +758,7 @@ def main(argv: list[str] | None = None) -> None:
 
     res: dict = {}
     with tempfile.TemporaryDirectory() as work:
-        r = Runner(Path(args.data_dir), Path(work), log)
+        r = Runner(Path(args.data_dir), Path(work), log, cache=plots / "runs", fresh=args.fresh)
         todo = args.only or EXPERIMENTS
         if "attention" in todo:
             res["attention"] = igfl_attention_check(r, scale)
