@@ -12,12 +12,41 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["CommunicationMeter", "rounds_to_reach"]
+__all__ = ["CommunicationMeter", "check_accuracy_targets", "rounds_to_reach"]
 
 
 def _check_count(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= 0):
         raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+
+
+def check_accuracy_targets(targets: Sequence[float] | None) -> list[float]:
+    """Validate the accuracies of a "rounds (uploads) to reach X%" report (003's tables).
+
+    Test accuracy is logged as a fraction, so targets are fractions too: 90% is ``0.9``.
+    A target of ``90`` could never be reached and would silently report nothing.
+
+    Args:
+        targets: Accuracies in ``[0, 1]``, or ``None`` for none.
+
+    Returns:
+        The targets as a list of floats (empty for ``None``).
+
+    Raises:
+        ValueError: If ``targets`` is not a list of numbers in ``[0, 1]``.
+    """
+    if targets is None:
+        return []
+    if isinstance(targets, (str, bytes)) or not isinstance(targets, Sequence):
+        raise ValueError(f"accuracy_targets must be a list of accuracies in [0, 1], got {targets!r}")
+    out: list[float] = []
+    for i, t in enumerate(targets):
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= t <= 1.0:
+            raise ValueError(
+                f"accuracy_targets[{i}] must be an accuracy in [0, 1] (a fraction: 90% is 0.9), got {t!r}"
+            )
+        out.append(float(t))
+    return out
 
 
 def rounds_to_reach(

@@ -24,6 +24,7 @@ computation of later steps.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -170,6 +171,32 @@ def batch_schedule(
     return positions, valid
 
 
+def _is_plain(rule: StepRule) -> bool:
+    """Whether the rule is plain SGD (``w ← w - lr g``): no scale, decay or shift."""
+    return rule.decay is None and rule.shift is None and not isinstance(rule.grad_scale, Tensor) and rule.grad_scale == 1.0
+
+
+def _apply_step_(w: Tensor, g: Tensor, rule: StepRule, lr: float) -> None:
+    """``w ← w - lr * (scale g + decay ⊙ w + shift)`` in place; ``g`` (a fresh gradient) is overwritten.
+
+    ``w`` and ``g`` are ``[K, P]`` (or ``[P]`` for one client), the rule's tensors broadcast
+    against them as in :meth:`StepRule.direction`.
+    """
+    scale = rule.grad_scale
+    if isinstance(scale, Tensor):
+        g.mul_(scale[:, None] if scale.dim() == 1 and g.dim() == 2 else scale)
+    elif scale != 1.0:
+        g.mul_(scale)
+    if rule.decay is not None:
+        if isinstance(rule.decay, Tensor):
+            g.addcmul_(rule.decay, w)
+        else:
+            g.add_(w, alpha=rule.decay)
+    if rule.shift is not None:
+        g.add_(rule.shift)
+    w.add_(g, alpha=-lr)
+
+
 class CohortTrainer:
     """Runs the local training of a cohort of clients (SPEC §1, §2) on one device.
 
@@ -204,7 +231,10 @@ class CohortTrainer:
         self.requested_backend = backend
         self.chunk_size = chunk_size
         self._backend: str | None = None if backend == "auto" else backend
+        # one step of the vmap backend: ({name: [K, *shape]}, x, y, mask, buffers) -> per-parameter
+        # gradients and losses (per parameter, so no flat [K, P] gradient is assembled on the way)
         self._vmapped = vmap(grad_and_value(self._client_loss), in_dims=(0, 0, 0, 0, None), randomness="different")
+        self._work: nn.Module | None = None  # the loop backend's private copy of ``net``
 
     # ----------------------------------------------------------------- backend choice
     @property
@@ -223,7 +253,9 @@ class CohortTrainer:
             w = self.layout.module_vector(self.net).to(x.device)
             W = torch.stack([w, w])
             xs, ys = x[:1].expand(2, 1, *x.shape[1:]), y[:1].expand(2, 1, *y.shape[1:])
-            self._vmapped(W, xs, ys, torch.ones(2, 1, dtype=w.dtype, device=w.device), self._buffers())
+            self._vmapped(
+                self.layout.unflatten(W), xs, ys, torch.ones(2, 1, dtype=w.dtype, device=w.device), self._buffers()
+            )
             self._backend = "vmap"
         except Exception:  # any vmap limitation (custom kernels, in-place buffer updates, cuDNN RNN)
             self._backend = "loop"
@@ -233,8 +265,10 @@ class CohortTrainer:
     def _buffers(self) -> dict[str, Tensor]:
         return dict(self.net.named_buffers())
 
-    def _client_loss(self, flat: Tensor, x: Tensor, y: Tensor, mask: Tensor, buffers: dict[str, Tensor]) -> Tensor:
-        out = functional_call(self.net, (self.layout.unflatten(flat), buffers), (x,))
+    def _client_loss(
+        self, params: dict[str, Tensor], x: Tensor, y: Tensor, mask: Tensor, buffers: dict[str, Tensor]
+    ) -> Tensor:
+        out = functional_call(self.net, (params, buffers), (x,))
         per_example = self.loss_fn(out, y)
         return (per_example * mask).sum() / mask.sum().clamp_min(1)
 
@@ -255,6 +289,7 @@ class CohortTrainer:
         lr: float,
         batch_size: int | None,
         generator: torch.Generator,
+        rows: Tensor | None = None,
     ) -> CohortResult:
         """Local training of K clients from the broadcast weights ``w_start``.
 
@@ -268,6 +303,12 @@ class CohortTrainer:
             lr: Client learning rate ``eta_l``.
             batch_size: ``B``, or None for full-batch steps.
             generator: CPU generator for the batch schedule.
+            rows: Train only these rows of the cohort (``[K_r]`` indices; None: all K). The
+                batch schedule is still drawn for all K, so each client trains exactly as it
+                would beside the others (:mod:`lfed.distributed` splits a cohort over ranks so).
+
+        Returns:
+            The result of the trained rows, in the order of ``rows``.
         """
         K = index.shape[0]
         steps = steps_done.detach().cpu().long()
@@ -275,14 +316,16 @@ class CohortTrainer:
         positions, valid = positions.to(index.device), valid.to(index.device)
         backend = self.resolve_backend(data_x, data_y)
         run = self._train_vmap if backend == "vmap" else self._train_loop
-        size = self.chunk_size or K
+        selected = torch.arange(K) if rows is None else rows.detach().cpu().long()
+        if selected.numel() == 0:
+            raise ValueError("rows: no rows to train; give at least one row of the cohort, or None for all")
+        size = self.chunk_size or selected.numel()
         results = []
-        for lo in range(0, K, size):
-            rows = torch.arange(lo, min(lo + size, K), device=index.device)
-            sub_rule = rule if size >= K else rule.select(rows, K)
-            results.append(
-                run(w_start, data_x, data_y, index[rows], positions[rows], valid[rows], steps[rows.cpu()], sub_rule, lr)
-            )
+        for lo in range(0, selected.numel(), size):
+            part = selected[lo : lo + size]
+            at = part.to(index.device)
+            sub_rule = rule if rows is None and part.numel() == K else rule.select(at, K)
+            results.append(run(w_start, data_x, data_y, index[at], positions[at], valid[at], steps[part], sub_rule, lr))
         if len(results) == 1:
             return results[0]
         buffers = None
@@ -291,55 +334,117 @@ class CohortTrainer:
         return CohortResult(torch.cat([r.weights for r in results]), torch.cat([r.loss for r in results]), buffers)
 
     def _train_vmap(self, w_start, data_x, data_y, index, positions, valid, steps, rule, lr) -> CohortResult:
-        K = index.shape[0]
+        """All K clients at once, one ``vmap(grad)`` call per local step.
+
+        Clients are ordered by steps done (most first), so the clients still active at step
+        ``t`` are a prefix of the cohort and every step reads and updates views of ``[K, P]``
+        in place: no per-step gather, scatter or new ``[K, P]`` tensor.
+        """
+        K, T = index.shape[0], positions.shape[1]
+        order = None
+        if K > 1 and bool((steps[1:] > steps[:-1]).any()):
+            order = torch.sort(steps, descending=True, stable=True).indices
+            steps = steps[order]
+            dev_order = order.to(index.device)
+            index, positions, valid = index[dev_order], positions[dev_order], valid[dev_order]
+            rule = rule.select(order.to(w_start.device), K)
+        active = [int(a) for a in (steps[None, :] > torch.arange(T)[:, None]).sum(1)] if T else []
         W = w_start.expand(K, -1).clone()
+        views = self.layout.unflatten(W)  # {name: [K, *shape]}, views of W
+        names = list(views)
         loss_sum = torch.zeros(K, dtype=W.dtype, device=W.device)
         buffers = self._buffers()
-        for t in range(positions.shape[1]):
-            active = steps > t
-            if bool(active.all()):
-                rows, step_rule, w = None, rule, W
+        B = positions.shape[2] if positions.dim() == 3 else 0
+        ex = index.gather(1, positions.reshape(K, T * B)).view(K, T, B) if T else positions  # global example ids
+        mask_all = valid.to(W.dtype)
+        plain = _is_plain(rule)
+        for t in range(T):
+            n = active[t]
+            if n == 0:
+                break
+            ids = ex[:n, t]
+            params = {k: v[:n] for k, v in views.items()} if n < K else views
+            g, loss = self._vmapped(params, data_x[ids], data_y[ids], mask_all[:n, t], buffers)
+            if plain:
+                torch._foreach_add_([params[k] for k in names], [g[k] for k in names], alpha=-lr)
             else:
-                rows = active.nonzero().squeeze(1).to(W.device)
-                step_rule, w = rule.select(rows, K), W[rows]
-            pos = positions[:, t] if rows is None else positions[rows, t]
-            idx = (index if rows is None else index[rows]).gather(1, pos)
-            mask = (valid[:, t] if rows is None else valid[rows, t]).to(W.dtype)
-            g, loss = self._vmapped(w, data_x[idx], data_y[idx], mask, buffers)
-            w = w - lr * step_rule.direction(g, w)
-            if rows is None:
-                W, loss_sum = w, loss_sum + loss.detach()
-            else:
-                W = W.index_copy(0, rows, w)
-                loss_sum = loss_sum.index_add(0, rows, loss.detach())
-        return CohortResult(W, loss_sum / steps.clamp_min(1).to(W.device, W.dtype))
+                _apply_step_(W[:n], self.layout.flatten(g), rule.select(slice(0, n), K) if n < K else rule, lr)
+            loss_sum[:n] += loss.detach()
+        loss = loss_sum / steps.clamp_min(1).to(W.device, W.dtype)
+        if order is not None:
+            inverse = torch.argsort(order).to(W.device)
+            W, loss = W[inverse], loss[inverse]
+        return CohortResult(W, loss)
+
+    def _work_net(self) -> nn.Module:
+        """The loop backend's copy of ``net`` (same device and dtype), made on first use.
+
+        Its trainable parameters are pointed at rows of the cohort's ``[K, P]`` weights, so a
+        local step is an ordinary forward and backward through the module (no
+        ``functional_call`` swap per step) and an in-place update of that row.
+        """
+        like = next(self.net.parameters())
+        work = self._work
+        if work is None or (w := next(work.parameters())).device != like.device or w.dtype != like.dtype:
+            work = copy.deepcopy(self.net)
+            for p in work.parameters():
+                p.requires_grad_(False)
+            self._work = work
+        work.train(self.net.training)
+        return work
 
     def _train_loop(self, w_start, data_x, data_y, index, positions, valid, steps, rule, lr) -> CohortResult:
-        K = index.shape[0]
+        """One client after another with ordinary autograd through a private copy of ``net``."""
+        K, T = index.shape[0], positions.shape[1]
+        work = self._work_net()
+        own = dict(work.named_parameters())
+        params = [own[n] for n in self.layout.names]
+        work_buffers = dict(work.named_buffers())
         base_buffers = self._buffers()
         track = has_running_stats(self.net)
-        finals, losses, client_buffers = [], [], []
-        for k in range(K):
-            w = w_start.clone()
-            rule_k = rule.select(k, K)
-            buffers = {n: b.clone() for n, b in base_buffers.items()} if track else base_buffers
-            loss_sum = w.new_zeros(())
-            for t in range(int(steps[k])):
-                idx = index[k, positions[k, t][valid[k, t]]]
-                leaf = w.detach().requires_grad_(True)
-                out = functional_call(self.net, (self.layout.unflatten(leaf), buffers), (data_x[idx],))
-                loss = self.loss_fn(out, data_y[idx]).mean()
-                (g,) = torch.autograd.grad(loss, leaf)
-                w = w - lr * rule_k.direction(g, w)
-                loss_sum = loss_sum + loss.detach()
-            finals.append(w.detach())
-            losses.append(loss_sum / max(int(steps[k]), 1))
-            if track:
-                client_buffers.append(buffers)
+        with torch.no_grad():
+            for name, b in base_buffers.items():
+                work_buffers[name].copy_(b)
+        W = w_start.expand(K, -1).clone()
+        counts = valid.sum(-1).cpu().tolist() if T else [[] for _ in range(K)]  # valid examples lead each batch
+        B = positions.shape[2] if positions.dim() == 3 else 0
+        ex = index.gather(1, positions.reshape(K, T * B)).view(K, T, B) if T else positions
+        plain = _is_plain(rule)
+        losses, client_buffers = torch.zeros(K, dtype=W.dtype, device=W.device), []
+        try:
+            for k in range(K):
+                s_k = int(steps[k])
+                rows = self.layout.unflatten(W[k])
+                for p, name in zip(params, self.layout.names):
+                    p.data = rows[name]  # the module now computes with client k's weights, in place
+                    p.requires_grad_(True)
+                if track and k > 0:
+                    with torch.no_grad():
+                        for name, b in base_buffers.items():
+                            work_buffers[name].copy_(b)
+                rule_k = None if plain else rule.select(k, K)
+                loss_sum = W.new_zeros(())
+                for t in range(s_k):
+                    ids = ex[k, t, : counts[k][t]]
+                    loss = self.loss_fn(work(data_x[ids]), data_y[ids]).mean()
+                    grads = torch.autograd.grad(loss, params)
+                    with torch.no_grad():
+                        if plain:
+                            torch._foreach_add_([p.data for p in params], list(grads), alpha=-lr)
+                        else:
+                            _apply_step_(W[k], torch.cat([g.reshape(-1) for g in grads]), rule_k, lr)
+                    loss_sum += loss.detach()
+                losses[k] = loss_sum / max(s_k, 1)
+                if track:
+                    client_buffers.append({n: work_buffers[n].clone() for n in base_buffers})
+        finally:
+            for p in params:  # let go of the cohort's weights
+                p.requires_grad_(False)
+                p.data = p.data.clone()
         stacked = None
         if track:
             stacked = {n: torch.stack([b[n] for b in client_buffers]) for n in base_buffers}
-        return CohortResult(torch.stack(finals), torch.stack(losses), stacked)
+        return CohortResult(W, losses, stacked)
 
     # ----------------------------------------------------------------- Fisher information
     def fisher_diagonal(
@@ -352,6 +457,7 @@ class CohortTrainer:
         num_samples: int,
         generator: torch.Generator,
         max_elements: int = 2**26,
+        rows: Tensor | None = None,
     ) -> Tensor:
         """Empirical Fisher diagonal of each client at its own weights (EFL, SPEC §2 efl).
 
@@ -363,9 +469,12 @@ class CohortTrainer:
             weights: ``[K, P]`` client weights (``w_end``).
             num_samples: Examples per client (>= 1).
             max_elements: Bound on ``K * chunk * P`` per-example gradient entries held at once.
+            rows: Only these rows (``[K_r]`` indices; None: all K). The examples are still drawn
+                for all K, so a row's diagonal is the one it has beside the others
+                (:mod:`lfed.distributed` splits the Fisher reports over ranks so).
 
         Returns:
-            ``[K, P]`` Fisher diagonals.
+            ``[K, P]`` Fisher diagonals (``[K_r, P]`` with ``rows``).
         """
         if num_samples < 1:
             raise ValueError(f"num_samples: must be >= 1, got {num_samples}")
@@ -379,6 +488,9 @@ class CohortTrainer:
         count = torch.minimum(n, torch.tensor(S)).to(weights.device, weights.dtype)
         valid = (torch.arange(S)[None, :] < n[:, None].clamp(max=S)).to(weights.device, weights.dtype)
         idx = index.gather(1, pos)
+        if rows is not None:
+            at = rows.to(weights.device)
+            weights, idx, count, valid = weights[at], idx[at.to(idx.device)], count[at], valid[at]
         buffers = {n: b.clone() for n, b in self._buffers().items()}  # running stats must not move
         total = torch.zeros_like(weights)
         if self.resolve_backend(data_x, data_y) == "vmap":
@@ -393,7 +505,7 @@ class CohortTrainer:
                 g = per_example(weights, data_x[idx[:, sl]], data_y[idx[:, sl]], buffers)  # [K, c, P]
                 total += (g.square() * valid[:, sl, None]).sum(1)
         else:
-            for k in range(K):
+            for k in range(weights.shape[0]):
                 for i in range(int(count[k])):
                     leaf = weights[k].detach().requires_grad_(True)
                     loss = self._example_loss(leaf, data_x[idx[k, i]], data_y[idx[k, i]], buffers)

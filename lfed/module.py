@@ -21,15 +21,16 @@ from torch import Tensor, nn
 
 from lfed import algorithms
 from lfed.client.objectives import Cohort, build_objective, check_state_shapes
+from lfed.distributed import Ranks, fisher_cohort, prepare_strategy, sum_over_ranks, train_cohort
 from lfed.engine import BACKENDS, CohortTrainer, as_per_example_loss, steps_per_epoch
 from lfed.params import ParamLayout
-from lfed.rng import round_generator
+from lfed.rng import round_generator, seeded_global_rng
 from lfed.sampling import SAMPLERS, AttentionSampler, FractionSchedule, as_schedule, cohort_size
 import warnings
 
 from lfed.server.weights import PARTIAL_WORK, WEIGHT_RULES, DegenerateWeightsWarning, aggregation_weights, counting_mask
 from lfed.stragglers import Stragglers
-from lfed.communication import CommunicationMeter
+from lfed.communication import CommunicationMeter, check_accuracy_targets
 
 AGGREGATIONS = ("mean", "self", "global", "time")
 
@@ -139,6 +140,8 @@ class FederatedModule(LightningModule):
             validate_sparsity(cfg["compression"])
         if cfg["sampler"] not in SAMPLERS:
             raise ValueError(f"sampler: {cfg['sampler']!r} is not one of {tuple(SAMPLERS)}")
+        if isinstance(sampler_alpha, bool) or not isinstance(sampler_alpha, (int, float)) or not 0.0 <= sampler_alpha < 1.0:
+            raise ValueError(f"sampler_alpha: must be a number in [0, 1) (AdaFL's score decay α), got {sampler_alpha!r}")
         self.algorithm = algorithm
         self.objective = build_objective(cfg["objective"], mu=mu, efl_lambda=efl_lambda, fisher_samples=fisher_samples)
         self.weighting = cfg["weighting"]
@@ -160,7 +163,7 @@ class FederatedModule(LightningModule):
         self.chunk_size = chunk_size
         self.seed = seed
         self.attention_temperature = float(attention_temperature)
-        self.accuracy_targets = list(accuracy_targets or [])
+        self.accuracy_targets = check_accuracy_targets(accuracy_targets)
         self.comm = CommunicationMeter()
         self.eval_history: list[tuple[int, float]] = []
         self.fed = None  # FederatedData on the device, set on fit start
@@ -217,13 +220,30 @@ class FederatedModule(LightningModule):
         return self.fed
 
     def on_fit_start(self) -> None:
+        prepare_strategy(self.trainer)
         d = self._device_data()
+        self._validate_composition(d.num_clients)
         backend = self.engine.resolve_backend(d.train_x, d.train_y)
         rank_zero_info(
             f"lfed: {self.algorithm} on {d.num_clients} clients, {self.layout.num_params:,} parameters, "
             f"backend={backend}, objective={self.objective.name}, weighting={self.weighting}, "
             f"aggregation={self.aggregation}, sampler={type(self.sampler).__name__}, fraction={self.fraction}"
         )
+
+    def _validate_composition(self, num_clients: int) -> None:
+        """Warn about (or refuse) settings that make no sense together (algorithms.validate_composition)."""
+        cfg = {
+            "objective": self.objective.name, "weighting": self.weighting, "partial_work": self.partial_work,
+            "aggregation": self.aggregation, "compression": self.compression, "fraction": self.fraction,
+            "sampler": "attention" if isinstance(self.sampler, AttentionSampler) else "uniform",
+        }
+        explicit = {k for k in cfg if self.hparams.get(k) is not None}
+        for message in algorithms.validate_composition(
+            cfg, explicit, p_inactive=self.stragglers.p_inactive, p_incomplete=self.stragglers.p_incomplete,
+            mu=getattr(self.objective, "mu", None), efl_lambda=getattr(self.objective, "lam", None),
+            num_clients=num_clients, total_rounds=self._total_rounds(),
+        ):
+            rank_zero_warn(message, category=algorithms.CompositionWarning)
 
     # ------------------------------------------------------------------ one round
     def _total_rounds(self) -> int | None:
@@ -278,20 +298,24 @@ class FederatedModule(LightningModule):
             cohort.previous_update = self.previous_update[clients]
             cohort.global_change = self.global_change
         rule = self.objective.step_rule(cohort, w0, self.client_lr)
-        result = self.engine.train(
-            w0, d.train_x, d.train_y, d.client_index[clients], n_k, steps_done, rule,
-            self.client_lr, self.batch_size, round_generator(self.seed, r, "batches"),
-        )
+        ranks = Ranks.of(self)
+        with seeded_global_rng(self.seed, r, "dropout", self.device):  # a model's own randomness (dropout)
+            result = train_cohort(  # the cohort split over the ranks (lfed.distributed)
+                self.engine, ranks, w0, d.train_x, d.train_y, d.client_index[clients], n_k, steps_done, rule,
+                self.client_lr, self.batch_size, round_generator(self.seed, r, "batches"),
+            )
+        self._check_finite(result.loss[:, None], r, clients, "training losses")
         updates = result.weights - w0
         self._check_finite(updates, r, clients, "client updates")
 
         def fisher(rows: Tensor) -> Tensor:
-            return self.engine.fisher_diagonal(
-                result.weights[rows], d.train_x, d.train_y, d.client_index[clients][rows], n_k[rows],
+            return fisher_cohort(
+                self.engine, ranks, result.weights[rows], d.train_x, d.train_y, d.client_index[clients][rows], n_k[rows],
                 self.objective.fisher_samples, round_generator(self.seed, r, "fisher"),
             )
 
-        self.objective.after_local(cohort, w0, result.weights, self.client_lr, fisher)
+        with seeded_global_rng(self.seed, r, "fisher_dropout", self.device):
+            self.objective.after_local(cohort, w0, result.weights, self.client_lr, fisher)
 
         sent = updates
         if self.compression is not None:
@@ -315,7 +339,9 @@ class FederatedModule(LightningModule):
         if self.needs_history:
             self.previous_update[clients[active]] = updates[active]
             self.global_change.copy_(w1 - w0)
-        self.sampler.update(clients, (result.weights - w1).norm(dim=1))
+        # AdaFL scores (SPEC §5) move only for clients whose model the server received and used:
+        # an inactive or dropped client uploaded nothing, so it has no distance and keeps its score.
+        self.sampler.update(clients[counting], (result.weights[counting] - w1).norm(dim=1))
         self._log_round(r, clients, counting, result.loss, active, weights, extra)
 
     def _check_finite(self, x: Tensor, r: int, clients: Tensor, what: str) -> None:
@@ -420,9 +446,10 @@ class FederatedModule(LightningModule):
         self._end_eval("val")
 
     def _end_eval(self, stage: str) -> None:
-        if not self._eval_sums:
+        like = torch.zeros(3, dtype=torch.float64, device=self.device)
+        sums = sum_over_ranks(self._eval_sums, Ranks.of(self), like)  # each test item counted once
+        if sums is None:
             return
-        sums = torch.stack(self._eval_sums).sum(0)
         loss, acc = float(sums[0] / sums[2]), float(sums[1] / sums[2])
         self.log("test/loss", loss)
         self.log("test/acc", acc, prog_bar=True)
@@ -447,10 +474,13 @@ class FederatedModule(LightningModule):
         owner = torch.arange(d.num_clients, device=self.device)[:, None].expand_as(valid)[valid]
         idx = d.holdout_index[valid]
         correct = torch.zeros(d.num_clients, device=self.device, dtype=torch.float64)
-        for lo in range(0, idx.numel(), 4096):
-            sl = slice(lo, lo + 4096)
+        ranks = Ranks.of(self)
+        start, stop = ranks.share(idx.numel())  # each rank predicts a share of the examples
+        for lo in range(start, stop, 4096):
+            sl = slice(lo, min(lo + 4096, stop))
             pred = self.net(d.train_x[idx[sl]]).argmax(-1)
             correct.index_add_(0, owner[sl], (pred == d.train_y[idx[sl]]).double())
+        correct = ranks.all_reduce_sum(correct)
         return (correct[has] / d.holdout_sizes[has].double())
 
     # ------------------------------------------------------------------ end of run, checkpoints
@@ -480,10 +510,20 @@ class FederatedModule(LightningModule):
         rank_zero_info("lfed: " + ", ".join(f"{k}={v:.4g}" for k, v in summary.items()))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["lfed"] = {"comm": self.comm.state_dict(), "eval_history": list(self.eval_history)}
+        from lfed.checkpoint import module_fingerprint
+
+        checkpoint["lfed"] = {
+            "comm": self.comm.state_dict(),
+            "eval_history": list(self.eval_history),
+            "fingerprint": module_fingerprint(self),
+        }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse a checkpoint of another run (lfed.checkpoint.verify_fingerprint), then restore."""
+        from lfed.checkpoint import module_fingerprint, verify_fingerprint
+
         state = checkpoint.get("lfed")
+        verify_fingerprint((state or {}).get("fingerprint"), module_fingerprint(self))
         if state:
             self.comm.load_state_dict(state["comm"])
             self.eval_history = [tuple(x) for x in state["eval_history"]]

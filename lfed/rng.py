@@ -10,16 +10,20 @@ with each other: turning on stragglers does not change which clients are
 sampled.
 
 Streams used by lfed: ``"sample"``, ``"stragglers"``, ``"batches"``,
-``"fisher"``. Any other non-empty name is allowed.
+``"fisher"``, ``"dropout"`` and ``"fisher_dropout"`` (:func:`seeded_global_rng`: layers such as dropout
+draw from torch's global generator, which lfed reseeds per round and restores
+afterwards). Any other non-empty name is allowed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import Iterator
 
 import torch
 
-__all__ = ["STREAMS", "derive_seed", "round_generator"]
+__all__ = ["STREAMS", "derive_seed", "round_generator", "seeded_global_rng"]
 
 #: The stream names lfed itself uses.
 STREAMS: tuple[str, ...] = ("sample", "stragglers", "batches", "fisher")
@@ -88,3 +92,36 @@ def round_generator(
     generator = torch.Generator(device=torch.device(device))
     generator.manual_seed(derive_seed(seed, round, stream))
     return generator
+
+
+@contextlib.contextmanager
+def seeded_global_rng(seed: int, round: int, stream: str, device: str | torch.device = "cpu") -> Iterator[None]:
+    """Seed torch's global generators from ``(seed, round, stream)`` inside the block only.
+
+    Randomness that a model draws itself (dropout inside local training, under ``vmap`` with
+    ``randomness="different"`` or in the loop backend) comes from torch's global CPU generator
+    and the global generator of ``device``. Inside the block both are seeded with
+    :func:`derive_seed` ``(seed, round, stream)``; on exit their previous states are restored,
+    so the caller's random sequence is untouched and a resumed run draws the same masks in
+    round ``r`` as the uninterrupted one.
+
+    Args:
+        seed: The run's seed.
+        round: The round index, ``>= 0``.
+        stream: The stream name, e.g. ``"dropout"``.
+        device: The device whose global generator is also seeded (besides the CPU's).
+    """
+    s = derive_seed(seed, round, stream)
+    device = torch.device(device)
+    if device.type == "cpu":
+        with torch.random.fork_rng(devices=[]):
+            torch.random.default_generator.manual_seed(s)
+            yield
+        return
+    backend = getattr(torch, device.type)
+    index = device.index if device.index is not None else backend.current_device()
+    with torch.random.fork_rng(devices=[index], device_type=device.type):
+        torch.random.default_generator.manual_seed(s)
+        with backend.device(index):
+            backend.manual_seed(s)
+        yield

@@ -120,6 +120,10 @@ class FractionSchedule:
             raise ValueError(f"total_rounds must be None or an int >= 1, got {total_rounds!r}")
         return self.fraction(round, total_rounds)
 
+    #: Whether the fraction of a round depends on the run's total number of rounds (then a
+    #: run resumed or extended with another ``trainer.max_steps`` follows another schedule).
+    depends_on_total_rounds: bool = False
+
     def fraction(self, round: int, total_rounds: int | None) -> float:
         """The fraction of a validated round; implemented by subclasses."""
         raise NotImplementedError
@@ -179,6 +183,8 @@ class StepwiseFraction(FractionSchedule):
         if stages == 1 and self.start != self.end:
             raise ValueError(f"stages=1 needs start == end, got start={start}, end={end}")
         self.stages = stages
+
+    depends_on_total_rounds = True
 
     def stage(self, round: int, total_rounds: int) -> int:
         """0-based stage index of ``round`` in a run of ``total_rounds`` rounds."""
@@ -431,6 +437,11 @@ class AttentionSampler(ClientSampler):
     def extra_repr(self) -> str:
         return f"alpha={self.alpha}, num_clients={self.num_clients}"
 
+
+# A schedule given to FederatedModule is one of its hyper-parameters, so Lightning pickles it
+# into every checkpoint; resuming loads checkpoints with torch.load(weights_only=True), which
+# rebuilds only allow-listed classes. These hold plain numbers and run no code when rebuilt.
+torch.serialization.add_safe_globals([ConstantFraction, StepwiseFraction, ExplicitFraction])
 
 #: Samplers by config name.
 SAMPLERS: dict[str, type[ClientSampler]] = {"uniform": UniformSampler, "attention": AttentionSampler}

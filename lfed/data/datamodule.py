@@ -232,10 +232,28 @@ class FederatedDataModule(LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         max_steps = getattr(self.trainer, "max_steps", -1) if self.trainer is not None else -1
         rounds = max_steps if max_steps and max_steps > 0 else 1000
+        if self._world_size() > 1:
+            # A round is a step of all ranks together (lfed.distributed), so every rank walks every
+            # round: a sampler that already is a DistributedSampler keeps Lightning from splitting them.
+            from torch.utils.data import DistributedSampler
+
+            rounds_ds = _Rounds(rounds)
+            return DataLoader(rounds_ds, batch_size=None, sampler=DistributedSampler(rounds_ds, num_replicas=1, rank=0, shuffle=False))
         return DataLoader(_Rounds(rounds), batch_size=None, shuffle=False)
+
+    def _world_size(self) -> int:
+        return int(getattr(self.trainer, "world_size", 1) or 1) if self.trainer is not None else 1
 
     def _test_loader(self) -> DataLoader:
         d = self.build()
+        if self._world_size() > 1:
+            # Each rank evaluates its share of the test set, no item twice (Lightning's default
+            # DistributedSampler pads with repeats); the module all-reduces the sums.
+            from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+
+            test = TensorDataset(d.test_x, d.test_y)
+            share = UnrepeatedDistributedSampler(test, num_replicas=self._world_size(), rank=self.trainer.global_rank, shuffle=False)
+            return DataLoader(test, batch_size=self.eval_batch_size, sampler=share)
         return DataLoader(TensorDataset(d.test_x, d.test_y), batch_size=self.eval_batch_size, shuffle=False)
 
     def val_dataloader(self) -> DataLoader:
@@ -245,5 +263,25 @@ class FederatedDataModule(LightningDataModule):
         return self._test_loader()
 
     def state_dict(self) -> dict:
+        """What the clients' data is, for checkpoints: sizes, seed, partition and its fingerprint."""
+        from lfed.checkpoint import data_fingerprint
+
         d = self.build()
-        return {"num_clients": d.num_clients, "client_sizes": d.client_sizes.clone(), "seed": self.seed, "partition": self.partition}
+        return {
+            "num_clients": d.num_clients,
+            "client_sizes": d.client_sizes.clone(),
+            "seed": self.seed,
+            "partition": self.partition,
+            "fingerprint": data_fingerprint(self),
+        }
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Nothing to restore (the partition is rebuilt from its seed); refuse another split.
+
+        Raises:
+            ValueError: If the checkpoint's clients were split differently (another dataset,
+                number of clients, partition, seed, or other example indices), naming each difference.
+        """
+        from lfed.checkpoint import data_fingerprint, verify_fingerprint
+
+        verify_fingerprint(state_dict.get("fingerprint"), data_fingerprint(self), "the checkpoint's data")
