@@ -1,0 +1,418 @@
+"""Exact, crash-safe resume of a federated run.
+
+Three pieces:
+
+* :class:`AtomicCheckpointIO`: Lightning's ``CheckpointIO`` that writes a checkpoint to a
+  temporary file in the target's directory, flushes it to disk (``fsync``), and moves it over
+  the target with ``os.replace`` (then syncs the directory). A process killed at any moment
+  leaves either the previous complete file or the new complete file, never a truncated one.
+  ``lfed fit`` installs it by default. (Lightning's own ``TorchCheckpointIO`` serialises to
+  memory and commits through an ``fsspec`` transaction whose temporary file lives in the system
+  temp directory; when that is another file system the commit is a copy, and nothing is synced.)
+* :class:`RoundCheckpoint`: a ``ModelCheckpoint`` with federated defaults, a ``last.ckpt``
+  every ``every_n_train_steps`` rounds (one round is one training step), written after the
+  round's evaluation when one follows. ``last.ckpt`` is written through the strategy's
+  ``CheckpointIO`` like any other checkpoint (``save_last=True``), so it is atomic too; the
+  ``save_last="link"`` mode (remove the old file, then symlink) is refused because a kill
+  between the two leaves no ``last.ckpt``. It never saves on an exception: an exception can
+  stop a round half way (per-client state updated, global model not yet), and a run stopped by
+  the divergence guard must not overwrite the last good checkpoint.
+* Run fingerprints: what a checkpoint was made for (algorithm and its composition, model
+  layout, clients and their partition). :func:`verify_fingerprint` refuses to resume a
+  checkpoint whose run differs in any structural field, naming every difference with both
+  values, and warns about changed hyperparameters (the run then resumes, but is no longer an
+  exact continuation).
+
+What a checkpoint holds (DESIGN.md "All state is module state"): the global model and every
+per-client tensor are buffers of :class:`~lfed.module.FederatedModule`, its objective and its
+sampler (SCAFFOLD ``c``/``c_k``, IGFL previous updates and last global change, EFL Fisher reports
+and their sums, compression residuals, AdaFL scores); the server optimizer state is Lightning's
+``optimizer_states``; the round counter is ``global_step``; the communication meter and the
+evaluation history go through ``on_save_checkpoint``. There is no random-generator state to carry:
+every random draw of round ``r`` comes from a generator seeded by ``(seed, r, stream)``
+(:mod:`lfed.rng`), including dropout during local training (:func:`lfed.rng.seeded_global_rng`).
+The partition is rebuilt from its seed and verified against the fingerprint's hash of the
+clients' example indices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor
+
+__all__ = [
+    "AtomicCheckpointIO",
+    "RoundCheckpoint",
+    "ResumeWarning",
+    "tensor_digest",
+    "data_fingerprint",
+    "module_fingerprint",
+    "verify_fingerprint",
+    "install_atomic_io",
+]
+
+_TMP_MARK = ".tmp-"
+
+
+def _temp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}")
+
+
+def _pid_alive(pid: int) -> bool:
+    if os.name == "nt":  # os.kill(pid, 0) would terminate the process on Windows: keep its file
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """``TorchCheckpointIO`` whose saves are atomic and durable on a local file system.
+
+    ``save_checkpoint(ckpt, "d/last.ckpt")`` streams ``torch.save`` into ``d/.last.ckpt.tmp-<pid>``,
+    flushes and syncs it (``os.fsync``), renames it over ``d/last.ckpt`` with ``os.replace``
+    (atomic on POSIX and Windows within one file system, which the same directory guarantees)
+    and syncs ``d`` so the rename itself survives a power loss. On an error the temporary
+    file is removed; a temporary file left by a killed process is removed by the next
+    successful save of the same path. Remote paths (``s3://`` ...) fall back to Lightning's
+    ``fsspec`` transaction.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+        """Write ``checkpoint`` to ``path`` atomically (see the class docstring)."""
+        if storage_options is not None:
+            raise TypeError(f"storage_options: {type(self).__name__} takes none, got {storage_options!r}")
+        if not _is_local_file_protocol(path):
+            return super().save_checkpoint(checkpoint, path)
+        target = Path(path).expanduser()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _temp_name(target)
+        try:
+            with open(tmp, "wb") as f:
+                self._write(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        _fsync_dir(target.parent)
+        self._remove_stale_temps(target)
+
+    def _write(self, checkpoint: dict[str, Any], f: Any) -> None:
+        """Serialise ``checkpoint`` into the open binary file ``f`` (a hook for tests)."""
+        torch.save(checkpoint, f)
+
+    @staticmethod
+    def _remove_stale_temps(target: Path) -> None:
+        prefix = f".{target.name}{_TMP_MARK}"
+        for p in target.parent.glob(f"{prefix}*"):
+            pid = p.name[len(prefix):]
+            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    p.unlink()
+
+
+def _validation_follows(trainer: Any) -> bool:
+    """Whether the fit loop evaluates right after the current training step (Lightning's own test)."""
+    try:
+        loop = trainer.fit_loop.epoch_loop
+        return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
+    except AttributeError:  # another Lightning version: save at once, as ModelCheckpoint does
+        return False
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. Windows cannot open directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def install_atomic_io(strategy: Any) -> bool:
+    """Give ``strategy`` an :class:`AtomicCheckpointIO` if it uses Lightning's default one.
+
+    A ``CheckpointIO`` the user configured (``trainer.plugins``), or one a strategy brings
+    (FSDP, DeepSpeed, async wrappers), is left alone.
+
+    Returns:
+        Whether the strategy's checkpoint IO was replaced.
+    """
+    io = getattr(strategy, "checkpoint_io", None)
+    if type(io) is TorchCheckpointIO:
+        strategy.checkpoint_io = AtomicCheckpointIO()
+        return True
+    return False
+
+
+class RoundCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` with federated defaults: ``last.ckpt`` every 10 rounds.
+
+    Lightning's arguments, with these defaults changed: ``every_n_train_steps=10`` (a training
+    step is a round), ``save_last=True`` (``last.ckpt`` is written through the checkpoint IO, so
+    atomically with :class:`AtomicCheckpointIO`), ``save_top_k=0`` (only ``last.ckpt``; set
+    ``save_top_k=-1`` to keep one file per checkpointed round). Resume with
+    ``lfed fit ... --ckpt_path last`` (or the file's path).
+
+    Raises:
+        ValueError: On ``save_last="link"`` (not atomic) or ``save_on_exception=True`` (a round
+            interrupted half way has inconsistent state; see the module docstring).
+    """
+
+    def __init__(
+        self,
+        dirpath: _PATH | None = None,
+        filename: str | None = None,
+        every_n_train_steps: int | None = 10,
+        save_last: bool | None = True,
+        save_top_k: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        if save_last == "link":
+            raise ValueError(
+                "save_last: 'link' removes last.ckpt and then creates a symlink, so a kill in between leaves "
+                "no last.ckpt; use save_last=True (an atomic write through the checkpoint IO)"
+            )
+        if kwargs.get("save_on_exception"):
+            raise ValueError(
+                "save_on_exception: True would checkpoint a round stopped half way (or diverged); "
+                "lfed checkpoints only at round boundaries"
+            )
+        if every_n_train_steps is not None and every_n_train_steps < 0:
+            raise ValueError(f"every_n_train_steps: must be >= 0 rounds (0 or None: no periodic save), got {every_n_train_steps}")
+        super().__init__(
+            dirpath=dirpath,
+            filename=filename,
+            every_n_train_steps=every_n_train_steps,
+            save_last=save_last,
+            save_top_k=save_top_k,
+            **kwargs,
+        )
+        self._after_validation = False
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Save after round ``r`` (``global_step % every_n_train_steps == 0``), or after its evaluation.
+
+        When an evaluation follows this round, the save waits for it (``on_validation_end``):
+        a checkpoint written before the evaluation would resume past it (Lightning does not
+        rerun it), and the evaluation history and accuracy-to-target counts would miss it.
+        """
+        every = self._every_n_train_steps
+        if every >= 1 and trainer.global_step % every == 0 and _validation_follows(trainer):
+            self._after_validation = True
+            return
+        # Lightning warns on every manual-optimisation save that the checkpoint holds the state
+        # after the optimizer step: for lfed that is the point (the state after round r).
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        """Write the save deferred from ``on_train_batch_end``, now with the round's evaluation."""
+        if not self._after_validation:
+            return super().on_validation_end(trainer, pl_module)
+        self._after_validation = False
+        if self._should_skip_saving_checkpoint(trainer):
+            return
+        candidates = self._monitor_candidates(trainer)
+        self._save_topk_checkpoint(trainer, candidates)
+        self._save_last_checkpoint(trainer, candidates)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """Never save on an exception (the last good checkpoint stays as it is)."""
+
+
+# --------------------------------------------------------------------------- fingerprints
+
+
+class ResumeWarning(UserWarning):
+    """A checkpoint resumed with changed hyperparameters: not an exact continuation."""
+
+
+def tensor_digest(*tensors: Tensor) -> str:
+    """SHA-256 (first 16 hex digits) of the dtypes, shapes and contents of ``tensors``."""
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def data_fingerprint(datamodule: Any) -> dict[str, Any]:
+    """What a :class:`~lfed.data.datamodule.FederatedDataModule` split its data into.
+
+    ``data.*`` keys: dataset, number of clients, partition and its seed and parameter, held-out
+    share, and hashes of the training labels and of each client's example indices (so the same
+    config on other files, or another partitioner version, is caught too).
+    """
+    d = datamodule.build()
+    out: dict[str, Any] = {
+        "data.dataset": datamodule.dataset,
+        "data.num_clients": d.num_clients,
+        "data.partition": datamodule.partition,
+        "data.seed": datamodule.seed,
+        "data.holdout_fraction": datamodule.holdout_fraction,
+        "data.train_examples": int(d.train_y.numel()),
+        "data.train_labels_hash": tensor_digest(d.train_y),
+        "data.client_indices_hash": tensor_digest(d.client_sizes, d.client_index, d.holdout_sizes, d.holdout_index),
+    }
+    param = {"dirichlet": "rho", "shards": "shards_per_client", "classes": "classes_per_client"}.get(datamodule.partition)
+    if param is not None:
+        out[f"data.{param}"] = getattr(datamodule, param)
+    return out
+
+
+#: Fingerprint keys whose change makes a checkpoint another run: resuming is refused.
+STRUCTURAL_PREFIXES = ("composition.", "model.", "data.")
+
+
+def _optimizer_summary(factory: Any) -> tuple[str, dict[str, Any]]:
+    probe = torch.zeros(1, requires_grad=True)
+    try:
+        opt = factory([probe])
+    except Exception:  # pragma: no cover - a factory that needs real params
+        return getattr(factory, "__qualname__", repr(factory)), {}
+    cls = type(opt)
+    hp = {k: v for k, v in opt.defaults.items() if isinstance(v, (bool, int, float, str, tuple)) and k != "differentiable"}
+    return f"{cls.__module__}.{cls.__qualname__}", hp
+
+
+def module_fingerprint(module: Any) -> dict[str, Any]:
+    """The fingerprint of a :class:`~lfed.module.FederatedModule`'s run.
+
+    Structural keys (``composition.*``, ``model.*``, ``data.*``; see :data:`STRUCTURAL_PREFIXES`)
+    identify the run; ``hparams.*`` keys are hyperparameters whose change is allowed with a
+    warning. ``data.*`` keys are present once the module is attached to a trainer with a
+    ``FederatedDataModule`` (fit, validate, test), and ``model.*`` keys once it has a net.
+    """
+    opt_name, opt_hp = _optimizer_summary(module.server_optimizer)
+    fp: dict[str, Any] = {
+        "composition.algorithm": module.algorithm,
+        "composition.objective": module.objective.name,
+        "composition.weighting": module.weighting,
+        "composition.partial_work": module.partial_work,
+        "composition.aggregation": module.aggregation,
+        "composition.compression": module.compression,
+        "composition.sampler": type(module.sampler).__name__,
+        "composition.server_optimizer": opt_name,
+        "hparams.client_lr": module.client_lr,
+        "hparams.batch_size": module.batch_size,
+        "hparams.local_epochs": module.local_epochs,
+        "hparams.local_steps": module.local_steps,
+        "hparams.seed": module.seed,
+        "hparams.fraction": repr(module.fraction),
+        "hparams.p_inactive": module.stragglers.p_inactive,
+        "hparams.p_incomplete": module.stragglers.p_incomplete,
+        "hparams.attention_temperature": module.attention_temperature,
+        "hparams.loss": type(module.loss).__name__ if module.loss is not None else "CrossEntropyLoss",
+    }
+    for name in ("mu", "lam", "fisher_samples"):
+        if hasattr(module.objective, name):
+            fp[f"hparams.{module.objective.name}.{name}"] = getattr(module.objective, name)
+    if hasattr(module.sampler, "alpha"):
+        fp["hparams.sampler_alpha"] = float(module.sampler.alpha)
+    for k, v in opt_hp.items():
+        fp[f"hparams.server_optimizer.{k}"] = v
+    total = module._total_rounds() if module._trainer is not None else None
+    if total is not None and type(module.fraction).__name__ != "ConstantFraction":
+        fp["hparams.total_rounds (trainer.max_steps; the fraction schedule depends on it)"] = total
+    if module.net is not None:
+        net = type(module.net)
+        fp["model.class"] = f"{net.__module__}.{net.__qualname__}"
+        fp["model.num_params"] = module.layout.num_params
+        fp["model.parameters"] = [f"{n}{list(s)}" for n, s in zip(module.layout.names, module.layout.shapes)]
+    dm = getattr(module.trainer, "datamodule", None) if module._trainer is not None else None
+    if dm is not None and hasattr(dm, "build"):
+        fp.update(data_fingerprint(dm))
+    return fp
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, list) and len(v) > 6:
+        return f"[{', '.join(map(str, v[:3]))}, ... {len(v)} entries]"
+    return repr(v)
+
+
+def _differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """``(key, checkpoint's value, this run's value)`` as display strings, for keys in both that differ."""
+    out = []
+    for key in saved:
+        if key not in current or saved[key] == current[key]:
+            continue
+        a, b = saved[key], current[key]
+        if isinstance(a, list) and isinstance(b, list):
+            if len(a) != len(b):
+                out.append((key, f"{len(a)} entries {_show(a)}", f"{len(b)} entries {_show(b)}"))
+            else:  # the first entry that differs
+                i = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+                out.append((key, f"{a[i]} (entry {i})", f"{b[i]} (entry {i})"))
+        else:
+            out.append((key, _show(a), _show(b)))
+    return out
+
+
+def verify_fingerprint(saved: Mapping[str, Any] | None, current: Mapping[str, Any], source: str = "the checkpoint") -> None:
+    """Refuse to resume a checkpoint made for another run; warn about changed hyperparameters.
+
+    Only keys present in both fingerprints are compared (a key this run cannot know yet, or a
+    checkpoint from before a key existed, is skipped).
+
+    Args:
+        saved: The fingerprint stored in the checkpoint (None: an old checkpoint, nothing checked).
+        current: This run's fingerprint.
+        source: How to call the checkpoint in messages.
+
+    Raises:
+        ValueError: Listing every structural field that differs, with the checkpoint's value
+            and this run's value.
+    """
+    if saved is None:
+        rank_zero_warn(f"{source} has no lfed run fingerprint (saved by an older lfed?): resuming without checking it", category=ResumeWarning)
+        return
+    diffs = _differences(saved, current)
+    hard = [(k, a, b) for k, a, b in diffs if k.startswith(STRUCTURAL_PREFIXES)]
+    soft = [(k, a, b) for k, a, b in diffs if not k.startswith(STRUCTURAL_PREFIXES)]
+    if hard:
+        lines = "\n".join(f"  {k}: checkpoint {a}, this run {b}" for k, a, b in hard)
+        raise ValueError(
+            f"{source} was made by a different run and cannot be resumed by this one:\n{lines}\n"
+            "Resume with the config that made the checkpoint, or start a new run without ckpt_path."
+        )
+    if soft:
+        lines = "; ".join(f"{k.removeprefix('hparams.')}: {a} -> {b}" for k, a, b in soft)
+        note = ""
+        if any(k.startswith("hparams.server_optimizer.") for k, _, _ in soft):
+            note = (
+                " Note: Lightning restores the server optimizer's state with its param groups, so the "
+                "checkpoint's server_optimizer settings stay in force."
+            )
+        rank_zero_warn(
+            f"resuming {source} with changed hyperparameters ({lines}); the run continues but is not an exact "
+            f"continuation of the one that saved it.{note}",
+            category=ResumeWarning,
+        )

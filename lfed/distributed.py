@@ -1,0 +1,395 @@
+"""Several processes, GPUs and nodes through Lightning's DDP (DESIGN.md, "Scale out"; docs/distributed.md).
+
+lfed runs on Lightning's distributed strategies (``--trainer.strategy ddp --trainer.devices N
+--trainer.num_nodes M``); it has no transport of its own. The collectives below run on the
+default process group that Lightning's strategy set up (NCCL on GPUs, Gloo on CPUs).
+
+**Replicated state.** Every rank holds the global model, the server optimizer and every
+per-client tensor (SCAFFOLD ``c_k``, IGFL previous updates, EFL reports, residuals, AdaFL scores),
+exactly as one process does; so the memory of the client state per rank is that of one process
+and does not grow (or shrink) with the number of processes, a checkpoint written by rank 0 holds
+the whole run, and it resumes on any number of processes.
+
+**A round on W ranks.** All ranks draw the same cohort, stragglers and batch schedule (every draw
+comes from :func:`lfed.rng.round_generator` ``(seed, round, stream)``). :func:`assign_rows` splits
+the cohort's rows over the ranks, balanced by local work (steps done x batch); each rank trains its
+rows with :meth:`~lfed.engine.CohortTrainer.train` ``(rows=...)``, which keeps the batch schedule of
+the whole cohort, so a client trains exactly as it would in one process. The final client weights
+``[K_r, P]`` and losses are all-gathered (padded to equal size) so that every rank holds all K
+results and runs the identical server step: weighted means, IGFL attention, DWFed weights, AdaFL
+distances, SCAFFOLD/EFL state updates, compression residuals. EFL's Fisher reports are split and
+gathered the same way (:func:`fisher_cohort`). The all-gather moves ``K x P`` numbers per rank per
+round (the uploads of the cohort), which is what the server of a real deployment receives.
+
+**Evaluation** is split too: the test set by the datamodule's unpadded sampler, client-side
+accuracy by example ranges (:meth:`Ranks.share`); the sums (loss, correct, count) are all-reduced
+(:func:`sum_over_ranks`), so each item counts exactly once.
+
+With one process every helper calls the engine exactly as before: no collective, no copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+
+from lfed.engine import CohortResult, CohortTrainer, StepRule, has_running_stats
+
+__all__ = [
+    "Ranks",
+    "ReplicaCheck",
+    "assemble_rows",
+    "assign_rows",
+    "check_digests",
+    "cohort_parts",
+    "fisher_cohort",
+    "fisher_share",
+    "gather_rows",
+    "pad_rows",
+    "prepare_strategy",
+    "state_digest",
+    "sum_over_ranks",
+    "train_cohort",
+    "train_share",
+]
+
+
+# torch >= 2.13 names it all_gather_single; all_gather_into_tensor before (same semantics)
+_all_gather_single = getattr(torch.distributed, "all_gather_single", None) or getattr(
+    torch.distributed, "all_gather_into_tensor", None
+)
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """The processes of a run, as the round sees them.
+
+    Attributes:
+        rank: This process's global rank.
+        world_size: Number of processes ``W`` (``devices x num_nodes``).
+    """
+
+    rank: int = 0
+    world_size: int = 1
+
+    @classmethod
+    def of(cls, module: LightningModule) -> Ranks:
+        """The ranks of ``module``'s trainer (one process when it has no trainer)."""
+        trainer = getattr(module, "_trainer", None)
+        world = int(getattr(trainer, "world_size", 1) or 1) if trainer is not None else 1
+        if world <= 1:
+            return cls()
+        return cls(int(trainer.global_rank), world)
+
+    @property
+    def distributed(self) -> bool:
+        """Whether there is more than one process."""
+        return self.world_size > 1
+
+    def all_gather(self, x: Tensor) -> Tensor:
+        """``[W, *x.shape]``: ``x`` of every rank (same shape on every rank), in rank order."""
+        if not self.distributed:
+            return x[None]
+        flat = x.contiguous().reshape(-1)
+        out = flat.new_empty(self.world_size * flat.numel())
+        _all_gather_single(out, flat)
+        return out.view(self.world_size, *x.shape)
+
+    def all_reduce_sum(self, x: Tensor) -> Tensor:
+        """The sum of ``x`` over all ranks (``x`` itself with one process)."""
+        if not self.distributed:
+            return x
+        x = x.clone()
+        torch.distributed.all_reduce(x)
+        return x
+
+    def share(self, n: int) -> tuple[int, int]:
+        """This rank's contiguous share ``[lo, hi)`` of ``n`` items (sizes differ by at most one)."""
+        lo = (n * self.rank) // self.world_size
+        return lo, (n * (self.rank + 1)) // self.world_size
+
+
+def assign_rows(work: Tensor, world_size: int) -> list[Tensor]:
+    """Split the rows of a cohort over ranks, balanced by work (greedy longest-first).
+
+    Rows are taken by decreasing work (ties: lower row first) and each goes to the rank with the
+    least work so far (ties: lower rank). The result depends on ``work`` alone, so every rank
+    computes the same assignment without communicating.
+
+    Args:
+        work: ``[K]`` non-negative work per row (lfed uses steps done x examples per step).
+        world_size: Number of ranks ``W >= 1``.
+
+    Returns:
+        ``W`` tensors of row indices (ascending; some may be empty when ``K < W``).
+
+    Example:
+        >>> [p.tolist() for p in assign_rows(torch.tensor([5, 1, 4, 2, 3]), 2)]
+        [[0, 1, 3], [2, 4]]
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size: must be an int >= 1, got {world_size!r}")
+    work = torch.as_tensor(work).detach().cpu()
+    if work.dim() != 1:
+        raise ValueError(f"work: expected a [K] tensor, got shape {tuple(work.shape)}")
+    if bool((work < 0).any()):
+        raise ValueError(f"work: must be >= 0 for every row, got {work.tolist()}")
+    order = sorted(range(work.numel()), key=lambda i: (-float(work[i]), i))
+    load = [0.0] * world_size
+    rows: list[list[int]] = [[] for _ in range(world_size)]
+    for i in order:
+        r = min(range(world_size), key=lambda j: (load[j], j))
+        rows[r].append(i)
+        load[r] += float(work[i])
+    return [torch.tensor(sorted(r), dtype=torch.long) for r in rows]
+
+
+def pad_rows(local: Tensor, parts: list[Tensor], rank: int) -> Tensor:
+    """Rank ``rank``'s rows ``local`` zero-padded to the largest share (all-gather needs one shape)."""
+    mine = parts[rank]
+    if local.shape[0] != mine.numel():
+        raise ValueError(f"local: rank {rank} has {mine.numel()} rows, got a tensor of {local.shape[0]}")
+    padded = local.new_zeros((max(int(p.numel()) for p in parts), *local.shape[1:]))
+    padded[: local.shape[0]] = local
+    return padded
+
+
+def assemble_rows(gathered: Tensor, parts: list[Tensor]) -> Tensor:
+    """``[K, ...]`` from the gathered padded shares ``[W, max_share, ...]``: row ``parts[r][i]`` is ``gathered[r, i]``."""
+    out = gathered.new_empty((sum(int(p.numel()) for p in parts), *gathered.shape[2:]))
+    for r, rows in enumerate(parts):
+        if rows.numel():
+            out[rows.to(out.device)] = gathered[r, : rows.numel()]
+    return out
+
+
+def gather_rows(ranks: Ranks, local: Tensor, parts: list[Tensor]) -> Tensor:
+    """Rows computed on different ranks, assembled on every rank (bit for bit).
+
+    Args:
+        ranks: The processes.
+        local: ``[len(parts[rank]), ...]`` this rank's rows.
+        parts: Row indices of every rank (:func:`assign_rows`); they partition ``range(K)``.
+
+    Returns:
+        ``[K, ...]``, row ``parts[r][i]`` taken from rank r's ``local[i]``.
+    """
+    return assemble_rows(ranks.all_gather(pad_rows(local, parts, ranks.rank)), parts)
+
+
+def cohort_parts(num_examples: Tensor, steps_done: Tensor, batch_size: int | None, world_size: int) -> list[Tensor]:
+    """The rows of a cohort each rank trains: :func:`assign_rows` by steps done x ``min(B, n_k)``."""
+    per_step = num_examples if batch_size is None else num_examples.clamp(max=batch_size)
+    return assign_rows(steps_done.detach().cpu().long() * per_step.detach().cpu().long(), world_size)
+
+
+def train_share(
+    engine: CohortTrainer,
+    ranks: Ranks,
+    w_start: Tensor,
+    data_x: Tensor,
+    data_y: Tensor,
+    index: Tensor,
+    num_examples: Tensor,
+    steps_done: Tensor,
+    rule: StepRule,
+    lr: float,
+    batch_size: int | None,
+    generator: torch.Generator,
+) -> tuple[list[Tensor], CohortResult]:
+    """This rank's part of a cohort's local training: every rank's rows, and the result of its own.
+
+    No communication: :func:`train_cohort` gathers the shares. A rank with no rows (fewer clients
+    than ranks) returns an empty result. Arguments as :meth:`CohortTrainer.train`.
+    """
+    parts = cohort_parts(num_examples, steps_done, batch_size, ranks.world_size)
+    mine = parts[ranks.rank]
+    if mine.numel():
+        args = (w_start, data_x, data_y, index, num_examples, steps_done, rule, lr, batch_size, generator)
+        return parts, engine.train(*args, rows=mine)
+    buffers = None
+    if has_running_stats(engine.net):  # the loop backend returns every buffer per client
+        buffers = {n: b.new_zeros((0, *b.shape)) for n, b in engine.net.named_buffers()}
+    return parts, CohortResult(w_start.new_zeros(0, w_start.shape[0]), w_start.new_zeros(0), buffers)
+
+
+def train_cohort(
+    engine: CohortTrainer,
+    ranks: Ranks,
+    w_start: Tensor,
+    data_x: Tensor,
+    data_y: Tensor,
+    index: Tensor,
+    num_examples: Tensor,
+    steps_done: Tensor,
+    rule: StepRule,
+    lr: float,
+    batch_size: int | None,
+    generator: torch.Generator,
+) -> CohortResult:
+    """:meth:`CohortTrainer.train` of a whole cohort, split over the ranks.
+
+    With one process this is ``engine.train(...)`` itself. With W processes each rank trains the
+    rows :func:`cohort_parts` gives it and the final weights and losses of all rows are
+    all-gathered, so every rank returns the result of the whole cohort: the one-process result,
+    up to the round-off of running fewer clients per vmap call (bit for bit in lfed's tests;
+    docs/distributed.md). Arguments as :meth:`CohortTrainer.train`.
+    """
+    args = (w_start, data_x, data_y, index, num_examples, steps_done, rule, lr, batch_size, generator)
+    if not ranks.distributed:
+        return engine.train(*args)
+    parts, local = train_share(engine, ranks, *args)
+    P = w_start.shape[0]
+    packed = gather_rows(ranks, torch.cat([local.weights, local.loss.to(local.weights.dtype)[:, None]], 1), parts)
+    buffers = None
+    if local.buffers is not None:
+        buffers = {name: gather_rows(ranks, b, parts) for name, b in local.buffers.items()}
+    return CohortResult(packed[:, :P], packed[:, P].to(local.loss.dtype), buffers)
+
+
+def fisher_share(
+    engine: CohortTrainer,
+    ranks: Ranks,
+    weights: Tensor,
+    data_x: Tensor,
+    data_y: Tensor,
+    index: Tensor,
+    num_examples: Tensor,
+    num_samples: int,
+    generator: torch.Generator,
+) -> tuple[list[Tensor], Tensor]:
+    """This rank's part of the Fisher reports: every rank's rows (by ``min(n_k, num_samples)``) and its own diagonals."""
+    parts = assign_rows(num_examples.detach().cpu().long().clamp(max=int(num_samples)), ranks.world_size)
+    mine = parts[ranks.rank]
+    if not mine.numel():
+        return parts, weights.new_zeros(0, weights.shape[1])
+    return parts, engine.fisher_diagonal(weights, data_x, data_y, index, num_examples, num_samples, generator, rows=mine)
+
+
+def fisher_cohort(
+    engine: CohortTrainer,
+    ranks: Ranks,
+    weights: Tensor,
+    data_x: Tensor,
+    data_y: Tensor,
+    index: Tensor,
+    num_examples: Tensor,
+    num_samples: int,
+    generator: torch.Generator,
+) -> Tensor:
+    """:meth:`CohortTrainer.fisher_diagonal` of K clients, split over the ranks (EFL reports).
+
+    With one process this is ``engine.fisher_diagonal(...)`` itself; with W processes each rank
+    computes its rows (:func:`fisher_share`) from the same example draws and the ``[K, P]``
+    diagonals are all-gathered.
+    """
+    args = (weights, data_x, data_y, index, num_examples, num_samples, generator)
+    if not ranks.distributed:
+        return engine.fisher_diagonal(*args)
+    parts, local = fisher_share(engine, ranks, *args)
+    return gather_rows(ranks, local, parts)
+
+
+def sum_over_ranks(parts: list[Tensor], ranks: Ranks, like: Tensor) -> Tensor | None:
+    """``sum(parts)`` over this rank's list and all ranks; None when no rank has any part.
+
+    Args:
+        parts: This rank's partial sums (e.g. ``[loss, correct, count]`` per evaluation batch).
+        ranks: The processes.
+        like: A zero tensor of the shape, dtype and device of one part (for a rank with none).
+    """
+    if not ranks.distributed:
+        return torch.stack(parts).sum(0) if parts else None
+    local = torch.stack(parts).sum(0) if parts else torch.zeros_like(like)
+    flag = like.new_full((1,), float(bool(parts)))  # how many ranks had any part
+    total = ranks.all_reduce_sum(torch.cat([local.reshape(-1), flag]))
+    return total[:-1].reshape(like.shape) if float(total[-1]) > 0 else None
+
+
+def prepare_strategy(trainer: Trainer) -> None:
+    """Make Lightning's DDP wrapper do nothing per round (call on fit start).
+
+    lfed never back-propagates through the wrapped module (client training is functional and the
+    server sets ``p.grad`` itself), so DDP's gradient hooks never fire. Its per-forward buffer
+    broadcast would, though: every training step would re-send every buffer from rank 0,
+    including the per-client state (``N x P`` numbers per tensor). The ranks compute identical
+    buffers, so the broadcast is switched off; the initial broadcast when DDP wraps the module
+    still makes all ranks start from rank 0's model. :class:`ReplicaCheck` verifies that the ranks
+    stay identical.
+    """
+    model = getattr(trainer.strategy, "model", None)
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model.broadcast_buffers = False  # a property for forward_sync_buffers in newer torch
+
+
+def state_digest(module: torch.nn.Module, optimizers: list[torch.optim.Optimizer] | None = None) -> int:
+    """A 63-bit hash of every byte of ``module``'s state dict and the optimizers' state tensors."""
+    h = hashlib.blake2b(digest_size=8)
+
+    def add(name: str, value: Any) -> None:
+        h.update(name.encode())
+        if isinstance(value, Tensor):
+            t = value.detach().cpu().contiguous().reshape(-1)
+            h.update(str(t.dtype).encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        else:
+            h.update(repr(value).encode())
+
+    for name, value in module.state_dict().items():
+        add(name, value)
+    for i, opt in enumerate(optimizers or []):
+        for key, state in sorted(opt.state_dict()["state"].items()):
+            for field, value in sorted(state.items()):
+                add(f"opt{i}/{key}/{field}", value)
+    return int.from_bytes(h.digest(), "big") & ((1 << 63) - 1)
+
+
+class ReplicaCheck(Callback):
+    """Debug check that every rank holds bit-identical state after each round.
+
+    Hashes the module's state dict (global model, per-client state) and the server optimizer's
+    state on every rank, all-gathers the 8-byte digests and raises if any rank differs from rank 0.
+    Costs one hash of the state per check: use it to verify a setup, not in long runs
+    (``--trainer.callbacks+=lfed.distributed.ReplicaCheck``).
+
+    Args:
+        every_n_rounds: Check after every this many rounds (>= 1).
+    """
+
+    def __init__(self, every_n_rounds: int = 1) -> None:
+        if isinstance(every_n_rounds, bool) or not isinstance(every_n_rounds, int) or every_n_rounds < 1:
+            raise ValueError(f"every_n_rounds: must be an int >= 1, got {every_n_rounds!r}")
+        self.every_n_rounds = every_n_rounds
+        self.checked = 0
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step % self.every_n_rounds:
+            return
+        ranks = Ranks.of(pl_module)
+        optimizers = [getattr(o, "optimizer", o) for o in trainer.optimizers]
+        digest = torch.tensor([state_digest(pl_module, optimizers)], dtype=torch.long, device=pl_module.device)
+        check_digests(ranks.all_gather(digest).reshape(-1).tolist(), trainer.global_step)
+        self.checked += 1
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        rank_zero_info(
+            f"lfed: ReplicaCheck: the state of all {Ranks.of(pl_module).world_size} ranks was identical "
+            f"at each of {self.checked} checks"
+        )
+
+
+def check_digests(digests: list[int], round: int) -> None:
+    """Raise if the state digests of the ranks (in rank order) are not all equal to rank 0's."""
+    differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    if differ:
+        raise RuntimeError(
+            f"round {round}: the state of ranks {differ} differs from rank 0's (digests {digests}); "
+            "the ranks no longer compute the same run. Use deterministic kernels "
+            "(--trainer.deterministic true) and the same software on every node."
+        )
