@@ -579,3 +579,53 @@ def test_server_side_presets(algorithm, expected):
     got = {"objective": m.objective.name, "aggregation": m.aggregation, "weighting": m.weighting,
            "partial_work": m.partial_work, "compression": m.compression}
     assert {k: got[k] for k in expected} == expected
+
+
+# ---------------------------------------------------------------------- configs of the server side
+SERVER_CONFIGS = [f"{a}_{d}" for a in ("igfl", "igfl_s", "dwfed", "fedavgm", "fedadam", "efl_compressed")
+                  for d in ("digits", "mnist")]
+COMPOSITION = {  # objective, weighting, partial_work, aggregation, compression, server optimizer class
+    "igfl": ("igfl", "size", "keep", "global", None, torch.optim.SGD),
+    "igfl_s": ("plain", "size", "keep", "self", None, torch.optim.SGD),
+    "dwfed": ("plain", "dwfed", "keep", "mean", None, torch.optim.SGD),
+    "fedavgm": ("plain", "size", "keep", "mean", None, torch.optim.SGD),
+    "fedadam": ("plain", "size", "keep", "mean", None, FedAdam),
+    "efl_compressed": ("efl", "size", "scale", "mean", 0.1, torch.optim.SGD),
+}
+QUIET = ["--trainer.logger=false", "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false"]
+
+
+@pytest.mark.parametrize("stem", SERVER_CONFIGS)
+def test_server_configs_compose_what_their_names_say_and_run(stem, tmp_path, data_dir):
+    """``lfed fit --config configs/<stem>.yaml``: two short rounds (digits) or one (MNIST), to stay fast."""
+    mnist = stem.endswith("mnist")
+    rounds = 1 if mnist else 2
+    extra = [f"--data.data_dir={data_dir}", "--model.local_steps=2"] if mnist else ["--model.local_steps=3"]
+    cli = run_cli(["fit", "--config", str(REPO / "configs" / f"{stem}.yaml"), *QUIET,
+                   f"--trainer.default_root_dir={tmp_path}", f"--trainer.max_steps={rounds}",
+                   f"--trainer.val_check_interval={rounds}", *extra])
+    m, name = cli.model, stem.rsplit("_", 1)[0]
+    objective, weighting, partial, aggregation, compression, server = COMPOSITION[name]
+    assert (m.objective.name, m.weighting, m.partial_work, m.aggregation, m.compression) == (
+        objective, weighting, partial, aggregation, compression)
+    optimizer = cli.trainer.optimizers[0]
+    assert type(optimizer) is server
+    group = optimizer.param_groups[0]
+    if name == "fedavgm":
+        assert (group["lr"], group["momentum"]) == (1.0, 0.9)  # 000 §5.1
+    if name == "fedadam":
+        assert group["tau"] == 0.01 and tuple(group["betas"]) == (0.9, 0.99)
+    assert cli.trainer.global_step == rounds
+    assert torch.isfinite(m.layout.module_vector(m.net)).all()
+    assert 0.0 <= float(cli.trainer.callback_metrics["test/acc"]) <= 1.0
+    if name.startswith("igfl"):  # the config's AttentionHeatmap wrote the last round's heatmap
+        assert (tmp_path / "attention" / f"attention_last_round{cli.trainer.global_step:05d}.png").exists()
+        assert "attention/entropy" in cli.trainer.callback_metrics
+    if name == "efl_compressed":
+        bits = _ternary_bits_for(m.layout.sizes, 0.1)
+        assert m.comm.bits_up == bits * m.comm.uploads
+        assert (tmp_path / "communication.csv").exists()
+
+
+def _ternary_bits_for(sizes, q):
+    return sum(32 + max(math.floor(round(n * q, 9)), 1) * (1 + math.ceil(math.log2(n))) for n in sizes)
