@@ -1,0 +1,323 @@
+"""Scale out over Lightning's DDP (lfed.distributed, docs/distributed.md).
+
+Two kinds of tests:
+
+* In one process: the pieces by hand (row assignment, padding and assembly, shares of a cohort
+  trained one rank at a time equal the whole cohort, digests).
+* Real ``lfed fit`` on 2 CPU processes (Gloo) against the same run on 1 process, for FedAvg,
+  SCAFFOLD (with AdaFL sampling and DWFed weights), IGFL (attention server, loop backend) and EFL
+  (Fisher reports, compression): the whole module state after 4 rounds (global model and every
+  per-client tensor), the evaluations and the communication count agree, every rank holds
+  bit-identical state after every round (ReplicaCheck), and the 2-process checkpoint of round 2
+  resumes on 1 process to the same state.
+
+Tolerance of the 1-vs-2-process comparison: ``rtol=1e-5, atol=1e-6`` in float32. A rank runs
+the same per-client arithmetic as one process, only with fewer clients per vmap call, and the
+gathered results cross the wire bit for bit; the ranks themselves are compared bit for bit
+(ReplicaCheck). Against the one-process run the states agreed exactly (max difference 0.0) in
+most runs here and by at most 1.5e-7 (one float32 ulp at the weights' scale) in one run on a
+heavily loaded machine, where the one-process run's multi-threaded BLAS can pick another kernel.
+The tolerance leaves room for that (a few ulps per step, amplified by 1/(steps * lr) ~ 7 in
+SCAFFOLD's control variates), not for any real difference: drawing each rank's batch schedule
+for its share only (instead of the whole cohort's) moves the FedAvg weights by up to 3.8e-3
+after 4 rounds, and that mutant fails here.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from lfed.cli import run_cli
+from lfed.distributed import (
+    Ranks,
+    assemble_rows,
+    assign_rows,
+    check_digests,
+    fisher_share,
+    pad_rows,
+    state_digest,
+    sum_over_ranks,
+    train_cohort,
+    train_share,
+)
+from lfed.engine import CohortTrainer, StepRule
+from lfed.rng import round_generator
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+# ---------------------------------------------------------------------------- pieces by hand
+def test_assign_rows_balances_work_greedily_longest_first():
+    # work 5 1 4 2 3 -> take 5 (r0: 5), 4 (r1: 4), 3 (r1: 7), 2 (r0: 7), 1 (tie 7/7 -> r0: 8)
+    parts = assign_rows(torch.tensor([5, 1, 4, 2, 3]), 2)
+    assert [p.tolist() for p in parts] == [[0, 1, 3], [2, 4]]
+    # three ranks: 5 -> r0, 4 -> r1, 3 -> r2, 2 -> r2 (3 < 4 < 5), 1 -> r1 (4 < 5, 5 = 5)
+    assert [p.tolist() for p in assign_rows(torch.tensor([5, 1, 4, 2, 3]), 3)] == [[0], [1, 2], [3, 4]]
+
+
+def test_assign_rows_leaves_ranks_empty_when_the_cohort_is_smaller():
+    parts = assign_rows(torch.tensor([0, 2]), 3)
+    assert [p.tolist() for p in parts] == [[1], [0], []]
+    assert [p.tolist() for p in assign_rows(torch.tensor([3, 3, 3]), 1)] == [[0, 1, 2]]
+
+
+@pytest.mark.parametrize(
+    "work, world, match",
+    [([1, 2], 0, "world_size: must be an int >= 1, got 0"), ([1, -1], 2, "work: must be >= 0"), ([[1]], 2, r"work: expected a \[K\]")],
+)
+def test_assign_rows_refuses_bad_input(work, world, match):
+    with pytest.raises(ValueError, match=match):
+        assign_rows(torch.tensor(work), world)
+
+
+def test_share_splits_items_into_contiguous_ranges():
+    assert [Ranks(r, 3).share(10) for r in range(3)] == [(0, 3), (3, 6), (6, 10)]
+    assert [Ranks(r, 2).share(1) for r in range(2)] == [(0, 0), (0, 1)]
+    assert Ranks().share(7) == (0, 7) and not Ranks().distributed
+
+
+def test_pad_and_assemble_rows_by_hand():
+    parts = [torch.tensor([0, 3]), torch.tensor([1]), torch.tensor([], dtype=torch.long)]
+    locals_ = [torch.tensor([[10.0], [13.0]]), torch.tensor([[11.0]]), torch.zeros(0, 1)]
+    padded = [pad_rows(x, parts, r) for r, x in enumerate(locals_)]
+    assert padded[1].tolist() == [[11.0], [0.0]] and padded[2].tolist() == [[0.0], [0.0]]
+    # rows 0 and 3 from rank 0, row 1 from rank 1; row 2 belongs to nobody -> K = 3 rows only
+    parts = [torch.tensor([0, 2]), torch.tensor([1]), torch.tensor([], dtype=torch.long)]
+    out = assemble_rows(torch.stack([pad_rows(torch.tensor([[10.0], [12.0]]), parts, 0), padded[1], padded[2]]), parts)
+    assert out.tolist() == [[10.0], [11.0], [12.0]]
+    with pytest.raises(ValueError, match="local: rank 0 has 2 rows, got a tensor of 1"):
+        pad_rows(torch.zeros(1, 1), parts, 0)
+
+
+def _cohort(backend: str):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+    x, y = torch.randn(60, 5, dtype=torch.float64), torch.randint(0, 3, (60,))
+    index = torch.randperm(60).view(5, 12)
+    n = torch.tensor([12, 7, 3, 10, 5])
+    steps = torch.tensor([4, 0, 2, 3, 1])  # one inactive client, uneven work
+    trainer = CohortTrainer(net, backend=backend)
+    w0 = trainer.layout.module_vector(net)
+    K, P = 5, w0.numel()
+    rule = StepRule(grad_scale=torch.linspace(1.0, 1.5, K, dtype=torch.float64), decay=0.01,
+                    shift=0.01 * torch.randn(K, P, dtype=torch.float64))  # per-client pieces must follow the rows
+    # a fresh generator per call, as each rank makes its own from (seed, round, stream)
+    return trainer, lambda: (w0, x, y, index, n, steps, rule, 0.1, 4, round_generator(3, 1, "batches"))
+
+
+@pytest.mark.parametrize("world", [2, 3, 7])
+@pytest.mark.parametrize("backend", ["vmap", "loop"])
+def test_shares_of_a_cohort_trained_rank_by_rank_equal_the_whole_cohort(backend, world):
+    trainer, args = _cohort(backend)
+    whole = trainer.train(*args())
+    weights, loss = torch.full_like(whole.weights, float("nan")), torch.full_like(whole.loss, float("nan"))
+    for r in range(world):  # what each rank computes on its own, before the all-gather
+        parts, local = train_share(trainer, Ranks(r, world), *args())
+        assert local.weights.shape[0] == parts[r].numel()  # a rank trains its rows only
+        weights[parts[r]], loss[parts[r]] = local.weights, local.loss
+    assert sorted(torch.cat(parts).tolist()) == list(range(5))
+    assert torch.equal(weights, whole.weights) and torch.equal(loss, whole.loss)
+    assert torch.equal(whole.weights[1], args()[0])  # the inactive client stays at w_start
+
+
+@pytest.mark.parametrize("backend", ["vmap", "loop"])
+def test_fisher_shares_equal_the_whole_cohort(backend):
+    trainer, args = _cohort(backend)
+    w0, x, y, index, n = args()[:5]
+    weights = w0 + 0.1 * torch.randn(5, w0.numel(), dtype=torch.float64)
+    fisher_args = (weights, x, y, index, n, 6)
+    whole = trainer.fisher_diagonal(*fisher_args, round_generator(3, 1, "fisher"))
+    out = torch.full_like(whole, float("nan"))
+    for r in range(2):
+        parts, local = fisher_share(trainer, Ranks(r, 2), *fisher_args, round_generator(3, 1, "fisher"))
+        out[parts[r]] = local
+    assert torch.equal(out, whole)
+
+
+def test_one_process_calls_the_engine_exactly_as_before():
+    calls = []
+
+    class Engine:
+        def train(self, *args, **kwargs):
+            calls.append((args, kwargs))
+            return "result"
+
+    assert train_cohort(Engine(), Ranks(), *range(10)) == "result"
+    assert calls == [(tuple(range(10)), {})]  # no rows, no copies, no collectives
+
+
+def test_sum_over_ranks_with_one_process():
+    like = torch.zeros(3, dtype=torch.float64)
+    parts = [torch.tensor([1.5, 1.0, 2.0], dtype=torch.float64), torch.tensor([0.5, 0.0, 1.0], dtype=torch.float64)]
+    assert sum_over_ranks(parts, Ranks(), like).tolist() == [2.0, 1.0, 3.0]
+    assert sum_over_ranks([], Ranks(), like) is None
+
+
+def test_state_digest_sees_one_bit_and_check_digests_names_the_rank():
+    net = nn.Linear(3, 2)
+    before = state_digest(net)
+    assert state_digest(net) == before
+    with torch.no_grad():
+        net.weight.view(-1)[4] = torch.nextafter(net.weight.view(-1)[4], torch.tensor(2.0))
+    assert state_digest(net) != before
+    check_digests([7, 7, 7], 3)
+    with pytest.raises(RuntimeError, match=r"round 3: the state of ranks \[2\] differs from rank 0's"):
+        check_digests([7, 7, 8], 3)
+
+
+# ---------------------------------------------------------------------------- real DDP runs
+CONFIG = """
+seed_everything: 0
+trainer:
+  max_steps: 4
+  val_check_interval: 2
+  accelerator: cpu
+  logger: false
+  enable_progress_bar: false
+  enable_model_summary: false
+model:
+  net:
+    class_path: lfed.models.MLP
+    init_args: {in_features: 64, hidden: [32], num_classes: 10}
+  fraction: 0.5
+  client_lr: 0.05
+  batch_size: 10
+  local_steps: 3
+data:
+  dataset: digits
+  num_clients: 8
+  partition: dirichlet
+  rho: 0.5
+"""
+
+CASES = {
+    # stragglers make the work of the 4 clients uneven, so the split is not 2 + 2 by count
+    "fedavg": ["--model.algorithm", "fedavg", "--model.p_incomplete", "0.5"],
+    # per-client control variates, AdaFL attention scores from the gathered weights, DWFed weights
+    "scaffold": ["--model.algorithm", "scaffold", "--model.sampler", "attention", "--model.weighting", "dwfed"],
+    # attention over every gathered update, client history; the loop backend
+    "igfl": ["--model.algorithm", "igfl", "--model.backend", "loop"],
+    # Fisher reports split and gathered, compression residuals, T/s weights, an inactive client
+    "efl": ["--model.algorithm", "efl", "--model.p_inactive", "0.25", "--model.fisher_samples", "8"],
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _two_processes(tmp_path: Path, extra: list[str], launcher: str) -> str:
+    """``python -m lfed.cli fit ... --trainer.strategy ddp --trainer.devices 2`` on the CPU (Gloo).
+
+    ``launcher="lightning"``: one command, Lightning starts the second process (one machine).
+    ``launcher="torchrun"``: both processes started at once with the environment torchrun gives
+    each worker (what ``torchrun`` and SLURM launches look like to Lightning).
+
+    Checkpoints ``r2.ckpt`` and ``r4.ckpt`` after those rounds (before their evaluation) and
+    ``end.ckpt`` after the last evaluation; ReplicaCheck compares the ranks after every round.
+    Returns the output of all processes.
+    """
+    config = tmp_path / "ddp.yaml"
+    config.write_text(CONFIG)
+    callbacks = tmp_path / "callbacks.yaml"
+    callbacks.write_text(
+        f"""
+trainer:
+  callbacks:
+    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+      init_args: {{dirpath: {tmp_path / 'ckpt'}, every_n_train_steps: 2, save_top_k: -1, filename: "r{{step}}", auto_insert_metric_name: false}}
+    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+      init_args: {{dirpath: {tmp_path / 'ckpt'}, filename: end, save_on_train_epoch_end: true}}
+    - class_path: lfed.distributed.ReplicaCheck
+"""
+    )
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, "-m", "lfed.cli", "fit", "--config", str(config), "--config", str(callbacks), *extra,
+           "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.default_root_dir", str(tmp_path / "ddp")]
+    if launcher == "lightning":
+        workers = [{}]
+    else:
+        port = str(_free_port())
+        workers = [
+            {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2", "RANK": str(r), "LOCAL_RANK": str(r),
+             "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0", "NODE_RANK": "0", "TORCHELASTIC_RUN_ID": "lfed-test"}
+            for r in range(2)
+        ]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, env={**env, **w}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for w in workers]
+    try:
+        outputs = [proc.communicate(timeout=600)[0] for proc in procs]
+    finally:
+        for proc in procs:  # a failed rank leaves the other waiting in a collective
+            if proc.poll() is None:
+                proc.kill()
+    log = "\n".join(outputs)
+    assert all(proc.returncode == 0 for proc in procs), log[-4000:]
+    return log
+
+
+def _one_process(tmp_path: Path, extra: list[str], name: str, ckpt_path: Path | None = None):
+    config = tmp_path / "one.yaml"
+    config.write_text(CONFIG)
+    args = ["fit", "--config", str(config), *extra, "--trainer.devices", "1", "--trainer.enable_checkpointing", "false",
+            "--trainer.default_root_dir", str(tmp_path / name)]
+    if ckpt_path is not None:
+        args += ["--ckpt_path", str(ckpt_path)]
+    return run_cli(args)
+
+
+def _assert_same_state(a: dict, b: dict, what: str) -> float:
+    assert a.keys() == b.keys(), what
+    worst = 0.0
+    for key in a:
+        if not isinstance(a[key], torch.Tensor):
+            assert a[key] == b[key], f"{what}, {key}"
+            continue
+        torch.testing.assert_close(a[key], b[key], rtol=RTOL, atol=ATOL, msg=lambda m: f"{what}, {key}: {m}")
+        if a[key].is_floating_point() and a[key].numel():
+            diff = float((a[key].double() - b[key].double()).abs().max())
+            if diff:
+                print(f"{what}, {key}: max |difference| {diff:g}")
+            worst = max(worst, diff)
+    return worst
+
+
+@pytest.mark.parametrize(
+    "case, launcher", [("fedavg", "lightning"), ("scaffold", "lightning"), ("igfl", "torchrun"), ("efl", "torchrun")]
+)
+def test_two_processes_give_the_one_process_run_and_resume_on_one(case, launcher, tmp_path):
+    extra = CASES[case]
+    log = _two_processes(tmp_path, extra, launcher)
+    assert "Starting with 2 processes" in log
+    assert "ReplicaCheck: the state of all 2 ranks was identical at each of 4 checks" in log
+
+    ddp = torch.load(tmp_path / "ckpt" / "end.ckpt", map_location="cpu", weights_only=False)
+    mid = tmp_path / "ckpt" / "r2.ckpt"
+    assert ddp["global_step"] == 4  # a round is a step on every rank
+
+    one = _one_process(tmp_path, extra, "one")
+    one_state = {k: v.cpu() for k, v in one.model.state_dict().items()}
+    worst = _assert_same_state(ddp["state_dict"], one_state, f"{case}: 2 processes vs 1")
+    assert [r for r, _ in ddp["lfed"]["eval_history"]] == [2, 4]
+    assert ddp["lfed"]["eval_history"] == one.model.eval_history  # test accuracy: exact counts
+    assert ddp["lfed"]["comm"] == one.model.comm.state_dict()
+    for saved, live in zip(ddp["optimizer_states"], [o.state_dict() for o in one.trainer.optimizers]):
+        for key, state in saved["state"].items():
+            _assert_same_state(state, live["state"][key], f"{case}: server optimizer state")
+
+    resumed = _one_process(tmp_path, extra, "resumed", ckpt_path=mid)
+    assert resumed.trainer.global_step == 4
+    resumed_state = {k: v.cpu() for k, v in resumed.model.state_dict().items()}
+    worst = max(worst, _assert_same_state(resumed_state, ddp["state_dict"], f"{case}: resumed on 1 vs 2 processes"))
+    _assert_same_state(resumed_state, one_state, f"{case}: resumed on 1 vs 1 process")
+    print(f"{case}: max |difference| over the module state = {worst:g}")
