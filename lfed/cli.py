@@ -117,7 +117,7 @@ def run_cli(args: list[str] | None = None) -> LfedCLI:
 
 def main() -> None:
     """Entry point of the ``lfed`` console script."""
-    run_cli(sys.argv[1:])
+    run_cli()  # LightningCLI reads sys.argv itself
 
 
 if __name__ == "__main__":  # pragma: no cover
