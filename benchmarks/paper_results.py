@@ -590,7 +590,7 @@ def write_results(res: dict, args, started: float, scale: Scale, threads: int) -
         f"torch on {threads} thread(s), load average at the end {os.getloadavg()[0]:.1f}. "
         "Every run is a `configs/paper/` base config + an algorithm config + overrides, parsed by lfed's CLI; "
         "the exact argument list of every run is in `benchmarks/results/paper/results.json`. Finished runs are "
-        "cached in `benchmarks/results/paper/runs/` (one JSON per run, keyed by its name and arguments); a rerun "
+        "cached in `benchmarks/results/paper/run_cache/` (one JSON per run, keyed by its name and arguments); a rerun "
         "reuses them and `--fresh` recomputes everything. The seeds are fixed, so a rerun gives the same numbers.",
         "",
         "**What is scaled down, and why the numbers are not the papers'.** CIFAR-10 and EMNIST are not on this "
@@ -753,7 +753,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--out", default=str(RESULTS), help="where to write the Markdown report")
     p.add_argument("--plots", default=str(PLOTS), help="folder for PNG plots, results.json and the run cache")
-    p.add_argument("--fresh", action="store_true", help="recompute runs found in the cache (<plots>/runs/)")
+    p.add_argument("--fresh", action="store_true", help="recompute runs found in the cache (<plots>/run_cache/)")
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -771,7 +771,7 @@ def main(argv: list[str] | None = None) -> None:
 
     res: dict = {}
     with tempfile.TemporaryDirectory() as work:
-        r = Runner(Path(args.data_dir), Path(work), log, cache=plots / "runs", fresh=args.fresh)
+        r = Runner(Path(args.data_dir), Path(work), log, cache=plots / "run_cache", fresh=args.fresh)
         todo = args.only or EXPERIMENTS
         if "attention" in todo:
             res["attention"] = igfl_attention_check(r, scale)
