@@ -142,7 +142,7 @@ def validate_composition(
     if q is not None and float(q) >= 1.0:
         out.append(
             "compression=1.0 keeps every entry but ternary compression is not the identity: each entry "
-            "becomes ±mean|x| of its tensor (SPEC §7); set compression: null for dense updates"
+            "becomes ±mean|x| of its tensor (SPEC §7); set compression: false for dense updates (null keeps the preset's q)"
         )
     if cfg.get("partial_work") in ("scale", "drop") and "partial_work" in explicit and p_incomplete <= 0.0:
         out.append(
