@@ -1,0 +1,155 @@
+"""Against peers on an identical job: lfed, Flower (simulation, Ray) and Apple's pfl, one run.
+
+The job (McMahan et al. 2017's MNIST 2NN setting): FedAvg, 100 clients from lfed's shards
+partition (2 shards of 300 label-sorted examples each), 10 clients per round, E = 1, B = 10,
+client lr 0.05, server lr 1, MLP 784-200-200-10, 50 rounds, one test evaluation after the last
+round. This script
+
+1. exports lfed's partition (``partition.npy``: ``[100, 600]`` indices into the MNIST training
+   set) and MNIST as lfed loads it (float32 in [0, 1]) to ``--work`` as ``.npy`` files; the peer
+   jobs read these, so all three train the same clients on the same examples;
+2. runs each framework's job script (``benchmarks/peers/*_job.py``) as a fresh process, each in
+   its own Python environment, ``--repeats`` times in rotating order;
+3. reports per framework the median over repeats of: total wall-clock of the process (start-up
+   included: interpreter, imports, data, set-up, 50 rounds, the final evaluation), start-up to
+   the first round, steady seconds per round (median of rounds 2..50 within a run) and final
+   test accuracy, and the ratios lfed / peer.
+
+    python benchmarks/peers_mnist.py --flower-python /tmp/bench_flwr/bin/python \\
+        --pfl-python /tmp/bench_pfl/bin/python --repeats 3
+
+Peers live in throwaway virtual environments (see BENCHMARKS.md for the exact installs); a
+framework whose interpreter is not given (or fails) is reported as missing with its error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOBS = {"lfed": "lfed_job.py", "flower": "flower_job.py", "pfl": "pfl_job.py"}
+
+
+def export(work: str, data_dir: str | None, clients: int, seed: int) -> None:
+    """Write lfed's MNIST tensors and shards partition as ``.npy`` files for the peers."""
+    import numpy as np
+
+    from lfed import FederatedDataModule
+
+    dm = FederatedDataModule(dataset="mnist", data_dir=data_dir, num_clients=clients, partition="shards",
+                             shards_per_client=2, holdout_fraction=0.0, seed=seed)
+    d = dm.build()
+    if not bool((d.client_sizes == d.client_sizes[0]).all()):
+        raise ValueError("the shards partition is expected to give every client the same number of examples")
+    os.makedirs(work, exist_ok=True)
+    arrays = {
+        "train_x": d.train_x.reshape(d.train_x.shape[0], -1).numpy().astype(np.float32),
+        "train_y": d.train_y.numpy().astype(np.int64),
+        "test_x": d.test_x.reshape(d.test_x.shape[0], -1).numpy().astype(np.float32),
+        "test_y": d.test_y.numpy().astype(np.int64),
+        "partition": d.client_index.numpy().astype(np.int64),
+    }
+    for name, arr in arrays.items():
+        np.save(os.path.join(work, f"{name}.npy"), arr)
+
+
+def run_job(framework: str, python: str, args: argparse.Namespace) -> dict:
+    cmd = [python, os.path.join(HERE, "peers", JOBS[framework]), "--rounds", str(args.rounds), "--seed", str(args.seed)]
+    if framework == "lfed":
+        cmd += ["--partition", os.path.join(args.work, "partition.npy")]
+        if args.data_dir:
+            cmd += ["--data-dir", args.data_dir]
+        if args.lfed_backend:
+            cmd += ["--backend", args.lfed_backend]
+    else:
+        cmd += ["--data", args.work]
+    env = dict(os.environ, WANDB_MODE="disabled", PYTHONPATH=os.path.join(HERE, "peers"))
+    if args.threads:  # intra-op threads of every process (Flower's Ray actors use 1 each anyway)
+        env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    if framework == "lfed":
+        env["PYTHONPATH"] = os.path.dirname(HERE)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+    wall = time.perf_counter() - t0
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        return {"framework": framework, "error": (proc.stderr or proc.stdout)[-3000:], "cmd": " ".join(cmd)}
+    res = json.loads(lines[-1][len("RESULT "):])
+    res["process_wall_s"] = wall
+    res["steady_round_s"] = statistics.median(res["round_s"][1:]) if len(res["round_s"]) > 1 else res["round_s"][0]
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", default="/tmp/lfed_peers", help="where the exported data go")
+    p.add_argument("--data-dir", default=None, help="MNIST folder for lfed (default $LFED_DATA_DIR)")
+    p.add_argument("--rounds", type=int, default=50)
+    p.add_argument("--clients", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--frameworks", default="lfed,flower,pfl")
+    p.add_argument("--lfed-python", default=sys.executable)
+    p.add_argument("--flower-python", default=None)
+    p.add_argument("--pfl-python", default=None)
+    p.add_argument("--lfed-backend", default=None, help="lfed's backend (default: auto)")
+    p.add_argument("--threads", type=int, default=None, help="OMP/MKL threads of every job (default: each framework's own)")
+    p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--json", default=None, help="also write every run's result here")
+    args = p.parse_args()
+
+    export(args.work, args.data_dir, args.clients, args.seed)
+    pythons = {"lfed": args.lfed_python, "flower": args.flower_python, "pfl": args.pfl_python}
+    frameworks = [f for f in args.frameworks.split(",") if f]
+    missing = {f: "no interpreter given (--%s-python)" % f for f in frameworks if not pythons.get(f)}
+    active = [f for f in frameworks if f not in missing]
+    print(f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()}, {os.cpu_count()} cores, "
+          f"load {os.getloadavg()[0]:.1f}; {args.rounds} rounds, {args.repeats} repeats", flush=True)
+    runs: dict[str, list[dict]] = {f: [] for f in active}
+    for r in range(args.repeats):
+        order = active[r % len(active):] + active[: r % len(active)] if active else []
+        for f in order:
+            res = run_job(f, pythons[f], args)
+            runs[f].append(res)
+            if "error" in res:
+                print(f"{f}: FAILED\n{res['error']}", flush=True)
+            else:
+                print(f"repeat {r}: {f:6s} total {res['total_s']:.2f}s (process {res['process_wall_s']:.2f}s) "
+                      f"start-up {res['startup_s']:.2f}s steady {res['steady_round_s']:.3f}s/round "
+                      f"acc {res['test_acc']:.4f}", flush=True)
+    summary = {}
+    for f, rs in runs.items():
+        ok = [x for x in rs if "error" not in x]
+        if not ok:
+            missing[f] = rs[0]["error"] if rs else "not run"
+            continue
+        med = lambda key: statistics.median(x[key] for x in ok)  # noqa: E731
+        summary[f] = {"process_wall_s": med("process_wall_s"), "total_s": med("total_s"), "startup_s": med("startup_s"),
+                      "steady_round_s": med("steady_round_s"), "test_acc": med("test_acc"), "runs": len(ok),
+                      "version": ok[0].get("version"), "threads": ok[0].get("threads"), "torch": ok[0].get("torch")}
+    print("\n| framework | wall-clock, process (s) | start-up (s) | steady s/round | test acc | lfed / this, wall | lfed / this, s/round |")
+    print("|---|---|---|---|---|---|---|")
+    base = summary.get("lfed")
+    for f, s in summary.items():
+        ratio = (f"{base['process_wall_s'] / s['process_wall_s']:.2f}" if base else "-",
+                 f"{base['steady_round_s'] / s['steady_round_s']:.2f}" if base else "-")
+        name = f + (f" {s['version']}" if s.get("version") else "")
+        print(f"| {name} | {s['process_wall_s']:.2f} | {s['startup_s']:.2f} | {s['steady_round_s']:.3f} | "
+              f"{s['test_acc']:.4f} | {ratio[0]} | {ratio[1]} |")
+    for f, why in missing.items():
+        print(f"| {f} | missing: {why.strip().splitlines()[-1] if why.strip() else why} | | | | | |")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"summary": summary, "missing": missing, "runs": runs}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
