@@ -71,9 +71,12 @@ def run_job(framework: str, python: str, args: argparse.Namespace) -> dict:
             cmd += ["--backend", args.lfed_backend]
     else:
         cmd += ["--data", args.work]
+    if framework == "flower":
+        cmd += ["--cpus-per-client", str(args.flower_cpus)]
     env = dict(os.environ, WANDB_MODE="disabled", PYTHONPATH=os.path.join(HERE, "peers"))
-    if args.threads:  # intra-op threads of every process (Flower's Ray actors use 1 each anyway)
-        env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    for item in args.env:  # the same environment for every framework (e.g. OMP_NUM_THREADS=1)
+        key, _, value = item.partition("=")
+        env[key] = value
     if framework == "lfed":
         env["PYTHONPATH"] = os.path.dirname(HERE)
     t0 = time.perf_counter()
@@ -101,7 +104,9 @@ def main() -> None:
     p.add_argument("--flower-python", default=None)
     p.add_argument("--pfl-python", default=None)
     p.add_argument("--lfed-backend", default=None, help="lfed's backend (default: auto)")
-    p.add_argument("--threads", type=int, default=None, help="OMP/MKL threads of every job (default: each framework's own)")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="set for every framework's process (e.g. OMP_NUM_THREADS=1, OMP_WAIT_POLICY=PASSIVE); repeatable")
+    p.add_argument("--flower-cpus", type=float, default=1.0, help="Flower client_resources num_cpus per ClientApp")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--json", default=None, help="also write every run's result here")
     args = p.parse_args()
@@ -112,7 +117,8 @@ def main() -> None:
     missing = {f: "no interpreter given (--%s-python)" % f for f in frameworks if not pythons.get(f)}
     active = [f for f in frameworks if f not in missing]
     print(f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()}, {os.cpu_count()} cores, "
-          f"load {os.getloadavg()[0]:.1f}; {args.rounds} rounds, {args.repeats} repeats", flush=True)
+          f"load {os.getloadavg()[0]:.1f}; {args.rounds} rounds, {args.repeats} repeats; env {args.env or 'defaults'}; "
+          f"Flower num_cpus per client {args.flower_cpus}", flush=True)
     runs: dict[str, list[dict]] = {f: [] for f in active}
     for r in range(args.repeats):
         order = active[r % len(active):] + active[: r % len(active)] if active else []

@@ -37,9 +37,9 @@ from flwr.simulation import run_simulation  # noqa: E402
 _CACHE: dict = {}  # per process (each Ray actor): the data and one model
 
 
-def _client_data(data: str, pid: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _client_data(data: str, pid: int, threads: int) -> tuple[torch.Tensor, torch.Tensor]:
     if "arrays" not in _CACHE:
-        torch.set_num_threads(1)  # one core per ClientApp (client_resources num_cpus = 1)
+        torch.set_num_threads(threads)  # the ClientApp's cores (client_resources num_cpus)
         _CACHE["arrays"] = load_arrays(data)
         _CACHE["model"] = MLP()
     a = _CACHE["arrays"]
@@ -53,7 +53,7 @@ client = ClientApp()
 @client.train()
 def train(msg: Message, context: Context) -> Message:
     cfg = msg.content["config"]
-    x, y = _client_data(str(cfg["data"]), int(context.node_config["partition-id"]))
+    x, y = _client_data(str(cfg["data"]), int(context.node_config["partition-id"]), int(cfg["threads"]))
     model = _CACHE["model"]
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     loss = local_sgd(model, x, y, float(cfg["lr"]), int(cfg["epochs"]), int(cfg["batch-size"]))
@@ -91,7 +91,8 @@ def main_server(grid: Grid, context: Context) -> None:
     )
     strategy.start(
         grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=args.rounds,
-        train_config=ConfigRecord({"lr": args.lr, "epochs": args.epochs, "batch-size": args.batch_size, "data": os.path.abspath(args.data)}),
+        train_config=ConfigRecord({"lr": args.lr, "epochs": args.epochs, "batch-size": args.batch_size, "data": os.path.abspath(args.data),
+                                  "threads": max(1, int(args.cpus_per_client))}),
         evaluate_fn=evaluate_fn,
     )
 

@@ -37,11 +37,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     args = p.parse_args()
 
+    from lfed import FederatedDataModule, FederatedModule  # first: lfed sets its OpenMP defaults before torch loads
+    from lfed.models import MLP
+
     import torch
     from lightning.pytorch import Callback, Trainer
-
-    from lfed import FederatedDataModule, FederatedModule
-    from lfed.models import MLP
 
     t_import = time.perf_counter()
     if args.threads:
