@@ -1,0 +1,238 @@
+"""Evaluation of the global model (SPEC §9), with torchmetrics.
+
+* :class:`GlobalEvaluation`: the test loss (mean per-example loss, whatever form the user's loss
+  takes) and, for classification, the test accuracy, accumulated over evaluation batches in
+  ``torchmetrics`` metrics and reduced over the ranks with the Lightning strategy's own
+  ``all_gather`` (each rank sees its own share of the test set, no item twice).
+* :func:`client_accuracy`: the global model's accuracy on each client's held-out split.
+* :func:`check_task`: the net's output against the data's task (number of classes, or the
+  regression target's shape), one forward pass before round 0.
+* :func:`check_trainer_schedule` and :func:`request_final_evaluation`: the round schedule of the
+  trainer (``max_steps``, ``val_check_interval``) and the evaluation after the last round.
+
+The task is read from the targets: integer targets are class labels (classification: loss and
+accuracy), floating targets are regression targets (loss only).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+def is_classification(y: Tensor) -> bool:
+    """Whether targets ``y`` are class labels (an integer dtype) rather than regression targets."""
+    return not (y.dtype.is_floating_point or y.dtype.is_complex)
+
+
+def per_example_loss(loss_fn: LossFn, out: Tensor, y: Tensor) -> Tensor:
+    """The loss of each example of a batch, ``[B]``, whatever the form of ``loss_fn``.
+
+    ``loss_fn`` may return one value per example (``reduction='none'``, possibly with trailing
+    dimensions, which are averaged: a per-example mean squared error over the outputs), or one
+    reduced value for the batch (a plain ``F.cross_entropy``, a lambda with ``.mean()`` or
+    ``.sum()``). A reduced loss is evaluated example by example, where mean and sum agree.
+
+    Args:
+        loss_fn: ``(output, target) -> loss``.
+        out: ``[B, ...]`` outputs of the net.
+        y: ``[B, ...]`` targets.
+    """
+    B = out.shape[0]
+    value = loss_fn(out, y)
+    if value.dim() >= 1 and value.shape[0] == B:
+        return value.reshape(B, -1).mean(1)
+    if value.numel() != 1:
+        raise ValueError(
+            f"loss: returned shape {tuple(value.shape)} for a batch of {B}; expected one value per example "
+            f"([{B}]) or one value for the batch"
+        )
+    if B == 1:
+        return value.reshape(1)
+    try:  # one call over the batch where the loss can be vmapped
+        return torch.func.vmap(lambda o, t: loss_fn(o[None], t[None]).reshape(()))(out, y)
+    except Exception:
+        return torch.stack([loss_fn(out[i : i + 1], y[i : i + 1]).reshape(()) for i in range(B)])
+
+
+def _strategy_gather(strategy) -> Callable:
+    """A torchmetrics ``dist_sync_fn`` that gathers a state with the Lightning strategy."""
+
+    def gather(tensor: Tensor, group=None) -> list[Tensor]:
+        return list(strategy.all_gather(tensor))
+
+    return gather
+
+
+class GlobalEvaluation(nn.Module):
+    """Test loss and accuracy of the global model over one evaluation (SPEC §9).
+
+    The metrics' states are not saved in checkpoints (an evaluation starts from zero).
+
+    Attributes:
+        loss: ``MeanMetric`` of the per-example loss (:func:`per_example_loss`).
+        accuracy: ``MeanMetric`` of per-example correctness (classification only).
+        batches: Batches added since the last :meth:`reset` on this rank.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        # float64 sums; a NaN loss stays NaN (torchmetrics would drop it with a warning)
+        self.loss = MeanMetric(nan_strategy="disable").set_dtype(torch.float64)
+        self.accuracy = MeanMetric(nan_strategy="disable").set_dtype(torch.float64)
+        self.batches = 0
+
+    def bind(self, strategy) -> None:
+        """Reduce over the ranks with ``strategy``'s collectives (call before :meth:`compute`)."""
+        distributed = int(getattr(strategy, "world_size", 1) or 1) > 1
+        for metric in (self.loss, self.accuracy):
+            metric.dist_sync_fn = _strategy_gather(strategy) if distributed else None
+            metric.distributed_available_fn = (lambda: True) if distributed else (lambda: False)
+
+    def reset(self) -> None:
+        """Start a new evaluation."""
+        self.loss.reset()
+        self.accuracy.reset()
+        self.batches = 0
+
+    @torch.no_grad()
+    def update(self, net: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor) -> None:
+        """Add one batch ``(x, y)`` evaluated with ``net`` and ``loss_fn`` (any form, :func:`per_example_loss`)."""
+        dtype = next(net.parameters()).dtype
+        x = x.to(dtype) if x.is_floating_point() else x
+        out = net(x)
+        classification = is_classification(y)
+        if not classification:
+            y = y.to(out.dtype)
+        self.batches += 1
+        losses = per_example_loss(loss_fn, out, y).double()
+        self.loss.update(losses)
+        if classification:
+            correct = (out.argmax(-1) == y).double()
+            self.accuracy.update(correct.reshape(-1))
+
+    def compute(self, classification: bool) -> dict[str, float]:
+        """``{"test/loss": ..., "test/acc": ...}`` over all ranks (accuracy for classification only).
+
+        Every rank must call it (it is a collective when there are several), also one that had
+        no batch (its share of the test set was empty).
+        """
+        out = {"test/loss": float(self.loss.compute())}
+        if classification:
+            out["test/acc"] = float(self.accuracy.compute())
+        return out
+
+
+@torch.no_grad()
+def client_accuracy(net: nn.Module, data, rank: int, world_size: int, reduce_sum: Callable[[Tensor], Tensor],
+                    chunk: int = 4096) -> Tensor | None:
+    """Accuracy of the global model on each client's held-out split (clients with one).
+
+    Each rank predicts a contiguous share of the held-out examples; ``reduce_sum`` (the strategy's
+    ``reduce(..., reduce_op="sum")``) adds the per-client counts over the ranks.
+
+    Returns:
+        ``[N_h]`` accuracies of the clients with a held-out split, or None when no client has
+        one or the task is regression.
+    """
+    if not is_classification(data.train_y):
+        return None
+    has = data.holdout_sizes > 0
+    if not bool(has.any()):
+        return None
+    device = data.holdout_index.device
+    h = data.holdout_index.shape[1]
+    valid = torch.arange(h, device=device)[None, :] < data.holdout_sizes[:, None]
+    owner = torch.arange(data.num_clients, device=device)[:, None].expand_as(valid)[valid]
+    idx = data.holdout_index[valid]
+    correct = torch.zeros(data.num_clients, device=device, dtype=torch.float64)
+    n = idx.numel()
+    start, stop = (n * rank) // world_size, (n * (rank + 1)) // world_size
+    for lo in range(start, stop, chunk):
+        sl = slice(lo, min(lo + chunk, stop))
+        pred = net(data.train_x[idx[sl]]).argmax(-1)
+        correct.index_add_(0, owner[sl], (pred == data.train_y[idx[sl]]).double())
+    correct = reduce_sum(correct)
+    return correct[has] / data.holdout_sizes[has].double()
+
+
+def worst_share_mean(values: Tensor, share: float = 0.1) -> float:
+    """Mean of the lowest ``ceil(share * n)`` values (at least one): "worst 10%"."""
+    worst = max(1, math.ceil(share * values.numel()))
+    return float(values.sort().values[:worst].mean())
+
+
+@torch.no_grad()
+def check_task(net: nn.Module, data) -> None:
+    """Refuse a net whose output does not fit the data's task, before any round is spent.
+
+    Classification: the last output dimension must be the number of classes ``C`` (the other
+    dimensions those of a label). Regression: one output per target value (``out.shape[1:] ==
+    y.shape[1:]``). One example is run through the net.
+
+    Raises:
+        ValueError: Naming the net's output shape and what the data needs.
+    """
+    x = data.train_x[:1]
+    dtype = next(net.parameters()).dtype
+    x = x.to(dtype) if x.is_floating_point() else x
+    was_training = net.training
+    net.eval()
+    try:
+        out = net(x)
+    finally:
+        net.train(was_training)
+    if not isinstance(out, Tensor):
+        raise ValueError(f"net: must return a tensor of outputs, returned {type(out).__name__}")
+    y = data.train_y[:1]
+    if is_classification(data.train_y):
+        C = data.num_classes
+        if out.dim() < 2 or out.shape[-1] != C or tuple(out.shape[1:-1]) != tuple(y.shape[1:]):
+            raise ValueError(
+                f"net: outputs shape {tuple(out.shape[1:])} per example, but the data has {C} classes "
+                f"(labels 0..{C - 1}, label shape {tuple(y.shape[1:])}): the net's last layer must output {C} "
+                f"values per example (one score per class)"
+            )
+    elif tuple(out.shape[1:]) != tuple(y.shape[1:]):
+        raise ValueError(
+            f"net: outputs shape {tuple(out.shape[1:])} per example, but the regression targets have shape "
+            f"{tuple(y.shape[1:])} per example: the net must output one value per target value"
+        )
+
+
+def check_trainer_schedule(trainer) -> None:
+    """Refuse a round schedule that would crash or do nothing, before round 0.
+
+    Raises:
+        ValueError: If ``trainer.max_steps`` is 0 (no round would run) or an integer
+            ``trainer.val_check_interval`` is below 1.
+    """
+    if getattr(trainer, "max_steps", -1) == 0:
+        raise ValueError(
+            "trainer.max_steps: 0 rounds would run (one training step is one federated round); "
+            "set --trainer.max_steps to the number of rounds (>= 1). To evaluate a model without training, "
+            "use `lfed validate` / `lfed test`."
+        )
+    interval = getattr(trainer, "val_check_interval", None)
+    if isinstance(interval, int) and not isinstance(interval, bool) and interval < 1:
+        raise ValueError(
+            f"trainer.val_check_interval: evaluate every how many rounds; must be an int >= 1, got {interval} "
+            "(the global model is always evaluated after the last round)"
+        )
+
+
+def request_final_evaluation(trainer) -> None:
+    """After the last round, make Lightning evaluate whatever ``val_check_interval`` is (SPEC §9).
+
+    Lightning runs validation when a stop is requested (``trainer.should_stop``), so the last
+    round asks for one: the run ends there anyway. Call from ``on_train_batch_end``.
+    """
+    max_steps = getattr(trainer, "max_steps", -1)
+    if max_steps is not None and max_steps > 0 and int(trainer.global_step) >= max_steps:
+        trainer.should_stop = True
