@@ -194,10 +194,11 @@ def check_task(net: nn.Module, data) -> None:
     if is_classification(data.train_y):
         C = data.num_classes
         if out.dim() < 2 or out.shape[-1] != C or tuple(out.shape[1:-1]) != tuple(y.shape[1:]):
+            per_label = f", label shape {tuple(y.shape[1:])}" if y.dim() > 1 else ""
             raise ValueError(
                 f"net: outputs shape {tuple(out.shape[1:])} per example, but the data has {C} classes "
-                f"(labels 0..{C - 1}, label shape {tuple(y.shape[1:])}): the net's last layer must output {C} "
-                f"values per example (one score per class)"
+                f"(labels 0..{C - 1}{per_label}): the net's last layer must output {C} values per example "
+                "(one score per class)"
             )
     elif tuple(out.shape[1:]) != tuple(y.shape[1:]):
         raise ValueError(
