@@ -4,7 +4,9 @@
   takes) and, for classification, the test accuracy, accumulated over evaluation batches in
   ``torchmetrics`` metrics and reduced over the ranks with the Lightning strategy's own
   ``all_gather`` (each rank sees its own share of the test set, no item twice).
-* :func:`client_accuracy`: the global model's accuracy on each client's held-out split.
+* :func:`client_accuracies`: the global model's accuracy on each client's held-out split.
+* :func:`local_accuracy` and :class:`BestMeanAccuracy`: BMTA (004 §5) in its two readings,
+  ``bmta_global`` and ``bmta_local`` (SPEC §9).
 * :func:`check_task`: the net's output against the data's task (number of classes, or the
   regression target's shape), one forward pass before round 0.
 * :func:`check_trainer_schedule` and :func:`request_final_evaluation`: the round schedule of the
@@ -130,15 +132,15 @@ class GlobalEvaluation(nn.Module):
 
 
 @torch.no_grad()
-def client_accuracy(net: nn.Module, data, rank: int, world_size: int, reduce_sum: Callable[[Tensor], Tensor],
-                    chunk: int = 4096) -> Tensor | None:
-    """Accuracy of the global model on each client's held-out split (clients with one).
+def client_accuracies(net: nn.Module, data, rank: int, world_size: int, reduce_sum: Callable[[Tensor], Tensor],
+                      chunk: int = 4096) -> Tensor | None:
+    """Accuracy of the global model on each client's held-out split.
 
     Each rank predicts a contiguous share of the held-out examples; ``reduce_sum`` (the strategy's
     ``reduce(..., reduce_op="sum")``) adds the per-client counts over the ranks.
 
     Returns:
-        ``[N_h]`` accuracies of the clients with a held-out split, or None when no client has
+        ``[N]`` accuracies, NaN for a client without a held-out split; None when no client has
         one or the task is regression.
     """
     if not is_classification(data.train_y):
@@ -159,7 +161,9 @@ def client_accuracy(net: nn.Module, data, rank: int, world_size: int, reduce_sum
         pred = net(data.train_x[idx[sl]]).argmax(-1)
         correct.index_add_(0, owner[sl], (pred == data.train_y[idx[sl]]).double())
     correct = reduce_sum(correct)
-    return correct[has] / data.holdout_sizes[has].double()
+    out = torch.full_like(correct, float("nan"))
+    out[has] = correct[has] / data.holdout_sizes[has].double()
+    return out
 
 
 def worst_share_mean(values: Tensor, share: float = 0.1) -> float:
@@ -237,3 +241,117 @@ def request_final_evaluation(trainer) -> None:
     max_steps = getattr(trainer, "max_steps", -1)
     if max_steps is not None and max_steps > 0 and int(trainer.global_step) >= max_steps:
         trainer.should_stop = True
+
+
+@torch.no_grad()
+def local_accuracy(net: nn.Module, layout, weights: Tensor, data, clients: Tensor, chunk: int = 64) -> Tensor:
+    """Accuracy of each client's locally trained model ``w_k_end`` on its own held-out split.
+
+    The cohort's ``[K, P]`` weights are evaluated together: the held-out examples of the K
+    clients are gathered into ``[K, h_max, ...]`` (padded, masked) and one ``vmap`` over the
+    clients runs the net (a net that cannot be vmapped is run client by client).
+
+    Args:
+        net: The global model's module (its structure; the weights come from ``weights``).
+        layout: The :class:`~lfed.params.ParamLayout` of ``net``.
+        weights: ``[K, P]`` final local weights.
+        data: The :class:`~lfed.data.datamodule.FederatedData` on the device.
+        clients: ``[K]`` client ids.
+
+    Returns:
+        ``[K]`` accuracies, NaN for a client without a held-out split.
+    """
+    from torch.func import functional_call, vmap
+
+    sizes = data.holdout_sizes[clients]
+    K, h = clients.numel(), int(sizes.max()) if clients.numel() else 0
+    acc = torch.full((K,), float("nan"), dtype=torch.float64, device=weights.device)
+    if h == 0:
+        return acc
+    idx = data.holdout_index[clients][:, :h]
+    valid = torch.arange(h, device=idx.device)[None, :] < sizes[:, None]
+    idx = torch.where(valid, idx, torch.zeros_like(idx))
+    dtype = next(net.parameters()).dtype
+    correct = torch.zeros(K, dtype=torch.float64, device=weights.device)
+
+    def predict(w: Tensor, x: Tensor) -> Tensor:
+        return functional_call(net, layout.unflatten(w), (x,)).argmax(-1)
+
+    was_training = net.training
+    net.eval()
+    try:
+        for lo in range(0, K, chunk):
+            sl = slice(lo, min(lo + chunk, K))
+            x = data.train_x[idx[sl]]
+            x = x.to(dtype) if x.is_floating_point() else x
+            try:
+                pred = vmap(predict)(weights[sl], x)
+            except Exception:  # a net vmap cannot run: one client after another
+                pred = torch.stack([predict(w, xi) for w, xi in zip(weights[sl], x)])
+            correct[sl] = ((pred == data.train_y[idx[sl]]) & valid[sl]).double().sum(1)
+    finally:
+        net.train(was_training)
+    has = sizes > 0
+    acc[has] = correct[has] / sizes[has].double()
+    return acc
+
+
+class BestMeanAccuracy:
+    """BMTA of 004 §5 in its two readings (SPEC §9), kept over a run and saved in checkpoints.
+
+    * ``bmta_global``: the best, over evaluations, of the mean over the last round's
+      participants (with a held-out split) of the global model's accuracy on each one's
+      held-out split.
+    * ``bmta_local``: the best, over rounds, of the mean over the round's participants whose
+      work counts (with a held-out split) of each one's locally trained model ``w_k_end`` on
+      its own held-out split.
+
+    Attributes:
+        best_global: Best value so far of the ``bmta_global`` mean (None before any).
+        best_local: Best value so far of the ``bmta_local`` mean (None before any).
+        last_cohort: Client ids of the last round's cohort (on the CPU), or None.
+    """
+
+    def __init__(self) -> None:
+        self.best_global: float | None = None
+        self.best_local: float | None = None
+        self.last_cohort: Tensor | None = None
+
+    @staticmethod
+    def _mean(values: Tensor) -> float | None:
+        values = values[~torch.isnan(values)]
+        return float(values.mean()) if values.numel() else None
+
+    def add_round(self, clients: Tensor, local: Tensor | None) -> float | None:
+        """Record a round's cohort and the local accuracies of its counting participants; the round's mean."""
+        self.last_cohort = clients.detach().cpu()
+        mean = self._mean(local) if local is not None else None
+        if mean is not None and (self.best_local is None or mean > self.best_local):
+            self.best_local = mean
+        return mean
+
+    def add_evaluation(self, per_client: Tensor) -> float | None:
+        """Record an evaluation: ``per_client`` ``[N]`` global-model accuracies (NaN: no held-out split)."""
+        if self.last_cohort is None:
+            return None
+        mean = self._mean(per_client[self.last_cohort.to(per_client.device)])
+        if mean is not None and (self.best_global is None or mean > self.best_global):
+            self.best_global = mean
+        return mean
+
+    def summary(self) -> dict[str, float]:
+        """``{"final/bmta_global": ..., "final/bmta_local": ...}`` for the values there are."""
+        out = {}
+        if self.best_global is not None:
+            out["final/bmta_global"] = self.best_global
+        if self.best_local is not None:
+            out["final/bmta_local"] = self.best_local
+        return out
+
+    def state_dict(self) -> dict:
+        return {"best_global": self.best_global, "best_local": self.best_local,
+                "last_cohort": None if self.last_cohort is None else self.last_cohort.tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best_global, self.best_local = state["best_global"], state["best_local"]
+        self.last_cohort = None if state["last_cohort"] is None else torch.tensor(state["last_cohort"], dtype=torch.long)

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from lfed import algorithms
 from lfed.client.objectives import Cohort, build_objective, check_state_shapes
 from lfed.distributed import Ranks, fisher_cohort, prepare_strategy, train_cohort
-from lfed.evaluation import GlobalEvaluation, check_task, is_classification, check_trainer_schedule, client_accuracy, request_final_evaluation, worst_share_mean
+from lfed.evaluation import BestMeanAccuracy, GlobalEvaluation, check_task, check_trainer_schedule, client_accuracies, is_classification, local_accuracy, request_final_evaluation, worst_share_mean
 from lfed.engine import BACKENDS, CohortTrainer, as_per_example_loss, steps_per_epoch
 from lfed.params import ParamLayout
 from lfed.rng import round_generator, seeded_global_rng
@@ -170,6 +170,7 @@ class FederatedModule(LightningModule):
         self.fed = None  # FederatedData on the device, set on fit start
         self.engine: CohortTrainer | None = None
         self.evaluation = GlobalEvaluation()
+        self.bmta = BestMeanAccuracy()
         if net is not None:
             self._init_layout()
 
@@ -294,6 +295,7 @@ class FederatedModule(LightningModule):
         counting = counting_mask(steps_done, budget, self.partial_work)
         if not bool(counting.any()):
             rank_zero_warn(f"round {r}: no client's work counts (all inactive or dropped); the round is skipped")
+            self.bmta.add_round(clients, None)
             optimizer.zero_grad(set_to_none=True)
             optimizer.step()  # no gradients: advances the round counter only
             self.log("round/skipped", 1.0)
@@ -351,6 +353,12 @@ class FederatedModule(LightningModule):
         # AdaFL scores (SPEC §5) move only for clients whose model the server received and used:
         # an inactive or dropped client uploaded nothing, so it has no distance and keeps its score.
         self.sampler.update(clients[counting], (result.weights[counting] - w1).norm(dim=1))
+        local = None  # bmta_local (SPEC §9): the counting participants' w_k_end on their own held-out splits
+        if bool(counting.any()) and is_classification(d.train_y):
+            local = local_accuracy(self.net, self.layout, result.weights[counting], d, clients[counting])
+        local_mean = self.bmta.add_round(clients, local)
+        if local_mean is not None:
+            self.log("client/local_acc_mean", local_mean)
         self._log_round(r, clients, counting, result.loss, active, weights, extra)
 
     def _check_finite(self, x: Tensor, r: int, clients: Tensor, what: str) -> None:
@@ -461,21 +469,27 @@ class FederatedModule(LightningModule):
         acc = metrics.get("test/acc")
         if acc is not None:
             self.log("test/acc", acc, prog_bar=True)
-        client = self.client_accuracy()
-        if client is not None:
+        per_client = self._client_accuracies()
+        if per_client is not None:
+            client = per_client[~torch.isnan(per_client)]
             self.log("client/acc_mean", float(client.mean()))
             self.log("client/acc_worst10", worst_share_mean(client, 0.1))
         if stage == "val" and not self.trainer.sanity_checking and acc is not None:
             self.eval_history.append((int(self.global_step), acc))
             self.comm.log_accuracy(acc)
+            if per_client is not None:
+                self.bmta.add_evaluation(per_client)
 
-    @torch.no_grad()
-    def client_accuracy(self) -> Tensor | None:
-        """Accuracy of the global model on each client's held-out split (clients with one)."""
+    def _client_accuracies(self) -> Tensor | None:
         ranks = Ranks.of(self)
         strategy = self.trainer.strategy if self._trainer is not None else None
         reduce = (lambda t: strategy.reduce(t, reduce_op="sum")) if ranks.distributed else (lambda t: t)
-        return client_accuracy(self.net, self._device_data(), ranks.rank, ranks.world_size, reduce)
+        return client_accuracies(self.net, self._device_data(), ranks.rank, ranks.world_size, reduce)
+
+    def client_accuracy(self) -> Tensor | None:
+        """Accuracy of the global model on each client's held-out split (clients with one)."""
+        per_client = self._client_accuracies()
+        return None if per_client is None else per_client[~torch.isnan(per_client)]
 
     # ------------------------------------------------------------------ end of run, checkpoints
     def last_rounds_accuracy(self, share: float = 0.1) -> float | None:
@@ -498,6 +512,7 @@ class FederatedModule(LightningModule):
                 summary[f"final/rounds_to_{target:g}"] = hit[0]
                 summary[f"final/uploads_to_{target:g}"] = hit[1]
         summary["final/uploads_total"] = self.comm.uploads
+        summary.update(self.bmta.summary())
         if self.logger is not None and summary:
             self.logger.log_metrics(summary, step=int(self.global_step))
         self.final_summary = summary
@@ -509,6 +524,7 @@ class FederatedModule(LightningModule):
         checkpoint["lfed"] = {
             "comm": self.comm.state_dict(),
             "eval_history": list(self.eval_history),
+            "bmta": self.bmta.state_dict(),
             "fingerprint": module_fingerprint(self),
         }
 
@@ -521,6 +537,8 @@ class FederatedModule(LightningModule):
         if state:
             self.comm.load_state_dict(state["comm"])
             self.eval_history = [tuple(x) for x in state["eval_history"]]
+            if "bmta" in state:
+                self.bmta.load_state_dict(state["bmta"])
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         # Per-client history and residuals ([N, P]) made for other clients or another model fail clearly.

@@ -239,3 +239,70 @@ def test_exact_resume_mid_run_raises_no_dataloader_warning_and_continues_from_th
     assert not [w for w in caught if "not resumable" in str(w.message)]
     assert seen == [(3, 3), (4, 4), (5, 5)]  # the loader goes on from round 3, as the trainer does
     assert torch.equal(resumed.layout.module_vector(resumed.net), full.layout.module_vector(full.net))
+
+
+# ----------------------------------------------------------------------------- BMTA, both readings (SPEC §9)
+
+
+def _tiny_fed():
+    """4 clients; inputs are one-hot rows of 2 features; held-out positions by hand."""
+    from lfed.data.datamodule import FederatedData
+
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    y = torch.tensor([0, 1, 1, 1, 0, 0])
+    # held out: client 0 -> examples 0, 1 (labels 0, 1); client 1 -> 2 (label 1); client 2 -> none; client 3 -> 4, 5
+    holdout_index = torch.tensor([[0, 1], [2, 0], [0, 0], [4, 5]])
+    holdout_sizes = torch.tensor([2, 1, 0, 2])
+    return FederatedData(x, y, x, y, torch.zeros(4, 1, dtype=torch.long), torch.ones(4, dtype=torch.long),
+                         holdout_index, holdout_sizes, torch.zeros(4, 2, dtype=torch.long), 2)
+
+
+def test_local_accuracy_of_each_clients_own_weights_by_hand():
+    from lfed.evaluation import local_accuracy
+    from lfed.params import ParamLayout
+
+    net = nn.Linear(2, 2, bias=False).double()
+    layout = ParamLayout.from_module(net)
+    identity = torch.eye(2, dtype=torch.float64).reshape(-1)  # predicts class = the hot feature
+    swap = torch.tensor([[0.0, 1.0], [1.0, 0.0]], dtype=torch.float64).reshape(-1)  # the other class
+    weights = torch.stack([identity, swap, identity, swap])
+    acc = local_accuracy(net, layout, weights, _tiny_fed(), torch.tensor([0, 1, 2, 3]))
+    # client 0: identity on (e0->0 ok, e1->1 ok) = 1; client 1: swap on e0 (label 1) -> 1 ok = 1;
+    # client 2: no held-out split; client 3: swap on (e0 label 0 -> 1 wrong, e1 label 0 -> 0 ok) = 1/2
+    assert acc[[0, 1, 3]].tolist() == [1.0, 1.0, 0.5] and torch.isnan(acc[2])
+    # the cohort in another order and a subset: the same per-client values
+    assert local_accuracy(net, layout, weights[[3, 0]], _tiny_fed(), torch.tensor([3, 0])).tolist() == [0.5, 1.0]
+
+
+def test_bmta_global_and_local_are_best_over_rounds_of_participant_means_by_hand():
+    from lfed.evaluation import BestMeanAccuracy
+
+    b = BestMeanAccuracy()
+    nan = float("nan")
+    assert b.add_evaluation(torch.tensor([1.0, 1.0, 1.0])) is None  # no round yet: nothing
+    assert b.add_round(torch.tensor([0, 2]), torch.tensor([0.5, nan])) == 0.5  # client 2 has no held-out split
+    assert b.add_evaluation(torch.tensor([0.2, 0.9, 0.6])) == pytest.approx(0.4)  # mean of clients 0, 2
+    assert b.add_round(torch.tensor([1, 2]), torch.tensor([0.25, 0.75])) == 0.5
+    assert b.add_evaluation(torch.tensor([0.2, 0.9, nan])) == pytest.approx(0.9)  # clients 1, 2(no split)
+    assert b.add_round(torch.tensor([0, 1]), torch.tensor([0.8, 0.4])) == pytest.approx(0.6)
+    assert b.add_evaluation(torch.tensor([0.1, 0.3, 0.5])) == pytest.approx(0.2)
+    assert b.summary() == {"final/bmta_global": pytest.approx(0.9), "final/bmta_local": pytest.approx(0.6)}
+    again = BestMeanAccuracy()
+    again.load_state_dict(b.state_dict())
+    assert again.summary() == b.summary() and again.last_cohort.tolist() == [0, 1]
+
+
+def test_bmta_is_logged_at_the_end_of_a_run():
+    torch.manual_seed(0)
+    m = FederatedModule(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), client_lr=0.1, local_steps=2, fraction=0.5)
+    seen = []
+
+    class Spy(Callback):
+        def on_validation_epoch_end(self, trainer, pl_module):
+            acc = pl_module._client_accuracies()
+            seen.append(float(acc[pl_module.bmta.last_cohort].nanmean()))
+
+    run_rounds(m, FederatedDataModule(dataset="digits", num_clients=6, partition="iid"), 4, evaluate_every=2,
+               callbacks=[Spy()])
+    assert m.final_summary["final/bmta_global"] == pytest.approx(max(seen))
+    assert 0.0 < m.final_summary["final/bmta_local"] <= 1.0
