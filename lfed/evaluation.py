@@ -172,17 +172,41 @@ def worst_share_mean(values: Tensor, share: float = 0.1) -> float:
     return float(values.sort().values[:worst].mean())
 
 
+def _known_losses() -> tuple[tuple, tuple]:
+    import torch.nn.functional as F
+
+    classification = (nn.CrossEntropyLoss, nn.NLLLoss), (F.cross_entropy, F.nll_loss)
+    regression = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss), (F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss)
+    return classification, regression
+
+
+def output_shape_is_known(loss, classification: bool) -> bool:
+    """Whether ``loss`` fixes the net's output shape: lfed's default (None) or a torch loss of the task.
+
+    With any other loss (a user's function over integer targets, say a squared error on the
+    label value) the loss defines what the outputs mean, and lfed does not check their shape.
+    """
+    if loss is None:
+        return classification
+    modules, functions = _known_losses()[0 if classification else 1]
+    return isinstance(loss, modules) or any(loss is f for f in functions)
+
+
 @torch.no_grad()
-def check_task(net: nn.Module, data) -> None:
+def check_task(net: nn.Module, data, loss=None) -> None:
     """Refuse a net whose output does not fit the data's task, before any round is spent.
 
-    Classification: the last output dimension must be the number of classes ``C`` (the other
-    dimensions those of a label). Regression: one output per target value (``out.shape[1:] ==
-    y.shape[1:]``). One example is run through the net.
+    Classification (with the default loss, ``CrossEntropyLoss`` or ``NLLLoss``): the last output
+    dimension must be the number of classes ``C`` (the other dimensions those of a label).
+    Regression (with ``MSELoss``, ``L1Loss``, ``SmoothL1Loss``, ``HuberLoss``): one output per
+    target value (``out.shape[1:] == y.shape[1:]``). With another loss nothing is checked (see
+    :func:`output_shape_is_known`). One example is run through the net.
 
     Raises:
         ValueError: Naming the net's output shape and what the data needs.
     """
+    if not output_shape_is_known(loss, is_classification(data.train_y)):
+        return
     x = data.train_x[:1]
     dtype = next(net.parameters()).dtype
     x = x.to(dtype) if x.is_floating_point() else x

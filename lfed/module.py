@@ -198,6 +198,7 @@ class FederatedModule(LightningModule):
             outputs = data.num_classes if data.num_classes is not None else math.prod(data.train_y.shape[1:])
             self.net = MLP(in_features=math.prod(data.train_x.shape[1:]), num_classes=outputs)
             self._init_layout()
+        check_task(self.net, data, self.loss)  # the net's output against the classes / targets, before round 0
         N, P = data.num_clients, self.layout.num_params
         like = next(self.net.parameters()).detach()
         self.objective.setup(N, P, like)
@@ -226,7 +227,6 @@ class FederatedModule(LightningModule):
         prepare_strategy(self.trainer)
         check_trainer_schedule(self.trainer)
         d = self._device_data()
-        check_task(self.net, d)
         if self.loss is None and d.task == "regression":
             raise ValueError("loss: the default (cross-entropy) needs class labels, but the targets are floating "
                              "(regression); give a regression loss, e.g. loss=torch.nn.MSELoss()")
