@@ -21,9 +21,9 @@ from lfed.data.datasets import (
     validate_labels,
 )
 from lfed.data.leaf import ALL_LETTERS
-from conftest import REQUIRE_DATA, missing_data_outcome
+from conftest import DATA_DIR, REQUIRE_DATA, missing_data_outcome
 
-DATA = Path(os.environ.get("LFED_TEST_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+DATA = Path(os.environ["LFED_TEST_DATA"]) if "LFED_TEST_DATA" in os.environ else DATA_DIR  # LFED_DATA_DIR's default
 # skipped without the real datasets, except under LFED_REQUIRE_DATA=1 (CI), where they run and fail
 needs_data = pytest.mark.skipif(missing_data_outcome(DATA, REQUIRE_DATA) is not None and not REQUIRE_DATA,
                                 reason=(missing_data_outcome(DATA, False) or ("", ""))[1])
