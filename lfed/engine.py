@@ -310,6 +310,8 @@ class CohortTrainer:
     ) -> Tensor:
         out = functional_call(self.net, (params, buffers), (x,))
         per_example = self.loss_fn(out, y)
+        if per_example.dim() > 1:  # e.g. squared errors [B, outputs]: one mean per example
+            per_example = per_example.reshape(per_example.shape[0], -1).mean(1)
         return (per_example * mask).sum() / mask.sum().clamp_min(1)
 
     def _example_loss(self, flat: Tensor, x: Tensor, y: Tensor, buffers: dict[str, Tensor]) -> Tensor:
