@@ -17,6 +17,9 @@ _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from lfed.data.datamodule import FederatedDataModule  # noqa: E402
 from lfed.engine import CohortTrainer, StepRule  # noqa: E402
 from lfed.module import FederatedModule  # noqa: E402
+from lfed.reporting import silence_library_noise as _silence_library_noise  # noqa: E402
+
+_silence_library_noise()  # narrow filters for Lightning-internal messages (lfed.reporting)
 
 __all__ = ["CohortTrainer", "FederatedDataModule", "FederatedModule", "StepRule"]
 __version__ = "0.1.0"

@@ -202,7 +202,16 @@ def _plain(value: Any) -> Any:
 
 
 class LfedCLI(LightningCLI):
-    """LightningCLI with round-based defaults, per-run directories and a config check."""
+    """LightningCLI with round-based defaults, per-run directories and a config check.
+
+    Lightning's ``--optimizer``/``--lr_scheduler`` are off (``auto_configure_optimizers=False``)
+    and refused; the help lists subclasses briefly (:class:`LfedHelpFormatter`).
+    """
+
+    def __init__(self, *args: Any, auto_configure_optimizers: bool = False, parser_kwargs: dict | None = None, **kwargs: Any) -> None:
+        short = {"formatter_class": LfedHelpFormatter}
+        parser_kwargs = {**short, **{s: dict(short) for s in SUBCOMMANDS}, **(parser_kwargs or {})}
+        super().__init__(*args, auto_configure_optimizers=auto_configure_optimizers, parser_kwargs=parser_kwargs, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
@@ -370,15 +379,7 @@ class LfedCLI(LightningCLI):
 def run_cli(args: list[str] | None = None) -> LfedCLI:
     """Run ``lfed`` with ``args`` (``sys.argv`` when None) and return the CLI object (tests, notebooks)."""
     silence_library_noise()
-    kwargs = {"formatter_class": LfedHelpFormatter}
-    return LfedCLI(
-        FederatedModule,
-        FederatedDataModule,
-        save_config_kwargs={"overwrite": True},
-        auto_configure_optimizers=False,
-        parser_kwargs={**kwargs, **{s: dict(kwargs) for s in SUBCOMMANDS}},
-        args=args,
-    )
+    return LfedCLI(FederatedModule, FederatedDataModule, save_config_kwargs={"overwrite": True}, args=args)
 
 
 def main() -> None:
