@@ -305,8 +305,9 @@ class LfedCLI(LightningCLI):
         inherited = os.environ.get(RUN_DIR_ENV)
         if run_dir is None and inherited and os.environ.get("LOCAL_RANK", "0") != "0":
             run_dir = Path(inherited)  # a DDP worker: rank 0 chose the directory
+        self._created_run_dir = None
         if run_dir is None:
-            run_dir = run_directory(config_dir)
+            run_dir = self._created_run_dir = run_directory(config_dir)
         os.environ[RUN_DIR_ENV] = str(run_dir)
         self.run_dir = run_dir
         self.run_settings = settings
@@ -320,6 +321,18 @@ class LfedCLI(LightningCLI):
                 init["save_dir"] = str(run_dir)
             if str(lg.get("class_path")).endswith("MetricsCSV") and init.get("dirpath") is None:
                 init["dirpath"] = str(run_dir)
+
+    def instantiate_classes(self) -> None:
+        """Lightning's, but a run that fails to start leaves no empty run directory behind."""
+        try:
+            super().instantiate_classes()
+        except BaseException:
+            created = getattr(self, "_created_run_dir", None)
+            if created is not None and created.is_dir() and not any(created.iterdir()):
+                created.rmdir()
+                if not any(created.parent.iterdir()):
+                    created.parent.rmdir()
+            raise
 
     def _settings_from_checkpoint(self, ckpt: str) -> dict[str, Any]:
         """Apply the checkpoint's model and data settings to the config (validate/test); return them."""

@@ -153,6 +153,12 @@ def test_last_without_a_checkpoint_of_this_configuration_starts_a_new_run(tmp_pa
     assert cli.trainer.ckpt_path is None and cli.trainer.global_step == 2
 
 
+def test_a_run_that_fails_to_start_leaves_no_empty_run_directory(tmp_path):
+    with pytest.raises(ValueError, match="algorithm"):
+        quick(tmp_path, "--trainer.logger", "false", "--model.algorithm", "fedsgd")
+    assert not list((tmp_path / "runs").iterdir())
+
+
 def test_config_id_is_stable_and_sensitive():
     a = {"model": {"algorithm": "fedavg", "client_lr": 0.05}, "data": {"dataset": "digits"}, "seed_everything": 0}
     assert config_id(a) == config_id({"seed_everything": 0, "data": {"dataset": "digits"}, "model": {"client_lr": 0.05, "algorithm": "fedavg"}})
