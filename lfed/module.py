@@ -224,6 +224,8 @@ class FederatedModule(LightningModule):
         return self.fed
 
     def on_fit_start(self) -> None:
+        from lfed.reporting import describe_optimizer
+
         prepare_strategy(self.trainer)
         check_trainer_schedule(self.trainer)
         d = self._device_data()
@@ -237,7 +239,8 @@ class FederatedModule(LightningModule):
         rank_zero_info(
             f"lfed: {self.algorithm} on {d.num_clients} clients, {self.layout.num_params:,} parameters, "
             f"backend={backend}, objective={self.objective.name}, weighting={self.weighting}, "
-            f"aggregation={self.aggregation}, sampler={type(self.sampler).__name__}, fraction={self.fraction}"
+            f"aggregation={self.aggregation}, sampler={type(self.sampler).__name__}, fraction={self.fraction}, "
+            f"server_optimizer={describe_optimizer(self.server_optimizer)}"
         )
 
     def _validate_composition(self, num_clients: int) -> None:
