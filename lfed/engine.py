@@ -627,7 +627,7 @@ class CohortTrainer:
         else:
             for k in range(weights.shape[0]):
                 for i in range(int(count[k])):
-                    leaf = weights[k].detach().requires_grad_(True)
+                    leaf = weights[k].detach().clone().requires_grad_(True)  # own memory: bits do not depend on the row's place
                     loss = self._example_loss(leaf, data_x[idx[k, i]], data_y[idx[k, i]], buffers)
                     (g,) = torch.autograd.grad(loss, leaf)
                     total[k] += g.square()
