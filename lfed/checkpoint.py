@@ -311,35 +311,37 @@ def module_fingerprint(module: Any) -> dict[str, Any]:
     ``FederatedDataModule`` (fit, validate, test), and ``model.*`` keys once it has a net.
     """
     opt_name, opt_hp = _optimizer_summary(module.server_optimizer)
-    fp: dict[str, Any] = {
-        "composition.algorithm": module.algorithm,
-        "composition.objective": module.objective.name,
-        "composition.weighting": module.weighting,
-        "composition.partial_work": module.partial_work,
-        "composition.aggregation": module.aggregation,
-        "composition.compression": module.compression,
-        "composition.sampler": type(module.sampler).__name__,
-        "composition.server_optimizer": opt_name,
-        "hparams.client_lr": module.client_lr,
-        "hparams.batch_size": module.batch_size,
-        "hparams.local_epochs": module.local_epochs,
-        "hparams.local_steps": module.local_steps,
+    plan = module.training_plan
+    fp: dict[str, Any] = {"composition.algorithm": module.algorithm}
+    # every component by its role: its name and class (structural), its hyper-parameters (soft)
+    for role, component in module.components.roles().items():
+        if role in ("participation", "history"):
+            continue
+        cls = type(component)
+        fp[f"composition.{role}"] = component.name
+        if not cls.__module__.startswith("lfed."):
+            fp[f"composition.{role}.class"] = f"{cls.__module__}.{cls.__qualname__}"
+        for k, v in component.structure().items():
+            fp[f"composition.{role}.{k}"] = v
+        for k, v in component.hparams().items():
+            fp[f"hparams.{role}.{k}"] = v
+    fp["composition.server_optimizer"] = opt_name
+    fp.update({
+        "hparams.client_lr": plan.client_lr,
+        "hparams.batch_size": plan.batch_size,
+        "hparams.local_epochs": plan.local_epochs,
+        "hparams.local_steps": plan.local_steps,
         "hparams.seed": module.seed,
-        "hparams.fraction": repr(module.fraction),
-        "hparams.p_inactive": module.stragglers.p_inactive,
-        "hparams.p_incomplete": module.stragglers.p_incomplete,
-        "hparams.attention_temperature": module.attention_temperature,
         "hparams.loss": type(module.loss).__name__ if module.loss is not None else "CrossEntropyLoss",
-    }
-    for name in ("mu", "lam", "fisher_samples"):
-        if hasattr(module.objective, name):
-            fp[f"hparams.{module.objective.name}.{name}"] = getattr(module.objective, name)
-    if hasattr(module.sampler, "alpha"):
-        fp["hparams.sampler_alpha"] = float(module.sampler.alpha)
+    })
+    for k, v in module.participation.hparams().items():
+        fp[f"hparams.{k}"] = v
     for k, v in opt_hp.items():
         fp[f"hparams.server_optimizer.{k}"] = v
+    for k, shape in module.store.describe().items():  # every declared tensor, by its owner's role
+        fp[f"model.state.{k}"] = shape
     total = module._total_rounds() if module._trainer is not None else None
-    if total is not None and type(module.fraction).__name__ != "ConstantFraction":
+    if total is not None and type(module.participation.fraction).__name__ != "ConstantFraction":
         fp["hparams.total_rounds (trainer.max_steps; the fraction schedule depends on it)"] = total
     if module.net is not None:
         net = type(module.net)

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import netrc
 import os
-import sys
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 from lfed.checkpoint import RoundCheckpoint, install_atomic_io
-
 from lfed.data.datamodule import FederatedDataModule
 from lfed.module import FederatedModule
 

@@ -78,7 +78,15 @@ def _check_betas(betas: Any) -> tuple[float, float]:
 
 
 class _FedAdaptive(Optimizer):
-    """Shared step of Reddi et al. 2021, Algorithm 2; subclasses update ``v``."""
+    """Shared checks and step of Reddi et al. 2021, Algorithm 2; subclasses update ``v``.
+
+    ``moments`` are the (checked) momentum settings of the subclass: ``betas`` or ``beta1``.
+    """
+
+    def __init__(self, params, lr: float, tau: float, initial_accumulator_value: float | None, **moments: Any) -> None:
+        defaults = {"lr": _check_lr(lr), **moments, "tau": _check_tau(tau),
+                    "initial_accumulator_value": _check_initial(initial_accumulator_value)}
+        super().__init__(params, defaults)
 
     def _update_v(self, v: Tensor, delta_sq: Tensor, group: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -161,14 +169,7 @@ class FedAdam(_FedAdaptive):
         tau: float = 1e-3,
         initial_accumulator_value: float | None = None,
     ) -> None:
-        beta1, beta2 = _check_betas(betas)
-        defaults = {
-            "lr": _check_lr(lr),
-            "betas": (beta1, beta2),
-            "tau": _check_tau(tau),
-            "initial_accumulator_value": _check_initial(initial_accumulator_value),
-        }
-        super().__init__(params, defaults)
+        super().__init__(params, lr, tau, initial_accumulator_value, betas=_check_betas(betas))
 
     def _update_v(self, v: Tensor, delta_sq: Tensor, group: dict[str, Any]) -> None:
         beta2: float = group["betas"][1]
@@ -204,14 +205,7 @@ class FedYogi(_FedAdaptive):
         tau: float = 1e-3,
         initial_accumulator_value: float | None = None,
     ) -> None:
-        beta1, beta2 = _check_betas(betas)
-        defaults = {
-            "lr": _check_lr(lr),
-            "betas": (beta1, beta2),
-            "tau": _check_tau(tau),
-            "initial_accumulator_value": _check_initial(initial_accumulator_value),
-        }
-        super().__init__(params, defaults)
+        super().__init__(params, lr, tau, initial_accumulator_value, betas=_check_betas(betas))
 
     def _update_v(self, v: Tensor, delta_sq: Tensor, group: dict[str, Any]) -> None:
         beta2: float = group["betas"][1]
@@ -249,13 +243,7 @@ class FedAdagrad(_FedAdaptive):
         tau: float = 1e-3,
         initial_accumulator_value: float | None = None,
     ) -> None:
-        defaults = {
-            "lr": _check_lr(lr),
-            "beta1": _check_beta("beta1", beta1),
-            "tau": _check_tau(tau),
-            "initial_accumulator_value": _check_initial(initial_accumulator_value),
-        }
-        super().__init__(params, defaults)
+        super().__init__(params, lr, tau, initial_accumulator_value, beta1=_check_beta("beta1", beta1))
 
     def _update_v(self, v: Tensor, delta_sq: Tensor, group: dict[str, Any]) -> None:
         v.add_(delta_sq)
