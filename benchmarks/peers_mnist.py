@@ -35,7 +35,8 @@ import time
 from datetime import datetime, timezone
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-JOBS = {"lfed": "lfed_job.py", "flower": "flower_job.py", "pfl": "pfl_job.py"}
+JOBS = {"lfed": "lfed_job.py", "lfed_loop": "lfed_job.py", "flower": "flower_job.py", "pfl": "pfl_job.py",
+        "plain_vmap": "plain_vmap_job.py", "plain_loop": "plain_loop_job.py"}  # plain_*: hand-written references
 
 
 def export(work: str, data_dir: str | None, clients: int, seed: int) -> None:
@@ -63,11 +64,13 @@ def export(work: str, data_dir: str | None, clients: int, seed: int) -> None:
 
 def run_job(framework: str, python: str, args: argparse.Namespace) -> dict:
     cmd = [python, os.path.join(HERE, "peers", JOBS[framework]), "--rounds", str(args.rounds), "--seed", str(args.seed)]
-    if framework == "lfed":
+    if framework.startswith("lfed"):
         cmd += ["--partition", os.path.join(args.work, "partition.npy")]
         if args.data_dir:
             cmd += ["--data-dir", args.data_dir]
-        if args.lfed_backend:
+        if framework == "lfed_loop":
+            cmd += ["--backend", "loop"]
+        elif args.lfed_backend:
             cmd += ["--backend", args.lfed_backend]
     else:
         cmd += ["--data", args.work]
@@ -77,7 +80,7 @@ def run_job(framework: str, python: str, args: argparse.Namespace) -> dict:
     for item in args.env:  # the same environment for every framework (e.g. OMP_NUM_THREADS=1)
         key, _, value = item.partition("=")
         env[key] = value
-    if framework == "lfed":
+    if framework.startswith("lfed"):
         env["PYTHONPATH"] = os.path.dirname(HERE)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
@@ -99,7 +102,7 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--frameworks", default="lfed,flower,pfl")
+    p.add_argument("--frameworks", default="lfed,lfed_loop,flower,pfl,plain_vmap,plain_loop")
     p.add_argument("--lfed-python", default=sys.executable)
     p.add_argument("--flower-python", default=None)
     p.add_argument("--pfl-python", default=None)
@@ -112,7 +115,8 @@ def main() -> None:
     args = p.parse_args()
 
     export(args.work, args.data_dir, args.clients, args.seed)
-    pythons = {"lfed": args.lfed_python, "flower": args.flower_python, "pfl": args.pfl_python}
+    pythons = {"lfed": args.lfed_python, "lfed_loop": args.lfed_python, "flower": args.flower_python, "pfl": args.pfl_python,
+               "plain_vmap": sys.executable, "plain_loop": sys.executable}
     frameworks = [f for f in args.frameworks.split(",") if f]
     missing = {f: "no interpreter given (--%s-python)" % f for f in frameworks if not pythons.get(f)}
     active = [f for f in frameworks if f not in missing]

@@ -35,10 +35,11 @@ def main() -> None:
     p.add_argument("--partition", default=None, help=".npy of the exported partition: checked equal to lfed's")
     p.add_argument("--profile", default=None, help="write a cProfile of the rounds to this file")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--model", choices=("mlp", "cnn"), default="mlp", help="the 2NN (default) or McMahan et al.'s MNIST CNN")
     args = p.parse_args()
 
-    from lfed import FederatedDataModule, FederatedModule  # first: lfed sets its OpenMP defaults before torch loads
-    from lfed.models import MLP
+    from lfed import FederatedDataModule, FederatedModule
+    from lfed.models import MLP, McMahanMNISTCNN
 
     import torch
     from lightning.pytorch import Callback, Trainer
@@ -52,7 +53,7 @@ def main() -> None:
         shards_per_client=2, holdout_fraction=0.0, seed=args.seed, eval_batch_size=10000,
     )
     module = FederatedModule(
-        MLP(784, (200, 200), 10), algorithm="fedavg", fraction=args.fraction, client_lr=args.lr,
+        MLP(784, (200, 200), 10) if args.model == "mlp" else McMahanMNISTCNN(), algorithm="fedavg", fraction=args.fraction, client_lr=args.lr,
         batch_size=args.batch_size, local_epochs=args.epochs, backend=args.backend, seed=args.seed,
     )
     ends: list[float] = []
