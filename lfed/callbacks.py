@@ -25,13 +25,13 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lfed.validation import integer
+
 __all__ = ["AttentionHeatmap", "CommunicationCost", "render_attention"]
 
 
 def _check_every(every_n_rounds: Any) -> int:
-    if isinstance(every_n_rounds, bool) or not isinstance(every_n_rounds, int) or every_n_rounds < 1:
-        raise ValueError(f"every_n_rounds: must be an int >= 1, got {every_n_rounds!r}")
-    return every_n_rounds
+    return integer("every_n_rounds", every_n_rounds, at_least=1)
 
 
 def _wandb_loggers(trainer: Trainer) -> list:

@@ -40,6 +40,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from lfed.engine import CohortResult, CohortTrainer, StepRule, has_running_stats
+from lfed.fingerprint import tensor_bytes
 
 __all__ = [
     "Ranks",
@@ -284,9 +285,8 @@ def state_digest(module: torch.nn.Module, optimizers: list[torch.optim.Optimizer
     def add(name: str, value: Any) -> None:
         h.update(name.encode())
         if isinstance(value, Tensor):
-            t = value.detach().cpu().contiguous().reshape(-1)
-            h.update(str(t.dtype).encode())
-            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            h.update(str(value.dtype).encode())
+            h.update(tensor_bytes(value))
         else:
             h.update(repr(value).encode())
 

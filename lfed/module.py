@@ -33,6 +33,7 @@ from lfed.server.channel import Channel
 from lfed.server.combination import ServerCombination
 from lfed.server.weighting import AggregationWeights
 from lfed.state import ModuleStateStore
+from lfed.validation import integer, number, one_of
 
 #: Arguments that choose a component (a name, or a component object from ``class_path``).
 COMPOSED = ("objective", "weighting", "partial_work", "aggregation", "compression", "sampler", "fraction", "server_optimizer")
@@ -115,18 +116,15 @@ class FederatedModule(LightningModule):
         objects = [k for k, v in given.items() if isinstance(v, nn.Module)]  # rebuilt from the config, not pickled
         self.save_hyperparameters(ignore=["net", "loss", *objects])
         self.automatic_optimization = False
-        if not (isinstance(client_lr, (int, float)) and client_lr > 0 and math.isfinite(client_lr)):
-            raise ValueError(f"client_lr: must be a finite number > 0, got {client_lr!r}")
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size: must be >= 1 or None (full batch), got {batch_size}")
-        if local_steps is None and local_epochs < 1:
-            raise ValueError(f"local_epochs: must be >= 1, got {local_epochs}")
-        if local_steps is not None and local_steps < 1:
-            raise ValueError(f"local_steps: must be >= 1 or None, got {local_steps}")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend: {backend!r} is not one of {BACKENDS}")
-        if isinstance(sampler_alpha, bool) or not isinstance(sampler_alpha, (int, float)) or not 0.0 <= sampler_alpha < 1.0:
-            raise ValueError(f"sampler_alpha: must be a number in [0, 1) (AdaFL's score decay α), got {sampler_alpha!r}")
+        number("client_lr", client_lr, above=0)
+        if batch_size is not None:
+            integer("batch_size", batch_size, at_least=1, detail=" or None (full batch)")
+        if local_steps is None:
+            integer("local_epochs", local_epochs, at_least=1)
+        else:
+            integer("local_steps", local_steps, at_least=1, detail=" or None (local_epochs)")
+        one_of("backend", backend, BACKENDS)
+        number("sampler_alpha", sampler_alpha, at_least=0, below=1, detail=" (AdaFL's score decay α)")
         cfg = algorithms.resolve(algorithm, **given)
         self.explicit = {k for k, v in given.items() if v is not None}
         self.components = algorithms.build(
@@ -352,7 +350,7 @@ class FederatedModule(LightningModule):
         rank_zero_info("lfed: " + ", ".join(f"{k}={v:.4g}" for k, v in summary.items()))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        from lfed.checkpoint import module_fingerprint
+        from lfed.fingerprint import module_fingerprint
 
         checkpoint["lfed"] = {
             "comm": self.comm.state_dict(),
@@ -362,7 +360,7 @@ class FederatedModule(LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another run (lfed.checkpoint.verify_fingerprint), then restore."""
-        from lfed.checkpoint import module_fingerprint, verify_fingerprint
+        from lfed.fingerprint import module_fingerprint, verify_fingerprint
 
         state = checkpoint.get("lfed")
         verify_fingerprint((state or {}).get("fingerprint"), module_fingerprint(self))

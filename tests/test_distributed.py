@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from lfed.cli import run_cli
-from lfed.client.fisher import fisher_diagonal, fisher_share
+from lfed.client.fisher import FisherJob, fisher_diagonal, fisher_share
 from lfed.distributed import (
     Ranks,
     TrainJob,
@@ -138,7 +138,7 @@ def test_fisher_shares_equal_the_whole_cohort(backend):
     whole = fisher_diagonal(trainer, *fisher_args, round_generator(3, 1, "fisher"))
     out = torch.full_like(whole, float("nan"))
     for r in range(2):
-        parts, local = fisher_share(trainer, Ranks(r, 2), *fisher_args, round_generator(3, 1, "fisher"))
+        parts, local = fisher_share(trainer, Ranks(r, 2), FisherJob(*fisher_args, round_generator(3, 1, "fisher")))
         out[parts[r]] = local
     assert torch.equal(out, whole)
 

@@ -16,8 +16,6 @@ Registered as the preset ``feddyn`` by one line in :data:`lfed.algorithms.PRESET
 
 from __future__ import annotations
 
-import math
-
 from torch import Tensor
 
 from lfed.client.objectives import ClientRule
@@ -25,6 +23,7 @@ from lfed.component import Cohort
 from lfed.engine import StepRule
 from lfed.server.combination import ServerCombination
 from lfed.state import StateSpec
+from lfed.validation import number
 
 __all__ = ["FedDyn"]
 
@@ -40,9 +39,7 @@ class FedDyn(ClientRule, ServerCombination):
 
     def __init__(self, alpha: float = 0.01) -> None:
         super().__init__()
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (math.isfinite(alpha) and alpha > 0):
-            raise ValueError(f"alpha: FedDyn's coefficient must be a finite number > 0, got {alpha!r}")
-        self.alpha = float(alpha)
+        self.alpha = number("alpha", alpha, above=0, detail=" (FedDyn's coefficient)")
 
     def hparams(self) -> dict:
         return {"alpha": self.alpha}

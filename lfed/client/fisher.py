@@ -10,6 +10,7 @@ local training (:mod:`lfed.distributed`).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
 from functools import partial
 
 import torch
@@ -19,7 +20,7 @@ from torch.func import functional_call, grad, vmap
 from lfed.distributed import Ranks, assign_rows, gather_rows
 from lfed.engine import CohortTrainer
 
-__all__ = ["fisher_cohort", "fisher_diagonal", "fisher_share"]
+__all__ = ["FisherJob", "fisher_cohort", "fisher_diagonal", "fisher_share"]
 
 
 def _example_loss(engine: CohortTrainer, flat: Tensor, x: Tensor, y: Tensor, buffers: dict[str, Tensor]) -> Tensor:
@@ -96,44 +97,39 @@ def fisher_diagonal(
     return total / count[:, None]
 
 
-def fisher_share(
-    engine: CohortTrainer,
-    ranks: Ranks,
-    weights: Tensor,
-    data_x: Tensor,
-    data_y: Tensor,
-    index: Tensor,
-    num_examples: Tensor,
-    num_samples: int,
-    generator: torch.Generator,
-) -> tuple[list[Tensor], Tensor]:
+@dataclass(frozen=True)
+class FisherJob:
+    """The Fisher reports of a cohort: the arguments of :func:`fisher_diagonal` after ``engine``, in its order."""
+
+    weights: Tensor
+    data_x: Tensor
+    data_y: Tensor
+    index: Tensor
+    num_examples: Tensor
+    num_samples: int
+    generator: torch.Generator
+
+    def args(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
+def fisher_share(engine: CohortTrainer, ranks: Ranks, job: FisherJob) -> tuple[list[Tensor], Tensor]:
     """This rank's part of the Fisher reports: every rank's rows (by ``min(n_k, num_samples)``) and its own diagonals."""
-    parts = assign_rows(num_examples.detach().cpu().long().clamp(max=int(num_samples)), ranks.world_size)
+    parts = assign_rows(job.num_examples.detach().cpu().long().clamp(max=int(job.num_samples)), ranks.world_size)
     mine = parts[ranks.rank]
     if not mine.numel():
-        return parts, weights.new_zeros(0, weights.shape[1])
-    return parts, fisher_diagonal(engine, weights, data_x, data_y, index, num_examples, num_samples, generator, rows=mine)
+        return parts, job.weights.new_zeros(0, job.weights.shape[1])
+    return parts, fisher_diagonal(engine, *job.args(), rows=mine)
 
 
-def fisher_cohort(
-    engine: CohortTrainer,
-    ranks: Ranks,
-    weights: Tensor,
-    data_x: Tensor,
-    data_y: Tensor,
-    index: Tensor,
-    num_examples: Tensor,
-    num_samples: int,
-    generator: torch.Generator,
-) -> Tensor:
+def fisher_cohort(engine: CohortTrainer, ranks: Ranks, job: FisherJob) -> Tensor:
     """:func:`fisher_diagonal` of K clients, split over the ranks (EFL reports).
 
     With one process this is ``fisher_diagonal(engine, ...)`` itself; with W processes each rank
     computes its rows (:func:`fisher_share`) from the same example draws and the ``[K, P]``
     diagonals are all-gathered.
     """
-    args = (weights, data_x, data_y, index, num_examples, num_samples, generator)
     if not ranks.distributed:
-        return fisher_diagonal(engine, *args)
-    parts, local = fisher_share(engine, ranks, *args)
+        return fisher_diagonal(engine, *job.args())
+    parts, local = fisher_share(engine, ranks, job)
     return gather_rows(ranks, local, parts)

@@ -34,9 +34,6 @@ shapes (:func:`lfed.state.check_state_shapes`).
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 from torch import Tensor
 
@@ -44,6 +41,7 @@ from lfed.component import Cohort, Component, LocalWork
 from lfed.engine import StepRule
 from lfed.rng import round_generator, seeded_global_rng
 from lfed.state import StateSpec, check_state_shapes
+from lfed.validation import integer, number
 
 __all__ = ["OBJECTIVES", "ClientRule", "Cohort", "EFL", "IGFL", "LocalObjective", "Plain", "Prox", "Scaffold",
            "build_objective", "check_state_shapes"]
@@ -89,15 +87,11 @@ LocalObjective = ClientRule
 
 
 def _check_coefficient(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
-    return float(value)
+    return number(name, value, at_least=0)
 
 
 def _check_fisher_samples(value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"fisher_samples: need an integer >= 1 (examples per client for the Fisher diagonal), got {value!r}")
-    return int(value)
+    return integer("fisher_samples", value, at_least=1, detail=" (examples per client for the Fisher diagonal)")
 
 
 class Plain(ClientRule):
@@ -202,17 +196,16 @@ class EFL(ClientRule):
         return StepRule(decay=self.lam * self.state("fisher_u_sum"), shift=-self.lam * self.state("fisher_v_sum"))
 
     def after_local(self, cohort: Cohort, w_start: Tensor, w_end: Tensor, lr: float, local: LocalWork) -> None:
-        from lfed.client.fisher import fisher_cohort
+        from lfed.client.fisher import FisherJob, fisher_cohort
 
         active = cohort.active
         if not bool(active.any()):
             return
         clients = cohort.clients[active]
         with seeded_global_rng(local.seed, local.round, "fisher_dropout", w_end.device):  # a model's dropout
-            u = fisher_cohort(  # the clients' reports, split over the ranks like training
-                local.engine, local.ranks, w_end[active], local.data_x, local.data_y, local.index[active],
-                cohort.num_examples[active], self.fisher_samples, round_generator(local.seed, local.round, "fisher"),
-            )
+            job = FisherJob(w_end[active], local.data_x, local.data_y, local.index[active], cohort.num_examples[active],
+                            self.fisher_samples, round_generator(local.seed, local.round, "fisher"))
+            u = fisher_cohort(local.engine, local.ranks, job)  # the clients' reports, split over the ranks like training
         v = u * w_end[active]
         self.set_state("fisher_u_sum", self.state("fisher_u_sum") + (u - self.rows("fisher_u", clients)).sum(0))
         self.set_state("fisher_v_sum", self.state("fisher_v_sum") + (v - self.rows("fisher_v", clients)).sum(0))

@@ -9,13 +9,13 @@ combination may declare server state (see :mod:`lfed.client.feddyn`).
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 from torch import Tensor
 
 from lfed.component import Cohort, Component
 from lfed.server.attention import QUERIES, TIME_WEIGHTS, AttentionResult
+from lfed.validation import number, one_of
 
 __all__ = ["IGFLAttention", "Mean", "ServerCombination", "build_combination"]
 
@@ -58,8 +58,7 @@ class IGFLAttention(ServerCombination):
         time_weights: Literal["softmax", "diagonal"] = "softmax",
     ) -> None:
         super().__init__()
-        if query not in QUERIES:
-            raise ValueError(f"query: {query!r} is not one of {QUERIES}")
+        one_of("query", query, QUERIES)
         self.query = query
         self.temperature = check_attention_settings(temperature, time_weights)
         self.time_weights = time_weights
@@ -87,13 +86,8 @@ class IGFLAttention(ServerCombination):
 
 def check_attention_settings(temperature: float, time_weights: str) -> float:
     """Check IGFL-S's temperature (finite, > 0) and ``time_weights``; return the temperature as a float."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
-        math.isfinite(temperature) and temperature > 0
-    ):
-        raise ValueError(f"attention_temperature: must be a finite number > 0, got {temperature!r}")
-    if time_weights not in TIME_WEIGHTS:
-        raise ValueError(f"time_weights: {time_weights!r} is not one of {TIME_WEIGHTS}")
-    return float(temperature)
+    one_of("time_weights", time_weights, TIME_WEIGHTS)
+    return number("attention_temperature", temperature, above=0)
 
 
 def build_combination(name: str, temperature: float = 1.0, time_weights: str = "softmax") -> ServerCombination:

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from lfed.component import Cohort, Component
 from lfed.server.weights import PARTIAL_WORK, aggregation_weights, counting_mask
+from lfed.validation import one_of
 
 __all__ = ["AggregationWeights", "DWFedWeights", "PartialWork", "SizeWeights", "UniformWeights", "build_weights"]
 
@@ -34,9 +35,7 @@ class AggregationWeights(Component):
 
     def __init__(self, partial_work: PartialWork = "keep") -> None:
         super().__init__()
-        if partial_work not in PARTIAL_WORK:
-            raise ValueError(f"partial_work: {partial_work!r} is not one of {PARTIAL_WORK}")
-        self.partial_work = partial_work
+        self.partial_work = one_of("partial_work", partial_work, PARTIAL_WORK)
 
     def structure(self) -> dict:
         return {"partial_work": self.partial_work}
@@ -83,6 +82,4 @@ WEIGHTS = {"size": SizeWeights, "uniform": UniformWeights, "dwfed": DWFedWeights
 
 def build_weights(name: str, partial_work: str = "keep") -> AggregationWeights:
     """The weights component called ``name`` (size, uniform, dwfed)."""
-    if name not in WEIGHTS:
-        raise ValueError(f"weighting: {name!r} is not one of {tuple(WEIGHTS)}")
-    return WEIGHTS[name](partial_work)
+    return WEIGHTS[one_of("weighting", name, WEIGHTS)](partial_work)
