@@ -29,6 +29,7 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -248,7 +249,7 @@ class CohortTrainer:
         self,
         net: nn.Module,
         loss: nn.Module | LossFn | None = None,
-        backend: str = "auto",
+        backend: Literal["auto", "vmap", "loop"] = "auto",
         chunk_size: int | None = None,
         trace: bool = True,
     ) -> None:

@@ -10,7 +10,7 @@ Example:
     >>> number("p_inactive", 1.5, at_least=0, at_most=1)
     Traceback (most recent call last):
     ...
-    ValueError: p_inactive: must be a finite number >= 0 and <= 1, got 1.5
+    ValueError: p_inactive: must be a finite number in [0, 1], got 1.5
     >>> integer("fisher_samples", 0, at_least=1)
     Traceback (most recent call last):
     ...
@@ -48,9 +48,13 @@ def number(
     Raises:
         ValueError: ``"<name>: must be a finite number <bounds><detail>, got <value>"``.
     """
-    bounds = [f"> {above:g}" if above is not None else "", f">= {at_least:g}" if at_least is not None else "",
-              f"< {below:g}" if below is not None else "", f"<= {at_most:g}" if at_most is not None else ""]
-    rule = " and ".join(b for b in bounds if b)
+    low, high = (above, "(") if above is not None else (at_least, "["), (below, ")") if below is not None else (at_most, "]")
+    if low[0] is not None and high[0] is not None:  # an interval: "in [0, 1)"
+        rule = f"in {low[1]}{low[0]:g}, {high[0]:g}{high[1]}"
+    else:
+        bounds = [f"> {above:g}" if above is not None else "", f">= {at_least:g}" if at_least is not None else "",
+                  f"< {below:g}" if below is not None else "", f"<= {at_most:g}" if at_most is not None else ""]
+        rule = "".join(bounds)
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
     if ok:
         v = float(value)
