@@ -27,7 +27,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lfed.validation import integer
 
-__all__ = ["AttentionHeatmap", "CommunicationCost", "render_attention"]
+__all__ = ["AttentionHeatmap", "CommunicationCost", "color_range", "render_attention"]
 
 
 def _check_every(every_n_rounds: Any) -> int:
@@ -58,11 +58,17 @@ def render_attention(
     col_title: str = "key: client",
     cmap: str = "viridis",
     annotate: bool | None = None,
+    blank_note: str = "blank: clients never in a cohort together",
 ):
     """Draw an attention matrix as a heatmap (000 Fig. 2).
 
+    The colour scale spans the data's range (its smallest to its largest finite value), not
+    ``[0, max]``: attention weights of a cohort are often close to each other (a mean over many
+    rounds even more so), and a scale from 0 would draw them all in one colour.
+
     Args:
-        matrix: ``[R, K]`` attention scores; NaN cells (pairs never seen together) stay blank.
+        matrix: ``[R, K]`` attention scores; NaN cells (pairs never seen together) stay blank,
+            and the figure then says so under the axes (``blank_note``).
         row_labels: ``R`` labels of the query rows (client ids).
         col_labels: ``K`` labels of the key columns (client ids).
         title: Figure title.
@@ -71,6 +77,7 @@ def render_attention(
         cmap: matplotlib colormap name.
         annotate: Write each cell's value in it; default: when the matrix has at most 12 columns
             and 12 rows.
+        blank_note: Caption explaining blank (NaN) cells, shown when there are any.
 
     Returns:
         A ``matplotlib.figure.Figure`` with an Agg canvas attached (``fig.savefig`` works, and
@@ -95,9 +102,8 @@ def render_attention(
     fig = Figure(figsize=(width, height), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    finite = matrix[np.isfinite(matrix)]
-    vmax = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
-    image = ax.imshow(np.ma.masked_invalid(matrix), cmap=cmap, vmin=0.0, vmax=vmax, aspect="auto",
+    vmin, vmax = color_range(matrix)
+    image = ax.imshow(np.ma.masked_invalid(matrix), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto",
                       interpolation="nearest")
     fig.colorbar(image, ax=ax, label="attention α")
     step_c = max(1, math.ceil(cols / 40))
@@ -112,10 +118,30 @@ def render_attention(
         for i in range(rows):
             for j in range(cols):
                 if np.isfinite(matrix[i, j]):
-                    ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                            color="white" if matrix[i, j] < 0.6 * vmax else "black")
-    fig.tight_layout()
+                    ax.text(j, i, f"{matrix[i, j]:.3g}", ha="center", va="center", fontsize=7,
+                            color="white" if matrix[i, j] < vmin + 0.6 * (vmax - vmin) else "black")
+    has_blank = bool((~np.isfinite(matrix)).any())
+    if has_blank:
+        ax.set_facecolor("white")
+        fig.text(0.01, 0.01, blank_note, fontsize=8, ha="left", va="bottom", style="italic")
+    fig.tight_layout(rect=(0, 0.05, 1, 1) if has_blank else None)
     return fig
+
+
+def color_range(matrix: np.ndarray) -> tuple[float, float]:
+    """The colour scale ``(vmin, vmax)`` of a heatmap: the range of its finite values.
+
+    A constant matrix gets a small band around its value; one with no finite value ``(0, 1)``.
+    """
+    finite = np.asarray(matrix, dtype=np.float64)
+    finite = finite[np.isfinite(finite)]
+    if not finite.size:
+        return 0.0, 1.0
+    lo, hi = float(finite.min()), float(finite.max())
+    if hi - lo <= 1e-12 * max(1.0, abs(hi)):
+        pad = 0.05 * max(abs(hi), 1e-3)
+        return lo - pad, hi + pad
+    return lo, hi
 
 
 def _figure_rgba(fig) -> np.ndarray:
@@ -148,7 +174,8 @@ class AttentionHeatmap(Callback):
 
     Images go to W&B through ``WandbLogger.log_image`` when such a logger is attached; otherwise
     they are written as PNG files ``attention_last_round00010.png`` /
-    ``attention_mean_round00010.png`` under ``dirpath`` (default ``<trainer.log_dir>/attention``).
+    ``attention_mean_round00010.png`` (round 10 = after ten rounds, as in the figures' titles)
+    under ``dirpath`` (default ``<trainer.log_dir>/attention``).
     With ``dirpath`` set, files are written in either case. A module that does not use attention
     (``aggregation: mean``) gets one warning and no images.
 
@@ -267,10 +294,11 @@ class AttentionHeatmap(Callback):
         matrix = matrix[:, kept] if one_row else matrix[np.ix_(kept, kept)]
         rows = {"global": ["mean Δ"], "time": ["own previous Δ"]}.get(query, []) if one_row else [str(i) for i in ids]
         row_title = {"self": "query: client Δ", "global": "query", "time": "query: client's previous Δ"}[query]
+        # titles count rounds as the file names do: "round 20" is the 20th round (global step 20)
+        done = getattr(pl_module, "last_attention_round", step - 1) + 1
         fig = render_attention(
             matrix, rows, [str(i) for i in ids],
-            f"{query}-attention, round {getattr(pl_module, 'last_attention_round', step - 1)} "
-            f"(entropy {float(result.entropy):.3f} nats)",
+            f"{query}-attention, round {done} (entropy {float(result.entropy):.3f} nats)",
             row_title=row_title, col_title="key: client Δ", cmap=self.cmap,
         )
         images.append(("last", "attention/last", fig))
@@ -278,7 +306,7 @@ class AttentionHeatmap(Callback):
             mean, row_ids, col_ids = self.mean_matrix()
             fig = render_attention(
                 mean, ["mean Δ"] if query == "global" else [str(i) for i in row_ids], [str(i) for i in col_ids],
-                f"{query}-attention, mean over {self.rounds_seen} rounds (to round {step - 1})",
+                f"{query}-attention, mean over {self.rounds_seen} rounds (to round {step})",
                 row_title=row_title, col_title="key: client Δ", cmap=self.cmap,
             )
             images.append(("mean", "attention/mean", fig))

@@ -1,26 +1,66 @@
 """``lfed fit|validate|test --config ...``: LightningCLI over FederatedModule and FederatedDataModule.
 
-Defaults that make a federated run read well: validation counts rounds
-(``val_check_interval`` rounds, no per-epoch check, no sanity check), an atomic ``last.ckpt``
-every ``checkpoint_every`` rounds (10) in ``<trainer.default_root_dir>/checkpoints``
-(:class:`lfed.checkpoint.RoundCheckpoint` through :class:`lfed.checkpoint.AtomicCheckpointIO`;
-resume with ``--ckpt_path last``; a ``ModelCheckpoint`` of your own in ``trainer.callbacks``
-replaces it), and Weights & Biases logging — online when the user is logged in, offline
-otherwise (``WANDB_MODE`` is respected, ``disabled`` turns it off).
+Defaults that make a federated run read well:
+
+* Every run writes into its own directory, ``<trainer.default_root_dir>/runs/<algorithm>-<dataset>-<config
+  id>/version_<n>/`` (the current directory when ``default_root_dir`` is not set; the config id is a
+  hash of the ``model``, ``data`` and ``seed_everything`` settings, :mod:`lfed.reporting`): ``config.yaml``,
+  ``metrics.csv`` (every logged metric, one row per round), ``checkpoints/last.ckpt`` and the
+  Weights & Biases run (``wandb/``). The Trainer's ``default_root_dir`` is that directory.
+* An atomic ``last.ckpt`` every ``checkpoint_every`` rounds (10)
+  (:class:`lfed.checkpoint.RoundCheckpoint` through :class:`lfed.checkpoint.AtomicCheckpointIO`; a
+  ``ModelCheckpoint`` of your own in ``trainer.callbacks`` replaces it). ``--ckpt_path last`` resumes
+  the latest run of the same configuration, in its own directory.
+* ``lfed validate|test --ckpt_path X`` needs no config: the model and data settings come from the
+  checkpoint.
+* Validation counts rounds (``val_check_interval`` rounds, no per-epoch check, no sanity check), the
+  progress bar counts rounds, and the end of ``fit`` prints the evaluations as a table.
+* Weights & Biases logging, online when the user is logged in, offline otherwise; ``WANDB_MODE=disabled``
+  turns W&B off (the metrics CSV is still written).
+* One way to set the server optimizer, ``--model.server_optimizer``: Lightning's ``--optimizer`` and
+  ``--lr_scheduler`` are refused with a message naming it.
+* Short class names of lfed's models (``--model.net MLP``) mean :mod:`lfed.models`' classes, and
+  ``--help`` lists at most a few of the hundreds of torch subclasses a type accepts.
 """
 
 from __future__ import annotations
 
+import json
 import netrc
 import os
+import sys
+from pathlib import Path
+from typing import Any
 
-from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lfed.checkpoint import RoundCheckpoint, install_atomic_io
+from lfed import models as lfed_models
+from lfed.checkpoint import RoundCheckpoint, install_atomic_io, read_checkpoint
 from lfed.data.datamodule import FederatedDataModule
 from lfed.module import FederatedModule
+from lfed.reporting import (
+    MetricsCSV,
+    RoundProgressBar,
+    RoundTable,
+    config_id,
+    latest_checkpoint,
+    run_directory,
+    run_name,
+    silence_library_noise,
+)
+
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+#: Where the run's settings are stored in a checkpoint (plain values, readable with ``weights_only``).
+CONFIG_KEY = "lfed_config"
+
+#: Environment variable through which DDP worker processes find their rank 0's run directory.
+RUN_DIR_ENV = "LFED_RUN_DIR"
 
 
 def wandb_logged_in() -> bool:
@@ -34,25 +74,155 @@ def wandb_logged_in() -> bool:
         return False
 
 
-def default_logger() -> dict:
-    """W&B logger config: offline unless logged in."""
+def default_logger() -> dict | bool:
+    """The default logger config: W&B, offline unless logged in; none when ``WANDB_MODE=disabled``.
+
+    The W&B files go to the run directory (``save_dir`` is filled in per run). With
+    ``WANDB_MODE=disabled`` there is no W&B logger at all (so no offline run directory either);
+    the metrics CSV is written in both cases.
+    """
+    if os.environ.get("WANDB_MODE", "").strip().lower() == "disabled":
+        return {"class_path": "lfed.reporting.MetricsCSV", "init_args": {"dirpath": None}}
     return {
-        "class_path": "lightning.pytorch.loggers.WandbLogger",
-        "init_args": {"project": "lfed", "save_dir": "runs", "offline": not wandb_logged_in()},
+        "class_path": "lfed.reporting.QuietWandbLogger",
+        "init_args": {"project": "lfed", "save_dir": None, "offline": not wandb_logged_in()},
     }
 
 
+# --------------------------------------------------------------------------- help and names
+
+
+#: lfed classes that are subclasses of a torch type but no value a user passes (they are lfed's own parts).
+_INTERNAL = ("lfed.FederatedModule", "lfed.module.", "lfed.client.", "lfed.engine.", "lfed.sampling.ClientSampler",
+             "lfed.sampling.UniformSampler", "lfed.sampling.AttentionSampler")
+
+
+def shorten_subclass_list(text: str, keep: int = 4) -> str:
+    """Shorten jsonargparse's ``", known subclasses: a, b, ..."`` help suffix.
+
+    lfed's own classes are all kept; of the others, the first ``keep`` are shown and the rest
+    counted (any importable class path is accepted all the same).
+    """
+    mark = ", known subclasses: "
+    if mark not in text:
+        return text
+    head, names = text.split(mark, 1)
+    names = [n.strip() for n in names.split(",") if n.strip()]
+    own = [n for n in names if n.startswith("lfed.") and not n.startswith(_INTERNAL)]
+    other = [n for n in names if not n.startswith("lfed.") and n not in own]
+    shown = own + other[:keep]
+    more = len(other) - len(other[:keep])
+    tail = f", ... and {more} more (any importable class path)" if more > 0 else ""
+    return f"{head}{mark}{', '.join(shown)}{tail}"
+
+
+class LfedHelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help formatter with the "known subclasses" lists shortened (:func:`shorten_subclass_list`)."""
+
+    def add_argument(self, action: Any) -> None:
+        full = getattr(action, "extra_help", None)
+        if callable(full) and not getattr(full, "lfed_short", False):
+
+            def short(full=full) -> str:
+                return shorten_subclass_list(full())
+
+            short.lfed_short = True  # type: ignore[attr-defined]
+            action.extra_help = short
+        super().add_argument(action)
+
+
+def lfed_model_names() -> dict[str, str]:
+    """Short name -> class path of every ``nn.Module`` in :mod:`lfed.models`."""
+    from torch import nn
+
+    out = {}
+    for name in dir(lfed_models):
+        obj = getattr(lfed_models, name)
+        if isinstance(obj, type) and issubclass(obj, nn.Module) and obj.__module__ == lfed_models.__name__:
+            out[name] = f"{obj.__module__}.{obj.__qualname__}"
+    return out
+
+
+def resolve_short_names(args: list[str]) -> list[str]:
+    """``--model.net MLP`` (or ``=MLP``) -> ``--model.net lfed.models.MLP`` for lfed's models.
+
+    jsonargparse resolves a bare class name among every imported subclass of ``nn.Module`` and
+    finds ``torchvision.ops.MLP`` first; lfed's models come first here.
+    """
+    names = lfed_model_names()
+    out = list(args)
+    for i, a in enumerate(out):
+        if a == "--model.net" and i + 1 < len(out) and out[i + 1] in names:
+            out[i + 1] = names[out[i + 1]]
+        elif a.startswith("--model.net=") and a.split("=", 1)[1] in names:
+            out[i] = "--model.net=" + names[a.split("=", 1)[1]]
+    return out
+
+
+#: Lightning's own optimizer arguments, refused: the server optimizer is ``--model.server_optimizer``.
+REFUSED = {
+    "optimizer": "--optimizer would replace the server optimizer without a word; set it with "
+    "--model.server_optimizer (e.g. --model.server_optimizer torch.optim.SGD --model.server_optimizer.lr 1.0, "
+    "or lfed.server.optimizers.FedAdam)",
+    "lr_scheduler": "--lr_scheduler is not supported: lfed steps its server optimizer itself once per round; set the "
+    "server optimizer with --model.server_optimizer",
+}
+
+
+def _refused_in_args(args: list[str]) -> str | None:
+    for a in args:
+        for key, message in REFUSED.items():
+            flag = f"--{key}"
+            if a == flag or a.startswith((flag + ".", flag + "=", flag + "+")):
+                return message
+    return None
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+class RunConfig(Callback):
+    """Stores the run's ``model``, ``data`` and ``seed_everything`` settings in every checkpoint.
+
+    ``lfed validate|test --ckpt_path X`` rebuilds the model and data from them (no config needed).
+    """
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.settings = settings
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        checkpoint[CONFIG_KEY] = self.settings
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-able copy of a parsed config value (Namespaces -> dicts, paths -> str)."""
+    if hasattr(value, "as_dict"):
+        value = value.as_dict()
+    return json.loads(json.dumps(value, default=str))
+
+
 class LfedCLI(LightningCLI):
-    """LightningCLI with round-based defaults and a config check."""
+    """LightningCLI with round-based defaults, per-run directories and a config check.
+
+    Lightning's ``--optimizer``/``--lr_scheduler`` are off (``auto_configure_optimizers=False``)
+    and refused; the help lists subclasses briefly (:class:`LfedHelpFormatter`).
+    """
+
+    def __init__(self, *args: Any, auto_configure_optimizers: bool = False, parser_kwargs: dict | None = None, **kwargs: Any) -> None:
+        short = {"formatter_class": LfedHelpFormatter}
+        parser_kwargs = {**short, **{s: dict(short) for s in SUBCOMMANDS}, **(parser_kwargs or {})}
+        super().__init__(*args, auto_configure_optimizers=auto_configure_optimizers, parser_kwargs=parser_kwargs, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
             "--checkpoint_every",
             type=int,
             default=10,
-            help="Rounds between checkpoints (an atomic last.ckpt in <trainer.default_root_dir>/checkpoints); "
+            help="Rounds between checkpoints (an atomic last.ckpt in <run directory>/checkpoints); "
             "0 turns lfed's default checkpoint off. Ignored when trainer.callbacks has a ModelCheckpoint.",
         )
+        for key in REFUSED:  # so that a config file's `optimizer:` is refused too, not merely unknown
+            parser.add_argument(f"--{key}", type=Any, default=None, help="Not supported: use --model.server_optimizer.")
         parser.set_defaults(
             {
                 "trainer.max_steps": 100,
@@ -65,24 +235,129 @@ class LfedCLI(LightningCLI):
             }
         )
 
-    def _parse_ckpt_path(self) -> None:
-        """Keep the config authoritative when resuming a fit.
+    def parse_arguments(self, parser, args) -> None:
+        """Parse ``args`` with lfed's short model names, refusing Lightning's optimizer arguments."""
+        if not isinstance(args, (dict,)) and not hasattr(args, "as_dict"):
+            args = list(sys.argv[1:] if args is None else args)
+            refused = _refused_in_args(args)
+            if refused:
+                parser.error(refused)
+            args = resolve_short_names(args)
+            self.config = parser.parse_args(args)  # Lightning's parse_arguments, without its warning about sys.argv
+        else:
+            super().parse_arguments(parser, args)
+        cfg = self.config.get(self.config.get("subcommand")) if self.config.get("subcommand") else self.config
+        if cfg is not None:
+            for key, message in REFUSED.items():
+                if cfg.get(key) is not None:
+                    parser.error(f"{key}: {message}")
 
-        Lightning's CLI replaces the model arguments of the config with the hyperparameters stored
-        in a ``--ckpt_path`` file (not with ``--ckpt_path last``). For ``fit`` lfed does not: the
-        config defines the run, the checkpoint only its state, and a checkpoint of another run is
-        refused with the differences listed (:func:`lfed.checkpoint.verify_fingerprint`) instead
-        of silently turning, say, ``algorithm: scaffold`` into the checkpoint's ``fedavg``.
-        ``validate`` and ``test`` keep Lightning's behaviour.
+    def _parse_ckpt_path(self) -> None:
+        """Nothing: lfed reads ``--ckpt_path`` itself in :meth:`before_instantiate_classes`.
+
+        Lightning's CLI calls this private method right after parsing to replace the model
+        arguments of the config with the hyperparameters stored in a ``--ckpt_path`` file. lfed
+        does not want that: for ``fit`` the config defines the run and the checkpoint only its
+        state (a checkpoint of another run is refused with the differences listed,
+        :func:`lfed.checkpoint.verify_fingerprint`); for ``validate``/``test`` the settings
+        come from the checkpoint's own record of the run, model network included, and an
+        unreadable file is reported as not an lfed checkpoint. There is no public hook that
+        runs before Lightning's; tests/test_first_hour_cli.py fails if Lightning stops calling
+        this method.
         """
-        if self.config.get("subcommand") == "fit":
-            return
-        parse = getattr(super(), "_parse_ckpt_path", None)
-        if parse is not None:
-            parse()
+
+    # ----------------------------------------------------------------- run directory, checkpoint
+    def _subconfig(self):
+        return self.config[self.subcommand] if self.subcommand else self.config
+
+    def _settings(self, cfg) -> dict[str, Any]:
+        return {"model": _plain(cfg.get("model")), "data": _plain(cfg.get("data")), "seed_everything": _plain(cfg.get("seed_everything"))}
+
+    def before_instantiate_classes(self) -> None:
+        """Read ``--ckpt_path`` (settings for validate/test, ``last``), choose the run directory."""
+        silence_library_noise()
+        cfg = self._subconfig()
+        ckpt = cfg.get("ckpt_path")
+        root = Path(cfg.get("trainer", {}).get("default_root_dir") or os.getcwd())
+        settings = self._settings(cfg)
+        if ckpt is not None and ckpt != "last" and self.subcommand in ("validate", "test", "predict"):
+            settings = self._settings_from_checkpoint(str(ckpt))
+        config_dir = root / "runs" / run_name(settings["model"].get("algorithm"), settings["data"].get("dataset"), config_id(settings))
+        run_dir = None
+        if ckpt == "last":
+            found = latest_checkpoint(config_dir)
+            if found is None:
+                rank_zero_warn(f"ckpt_path: 'last' found no checkpoint of this configuration under {config_dir}; starting a new run")
+                cfg["ckpt_path"] = None
+            else:
+                rank_zero_info(f"lfed: resuming {found}")
+                cfg["ckpt_path"] = str(found)
+                if self.subcommand == "fit":
+                    run_dir = found.parent.parent
+            if self.subcommand in ("validate", "test", "predict") and found is not None:
+                settings = self._settings_from_checkpoint(str(found))
+        elif ckpt is not None and self.subcommand == "fit":
+            read_checkpoint(ckpt)  # a file that is not an lfed checkpoint fails here, before any round
+            path = Path(ckpt).resolve()
+            if path.parent.name == "checkpoints" and path.parent.parent.parent == config_dir.resolve():
+                run_dir = path.parent.parent  # continue in the run's own directory
+        cfg = self._subconfig()  # reading a checkpoint's settings replaced self.config
+        inherited = os.environ.get(RUN_DIR_ENV)
+        if run_dir is None and inherited and os.environ.get("LOCAL_RANK", "0") != "0":
+            run_dir = Path(inherited)  # a DDP worker: rank 0 chose the directory
+        self._created_run_dir = None
+        if run_dir is None:
+            run_dir = self._created_run_dir = run_directory(config_dir)
+        os.environ[RUN_DIR_ENV] = str(run_dir)
+        self.run_dir = run_dir
+        self.run_settings = settings
+        cfg["trainer"]["default_root_dir"] = str(run_dir)
+        logger = cfg["trainer"].get("logger")
+        for lg in logger if isinstance(logger, list) else [logger]:
+            init = lg.get("init_args") if hasattr(lg, "get") else None
+            if init is None:
+                continue
+            if "Wandb" in str(lg.get("class_path")) and init.get("save_dir") is None:
+                init["save_dir"] = str(run_dir)
+            if str(lg.get("class_path")).endswith("MetricsCSV") and init.get("dirpath") is None:
+                init["dirpath"] = str(run_dir)
+
+    def instantiate_classes(self) -> None:
+        """Lightning's, but a run that fails to start leaves no empty run directory behind."""
+        try:
+            super().instantiate_classes()
+        except BaseException:
+            created = getattr(self, "_created_run_dir", None)
+            if created is not None and created.is_dir() and not any(created.iterdir()):
+                created.rmdir()
+                if not any(created.parent.iterdir()):
+                    created.parent.rmdir()
+            raise
+
+    def _settings_from_checkpoint(self, ckpt: str) -> dict[str, Any]:
+        """Apply the checkpoint's model and data settings to the config (validate/test); return them."""
+        saved = read_checkpoint(ckpt).get(CONFIG_KEY)
+        cfg = self._subconfig()
+        if not saved:
+            rank_zero_warn(
+                f"ckpt_path: {ckpt} holds no record of its run's settings (not saved by `lfed fit`): "
+                "the model and data settings of this command's config are used"
+            )
+            return self._settings(cfg)
+        saved = {k: v for k, v in saved.items() if v is not None}
+        data_dir = cfg.get("data", {}).get("data_dir") if cfg.get("data") is not None else None
+        update = {k: saved[k] for k in ("model", "data") if k in saved}
+        if data_dir is not None and "data" in update:
+            update["data"] = {**update["data"], "data_dir": data_dir}  # where the data is on this machine
+        new = self.parser.parse_object({self.subcommand: update}, self.config)
+        self.config = new
+        cfg = self._subconfig()
+        if "seed_everything" in saved:
+            cfg["seed_everything"] = saved["seed_everything"]
+        return self._settings(cfg)
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
-        """The Trainer, with lfed's default checkpoint callback and atomic checkpoint IO."""
+        """The Trainer, with lfed's checkpoint, progress bar, round table, metrics CSV and atomic IO."""
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
         every = config.get("checkpoint_every", 10)
         if every is not None and every < 0:
@@ -90,14 +365,25 @@ class LfedCLI(LightningCLI):
         trainer_config = config.get("trainer", {})
         callbacks = trainer_config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
+        run_dir = getattr(self, "run_dir", None) or Path(trainer_config.get("default_root_dir") or os.getcwd())
         if (
             every
+            and self.subcommand in ("fit", None)
             and trainer_config.get("enable_checkpointing") is not False
             and not any(isinstance(c, ModelCheckpoint) for c in callbacks)
         ):
-            root = trainer_config.get("default_root_dir") or os.getcwd()
-            callbacks.append(RoundCheckpoint(dirpath=os.path.join(str(root), "checkpoints"), every_n_train_steps=every))
-            kwargs.setdefault("callbacks", callbacks)
+            callbacks.append(RoundCheckpoint(dirpath=os.path.join(str(run_dir), "checkpoints"), every_n_train_steps=every))
+        if trainer_config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
+            callbacks.append(RoundProgressBar())
+        if not any(isinstance(c, RoundTable) for c in callbacks):
+            callbacks.append(RoundTable())
+        callbacks.append(RunConfig(getattr(self, "run_settings", None) or self._settings(self._subconfig())))
+        kwargs.setdefault("callbacks", callbacks)
+        logger = trainer_config.get("logger")
+        loggers = [] if logger in (None, False) else list(logger) if isinstance(logger, list) else [logger]
+        wants_log = logger is not False
+        if wants_log and not any(isinstance(lg, MetricsCSV) for lg in loggers) and all(isinstance(lg, Logger) for lg in loggers):
+            kwargs.setdefault("logger", [*loggers, MetricsCSV(run_dir)])
         trainer = super().instantiate_trainer(**kwargs)
         install_atomic_io(trainer.strategy)
         return trainer
@@ -105,12 +391,8 @@ class LfedCLI(LightningCLI):
 
 def run_cli(args: list[str] | None = None) -> LfedCLI:
     """Run ``lfed`` with ``args`` (``sys.argv`` when None) and return the CLI object (tests, notebooks)."""
-    return LfedCLI(
-        FederatedModule,
-        FederatedDataModule,
-        save_config_kwargs={"overwrite": True},
-        args=args,
-    )
+    silence_library_noise()
+    return LfedCLI(FederatedModule, FederatedDataModule, save_config_kwargs={"overwrite": True}, args=args)
 
 
 def main() -> None:

@@ -52,7 +52,10 @@ def as_per_example_loss(loss: nn.Module | LossFn | None) -> LossFn:
     """Turn a user's loss into one that returns a loss per example.
 
     A ``torch.nn`` loss module with a ``reduction`` attribute is copied with
-    ``reduction='none'``; a plain callable must already return one value per example.
+    ``reduction='none'``. A plain callable may return one value per example (``[B]`` or
+    ``[B, ...]``) or one value for the whole batch (``F.cross_entropy`` with its default mean, a
+    lambda with ``.sum()``): then it is evaluated example by example (``torch.func.vmap`` over the
+    batch), so the engine's mask keeps the padding of a partial last batch out of the mean.
     """
     if loss is None:
         return per_example_cross_entropy
@@ -64,7 +67,29 @@ def as_per_example_loss(loss: nn.Module | LossFn | None) -> LossFn:
         return loss
     if not callable(loss):
         raise ValueError(f"loss: expected a torch.nn loss or a callable (logits, target) -> per-example loss, got {loss!r}")
-    return loss
+    return _PerExample(loss)
+
+
+class _PerExample:
+    """A plain loss callable made per-example (see :func:`as_per_example_loss`)."""
+
+    def __init__(self, loss: LossFn) -> None:
+        self.loss = loss
+        self._one = lambda o, t: loss(o[None], t[None]).reshape(())
+
+    def __call__(self, out: Tensor, target: Tensor) -> Tensor:
+        value = self.loss(out, target)
+        if value.dim() >= 1 and value.shape[0] == out.shape[0]:
+            return value
+        if value.numel() != 1:
+            raise ValueError(
+                f"loss: returned shape {tuple(value.shape)} for a batch of {out.shape[0]}; expected one value "
+                f"per example ([{out.shape[0]}]) or one value for the batch"
+            )
+        return torch.func.vmap(self._one)(out, target)
+
+    def __repr__(self) -> str:
+        return f"per_example({self.loss!r})"
 
 
 def has_running_stats(net: nn.Module) -> bool:
@@ -311,6 +336,8 @@ class CohortTrainer:
     ) -> Tensor:
         out = functional_call(self.net, (params, buffers), (x,))
         per_example = self.loss_fn(out, y)
+        if per_example.dim() > 1:  # e.g. squared errors [B, outputs]: one mean per example
+            per_example = per_example.reshape(per_example.shape[0], -1).mean(1)
         return (per_example * mask).sum() / mask.sum().clamp_min(1)
 
     # ----------------------------------------------------------------- training

@@ -188,8 +188,9 @@ def verify_fingerprint(saved: Mapping[str, Any] | None, current: Mapping[str, An
     if hard:
         lines = "\n".join(f"  {k}: checkpoint {a}, this run {b}" for k, a, b in hard)
         raise ValueError(
-            f"{source} was made by a different run and cannot be resumed by this one:\n{lines}\n"
-            "Resume with the config that made the checkpoint, or start a new run without ckpt_path."
+            f"{source} was made by a different run and does not match this configuration:\n{lines}\n"
+            "Use the config that made the checkpoint (lfed validate/test need none: they read it from the "
+            "checkpoint), or start a new run without ckpt_path."
         )
     if soft:
         lines = "; ".join(f"{k.removeprefix('hparams.')}: {a} -> {b}" for k, a, b in soft)

@@ -24,8 +24,19 @@ from torch import Tensor, nn
 from lfed import algorithms
 from lfed.client.objectives import ClientRule
 from lfed.communication import CommunicationMeter, check_accuracy_targets
-from lfed.distributed import Ranks, prepare_strategy, sum_over_ranks
+from lfed.distributed import Ranks, prepare_strategy
 from lfed.engine import BACKENDS, CohortTrainer, as_per_example_loss
+from lfed.evaluation import (
+    BestMeanAccuracy,
+    GlobalEvaluation,
+    check_task,
+    check_trainer_schedule,
+    client_accuracies,
+    is_classification,
+    local_accuracy,
+    request_final_evaluation,
+    worst_share_mean,
+)
 from lfed.params import ParamLayout
 from lfed.round import LocalTraining, run_round, setup_state
 from lfed.sampling import ClientSampler, FractionSchedule
@@ -147,7 +158,8 @@ class FederatedModule(LightningModule):
         self.fed = None  # FederatedData on the device, set on fit start
         self.engine: CohortTrainer | None = None
         self.store = ModuleStateStore()
-        self._eval_sums: list[Tensor] = []
+        self.evaluation = GlobalEvaluation()
+        self.bmta = BestMeanAccuracy()
         if net is not None:
             self.layout = ParamLayout.from_module(self.net)
 
@@ -172,8 +184,10 @@ class FederatedModule(LightningModule):
         if self.net is None:
             from lfed.models import MLP
 
-            self.net = MLP(in_features=math.prod(data.train_x.shape[1:]), num_classes=data.num_classes)
+            outputs = data.num_classes if data.num_classes is not None else math.prod(data.train_y.shape[1:])
+            self.net = MLP(in_features=math.prod(data.train_x.shape[1:]), num_classes=outputs)
             self.layout = ParamLayout.from_module(self.net)
+        check_task(self.net, data, self.loss)  # the net's output against the classes / targets, before round 0
         like = next(self.net.parameters()).detach()
         setup_state(self.components, self.store, data.client_sizes, self.layout.num_params, like)
         self.engine = CohortTrainer(self.net, self.loss, self.backend, self.chunk_size)
@@ -191,9 +205,17 @@ class FederatedModule(LightningModule):
         return self.fed
 
     def on_fit_start(self) -> None:
+        from lfed.reporting import describe_optimizer
+
         prepare_strategy(self.trainer)
+        check_trainer_schedule(self.trainer)
         d = self._device_data()
+        if self.loss is None and d.task == "regression":
+            raise ValueError("loss: the default (cross-entropy) needs class labels, but the targets are floating "
+                             "(regression); give a regression loss, e.g. loss=torch.nn.MSELoss()")
         names = self.composition
+        if names["weighting"] == "dwfed":
+            d.require_labels("weighting='dwfed' (label-count weights)")
         for message in algorithms.validate_composition(  # settings that make no sense together
             names, self.explicit, p_inactive=self.participation.stragglers.p_inactive,
             p_incomplete=self.participation.stragglers.p_incomplete, mu=getattr(self.objective, "mu", None),
@@ -203,7 +225,7 @@ class FederatedModule(LightningModule):
         backend = self.engine.resolve_backend(d.train_x, d.train_y)
         rank_zero_info(
             f"lfed: {self.algorithm} on {d.num_clients} clients, {self.layout.num_params:,} parameters, backend={backend}, "
-            + ", ".join(f"{k}={v}" for k, v in names.items())
+            + ", ".join(f"{k}={v}" for k, v in names.items()) + f", server_optimizer={describe_optimizer(self.server_optimizer)}"
         )
 
     # ------------------------------------------------------------------ one round
@@ -235,6 +257,7 @@ class FederatedModule(LightningModule):
             rank_zero_warn(f"round {r}: {message}")
         if rec.skipped:
             rank_zero_warn(f"round {r}: no client's work counts (all inactive or dropped); the round is skipped")
+            self.bmta.add_round(rec.cohort.clients, None)
             optimizer.zero_grad(set_to_none=True)
             optimizer.step()  # no gradients: advances the round counter only
             self.log("round/skipped", 1.0)
@@ -245,6 +268,13 @@ class FederatedModule(LightningModule):
             self._aggregate_buffers(rec.result.buffers, rec.weights)
         if rec.attention is not None:  # for lfed.callbacks.AttentionHeatmap
             self.last_attention, self.last_attention_clients, self.last_attention_round = rec.attention, rec.cohort.clients, r
+        local = None  # bmta_local (SPEC §9): the counting participants' w_k_end on their own held-out splits
+        counting, clients, d = rec.cohort.counting, rec.cohort.clients, self._device_data()
+        if is_classification(d.train_y):
+            local = local_accuracy(self.net, self.layout, rec.result.weights[counting], d, clients[counting])
+        local_mean = self.bmta.add_round(clients, local)
+        if local_mean is not None:
+            self.log("client/local_acc_mean", local_mean)
         metrics = rec.metrics()
         if "train/loss" in metrics:
             self.log("train/loss", metrics.pop("train/loss"), prog_bar=True)
@@ -261,17 +291,12 @@ class FederatedModule(LightningModule):
             else:
                 own[name].copy_(stacked.max(0).values)
 
-    # ------------------------------------------------------------------ evaluation (SPEC §9)
+    # ------------------------------------------------------------------ evaluation (SPEC §9, lfed.evaluation)
     def on_validation_epoch_start(self) -> None:
-        self._eval_sums = []
+        self.evaluation.reset()
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        x, y = batch
-        x = x.to(next(self.net.parameters()).dtype) if x.is_floating_point() else x
-        out = self.net(x)
-        loss = self.loss_fn(out, y).sum()
-        correct = (out.argmax(-1) == y).sum()
-        self._eval_sums.append(torch.stack([loss.double(), correct.double(), torch.tensor(float(y.numel()), device=y.device, dtype=torch.float64)]))
+        self.evaluation.update(self.net, self.loss_fn, *batch)
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self.validation_step(batch, batch_idx)
@@ -285,43 +310,39 @@ class FederatedModule(LightningModule):
     def on_validation_epoch_end(self) -> None:
         self._end_eval("val")
 
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        request_final_evaluation(self.trainer)  # the last round is always evaluated
+
     def _end_eval(self, stage: str) -> None:
-        like = torch.zeros(3, dtype=torch.float64, device=self.device)
-        sums = sum_over_ranks(self._eval_sums, Ranks.of(self), like)  # each test item counted once
-        if sums is None:
-            return
-        loss, acc = float(sums[0] / sums[2]), float(sums[1] / sums[2])
-        self.log("test/loss", loss)
-        self.log("test/acc", acc, prog_bar=True)
-        client = self.client_accuracy()
-        if client is not None:
+        if self.evaluation.batches == 0 and not Ranks.of(self).distributed:
+            return  # no batch was evaluated
+        self.evaluation.bind(self.trainer.strategy)
+        metrics = self.evaluation.compute(is_classification(self._device_data().test_y))
+        self.log("test/loss", metrics["test/loss"])
+        acc = metrics.get("test/acc")
+        if acc is not None:
+            self.log("test/acc", acc, prog_bar=True)
+        per_client = self._client_accuracies()
+        if per_client is not None:
+            client = per_client[~torch.isnan(per_client)]
             self.log("client/acc_mean", float(client.mean()))
-            worst = max(1, math.ceil(0.1 * client.numel()))
-            self.log("client/acc_worst10", float(client.sort().values[:worst].mean()))
-        if stage == "val" and not self.trainer.sanity_checking:
+            self.log("client/acc_worst10", worst_share_mean(client, 0.1))
+        if stage == "val" and not self.trainer.sanity_checking and acc is not None:
             self.eval_history.append((int(self.global_step), acc))
             self.comm.log_accuracy(acc)
+            if per_client is not None:
+                self.bmta.add_evaluation(per_client)
 
-    @torch.no_grad()
+    def _client_accuracies(self) -> Tensor | None:
+        ranks = Ranks.of(self)
+        strategy = self.trainer.strategy if self._trainer is not None else None
+        reduce = (lambda t: strategy.reduce(t, reduce_op="sum")) if ranks.distributed else (lambda t: t)
+        return client_accuracies(self.net, self._device_data(), ranks.rank, ranks.world_size, reduce)
+
     def client_accuracy(self) -> Tensor | None:
         """Accuracy of the global model on each client's held-out split (clients with one)."""
-        d = self._device_data()
-        has = d.holdout_sizes > 0
-        if not bool(has.any()):
-            return None
-        h = d.holdout_index.shape[1]
-        valid = torch.arange(h, device=self.device)[None, :] < d.holdout_sizes[:, None]
-        owner = torch.arange(d.num_clients, device=self.device)[:, None].expand_as(valid)[valid]
-        idx = d.holdout_index[valid]
-        correct = torch.zeros(d.num_clients, device=self.device, dtype=torch.float64)
-        ranks = Ranks.of(self)
-        start, stop = ranks.share(idx.numel())  # each rank predicts a share of the examples
-        for lo in range(start, stop, 4096):
-            sl = slice(lo, min(lo + 4096, stop))
-            pred = self.net(d.train_x[idx[sl]]).argmax(-1)
-            correct.index_add_(0, owner[sl], (pred == d.train_y[idx[sl]]).double())
-        correct = ranks.all_reduce_sum(correct)
-        return (correct[has] / d.holdout_sizes[has].double())
+        per_client = self._client_accuracies()
+        return None if per_client is None else per_client[~torch.isnan(per_client)]
 
     # ------------------------------------------------------------------ end of run, checkpoints
     def last_rounds_accuracy(self, share: float = 0.1) -> float | None:
@@ -344,6 +365,7 @@ class FederatedModule(LightningModule):
                 summary[f"final/rounds_to_{target:g}"] = hit[0]
                 summary[f"final/uploads_to_{target:g}"] = hit[1]
         summary["final/uploads_total"] = self.comm.uploads
+        summary.update(self.bmta.summary())
         if self.logger is not None and summary:
             self.logger.log_metrics(summary, step=int(self.global_step))
         self.final_summary = summary
@@ -355,6 +377,7 @@ class FederatedModule(LightningModule):
         checkpoint["lfed"] = {
             "comm": self.comm.state_dict(),
             "eval_history": list(self.eval_history),
+            "bmta": self.bmta.state_dict(),
             "fingerprint": module_fingerprint(self),
         }
 
@@ -367,3 +390,5 @@ class FederatedModule(LightningModule):
         if state:
             self.comm.load_state_dict(state["comm"])
             self.eval_history = [tuple(x) for x in state["eval_history"]]
+            if "bmta" in state:
+                self.bmta.load_state_dict(state["bmta"])

@@ -130,3 +130,44 @@ def test_communication_table_matches_the_meter(tmp_path):
     assert float(last["bits_up_total"]) == m.comm.bits_up and float(last["uploads_total"]) == 12
     assert float(last["megabytes_total"]) == pytest.approx((m.comm.bits_up + m.comm.bits_down) / 8e6)
     assert sum(float(r["bits_down"]) for r in rows) == m.comm.bits_down
+
+
+# ----------------------------------------------------------------------------- issue 14, item 15
+
+
+def test_heatmap_colour_scale_spans_the_data_range_not_zero():
+    """A mean global-attention strip of close weights: the colours must tell them apart."""
+    strip = np.array([[0.19, 0.2, 0.21, 0.205]])
+    fig = render_attention(strip, ["mean Δ"], ["0", "1", "2", "3"], "global")
+    norm = fig.axes[0].images[0].norm
+    assert (norm.vmin, norm.vmax) == (pytest.approx(0.19), pytest.approx(0.21))
+    colours = fig.axes[0].images[0].to_rgba(strip)[0]
+    assert np.abs(colours[0] - colours[2]).max() > 0.3  # lowest and highest cells look different
+    assert not [t for t in fig.texts if "blank" in t.get_text()]  # no blank cell, no caption
+
+
+def test_heatmap_explains_blank_cells_of_never_paired_clients():
+    matrix = np.array([[0.5, np.nan], [0.3, 0.7]])
+    fig = render_attention(matrix, ["0", "1"], ["0", "1"], "self")
+    assert [t.get_text() for t in fig.texts] == ["blank: clients never in a cohort together"]
+
+
+def test_heatmap_titles_count_rounds_as_the_file_names_do(tmp_path, monkeypatch):
+    import lfed.callbacks as callbacks
+
+    titles = []
+    real = callbacks.render_attention
+
+    def spy(matrix, rows, cols, title, **kwargs):
+        titles.append(title)
+        return real(matrix, rows, cols, title, **kwargs)
+
+    monkeypatch.setattr(callbacks, "render_attention", spy)
+    cb = AttentionHeatmap(every_n_rounds=2)
+    run_rounds(_module(algorithm="igfl_s", aggregation="self"), _digits(), rounds=3, precision="32-true", callbacks=[cb],
+               default_root_dir=tmp_path)
+    assert [p.name for p in cb.written] == [f"attention_{k}_round{r:05d}.png" for r in (2, 3) for k in ("last", "mean")]
+    assert [t.split(" (entropy")[0] for t in titles] == [
+        "self-attention, round 2", "self-attention, mean over 2 rounds (to round 2)",
+        "self-attention, round 3", "self-attention, mean over 3 rounds (to round 3)",
+    ]

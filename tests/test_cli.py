@@ -66,8 +66,10 @@ def test_default_logger_is_wandb_offline_without_an_account(monkeypatch, tmp_pat
     from lfed.cli import default_logger, wandb_logged_in
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     assert not wandb_logged_in()
+    assert default_logger()["class_path"] == "lfed.reporting.QuietWandbLogger"
     assert default_logger()["init_args"]["offline"] is True
     (tmp_path / "netrc").write_text("machine api.wandb.ai\n  login user\n  password abc\n")
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))

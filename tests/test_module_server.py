@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -648,13 +649,15 @@ def test_server_configs_compose_what_their_names_say_and_run(stem, tmp_path, dat
     assert cli.trainer.global_step == rounds
     assert torch.isfinite(m.layout.module_vector(m.net)).all()
     assert 0.0 <= float(cli.trainer.callback_metrics["test/acc"]) <= 1.0
+    run_dir = Path(cli.trainer.default_root_dir)  # the run's own directory, <root>/runs/<name>/version_0
+    assert run_dir.parent.parent == tmp_path / "runs"
     if name.startswith("igfl"):  # the config's AttentionHeatmap wrote the last round's heatmap
-        assert (tmp_path / "attention" / f"attention_last_round{cli.trainer.global_step:05d}.png").exists()
+        assert (run_dir / "attention" / f"attention_last_round{cli.trainer.global_step:05d}.png").exists()
         assert "attention/entropy" in cli.trainer.callback_metrics
     if name == "efl_compressed":
         bits = _ternary_bits_for(m.layout.sizes, 0.1)
         assert m.comm.bits_up == bits * m.comm.uploads
-        assert (tmp_path / "communication.csv").exists()
+        assert (run_dir / "communication.csv").exists()
 
 
 def _ternary_bits_for(sizes, q):

@@ -73,6 +73,12 @@ def fit(config: Path, *args: str):
     return run_cli(["fit", "--config", str(config), *args])
 
 
+def checkpoint_dir(default_root_dir: Path) -> Path:
+    """``checkpoints/`` of the one run under ``default_root_dir`` (runs/<name>/version_<n>/, lfed.reporting)."""
+    [run] = sorted(default_root_dir.glob("runs/*/version_*"))
+    return run / "checkpoints"
+
+
 def run_state(cli) -> dict:
     """Everything a run's continuation depends on, as comparable values."""
     module = cli.model
@@ -144,7 +150,7 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path, algorithm):
     config = write_config(kill_dir / "cfg.yaml", algorithm, **CASES[algorithm])
     proc = start_lfed(config, "--trainer.callbacks+=resume_helpers.HoldInRound", "--trainer.callbacks.round=4")
     kill_when_holding(proc)
-    last = kill_dir / "run" / "checkpoints" / "last.ckpt"
+    last = checkpoint_dir(kill_dir / "run") / "last.ckpt"
     saved = load(last)
     assert saved["global_step"] == ROUNDS // 2  # round 3 ran but was lost with the process
     assert saved["lfed"]["fingerprint"]["composition.algorithm"] == algorithm
@@ -166,7 +172,7 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_pat
     proc = start_lfed(config, "--trainer.plugins", "resume_helpers.HoldInCheckpointWrite", "--trainer.plugins.step", "4")
     out = kill_when_holding(proc)
     assert "in the checkpoint write of step 4" in out
-    ckpt_dir = kill_dir / "run" / "checkpoints"
+    ckpt_dir = checkpoint_dir(kill_dir / "run")
     temps = sorted(ckpt_dir.glob(".last.ckpt.tmp-*"))
     assert [p.name for p in temps] == [f".last.ckpt.tmp-{proc.pid}"]  # the half-written file
     with pytest.raises(Exception):  # noqa: B017 - torch.load fails on a truncated file with one of several types
@@ -212,7 +218,7 @@ def fedavg_checkpoint(tmp_path_factory) -> Path:
     """last.ckpt of a 2-round FedAvg run (10 clients, MLP 64-16-10, Dirichlet 0.5, seed 0)."""
     root = tmp_path_factory.mktemp("fedavg")
     fit(write_config(root / "cfg.yaml", "fedavg", rounds=2, every=2))
-    return root / "run" / "checkpoints" / "last.ckpt"
+    return checkpoint_dir(root / "run") / "last.ckpt"
 
 
 @pytest.mark.parametrize(
@@ -239,7 +245,7 @@ def test_a_checkpoint_of_another_run_is_refused_naming_each_difference(tmp_path,
     change = dict(change)
     algorithm = change.pop("algorithm", "fedavg")
     config = write_config(tmp_path / "cfg.yaml", algorithm, rounds=4, every=2, **change)
-    with pytest.raises(ValueError, match="was made by a different run and cannot be resumed") as info:
+    with pytest.raises(ValueError, match="was made by a different run and does not match this configuration") as info:
         fit(config, "--ckpt_path", str(fedavg_checkpoint))
     message = str(info.value)
     for line in expected:
@@ -386,9 +392,10 @@ def test_cli_installs_an_atomic_last_checkpoint_every_n_rounds_by_default(tmp_pa
     trainer = _cli_trainer(tmp_path, "--checkpoint_every", "7")
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     [ckpt] = [c for c in trainer.callbacks if isinstance(c, RoundCheckpoint)]
-    assert ckpt._every_n_train_steps == 7 and ckpt.save_last is True and ckpt.save_top_k == 0
-    assert Path(ckpt.dirpath) == tmp_path / "checkpoints"
-    assert _cli_trainer(tmp_path).checkpoint_callback._every_n_train_steps == 10
+    assert ckpt.every_n_rounds == 7 and ckpt.save_last is True and ckpt.save_top_k == 0
+    assert Path(ckpt.dirpath) == checkpoint_dir(tmp_path)  # the run's own directory
+    assert Path(ckpt.dirpath).parent.parent.parent == tmp_path / "runs"
+    assert _cli_trainer(tmp_path / "second").checkpoint_callback.every_n_rounds == 10
 
 
 def test_cli_checkpoint_default_steps_aside(tmp_path):

@@ -9,6 +9,7 @@ client-side evaluation (SPEC §9). Lightning's ``train_dataloader`` yields one i
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
@@ -32,8 +33,9 @@ class FederatedData:
         client_sizes: ``[N]`` number of training examples ``n_k``.
         holdout_index: ``[N, max_h]`` positions of each client's held-out examples.
         holdout_sizes: ``[N]`` (zeros when there is no held-out split).
-        label_counts: ``[N, C]`` training label counts per client (DWFed, plots).
-        num_classes: ``C``.
+        label_counts: ``[N, C]`` training label counts per client (DWFed, plots); ``[N, 0]``
+            for regression.
+        num_classes: ``C``; None for regression (floating targets).
     """
 
     train_x: Tensor
@@ -45,37 +47,121 @@ class FederatedData:
     holdout_index: Tensor
     holdout_sizes: Tensor
     label_counts: Tensor
-    num_classes: int
+    num_classes: int | None
 
     @property
     def num_clients(self) -> int:
         """``N``."""
         return int(self.client_sizes.numel())
 
+    @property
+    def task(self) -> str:
+        """``classification`` (integer labels) or ``regression`` (floating targets)."""
+        return "regression" if self.train_y.dtype.is_floating_point else "classification"
+
+    def require_labels(self, what: str) -> None:
+        """Refuse ``what`` (a setting that needs class labels) for regression data.
+
+        Raises:
+            ValueError: If the targets are floating (regression).
+        """
+        if self.task == "regression":
+            raise ValueError(f"{what} needs class labels, but the targets are floating (regression); "
+                             "use it with integer class labels, or leave it out for regression")
+
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> FederatedData:
-        """A copy on ``device``; floating inputs cast to ``dtype`` if given."""
+        """A copy on ``device``; floating inputs (and regression targets) cast to ``dtype`` if given."""
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)
             if isinstance(v, Tensor):
                 v = v.to(device)
-                if dtype is not None and f.name in ("train_x", "test_x") and v.is_floating_point():
+                if dtype is not None and f.name in ("train_x", "test_x", "train_y", "test_y") and v.is_floating_point():
                     v = v.to(dtype)
             out[f.name] = v
         return FederatedData(**out)
 
 
-class _Rounds(Dataset):
-    """One item per round: the training loop's batches are rounds."""
+class RoundsLoader:
+    """The training loader: one item per round, the round's index (the training loop's batches are rounds).
 
-    def __init__(self, num_rounds: int) -> None:
+    It is resumable (Lightning's ``state_dict`` / ``load_state_dict`` protocol): a checkpoint
+    stores how many rounds were done, and after a resume the loader goes on from the next round,
+    so an exact resume in the middle of the run is exact for Lightning too. Being no
+    ``DataLoader``, Lightning adds no (distributed) sampler: every rank walks every round, as a
+    round is a step of all ranks together (lfed.distributed).
+
+    Args:
+        num_rounds: Rounds of the run (the loader's length).
+        rounds_done: Callable giving the rounds done so far (the trainer's ``global_step``), read
+            when a checkpoint is saved.
+    """
+
+    def __init__(self, num_rounds: int, rounds_done=lambda: 0) -> None:
         self.num_rounds = num_rounds
+        self.rounds_done = rounds_done
+        self.start = 0
 
     def __len__(self) -> int:
         return self.num_rounds
 
-    def __getitem__(self, i: int) -> int:
-        return i
+    def __iter__(self):
+        start, self.start = self.start, 0  # a later epoch starts from round 0 of the loader again
+        return iter(range(start, self.num_rounds))
+
+    def state_dict(self) -> dict:
+        return {"rounds_done": int(self.rounds_done())}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.start = min(int(state_dict["rounds_done"]), self.num_rounds)
+
+
+_NOT_PAIR = ("{what}: item 0 of the Dataset is {kind}; lfed reads a Dataset of (input, target) pairs. "
+             "Wrap it so that dataset[i] returns (x, y)")
+
+
+def _item_tensor(value, what: str, part: str) -> Tensor:
+    if isinstance(value, Tensor):
+        return value
+    if type(value).__module__.startswith("PIL"):
+        raise ValueError(
+            f"{what}: the Dataset's {part} are PIL images ({type(value).__name__}); lfed needs tensors: give the "
+            "dataset a transform that makes tensors, e.g. transform=torchvision.transforms.ToTensor()"
+        )
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"{what}: the Dataset's {part} must be tensors or numbers, got {type(value).__name__} ({e})") from None
+
+
+def _dataset_tensors(data: Dataset, what: str) -> tuple[Tensor, Tensor]:
+    """Read a map-style Dataset of (x, y) pairs into two tensors, once (see the class docstring)."""
+    try:
+        n = len(data)  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(f"{what}: the Dataset has no length; lfed reads a map-style Dataset of (x, y) pairs") from None
+    if n == 0:
+        raise ValueError(f"{what}: the dataset is empty (0 examples)")
+    first = data[0]
+    if isinstance(first, dict):
+        raise ValueError(_NOT_PAIR.format(what=what, kind=f"a dict with keys {sorted(map(str, first))}"))
+    if not isinstance(first, (tuple, list)) or len(first) != 2:
+        kind = f"a {type(first).__name__}" + (f" of {len(first)} parts" if isinstance(first, (tuple, list)) else "")
+        raise ValueError(_NOT_PAIR.format(what=what, kind=kind))
+    again = data[0]
+    x0, x1 = _item_tensor(first[0], what, "inputs"), _item_tensor(again[0], what, "inputs")
+    if x0.shape != x1.shape or not torch.equal(x0, x1):
+        warnings.warn(
+            f"{what}: the Dataset returns a different input each time item 0 is read (a random transform or "
+            "augmentation?). lfed reads the Dataset once into tensors, so each example keeps the one draw it got "
+            "now for the whole run: augmentation is frozen, not redrawn per round. Apply augmentation in the net "
+            "(e.g. a torchvision transform as its first layer) if it must change per step.",
+            UserWarning, stacklevel=4,
+        )
+    items = [first] + [data[i] for i in range(1, n)]
+    x = torch.stack([_item_tensor(it[0], what, "inputs") for it in items])
+    y = torch.stack([_item_tensor(it[1], what, "targets") for it in items])
+    return x, y
 
 
 def _as_tensors(data: tuple[Tensor, Tensor] | Dataset, what: str) -> tuple[Tensor, Tensor]:
@@ -84,16 +170,29 @@ def _as_tensors(data: tuple[Tensor, Tensor] | Dataset, what: str) -> tuple[Tenso
     elif isinstance(data, TensorDataset) and len(data.tensors) == 2:
         x, y = data.tensors
     elif isinstance(data, Dataset):
-        items = [data[i] for i in range(len(data))]  # type: ignore[arg-type]
-        if not items:
-            raise ValueError(f"{what}: the dataset is empty")
-        x = torch.stack([torch.as_tensor(it[0]) for it in items])
-        y = torch.as_tensor([int(it[1]) for it in items])
+        x, y = _dataset_tensors(data, what)
     else:
         raise ValueError(f"{what}: expected (x, y) tensors or a torch Dataset of (x, y) pairs, got {type(data).__name__}")
+    if x.dim() == 0 or y.dim() == 0:
+        raise ValueError(f"{what}: inputs and targets need one row per example, got shapes {tuple(x.shape)} and {tuple(y.shape)}")
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"{what}: {x.shape[0]} inputs but {y.shape[0]} labels")
-    return x, y.long()
+    if x.shape[0] == 0:
+        raise ValueError(f"{what}: the dataset is empty (0 examples)")
+    if not (x.is_floating_point() or x.dtype == torch.long):
+        raise ValueError(
+            f"{what}: inputs of dtype {x.dtype}; lfed takes floating inputs (features, pixels) or int64 token ids "
+            f"(for an embedding). Convert them, e.g. x.float() / 255 for uint8 pixels"
+        )
+    if y.dtype == torch.bool or y.dtype.is_complex:
+        raise ValueError(f"{what}: targets of dtype {y.dtype}; give integer class labels (classification) "
+                         "or floating targets (regression)")
+    if y.dtype.is_floating_point:
+        if y.dim() == 1:
+            y = y[:, None]  # one regression target per example: a column, as a net with one output gives
+    else:
+        y = y.long()
+    return x, y
 
 
 class FederatedDataModule(LightningDataModule):
@@ -113,9 +212,15 @@ class FederatedDataModule(LightningDataModule):
         seed: Seed of the partition.
         eval_batch_size: Batch size of the global test set.
         train: Your own training data instead of ``dataset``: ``(x, y)`` tensors or a torch
-            ``Dataset`` of ``(x, y)`` pairs.
+            ``Dataset`` of ``(x, y)`` pairs. A ``Dataset`` is read once into tensors: a random
+            transform (augmentation) is drawn once per example and then frozen for the run
+            (lfed warns when it sees one). Inputs: floating, or int64 token ids. Targets: integer
+            class labels (classification: loss and accuracy), or floating values (regression:
+            loss only; a 1-D target becomes one column ``[n, 1]``; only ``partition='iid'``, no
+            label-based weighting).
         test: Your own test data, same forms.
-        num_classes: Number of classes of your own data (default ``max label + 1``).
+        num_classes: Number of classes of your own data (default: largest training label + 1;
+            a test label outside the training classes is refused unless this is given).
     """
 
     def __init__(
@@ -179,7 +284,26 @@ class FederatedDataModule(LightningDataModule):
             return load_dataset(self.dataset, self.data_dir, self.download)
         tx, ty = _as_tensors(self._user_train, "train")
         vx, vy = _as_tensors(self._user_test, "test")
-        C = self._user_num_classes or int(max(ty.max(), vy.max())) + 1
+        if tx.shape[1:] != vx.shape[1:] or tx.dtype != vx.dtype:
+            raise ValueError(f"train/test: inputs differ: train {tuple(tx.shape[1:])} {tx.dtype}, "
+                             f"test {tuple(vx.shape[1:])} {vx.dtype} per example")
+        if ty.dtype.is_floating_point != vy.dtype.is_floating_point or ty.shape[1:] != vy.shape[1:]:
+            raise ValueError(f"train/test: targets differ: train {tuple(ty.shape[1:])} {ty.dtype}, "
+                             f"test {tuple(vy.shape[1:])} {vy.dtype} per example (both class labels or both regression)")
+        if ty.dtype.is_floating_point:
+            if self._user_num_classes is not None:
+                raise ValueError("num_classes: given, but the targets are floating (regression); "
+                                 "leave num_classes out, or give integer class labels")
+            return DatasetTensors("custom", tx, ty, vx, vy, None)
+        if self._user_num_classes is not None:
+            return DatasetTensors("custom", tx, ty, vx, vy, self._user_num_classes)
+        C = int(ty.max()) + 1
+        if bool((vy >= C).any()):
+            raise ValueError(
+                f"test labels: label {int(vy[vy >= C][0])} is outside the training classes [0, {C}) (the largest "
+                f"training label is {C - 1}); a model cannot learn a class it never sees. Give num_classes "
+                "explicitly if the training set really lacks some classes"
+            )
         return DatasetTensors("custom", tx, ty, vx, vy, C)
 
     def build(self) -> FederatedData:
@@ -187,10 +311,16 @@ class FederatedDataModule(LightningDataModule):
         if self.data is not None:
             return self.data
         ds = self._load()
-        validate_labels(ds.train_y, ds.num_classes, f"{ds.name} train labels")
-        validate_labels(ds.test_y, ds.num_classes, f"{ds.name} test labels")
+        regression = ds.num_classes is None
+        if regression:
+            if self.partition != "iid":
+                raise ValueError(f"partition: {self.partition!r} splits by class label, but the targets are floating "
+                                 "(regression); use partition='iid'")
+        else:
+            validate_labels(ds.train_y, ds.num_classes, f"{ds.name} train labels")
+            validate_labels(ds.test_y, ds.num_classes, f"{ds.name} test labels")
         clients = partition(
-            ds.train_y,
+            torch.zeros(ds.train_y.shape[0], dtype=torch.long) if regression else ds.train_y,
             self.num_clients,
             self.partition,
             self.seed,
@@ -215,7 +345,8 @@ class FederatedDataModule(LightningDataModule):
             client_sizes=sizes,
             holdout_index=h_index,
             holdout_sizes=h_sizes,
-            label_counts=label_counts(ds.train_y, train_parts, ds.num_classes),
+            label_counts=(torch.zeros(len(train_parts), 0, dtype=torch.long) if regression
+                          else label_counts(ds.train_y, train_parts, ds.num_classes)),
             num_classes=ds.num_classes,
         )
         return self.data
@@ -229,17 +360,11 @@ class FederatedDataModule(LightningDataModule):
         return tuple(self.build().train_x.shape[1:])
 
     # ------------------------------------------------------------------ loaders
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> RoundsLoader:
         max_steps = getattr(self.trainer, "max_steps", -1) if self.trainer is not None else -1
         rounds = max_steps if max_steps and max_steps > 0 else 1000
-        if self._world_size() > 1:
-            # A round is a step of all ranks together (lfed.distributed), so every rank walks every
-            # round: a sampler that already is a DistributedSampler keeps Lightning from splitting them.
-            from torch.utils.data import DistributedSampler
-
-            rounds_ds = _Rounds(rounds)
-            return DataLoader(rounds_ds, batch_size=None, sampler=DistributedSampler(rounds_ds, num_replicas=1, rank=0, shuffle=False))
-        return DataLoader(_Rounds(rounds), batch_size=None, shuffle=False)
+        trainer = self.trainer
+        return RoundsLoader(rounds, (lambda: trainer.global_step) if trainer is not None else (lambda: 0))
 
     def _world_size(self) -> int:
         return int(getattr(self.trainer, "world_size", 1) or 1) if self.trainer is not None else 1

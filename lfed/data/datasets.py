@@ -82,7 +82,7 @@ class DatasetTensors:
         train_y: Training labels, ``long [n]`` in ``[0, num_classes)``.
         test_x: Test inputs, same layout as ``train_x``.
         test_y: Test labels, ``long [m]``.
-        num_classes: Number of classes ``C``.
+        num_classes: Number of classes ``C``; None for regression (floating targets).
         train_groups: ``long [n]`` natural client id (LEAF writer / role) of each
             training example, or ``None`` when the dataset has no natural partition.
         test_groups: ``long [m]`` natural client id of each test example, or ``None``.
@@ -93,7 +93,7 @@ class DatasetTensors:
     train_y: Tensor
     test_x: Tensor
     test_y: Tensor
-    num_classes: int
+    num_classes: int | None
     train_groups: Tensor | None = None
     test_groups: Tensor | None = None
 
@@ -106,7 +106,10 @@ class DatasetTensors:
             if groups is not None and groups.shape != y.shape:
                 raise ValueError(f"{self.name}: {split}_groups has shape {tuple(groups.shape)}, "
                                  f"expected {tuple(y.shape)} like {split}_y")
-            validate_labels(y, self.num_classes, f"{self.name} {split}")
+            if self.num_classes is not None:  # None: regression targets (floating)
+                validate_labels(y, self.num_classes, f"{self.name} {split}")
+            elif not y.dtype.is_floating_point:
+                raise ValueError(f"{self.name}: num_classes is None (regression) but {split}_y is {y.dtype}, not floating")
 
 
 def validate_labels(y: Tensor, num_classes: int, where: str) -> None:

@@ -1,0 +1,381 @@
+"""Evaluation of the global model (SPEC §9), with torchmetrics.
+
+* :class:`GlobalEvaluation`: the test loss (mean per-example loss, whatever form the user's loss
+  takes) and, for classification, the test accuracy, accumulated over evaluation batches in
+  ``torchmetrics`` metrics and reduced over the ranks with the Lightning strategy's own
+  ``all_gather`` (each rank sees its own share of the test set, no item twice).
+* :func:`client_accuracies`: the global model's accuracy on each client's held-out split.
+* :func:`local_accuracy` and :class:`BestMeanAccuracy`: BMTA (004 §5) in its two readings,
+  ``bmta_global`` and ``bmta_local`` (SPEC §9).
+* :func:`check_task`: the net's output against the data's task (number of classes, or the
+  regression target's shape), one forward pass before round 0.
+* :func:`check_trainer_schedule` and :func:`request_final_evaluation`: the round schedule of the
+  trainer (``max_steps``, ``val_check_interval``) and the evaluation after the last round.
+
+The task is read from the targets: integer targets are class labels (classification: loss and
+accuracy), floating targets are regression targets (loss only).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+def is_classification(y: Tensor) -> bool:
+    """Whether targets ``y`` are class labels (an integer dtype) rather than regression targets."""
+    return not (y.dtype.is_floating_point or y.dtype.is_complex)
+
+
+def per_example_loss(loss_fn: LossFn, out: Tensor, y: Tensor) -> Tensor:
+    """The loss of each example of a batch, ``[B]``, whatever the form of ``loss_fn``.
+
+    ``loss_fn`` may return one value per example (``reduction='none'``, possibly with trailing
+    dimensions, which are averaged: a per-example mean squared error over the outputs), or one
+    reduced value for the batch (a plain ``F.cross_entropy``, a lambda with ``.mean()`` or
+    ``.sum()``). A reduced loss is evaluated example by example, where mean and sum agree.
+
+    Args:
+        loss_fn: ``(output, target) -> loss``.
+        out: ``[B, ...]`` outputs of the net.
+        y: ``[B, ...]`` targets.
+    """
+    B = out.shape[0]
+    value = loss_fn(out, y)
+    if value.dim() >= 1 and value.shape[0] == B:
+        return value.reshape(B, -1).mean(1)
+    if value.numel() != 1:
+        raise ValueError(
+            f"loss: returned shape {tuple(value.shape)} for a batch of {B}; expected one value per example "
+            f"([{B}]) or one value for the batch"
+        )
+    if B == 1:
+        return value.reshape(1)
+    try:  # one call over the batch where the loss can be vmapped
+        return torch.func.vmap(lambda o, t: loss_fn(o[None], t[None]).reshape(()))(out, y)
+    except Exception:
+        return torch.stack([loss_fn(out[i : i + 1], y[i : i + 1]).reshape(()) for i in range(B)])
+
+
+def _strategy_gather(strategy) -> Callable:
+    """A torchmetrics ``dist_sync_fn`` that gathers a state with the Lightning strategy."""
+
+    def gather(tensor: Tensor, group=None) -> list[Tensor]:
+        return list(strategy.all_gather(tensor))
+
+    return gather
+
+
+class GlobalEvaluation(nn.Module):
+    """Test loss and accuracy of the global model over one evaluation (SPEC §9).
+
+    The metrics' states are not saved in checkpoints (an evaluation starts from zero).
+
+    Attributes:
+        loss: ``MeanMetric`` of the per-example loss (:func:`per_example_loss`).
+        accuracy: ``MeanMetric`` of per-example correctness (classification only).
+        batches: Batches added since the last :meth:`reset` on this rank.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        # float64 sums; a NaN loss stays NaN (torchmetrics would drop it with a warning)
+        self.loss = MeanMetric(nan_strategy="disable").set_dtype(torch.float64)
+        self.accuracy = MeanMetric(nan_strategy="disable").set_dtype(torch.float64)
+        self.batches = 0
+
+    def bind(self, strategy) -> None:
+        """Reduce over the ranks with ``strategy``'s collectives (call before :meth:`compute`)."""
+        distributed = int(getattr(strategy, "world_size", 1) or 1) > 1
+        for metric in (self.loss, self.accuracy):
+            metric.dist_sync_fn = _strategy_gather(strategy) if distributed else None
+            metric.distributed_available_fn = (lambda: True) if distributed else (lambda: False)
+
+    def reset(self) -> None:
+        """Start a new evaluation."""
+        self.loss.reset()
+        self.accuracy.reset()
+        self.batches = 0
+
+    @torch.no_grad()
+    def update(self, net: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor) -> None:
+        """Add one batch ``(x, y)`` evaluated with ``net`` and ``loss_fn`` (any form, :func:`per_example_loss`)."""
+        dtype = next(net.parameters()).dtype
+        x = x.to(dtype) if x.is_floating_point() else x
+        out = net(x)
+        classification = is_classification(y)
+        if not classification:
+            y = y.to(out.dtype)
+        self.batches += 1
+        losses = per_example_loss(loss_fn, out, y).double()
+        self.loss.update(losses)
+        if classification:
+            correct = (out.argmax(-1) == y).double()
+            self.accuracy.update(correct.reshape(-1))
+
+    def compute(self, classification: bool) -> dict[str, float]:
+        """``{"test/loss": ..., "test/acc": ...}`` over all ranks (accuracy for classification only).
+
+        Every rank must call it (it is a collective when there are several), also one that had
+        no batch (its share of the test set was empty).
+        """
+        out = {"test/loss": float(self.loss.compute())}
+        if classification:
+            out["test/acc"] = float(self.accuracy.compute())
+        return out
+
+
+@torch.no_grad()
+def client_accuracies(net: nn.Module, data, rank: int, world_size: int, reduce_sum: Callable[[Tensor], Tensor],
+                      chunk: int = 4096) -> Tensor | None:
+    """Accuracy of the global model on each client's held-out split.
+
+    Each rank predicts a contiguous share of the held-out examples; ``reduce_sum`` (the strategy's
+    ``reduce(..., reduce_op="sum")``) adds the per-client counts over the ranks.
+
+    Returns:
+        ``[N]`` accuracies, NaN for a client without a held-out split; None when no client has
+        one or the task is regression.
+    """
+    if not is_classification(data.train_y):
+        return None
+    has = data.holdout_sizes > 0
+    if not bool(has.any()):
+        return None
+    device = data.holdout_index.device
+    h = data.holdout_index.shape[1]
+    valid = torch.arange(h, device=device)[None, :] < data.holdout_sizes[:, None]
+    owner = torch.arange(data.num_clients, device=device)[:, None].expand_as(valid)[valid]
+    idx = data.holdout_index[valid]
+    correct = torch.zeros(data.num_clients, device=device, dtype=torch.float64)
+    n = idx.numel()
+    start, stop = (n * rank) // world_size, (n * (rank + 1)) // world_size
+    for lo in range(start, stop, chunk):
+        sl = slice(lo, min(lo + chunk, stop))
+        pred = net(data.train_x[idx[sl]]).argmax(-1)
+        correct.index_add_(0, owner[sl], (pred == data.train_y[idx[sl]]).double())
+    correct = reduce_sum(correct)
+    out = torch.full_like(correct, float("nan"))
+    out[has] = correct[has] / data.holdout_sizes[has].double()
+    return out
+
+
+def worst_share_mean(values: Tensor, share: float = 0.1) -> float:
+    """Mean of the lowest ``ceil(share * n)`` values (at least one): "worst 10%"."""
+    worst = max(1, math.ceil(share * values.numel()))
+    return float(values.sort().values[:worst].mean())
+
+
+def _known_losses() -> tuple[tuple, tuple]:
+    import torch.nn.functional as F
+
+    classification = (nn.CrossEntropyLoss, nn.NLLLoss), (F.cross_entropy, F.nll_loss)
+    regression = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss), (F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss)
+    return classification, regression
+
+
+def output_shape_is_known(loss, classification: bool) -> bool:
+    """Whether ``loss`` fixes the net's output shape: lfed's default (None) or a torch loss of the task.
+
+    With any other loss (a user's function over integer targets, say a squared error on the
+    label value) the loss defines what the outputs mean, and lfed does not check their shape.
+    """
+    if loss is None:
+        return classification
+    modules, functions = _known_losses()[0 if classification else 1]
+    return isinstance(loss, modules) or any(loss is f for f in functions)
+
+
+@torch.no_grad()
+def check_task(net: nn.Module, data, loss=None) -> None:
+    """Refuse a net whose output does not fit the data's task, before any round is spent.
+
+    Classification (with the default loss, ``CrossEntropyLoss`` or ``NLLLoss``): the last output
+    dimension must be the number of classes ``C`` (the other dimensions those of a label).
+    Regression (with ``MSELoss``, ``L1Loss``, ``SmoothL1Loss``, ``HuberLoss``): one output per
+    target value (``out.shape[1:] == y.shape[1:]``). With another loss nothing is checked (see
+    :func:`output_shape_is_known`). One example is run through the net.
+
+    Raises:
+        ValueError: Naming the net's output shape and what the data needs.
+    """
+    if not output_shape_is_known(loss, is_classification(data.train_y)):
+        return
+    x = data.train_x[:1]
+    dtype = next(net.parameters()).dtype
+    x = x.to(dtype) if x.is_floating_point() else x
+    was_training = net.training
+    net.eval()
+    try:
+        out = net(x)
+    finally:
+        net.train(was_training)
+    if not isinstance(out, Tensor):
+        raise ValueError(f"net: must return a tensor of outputs, returned {type(out).__name__}")
+    y = data.train_y[:1]
+    if is_classification(data.train_y):
+        C = data.num_classes
+        if out.dim() < 2 or out.shape[-1] != C or tuple(out.shape[1:-1]) != tuple(y.shape[1:]):
+            per_label = f", label shape {tuple(y.shape[1:])}" if y.dim() > 1 else ""
+            raise ValueError(
+                f"net: outputs shape {tuple(out.shape[1:])} per example, but the data has {C} classes "
+                f"(labels 0..{C - 1}{per_label}): the net's last layer must output {C} values per example "
+                "(one score per class)"
+            )
+    elif tuple(out.shape[1:]) != tuple(y.shape[1:]):
+        raise ValueError(
+            f"net: outputs shape {tuple(out.shape[1:])} per example, but the regression targets have shape "
+            f"{tuple(y.shape[1:])} per example: the net must output one value per target value"
+        )
+
+
+def check_trainer_schedule(trainer) -> None:
+    """Refuse a round schedule that would crash or do nothing, before round 0.
+
+    Raises:
+        ValueError: If ``trainer.max_steps`` is 0 (no round would run) or an integer
+            ``trainer.val_check_interval`` is below 1.
+    """
+    if getattr(trainer, "max_steps", -1) == 0:
+        raise ValueError(
+            "trainer.max_steps: 0 rounds would run (one training step is one federated round); "
+            "set --trainer.max_steps to the number of rounds (>= 1). To evaluate a model without training, "
+            "use `lfed validate` / `lfed test`."
+        )
+    interval = getattr(trainer, "val_check_interval", None)
+    if isinstance(interval, int) and not isinstance(interval, bool) and interval < 1:
+        raise ValueError(
+            f"trainer.val_check_interval: evaluate every how many rounds; must be an int >= 1, got {interval} "
+            "(the global model is always evaluated after the last round)"
+        )
+
+
+def request_final_evaluation(trainer) -> None:
+    """After the last round, make Lightning evaluate whatever ``val_check_interval`` is (SPEC §9).
+
+    Lightning runs validation when a stop is requested (``trainer.should_stop``), so the last
+    round asks for one: the run ends there anyway. Call from ``on_train_batch_end``.
+    """
+    max_steps = getattr(trainer, "max_steps", -1)
+    if max_steps is not None and max_steps > 0 and int(trainer.global_step) >= max_steps:
+        trainer.should_stop = True
+
+
+@torch.no_grad()
+def local_accuracy(net: nn.Module, layout, weights: Tensor, data, clients: Tensor, chunk: int = 64) -> Tensor:
+    """Accuracy of each client's locally trained model ``w_k_end`` on its own held-out split.
+
+    The cohort's ``[K, P]`` weights are evaluated together: the held-out examples of the K
+    clients are gathered into ``[K, h_max, ...]`` (padded, masked) and one ``vmap`` over the
+    clients runs the net (a net that cannot be vmapped is run client by client).
+
+    Args:
+        net: The global model's module (its structure; the weights come from ``weights``).
+        layout: The :class:`~lfed.params.ParamLayout` of ``net``.
+        weights: ``[K, P]`` final local weights.
+        data: The :class:`~lfed.data.datamodule.FederatedData` on the device.
+        clients: ``[K]`` client ids.
+
+    Returns:
+        ``[K]`` accuracies, NaN for a client without a held-out split.
+    """
+    from torch.func import functional_call, vmap
+
+    sizes = data.holdout_sizes[clients]
+    K, h = clients.numel(), int(sizes.max()) if clients.numel() else 0
+    acc = torch.full((K,), float("nan"), dtype=torch.float64, device=weights.device)
+    if h == 0:
+        return acc
+    idx = data.holdout_index[clients][:, :h]
+    valid = torch.arange(h, device=idx.device)[None, :] < sizes[:, None]
+    idx = torch.where(valid, idx, torch.zeros_like(idx))
+    dtype = next(net.parameters()).dtype
+    correct = torch.zeros(K, dtype=torch.float64, device=weights.device)
+
+    def predict(w: Tensor, x: Tensor) -> Tensor:
+        return functional_call(net, layout.unflatten(w), (x,)).argmax(-1)
+
+    was_training = net.training
+    net.eval()
+    try:
+        for lo in range(0, K, chunk):
+            sl = slice(lo, min(lo + chunk, K))
+            x = data.train_x[idx[sl]]
+            x = x.to(dtype) if x.is_floating_point() else x
+            try:
+                pred = vmap(predict)(weights[sl], x)
+            except Exception:  # a net vmap cannot run: one client after another
+                pred = torch.stack([predict(w, xi) for w, xi in zip(weights[sl], x)])
+            correct[sl] = ((pred == data.train_y[idx[sl]]) & valid[sl]).double().sum(1)
+    finally:
+        net.train(was_training)
+    has = sizes > 0
+    acc[has] = correct[has] / sizes[has].double()
+    return acc
+
+
+class BestMeanAccuracy:
+    """BMTA of 004 §5 in its two readings (SPEC §9), kept over a run and saved in checkpoints.
+
+    * ``bmta_global``: the best, over evaluations, of the mean over the last round's
+      participants (with a held-out split) of the global model's accuracy on each one's
+      held-out split.
+    * ``bmta_local``: the best, over rounds, of the mean over the round's participants whose
+      work counts (with a held-out split) of each one's locally trained model ``w_k_end`` on
+      its own held-out split.
+
+    Attributes:
+        best_global: Best value so far of the ``bmta_global`` mean (None before any).
+        best_local: Best value so far of the ``bmta_local`` mean (None before any).
+        last_cohort: Client ids of the last round's cohort (on the CPU), or None.
+    """
+
+    def __init__(self) -> None:
+        self.best_global: float | None = None
+        self.best_local: float | None = None
+        self.last_cohort: Tensor | None = None
+
+    @staticmethod
+    def _mean(values: Tensor) -> float | None:
+        values = values[~torch.isnan(values)]
+        return float(values.mean()) if values.numel() else None
+
+    def add_round(self, clients: Tensor, local: Tensor | None) -> float | None:
+        """Record a round's cohort and the local accuracies of its counting participants; the round's mean."""
+        self.last_cohort = clients.detach().cpu()
+        mean = self._mean(local) if local is not None else None
+        if mean is not None and (self.best_local is None or mean > self.best_local):
+            self.best_local = mean
+        return mean
+
+    def add_evaluation(self, per_client: Tensor) -> float | None:
+        """Record an evaluation: ``per_client`` ``[N]`` global-model accuracies (NaN: no held-out split)."""
+        if self.last_cohort is None:
+            return None
+        mean = self._mean(per_client[self.last_cohort.to(per_client.device)])
+        if mean is not None and (self.best_global is None or mean > self.best_global):
+            self.best_global = mean
+        return mean
+
+    def summary(self) -> dict[str, float]:
+        """``{"final/bmta_global": ..., "final/bmta_local": ...}`` for the values there are."""
+        out = {}
+        if self.best_global is not None:
+            out["final/bmta_global"] = self.best_global
+        if self.best_local is not None:
+            out["final/bmta_local"] = self.best_local
+        return out
+
+    def state_dict(self) -> dict:
+        return {"best_global": self.best_global, "best_local": self.best_local,
+                "last_cohort": None if self.last_cohort is None else self.last_cohort.tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best_global, self.best_local = state["best_global"], state["best_local"]
+        self.last_cohort = None if state["last_cohort"] is None else torch.tensor(state["last_cohort"], dtype=torch.long)

@@ -1,0 +1,308 @@
+"""lfed.evaluation: test loss of any loss form, regression, the net's output checked before round 0,
+the evaluation after the last round, the round schedule refused early, the resumable rounds loader."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import run_rounds
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import nn
+
+from lfed.data.datamodule import FederatedDataModule, RoundsLoader
+from lfed.evaluation import GlobalEvaluation, per_example_loss
+from lfed.module import FederatedModule
+
+
+def _three_point_test(**dm_kwargs):
+    """Train: 12 points of classes 0..2; test: 3 points, labels 0, 1, 2."""
+    train_x = torch.randn(12, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    train_y = torch.arange(12) % 3
+    test_x = torch.tensor([[1.0, 2.0], [-1.0, 0.5], [3.0, -2.0]], dtype=torch.float64)
+    test_y = torch.tensor([0, 1, 2])
+    dm_kwargs.setdefault("eval_batch_size", 2)  # batches of 2 and 1: partial batches count right
+    return FederatedDataModule.from_tensors(train_x, train_y, test_x, test_y, num_clients=2, partition="iid",
+                                            holdout_fraction=0.0, **dm_kwargs)
+
+
+def _fixed_net():
+    """Logits (0, ln 2, 0) for every input: softmax (1/4, 1/2, 1/4)."""
+    net = nn.Linear(2, 3).double()
+    with torch.no_grad():
+        net.weight.zero_()
+        net.bias.copy_(torch.tensor([0.0, math.log(2.0), 0.0], dtype=torch.float64))
+    return net
+
+
+def _test_metrics(module, dm):
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False)
+    return trainer.test(module, datamodule=dm, verbose=False)[0]
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        None,
+        nn.CrossEntropyLoss(),
+        F.cross_entropy,  # a plain function, reduction mean
+        lambda out, y: F.cross_entropy(out, y, reduction="sum"),
+        lambda out, y: F.cross_entropy(out, y, reduction="none"),
+    ],
+    ids=["default", "module", "F.cross_entropy", "lambda-sum", "lambda-none"],
+)
+def test_test_loss_is_the_mean_per_example_loss_whatever_the_loss_form(loss):
+    # by hand: labels 0, 1, 2 under softmax (1/4, 1/2, 1/4): losses ln 4, ln 2, ln 4
+    want_loss = (math.log(4) + math.log(2) + math.log(4)) / 3  # 5 ln2 / 3 = 1.1552
+    metrics = _test_metrics(FederatedModule(_fixed_net(), loss=loss), _three_point_test())
+    assert metrics["test/loss"] == pytest.approx(want_loss, rel=1e-6)
+    assert metrics["test/acc"] == pytest.approx(1 / 3)
+
+
+def test_per_example_loss_of_a_reduced_function_by_hand():
+    out = torch.tensor([[2.0], [0.0], [1.0]])
+    y = torch.tensor([[0.0], [0.0], [3.0]])
+    want = torch.tensor([4.0, 0.0, 4.0])
+    assert torch.equal(per_example_loss(F.mse_loss, out, y), want)  # mean-reduced
+    assert torch.equal(per_example_loss(lambda o, t: ((o - t) ** 2).sum(), out, y), want)  # sum-reduced
+    assert torch.equal(per_example_loss(nn.MSELoss(reduction="none"), out, y), want)  # [B, 1] per example
+    with pytest.raises(ValueError, match=r"loss: returned shape \(2,\) for a batch of 3"):
+        per_example_loss(lambda o, t: torch.zeros(2), out, y)
+
+
+def test_evaluation_uses_torchmetrics_and_adds_batches_exactly():
+    from torchmetrics import Metric
+
+    ev = GlobalEvaluation()
+    assert isinstance(ev.loss, Metric) and isinstance(ev.accuracy, Metric)
+    net = _fixed_net()
+    x = torch.zeros(3, 2, dtype=torch.float64)
+    ev.update(net, F.cross_entropy, x[:2], torch.tensor([0, 1]))
+    ev.update(net, F.cross_entropy, x[2:], torch.tensor([1]))
+    got = ev.compute(classification=True)
+    assert got["test/loss"] == pytest.approx((math.log(4) + 2 * math.log(2)) / 3, rel=1e-12)
+    assert got["test/acc"] == pytest.approx(2 / 3, rel=1e-12)
+    assert ev.state_dict() == {}  # nothing of an evaluation goes into checkpoints
+
+
+# ----------------------------------------------------------------------------- regression (item 5)
+
+
+def _regression(n=120, partition="iid", **kwargs):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 3, generator=g)
+    y = x @ torch.tensor([1.5, -2.0, 0.5]) + 0.25  # float targets, 1-D
+    return FederatedDataModule.from_tensors(x[:96], y[:96], x[96:], y[96:], num_clients=4, partition=partition,
+                                            holdout_fraction=0.0, **kwargs)
+
+
+def test_regression_keeps_float_targets_trains_with_mse_and_logs_the_loss_only():
+    dm = _regression()
+    d = dm.build()
+    assert d.task == "regression" and d.num_classes is None
+    assert d.train_y.dtype == torch.float32 and d.train_y.shape == (96, 1)  # not cast to integers
+    assert d.train_y[:, 0].tolist() == pytest.approx((d.train_x @ torch.tensor([1.5, -2.0, 0.5]) + 0.25).tolist())
+    torch.manual_seed(0)
+    m = FederatedModule(nn.Linear(3, 1), loss=nn.MSELoss(), client_lr=0.05, batch_size=8, fraction=1.0)
+    trainer = run_rounds(m, dm, 20, evaluate_every=20)
+    metrics = trainer.callback_metrics
+    assert "test/acc" not in metrics and "client/acc_mean" not in metrics
+    with torch.no_grad():
+        d64 = m.fed
+        want = ((m.net(d64.test_x) - d64.test_y) ** 2).mean().item()  # by hand: mean squared error
+    assert float(metrics["test/loss"]) == pytest.approx(want, rel=1e-5)
+    start = ((d.test_y - 0.0) ** 2).mean().item()  # an untrained model is far worse
+    assert want < 0.05 * start
+
+
+@pytest.mark.parametrize(
+    "dm_kwargs, module_kwargs, match",
+    [
+        ({"partition": "dirichlet"}, {"loss": nn.MSELoss()}, r"partition: 'dirichlet' splits by class label.*regression.*iid"),
+        ({}, {"loss": nn.MSELoss(), "weighting": "dwfed"}, r"weighting='dwfed' \(label-count weights\) needs class labels"),
+        ({}, {}, r"loss: the default \(cross-entropy\) needs class labels.*MSELoss"),
+        ({"num_classes": 3}, {"loss": nn.MSELoss()}, r"num_classes: given, but the targets are floating"),
+    ],
+    ids=["partition", "dwfed", "default-loss", "num_classes"],
+)
+def test_label_based_pieces_refuse_regression_before_round_0(dm_kwargs, module_kwargs, match):
+    m = FederatedModule(nn.Linear(3, 1), **module_kwargs)
+    with pytest.raises(ValueError, match=match):
+        run_rounds(m, _regression(**dm_kwargs), 2)
+    assert m.comm.rounds == 0
+
+
+# ----------------------------------------------------------------------------- the net against the data (item 4)
+
+
+@pytest.mark.parametrize("width", [9, 11])
+def test_a_net_of_the_wrong_output_width_is_refused_before_round_0(width):
+    m = FederatedModule(nn.Sequential(nn.Flatten(), nn.Linear(64, width)))
+    dm = FederatedDataModule(dataset="digits", num_clients=4, partition="iid")
+    with pytest.raises(ValueError, match=rf"net: outputs shape \({width},\) per example, but the data has 10 classes"):
+        run_rounds(m, dm, 2)
+    assert m.comm.rounds == 0
+
+
+def test_a_regression_net_of_the_wrong_width_is_refused():
+    with pytest.raises(ValueError, match=r"net: outputs shape \(2,\) per example, but the regression targets have shape \(1,\)"):
+        run_rounds(FederatedModule(nn.Linear(3, 2), loss=nn.MSELoss()), _regression(), 2)
+
+
+def test_test_labels_outside_the_training_classes_are_refused_at_build():
+    x = torch.randn(20, 2)
+    dm = FederatedDataModule.from_tensors(x, torch.arange(20) % 9, x[:4], torch.tensor([0, 3, 9, 1]), num_clients=2,
+                                          partition="iid")
+    with pytest.raises(ValueError, match=r"test labels: label 9 is outside the training classes \[0, 9\)"):
+        dm.build()
+    # said explicitly, a class missing from training is allowed
+    assert FederatedDataModule.from_tensors(x, torch.arange(20) % 9, x[:4], torch.tensor([0, 3, 9, 1]), num_clients=2,
+                                            partition="iid", num_classes=10).build().num_classes == 10
+
+
+# ----------------------------------------------------------------------------- the last round is evaluated (item 10)
+
+
+@pytest.mark.parametrize("rounds, every, want", [(25, 10, [10, 20, 25]), (3, 10, [3]), (20, 10, [10, 20])])
+def test_the_global_model_is_evaluated_after_the_last_round(rounds, every, want):
+    m = FederatedModule(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), client_lr=0.1, local_steps=1)
+    trainer = run_rounds(m, FederatedDataModule(dataset="digits", num_clients=4, partition="iid"), rounds,
+                         evaluate_every=every)
+    assert [r for r, _ in m.eval_history] == want
+    assert "test/acc" in trainer.callback_metrics and trainer.global_step == rounds
+
+
+# ----------------------------------------------------------------------------- the round schedule (item 6)
+
+
+@pytest.mark.parametrize(
+    "trainer_kwargs, match",
+    [
+        ({"max_steps": 0}, r"trainer.max_steps: 0 rounds would run"),
+        ({"max_steps": 3, "val_check_interval": 0}, r"trainer.val_check_interval: .* int >= 1, got 0"),
+    ],
+    ids=["max_steps-0", "val_check_interval-0"],
+)
+def test_a_schedule_that_runs_nothing_or_crashes_is_refused_before_round_0(trainer_kwargs, match):
+    m = FederatedModule(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, check_val_every_n_epoch=None, **trainer_kwargs)
+    with pytest.raises(ValueError, match=match):
+        trainer.fit(m, datamodule=FederatedDataModule(dataset="digits", num_clients=4, partition="iid"))
+    assert m.comm.rounds == 0
+
+
+# ----------------------------------------------------------------------------- resumable rounds loader (item 14)
+
+
+class _Batches(Callback):
+    def __init__(self):
+        self.seen = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.seen.append((int(trainer.global_step), int(batch)))
+
+
+def test_rounds_loader_state_round_trip():
+    loader = RoundsLoader(6, lambda: 4)
+    assert list(loader) == [0, 1, 2, 3, 4, 5] and len(loader) == 6
+    state = loader.state_dict()
+    assert state == {"rounds_done": 4}
+    fresh = RoundsLoader(6)
+    fresh.load_state_dict(state)
+    assert list(fresh) == [4, 5] and list(fresh) == [0, 1, 2, 3, 4, 5]  # the resume applies once
+
+
+def test_exact_resume_mid_run_raises_no_dataloader_warning_and_continues_from_the_next_round(tmp_path):
+    def fit(ckpt_path=None):
+        torch.manual_seed(0)
+        m = FederatedModule(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), client_lr=0.1, local_steps=1)
+        batches = _Batches()
+        ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1)
+        trainer = Trainer(max_steps=6, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                          enable_model_summary=False, num_sanity_val_steps=0, check_val_every_n_epoch=None,
+                          val_check_interval=6, limit_val_batches=0, callbacks=[ckpt, batches])
+        trainer.fit(m, datamodule=FederatedDataModule(dataset="digits", num_clients=4, partition="iid"),
+                    ckpt_path=ckpt_path)
+        return m, batches.seen
+
+    full, seen = fit()
+    assert seen == [(r, r) for r in range(6)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed, seen = fit(tmp_path / "epoch=0-step=3.ckpt")
+    assert not [w for w in caught if "not resumable" in str(w.message)]
+    assert seen == [(3, 3), (4, 4), (5, 5)]  # the loader goes on from round 3, as the trainer does
+    assert torch.equal(resumed.layout.module_vector(resumed.net), full.layout.module_vector(full.net))
+
+
+# ----------------------------------------------------------------------------- BMTA, both readings (SPEC §9)
+
+
+def _tiny_fed():
+    """4 clients; inputs are one-hot rows of 2 features; held-out positions by hand."""
+    from lfed.data.datamodule import FederatedData
+
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    y = torch.tensor([0, 1, 1, 1, 0, 0])
+    # held out: client 0 -> examples 0, 1 (labels 0, 1); client 1 -> 2 (label 1); client 2 -> none; client 3 -> 4, 5
+    holdout_index = torch.tensor([[0, 1], [2, 0], [0, 0], [4, 5]])
+    holdout_sizes = torch.tensor([2, 1, 0, 2])
+    return FederatedData(x, y, x, y, torch.zeros(4, 1, dtype=torch.long), torch.ones(4, dtype=torch.long),
+                         holdout_index, holdout_sizes, torch.zeros(4, 2, dtype=torch.long), 2)
+
+
+def test_local_accuracy_of_each_clients_own_weights_by_hand():
+    from lfed.evaluation import local_accuracy
+    from lfed.params import ParamLayout
+
+    net = nn.Linear(2, 2, bias=False).double()
+    layout = ParamLayout.from_module(net)
+    identity = torch.eye(2, dtype=torch.float64).reshape(-1)  # predicts class = the hot feature
+    swap = torch.tensor([[0.0, 1.0], [1.0, 0.0]], dtype=torch.float64).reshape(-1)  # the other class
+    weights = torch.stack([identity, swap, identity, swap])
+    acc = local_accuracy(net, layout, weights, _tiny_fed(), torch.tensor([0, 1, 2, 3]))
+    # client 0: identity on (e0->0 ok, e1->1 ok) = 1; client 1: swap on e0 (label 1) -> 1 ok = 1;
+    # client 2: no held-out split; client 3: swap on (e0 label 0 -> 1 wrong, e1 label 0 -> 0 ok) = 1/2
+    assert acc[[0, 1, 3]].tolist() == [1.0, 1.0, 0.5] and torch.isnan(acc[2])
+    # the cohort in another order and a subset: the same per-client values
+    assert local_accuracy(net, layout, weights[[3, 0]], _tiny_fed(), torch.tensor([3, 0])).tolist() == [0.5, 1.0]
+
+
+def test_bmta_global_and_local_are_best_over_rounds_of_participant_means_by_hand():
+    from lfed.evaluation import BestMeanAccuracy
+
+    b = BestMeanAccuracy()
+    nan = float("nan")
+    assert b.add_evaluation(torch.tensor([1.0, 1.0, 1.0])) is None  # no round yet: nothing
+    assert b.add_round(torch.tensor([0, 2]), torch.tensor([0.5, nan])) == 0.5  # client 2 has no held-out split
+    assert b.add_evaluation(torch.tensor([0.2, 0.9, 0.6])) == pytest.approx(0.4)  # mean of clients 0, 2
+    assert b.add_round(torch.tensor([1, 2]), torch.tensor([0.25, 0.75])) == 0.5
+    assert b.add_evaluation(torch.tensor([0.2, 0.9, nan])) == pytest.approx(0.9)  # clients 1, 2(no split)
+    assert b.add_round(torch.tensor([0, 1]), torch.tensor([0.8, 0.4])) == pytest.approx(0.6)
+    assert b.add_evaluation(torch.tensor([0.1, 0.3, 0.5])) == pytest.approx(0.2)
+    assert b.summary() == {"final/bmta_global": pytest.approx(0.9), "final/bmta_local": pytest.approx(0.6)}
+    again = BestMeanAccuracy()
+    again.load_state_dict(b.state_dict())
+    assert again.summary() == b.summary() and again.last_cohort.tolist() == [0, 1]
+
+
+def test_bmta_is_logged_at_the_end_of_a_run():
+    torch.manual_seed(0)
+    m = FederatedModule(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), client_lr=0.1, local_steps=2, fraction=0.5)
+    seen = []
+
+    class Spy(Callback):
+        def on_validation_epoch_end(self, trainer, pl_module):
+            acc = pl_module._client_accuracies()
+            seen.append(float(acc[pl_module.bmta.last_cohort].nanmean()))
+
+    run_rounds(m, FederatedDataModule(dataset="digits", num_clients=6, partition="iid"), 4, evaluate_every=2,
+               callbacks=[Spy()])
+    assert m.final_summary["final/bmta_global"] == pytest.approx(max(seen))
+    assert 0.0 < m.final_summary["final/bmta_local"] <= 1.0
