@@ -117,9 +117,8 @@ class StateStore:
 class ModuleStateStore(StateStore):
     """Keeps each declared tensor as a buffer of the component that declared it (on the device).
 
-    Args:
-        prefixes: Maps a component to its name in the Lightning module (``objective``), used in
-            :meth:`describe`; filled by :meth:`allocate`'s callers through :meth:`register_owner`.
+    :meth:`register_owner` names a component by its role in the Lightning module (``objective``),
+    the prefix of its tensors in :meth:`describe` and in the state dict.
     """
 
     def __init__(self) -> None:
