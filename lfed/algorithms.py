@@ -2,13 +2,15 @@
 
 A preset fills the :class:`~lfed.module.FederatedModule` arguments that a config leaves
 unset (``None``); anything set explicitly wins, so ``algorithm: scaffold`` with
-``sampler: attention`` is AdaFL sampling + SCAFFOLD with no new code.
+``sampler: attention`` is AdaFL sampling + SCAFFOLD with no new code. A choice is a name
+(``objective: scaffold``) or a component object (``class_path``, or a dotted class path string
+for the objective); :func:`build` turns the resolved choices into a :class:`~lfed.round.Algorithm`.
+A new algorithm in its own file is registered by one line in :data:`PRESETS` (``feddyn``).
 """
 
 from __future__ import annotations
 
-from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -78,7 +80,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     # with residuals both ways. 004's text gives no sparsity q (its implementation details are in
     # a supplement we do not have): q = 0.1 is ours; `compression: false` switches it off.
     "efl": {"objective": "efl", "partial_work": "scale", "compression": 0.1},
+    # Acar et al. 2021 (SPEC §2 feddyn): one file, lfed/client/feddyn.py (client rule + server combination)
+    "feddyn": {"objective": "lfed.client.feddyn.FedDyn"},
 }
+
+#: The preset names, as a ``Literal`` so configs and ``--help`` list and check them.
+AlgorithmName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 
 
 def resolve(algorithm: str, **explicit: Any) -> dict[str, Any]:
@@ -91,9 +98,65 @@ def resolve(algorithm: str, **explicit: Any) -> dict[str, Any]:
     for key, value in explicit.items():
         if value is not None:
             out[key] = value
+    out["aggregation_explicit"] = explicit.get("aggregation") is not None
     if isinstance(out["fraction"], tuple) and out["fraction"][0] == "stepwise":
         out["fraction"] = _stepwise(*out["fraction"][1:])
     return out
+
+
+def build(cfg: dict[str, Any], *, mu: float = 0.01, efl_lambda: float = 0.1, fisher_samples: int = 64,
+          attention_temperature: float = 1.0, time_weights: str = "softmax", sampler_alpha: float = 0.9,
+          p_inactive: float = 0.0, p_incomplete: float = 0.0):
+    """The :class:`~lfed.round.Algorithm` of a resolved composition (:func:`resolve`'s output).
+
+    Each entry of ``cfg`` is a name (built with the keyword hyper-parameters) or a component
+    object (used as it is). An objective that brings its own server combination
+    (:meth:`~lfed.client.objectives.ClientRule.server_combination`) gets it unless the user set
+    another, which is refused.
+    """
+    from lfed.client.objectives import ClientRule, build_objective
+    from lfed.participation import Participation
+    from lfed.round import Algorithm
+    from lfed.sampling import SAMPLERS, AttentionSampler, ClientSampler
+    from lfed.server.channel import Channel, Dense, TernaryTopK
+    from lfed.server.combination import ServerCombination, build_combination, check_attention_settings
+    from lfed.server.weighting import AggregationWeights, build_weights
+
+    check_attention_settings(attention_temperature, time_weights)  # checked even where unused
+
+    obj = cfg["objective"]
+    objective = obj if isinstance(obj, ClientRule) else build_objective(obj, mu, efl_lambda, fisher_samples)
+    w = cfg["weighting"]
+    weighting = w if isinstance(w, AggregationWeights) else build_weights(w, cfg["partial_work"])
+    comb = cfg["aggregation"]
+    own = objective.server_combination()
+    if own is not None:
+        if cfg.get("aggregation_explicit") and comb is not own:
+            raise ValueError(
+                f"aggregation: objective {objective.name!r} brings its own server combination "
+                f"({type(own).__name__}); leave aggregation unset"
+            )
+        combination = own
+    elif isinstance(comb, ServerCombination):
+        combination = comb
+    else:
+        combination = build_combination(comb, attention_temperature, time_weights)
+    q = cfg["compression"]
+    if isinstance(q, Channel):
+        channel = q
+    elif q is None or q is False:
+        channel = Dense()
+    else:
+        channel = TernaryTopK(q)
+    s = cfg["sampler"]
+    if isinstance(s, ClientSampler):
+        sampler = s
+    elif s not in SAMPLERS:
+        raise ValueError(f"sampler: {s!r} is not one of {tuple(SAMPLERS)}")
+    else:
+        sampler = AttentionSampler(sampler_alpha) if s == "attention" else SAMPLERS[s]()
+    participation = Participation(cfg["fraction"], p_inactive, p_incomplete)
+    return Algorithm(objective, weighting, combination, channel, sampler, participation)
 
 
 class CompositionWarning(UserWarning):
@@ -150,7 +213,7 @@ def validate_composition(
             "p_incomplete=0 makes every active client complete its budget: it is the same as 'keep' "
             "(set p_incomplete > 0 for a straggler model)"
         )
-    if cfg.get("aggregation", "mean") != "mean":
+    if cfg.get("aggregation", "mean") in ("self", "global", "time"):
         ignored = [k for k in ("weighting",) if k in explicit]
         if cfg.get("partial_work") == "scale" and "partial_work" in explicit:
             ignored.append("partial_work='scale'")

@@ -25,13 +25,13 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lfed.validation import integer
+
 __all__ = ["AttentionHeatmap", "CommunicationCost", "color_range", "render_attention"]
 
 
 def _check_every(every_n_rounds: Any) -> int:
-    if isinstance(every_n_rounds, bool) or not isinstance(every_n_rounds, int) or every_n_rounds < 1:
-        raise ValueError(f"every_n_rounds: must be an int >= 1, got {every_n_rounds!r}")
-    return every_n_rounds
+    return integer("every_n_rounds", every_n_rounds, at_least=1)
 
 
 def _wandb_loggers(trainer: Trainer) -> list:
@@ -149,6 +149,11 @@ def _figure_rgba(fig) -> np.ndarray:
     return np.asarray(fig.canvas.buffer_rgba()).copy()
 
 
+def _one_row(result) -> bool:
+    """Whether the attention has one query row (global, and time with softmax weights)."""
+    return result.matrix.shape[0] == 1
+
+
 class AttentionHeatmap(Callback):
     """Heatmaps of IGFL-S attention (SPEC §4; 000 Algorithm 3 and Fig. 2).
 
@@ -162,13 +167,15 @@ class AttentionHeatmap(Callback):
       clients ``i`` and ``j`` were both in the cohort, over every client seen so far, as in 000
       Fig. 2 ("the average of all scores"). Pairs never seen together are blank.
 
-    ``self`` and ``time`` give ``[clients × clients]`` matrices (for ``time`` row ``i`` is the
-    query of client ``i``'s previous update); ``global`` gives one row (the cohort's mean update
-    as query).
+    ``self`` and ``time`` with ``time_weights: diagonal`` give ``[clients × clients]`` matrices
+    (for ``time`` row ``i`` is the query of client ``i``'s previous update); ``global`` gives one
+    row (the cohort's mean update as query), and so does ``time`` with softmax weights (one
+    softmax over the clients' similarities to their own previous update).
 
     Images go to W&B through ``WandbLogger.log_image`` when such a logger is attached; otherwise
     they are written as PNG files ``attention_last_round00010.png`` /
-    ``attention_mean_round00010.png`` (round 10 = after ten rounds, as in the figures' titles) under ``dirpath`` (default ``<trainer.log_dir>/attention``).
+    ``attention_mean_round00010.png`` (round 10 = after ten rounds, as in the figures' titles)
+    under ``dirpath`` (default ``<trainer.log_dir>/attention``).
     With ``dirpath`` set, files are written in either case. A module that does not use attention
     (``aggregation: mean``) gets one warning and no images.
 
@@ -217,13 +224,13 @@ class AttentionHeatmap(Callback):
         ids = clients.detach().cpu().numpy().astype(np.int64)
         kept = (result.mask.detach().cpu().numpy().astype(bool) if result.mask is not None
                 else np.ones(ids.size, dtype=bool))
-        rows = 1 if result.query == "global" else num_clients
+        rows = 1 if _one_row(result) else num_clients
         if self.sums is None or self.sums.shape != (rows, num_clients) or self.query != result.query:
             self.sums = np.zeros((rows, num_clients))
             self.counts = np.zeros((rows, num_clients))
             self.query = result.query
         cols = ids[kept]
-        if result.query == "global":
+        if rows == 1:
             np.add.at(self.sums, (np.zeros_like(cols), cols), matrix[0, kept])
             np.add.at(self.counts, (np.zeros_like(cols), cols), 1.0)
         else:
@@ -245,7 +252,7 @@ class AttentionHeatmap(Callback):
         seen = np.flatnonzero(self.counts.sum(axis=0) > 0)
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = np.where(self.counts > 0, self.sums / np.maximum(self.counts, 1), np.nan)
-        if self.query == "global":
+        if self.sums.shape[0] == 1:
             return mean[:, seen], [-1], seen.tolist()
         return mean[np.ix_(seen, seen)], seen.tolist(), seen.tolist()
 
@@ -258,7 +265,7 @@ class AttentionHeatmap(Callback):
         finished = int(trainer.global_step) - 1  # the round that just ran
         result = getattr(pl_module, "last_attention", None)
         if result is None or getattr(pl_module, "last_attention_round", None) != finished:
-            if not self._warned and getattr(pl_module, "aggregation", "mean") == "mean":
+            if not self._warned and getattr(pl_module, "composition", {}).get("aggregation", "mean") == "mean":
                 rank_zero_warn("AttentionHeatmap: the module's aggregation is 'mean' (no attention); no heatmaps")
                 self._warned = True
             return
@@ -283,8 +290,9 @@ class AttentionHeatmap(Callback):
                 else np.ones(result.matrix.shape[1], dtype=bool))
         ids = pl_module.last_attention_clients.detach().cpu().numpy()[kept].tolist()
         matrix = result.matrix.detach().double().cpu().numpy()
-        matrix = matrix[:, kept] if query == "global" else matrix[np.ix_(kept, kept)]
-        rows = ["mean Δ"] if query == "global" else [str(i) for i in ids]
+        one_row = _one_row(result)
+        matrix = matrix[:, kept] if one_row else matrix[np.ix_(kept, kept)]
+        rows = {"global": ["mean Δ"], "time": ["own previous Δ"]}.get(query, []) if one_row else [str(i) for i in ids]
         row_title = {"self": "query: client Δ", "global": "query", "time": "query: client's previous Δ"}[query]
         # titles count rounds as the file names do: "round 20" is the 20th round (global step 20)
         done = getattr(pl_module, "last_attention_round", step - 1) + 1

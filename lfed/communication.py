@@ -12,12 +12,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from lfed.validation import number
+
 __all__ = ["CommunicationMeter", "check_accuracy_targets", "rounds_to_reach"]
 
 
 def _check_count(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= 0):
-        raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+    number(name, value, at_least=0)
 
 
 def check_accuracy_targets(targets: Sequence[float] | None) -> list[float]:

@@ -18,7 +18,7 @@ the whole cohort, so a client trains exactly as it would in one process. The fin
 ``[K_r, P]`` and losses are all-gathered (padded to equal size) so that every rank holds all K
 results and runs the identical server step: weighted means, IGFL attention, DWFed weights, AdaFL
 distances, SCAFFOLD/EFL state updates, compression residuals. EFL's Fisher reports are split and
-gathered the same way (:func:`fisher_cohort`). The all-gather moves ``K x P`` numbers per rank per
+gathered the same way (:func:`lfed.client.fisher.fisher_cohort`). The all-gather moves ``K x P`` numbers per rank per
 round (the uploads of the cohort), which is what the server of a real deployment receives.
 
 **Evaluation** is split too: the test set by the datamodule's unpadded sampler, client-side
@@ -31,7 +31,7 @@ With one process every helper calls the engine exactly as before: no collective,
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -40,16 +40,16 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from lfed.engine import CohortResult, CohortTrainer, StepRule, has_running_stats
+from lfed.fingerprint import tensor_bytes
 
 __all__ = [
     "Ranks",
     "ReplicaCheck",
+    "TrainJob",
     "assemble_rows",
     "assign_rows",
     "check_digests",
     "cohort_parts",
-    "fisher_cohort",
-    "fisher_share",
     "gather_rows",
     "pad_rows",
     "prepare_strategy",
@@ -189,111 +189,61 @@ def cohort_parts(num_examples: Tensor, steps_done: Tensor, batch_size: int | Non
     return assign_rows(steps_done.detach().cpu().long() * per_step.detach().cpu().long(), world_size)
 
 
-def train_share(
-    engine: CohortTrainer,
-    ranks: Ranks,
-    w_start: Tensor,
-    data_x: Tensor,
-    data_y: Tensor,
-    index: Tensor,
-    num_examples: Tensor,
-    steps_done: Tensor,
-    rule: StepRule,
-    lr: float,
-    batch_size: int | None,
-    generator: torch.Generator,
-) -> tuple[list[Tensor], CohortResult]:
+@dataclass(frozen=True)
+class TrainJob:
+    """One cohort's local training: the arguments of :meth:`CohortTrainer.train`, in its order."""
+
+    w_start: Tensor
+    data_x: Tensor
+    data_y: Tensor
+    index: Tensor
+    num_examples: Tensor
+    steps_done: Tensor
+    rule: StepRule
+    lr: float
+    batch_size: int | None
+    generator: torch.Generator
+
+    def args(self) -> tuple:
+        """The positional arguments of :meth:`CohortTrainer.train`."""
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
+def train_share(engine: CohortTrainer, ranks: Ranks, job: TrainJob) -> tuple[list[Tensor], CohortResult]:
     """This rank's part of a cohort's local training: every rank's rows, and the result of its own.
 
     No communication: :func:`train_cohort` gathers the shares. A rank with no rows (fewer clients
-    than ranks) returns an empty result. Arguments as :meth:`CohortTrainer.train`.
+    than ranks) returns an empty result.
     """
-    parts = cohort_parts(num_examples, steps_done, batch_size, ranks.world_size)
+    parts = cohort_parts(job.num_examples, job.steps_done, job.batch_size, ranks.world_size)
     mine = parts[ranks.rank]
     if mine.numel():
-        args = (w_start, data_x, data_y, index, num_examples, steps_done, rule, lr, batch_size, generator)
-        return parts, engine.train(*args, rows=mine)
+        return parts, engine.train(*job.args(), rows=mine)
     buffers = None
     if has_running_stats(engine.net):  # the loop backend returns every buffer per client
         buffers = {n: b.new_zeros((0, *b.shape)) for n, b in engine.net.named_buffers()}
+    w_start = job.w_start
     return parts, CohortResult(w_start.new_zeros(0, w_start.shape[0]), w_start.new_zeros(0), buffers)
 
 
-def train_cohort(
-    engine: CohortTrainer,
-    ranks: Ranks,
-    w_start: Tensor,
-    data_x: Tensor,
-    data_y: Tensor,
-    index: Tensor,
-    num_examples: Tensor,
-    steps_done: Tensor,
-    rule: StepRule,
-    lr: float,
-    batch_size: int | None,
-    generator: torch.Generator,
-) -> CohortResult:
+def train_cohort(engine: CohortTrainer, ranks: Ranks, job: TrainJob) -> CohortResult:
     """:meth:`CohortTrainer.train` of a whole cohort, split over the ranks.
 
-    With one process this is ``engine.train(...)`` itself. With W processes each rank trains the
-    rows :func:`cohort_parts` gives it and the final weights and losses of all rows are
+    With one process this is ``engine.train(*job.args())`` itself. With W processes each rank trains
+    the rows :func:`cohort_parts` gives it and the final weights and losses of all rows are
     all-gathered, so every rank returns the result of the whole cohort: the one-process result,
     up to the round-off of running fewer clients per vmap call (bit for bit in lfed's tests;
-    docs/distributed.md). Arguments as :meth:`CohortTrainer.train`.
+    docs/distributed.md).
     """
-    args = (w_start, data_x, data_y, index, num_examples, steps_done, rule, lr, batch_size, generator)
     if not ranks.distributed:
-        return engine.train(*args)
-    parts, local = train_share(engine, ranks, *args)
-    P = w_start.shape[0]
+        return engine.train(*job.args())
+    parts, local = train_share(engine, ranks, job)
+    P = job.w_start.shape[0]
     packed = gather_rows(ranks, torch.cat([local.weights, local.loss.to(local.weights.dtype)[:, None]], 1), parts)
     buffers = None
     if local.buffers is not None:
         buffers = {name: gather_rows(ranks, b, parts) for name, b in local.buffers.items()}
     return CohortResult(packed[:, :P], packed[:, P].to(local.loss.dtype), buffers)
-
-
-def fisher_share(
-    engine: CohortTrainer,
-    ranks: Ranks,
-    weights: Tensor,
-    data_x: Tensor,
-    data_y: Tensor,
-    index: Tensor,
-    num_examples: Tensor,
-    num_samples: int,
-    generator: torch.Generator,
-) -> tuple[list[Tensor], Tensor]:
-    """This rank's part of the Fisher reports: every rank's rows (by ``min(n_k, num_samples)``) and its own diagonals."""
-    parts = assign_rows(num_examples.detach().cpu().long().clamp(max=int(num_samples)), ranks.world_size)
-    mine = parts[ranks.rank]
-    if not mine.numel():
-        return parts, weights.new_zeros(0, weights.shape[1])
-    return parts, engine.fisher_diagonal(weights, data_x, data_y, index, num_examples, num_samples, generator, rows=mine)
-
-
-def fisher_cohort(
-    engine: CohortTrainer,
-    ranks: Ranks,
-    weights: Tensor,
-    data_x: Tensor,
-    data_y: Tensor,
-    index: Tensor,
-    num_examples: Tensor,
-    num_samples: int,
-    generator: torch.Generator,
-) -> Tensor:
-    """:meth:`CohortTrainer.fisher_diagonal` of K clients, split over the ranks (EFL reports).
-
-    With one process this is ``engine.fisher_diagonal(...)`` itself; with W processes each rank
-    computes its rows (:func:`fisher_share`) from the same example draws and the ``[K, P]``
-    diagonals are all-gathered.
-    """
-    args = (weights, data_x, data_y, index, num_examples, num_samples, generator)
-    if not ranks.distributed:
-        return engine.fisher_diagonal(*args)
-    parts, local = fisher_share(engine, ranks, *args)
-    return gather_rows(ranks, local, parts)
 
 
 def sum_over_ranks(parts: list[Tensor], ranks: Ranks, like: Tensor) -> Tensor | None:
@@ -335,9 +285,8 @@ def state_digest(module: torch.nn.Module, optimizers: list[torch.optim.Optimizer
     def add(name: str, value: Any) -> None:
         h.update(name.encode())
         if isinstance(value, Tensor):
-            t = value.detach().cpu().contiguous().reshape(-1)
-            h.update(str(t.dtype).encode())
-            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            h.update(str(value.dtype).encode())
+            h.update(tensor_bytes(value))
         else:
             h.update(repr(value).encode())
 

@@ -7,7 +7,8 @@ Every local objective of SPEC §2 is one step rule,
 with per-client or shared ``grad_scale``, ``decay`` and ``shift`` (see :class:`StepRule`):
 FedAvg has none of them, FedProx ``decay = mu, shift = -mu * w_start``, SCAFFOLD
 ``shift = c - c_k``, IGFL-C ``grad_scale = 1 + 1/|S|`` and a constant shift, EFL
-``decay = lam * U, shift = -lam * V``. The trainer therefore knows nothing about algorithms.
+``decay = lam * U, shift = -lam * V``. The trainer therefore knows nothing about algorithms
+(EFL's Fisher reports are :mod:`lfed.client.fisher`'s).
 
 Two backends with the same maths (DESIGN.md):
 
@@ -28,11 +29,12 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad, grad_and_value, vmap
+from torch.func import functional_call, grad_and_value, vmap
 
 from lfed.params import ParamLayout
 
@@ -111,15 +113,26 @@ class StepRule:
 
     def direction(self, g: Tensor, w: Tensor) -> Tensor:
         """The step direction for gradients ``g`` and weights ``w`` (both ``[K, P]`` or ``[P]``)."""
+        return self.direction_(g.clone(), w)
+
+    def direction_(self, g: Tensor, w: Tensor) -> Tensor:
+        """:meth:`direction` in place: ``g`` (a fresh gradient) becomes the direction and is returned.
+
+        The one implementation of the rule: training (:func:`_apply_step_`) and :meth:`direction` both run it.
+        """
         scale = self.grad_scale
-        if isinstance(scale, Tensor) and scale.dim() == 1 and g.dim() == 2:
-            scale = scale[:, None]
-        d = g if (not isinstance(scale, Tensor) and scale == 1.0) else scale * g
+        if isinstance(scale, Tensor):
+            g.mul_(scale[:, None] if scale.dim() == 1 and g.dim() == 2 else scale)
+        elif scale != 1.0:
+            g.mul_(scale)
         if self.decay is not None:
-            d = d + self.decay * w
+            if isinstance(self.decay, Tensor):
+                g.addcmul_(self.decay, w)
+            else:
+                g.add_(w, alpha=self.decay)
         if self.shift is not None:
-            d = d + self.shift
-        return d
+            g.add_(self.shift)
+        return g
 
     def select(self, rows: Tensor | int, num_clients: int) -> StepRule:
         """The rule of a subset of the K clients (``rows`` indexes the cohort)."""
@@ -234,21 +247,9 @@ def _apply_step_(w: Tensor, g: Tensor, rule: StepRule, lr: float) -> None:
     """``w ← w - lr * (scale g + decay ⊙ w + shift)`` in place; ``g`` (a fresh gradient) is overwritten.
 
     ``w`` and ``g`` are ``[K, P]`` (or ``[P]`` for one client), the rule's tensors broadcast
-    against them as in :meth:`StepRule.direction`.
+    against them as in :meth:`StepRule.direction` (whose in-place form this runs).
     """
-    scale = rule.grad_scale
-    if isinstance(scale, Tensor):
-        g.mul_(scale[:, None] if scale.dim() == 1 and g.dim() == 2 else scale)
-    elif scale != 1.0:
-        g.mul_(scale)
-    if rule.decay is not None:
-        if isinstance(rule.decay, Tensor):
-            g.addcmul_(rule.decay, w)
-        else:
-            g.add_(w, alpha=rule.decay)
-    if rule.shift is not None:
-        g.add_(rule.shift)
-    w.add_(g, alpha=-lr)
+    w.add_(rule.direction_(g, w), alpha=-lr)
 
 
 class CohortTrainer:
@@ -273,7 +274,7 @@ class CohortTrainer:
         self,
         net: nn.Module,
         loss: nn.Module | LossFn | None = None,
-        backend: str = "auto",
+        backend: Literal["auto", "vmap", "loop"] = "auto",
         chunk_size: int | None = None,
         trace: bool = True,
     ) -> None:
@@ -338,10 +339,6 @@ class CohortTrainer:
         if per_example.dim() > 1:  # e.g. squared errors [B, outputs]: one mean per example
             per_example = per_example.reshape(per_example.shape[0], -1).mean(1)
         return (per_example * mask).sum() / mask.sum().clamp_min(1)
-
-    def _example_loss(self, flat: Tensor, x: Tensor, y: Tensor, buffers: dict[str, Tensor]) -> Tensor:
-        out = functional_call(self.net, (self.layout.unflatten(flat), buffers), (x[None],))
-        return self.loss_fn(out, y[None]).sum()
 
     # ----------------------------------------------------------------- training
     def train(
@@ -565,70 +562,3 @@ class CohortTrainer:
         if track:
             stacked = {n: torch.stack([b[n] for b in client_buffers]) for n in base_buffers}
         return CohortResult(W, losses, stacked)
-
-    # ----------------------------------------------------------------- Fisher information
-    def fisher_diagonal(
-        self,
-        weights: Tensor,
-        data_x: Tensor,
-        data_y: Tensor,
-        index: Tensor,
-        num_examples: Tensor,
-        num_samples: int,
-        generator: torch.Generator,
-        max_elements: int = 2**26,
-        rows: Tensor | None = None,
-    ) -> Tensor:
-        """Empirical Fisher diagonal of each client at its own weights (EFL, SPEC §2 efl).
-
-        ``diag(F_k) = mean_i (∂ loss(x_i) / ∂ w)²`` over ``min(n_k, num_samples)`` of client
-        k's examples drawn without replacement: squared per-example gradients, never
-        squared batch gradients.
-
-        Args:
-            weights: ``[K, P]`` client weights (``w_end``).
-            num_samples: Examples per client (>= 1).
-            max_elements: Bound on ``K * chunk * P`` per-example gradient entries held at once.
-            rows: Only these rows (``[K_r]`` indices; None: all K). The examples are still drawn
-                for all K, so a row's diagonal is the one it has beside the others
-                (:mod:`lfed.distributed` splits the Fisher reports over ranks so).
-
-        Returns:
-            ``[K, P]`` Fisher diagonals (``[K_r, P]`` with ``rows``).
-        """
-        if num_samples < 1:
-            raise ValueError(f"num_samples: must be >= 1, got {num_samples}")
-        K, P = weights.shape
-        n = num_examples.detach().cpu().long()
-        max_n = int(n.max())
-        S = min(int(num_samples), max_n)
-        keys = torch.rand(K, max_n, generator=generator, dtype=torch.float64)
-        keys.masked_fill_(torch.arange(max_n) >= n[:, None], math.inf)
-        pos = keys.argsort(dim=1)[:, :S].to(index.device)
-        count = torch.minimum(n, torch.tensor(S)).to(weights.device, weights.dtype)
-        valid = (torch.arange(S)[None, :] < n[:, None].clamp(max=S)).to(weights.device, weights.dtype)
-        idx = index.gather(1, pos)
-        if rows is not None:
-            at = rows.to(weights.device)
-            weights, idx, count, valid = weights[at], idx[at.to(idx.device)], count[at], valid[at]
-        buffers = {n: b.clone() for n, b in self._buffers().items()}  # running stats must not move
-        total = torch.zeros_like(weights)
-        if self.resolve_backend(data_x, data_y) == "vmap":
-            per_example = vmap(
-                vmap(grad(self._example_loss), in_dims=(None, 0, 0, None), randomness="different"),
-                in_dims=(0, 0, 0, None),
-                randomness="different",
-            )
-            chunk = max(1, min(S, max_elements // max(K * P, 1)))
-            for lo in range(0, S, chunk):
-                sl = slice(lo, min(lo + chunk, S))
-                g = per_example(weights, data_x[idx[:, sl]], data_y[idx[:, sl]], buffers)  # [K, c, P]
-                total += (g.square() * valid[:, sl, None]).sum(1)
-        else:
-            for k in range(weights.shape[0]):
-                for i in range(int(count[k])):
-                    leaf = weights[k].detach().clone().requires_grad_(True)  # own memory: bits do not depend on the row's place
-                    loss = self._example_loss(leaf, data_x[idx[k, i]], data_y[idx[k, i]], buffers)
-                    (g,) = torch.autograd.grad(loss, leaf)
-                    total[k] += g.square()
-        return total / count[:, None]

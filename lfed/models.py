@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lfed.validation import integer
+
 __all__ = [
     "LogisticRegression",
     "MLP",
@@ -59,8 +61,7 @@ def count_parameters(model: nn.Module) -> int:
 
 
 def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    integer(name, value, at_least=1)
 
 
 def _as_images(x: Tensor, channels: int, height: int, width: int) -> Tensor:

@@ -1,18 +1,20 @@
 """FederatedModule: one federated round per Lightning training step (SPEC §1).
 
-``automatic_optimization`` is off; each ``training_step`` samples a cohort, trains it on the
-device with :class:`~lfed.engine.CohortTrainer`, aggregates the updates on the server and calls
-the server optimizer's ``step()`` exactly once, so ``global_step == round`` and Lightning's
-``max_steps``, ``val_check_interval``, checkpointing, loggers and progress bar all count
-rounds. The global model is ``self.net``; every per-client tensor is a buffer of this module
-(or of its objective / sampler), so a checkpoint resumes a run exactly.
+``automatic_optimization`` is off; each ``training_step`` runs :func:`lfed.round.run_round`
+(sample a cohort, train it on the device with :class:`~lfed.engine.CohortTrainer`, combine
+the updates) and the server optimizer's ``step()`` exactly once, so ``global_step == round`` and
+Lightning's ``max_steps``, ``val_check_interval``, checkpointing, loggers and progress bar all
+count rounds. The global model is ``self.net``; the round's components are submodules
+(``objective``, ``weighting``, ``combination``, ``channel``, ``sampler``, ``participation``,
+``history``) whose declared state (:mod:`lfed.state`) is in the state dict, so a checkpoint
+resumes a run exactly.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningModule
@@ -20,44 +22,59 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 
 from lfed import algorithms
-from lfed.client.objectives import Cohort, build_objective, check_state_shapes
-from lfed.distributed import Ranks, fisher_cohort, prepare_strategy, train_cohort
-from lfed.evaluation import BestMeanAccuracy, GlobalEvaluation, check_task, check_trainer_schedule, client_accuracies, is_classification, local_accuracy, request_final_evaluation, worst_share_mean
-from lfed.engine import BACKENDS, CohortTrainer, as_per_example_loss, steps_per_epoch
-from lfed.params import ParamLayout
-from lfed.rng import round_generator, seeded_global_rng
-from lfed.sampling import SAMPLERS, AttentionSampler, FractionSchedule, as_schedule, cohort_size
-import warnings
-
-from lfed.server.weights import PARTIAL_WORK, WEIGHT_RULES, DegenerateWeightsWarning, aggregation_weights, counting_mask
-from lfed.stragglers import Stragglers
+from lfed.client.objectives import ClientRule
 from lfed.communication import CommunicationMeter, check_accuracy_targets
+from lfed.distributed import Ranks, prepare_strategy
+from lfed.engine import BACKENDS, CohortTrainer, as_per_example_loss
+from lfed.evaluation import (
+    BestMeanAccuracy,
+    GlobalEvaluation,
+    check_task,
+    check_trainer_schedule,
+    client_accuracies,
+    is_classification,
+    local_accuracy,
+    request_final_evaluation,
+    worst_share_mean,
+)
+from lfed.params import ParamLayout
+from lfed.round import LocalTraining, run_round, setup_state
+from lfed.sampling import ClientSampler, FractionSchedule
+from lfed.server.channel import Channel
+from lfed.server.combination import ServerCombination
+from lfed.server.weighting import AggregationWeights
+from lfed.state import ModuleStateStore
+from lfed.validation import integer, number, one_of
 
-AGGREGATIONS = ("mean", "self", "global", "time")
+#: Arguments that choose a component (a name, or a component object from ``class_path``).
+COMPOSED = ("objective", "weighting", "partial_work", "aggregation", "compression", "sampler", "fraction", "server_optimizer")
 
 
 class FederatedModule(LightningModule):
     """Federated training of one global model over simulated clients.
 
     Every argument left ``None`` comes from the preset ``algorithm`` (see
-    :mod:`lfed.algorithms`); set any of them to compose your own algorithm.
+    :mod:`lfed.algorithms`); set any of them to compose your own algorithm, by name or as a
+    component (``class_path``; see ``docs/extending.md``).
 
     Args:
         net: The global model (any ``nn.Module``). None builds lfed's MLP 2NN sized from the data.
-        algorithm: Preset name: fedavg, fedavgm, fedadam, fedyogi, fedadagrad, fedprox, scaffold,
-            igfl, igfl_c, igfl_s, igfl_s_self, igfl_s_global, igfl_s_time, dwfed, adafl,
-            adafl_scaffold, adafl_fedprox, efl.
-        objective: Local objective: plain, prox, scaffold, igfl, efl (SPEC §2).
+        algorithm: Preset name (:data:`lfed.algorithms.PRESETS`): fedavg, fedavgm, fedadam, fedyogi,
+            fedadagrad, fedprox, scaffold, igfl, igfl_c, igfl_s, igfl_s_self, igfl_s_global,
+            igfl_s_time, dwfed, adafl, adafl_scaffold, adafl_fedprox, efl, feddyn.
+        objective: Client rule (SPEC §2): plain, prox, scaffold, igfl, efl, or a ``ClientRule``.
         mu: FedProx proximal coefficient.
         efl_lambda: EFL elastic coefficient λ.
         fisher_samples: EFL examples per client for the Fisher diagonal.
-        weighting: Aggregation weights: size, uniform, dwfed (SPEC §3).
+        weighting: Aggregation weights (SPEC §3): size, uniform, dwfed, or an ``AggregationWeights``.
         partial_work: What stragglers' partial work counts for: keep, drop, scale (EFL T/s).
-        aggregation: Server combination: mean, or IGFL-S attention self, global, time (SPEC §4).
+        aggregation: Server combination (SPEC §4): mean, or IGFL-S attention with query self,
+            global or time; or a ``ServerCombination``.
         attention_temperature: Temperature τ of the attention softmax (ψ/τ), > 0.
-        compression: Sparsity q in (0, 1] of ternary compression with residuals (SPEC §7); None takes
-            the preset's choice (off for all but ``efl``); False switches compression off.
-        sampler: Client sampler: uniform, attention (AdaFL, SPEC §5).
+        time_weights: Time attention's weights (SPEC §4): softmax (default) or diagonal (literal).
+        compression: Sparsity q in (0, 1] of ternary compression with residuals (SPEC §7), or a
+            ``Channel``; None takes the preset's choice (off for all but ``efl``); False: dense.
+        sampler: Client sampler (SPEC §5): uniform, attention (AdaFL), or a ``ClientSampler``.
         sampler_alpha: AdaFL score decay α in [0, 1).
         fraction: Participation fraction C in (0, 1], or a schedule (lfed.sampling.StepwiseFraction ...).
         p_inactive: Probability that a sampled client does no work (SPEC §6).
@@ -77,17 +94,18 @@ class FederatedModule(LightningModule):
     def __init__(
         self,
         net: nn.Module | None = None,
-        algorithm: str = "fedavg",
-        objective: str | None = None,
+        algorithm: algorithms.AlgorithmName = "fedavg",
+        objective: Literal["plain", "prox", "scaffold", "igfl", "efl"] | ClientRule | None = None,
         mu: float = 0.01,
         efl_lambda: float = 0.1,
         fisher_samples: int = 64,
-        weighting: str | None = None,
-        partial_work: str | None = None,
-        aggregation: str | None = None,
+        weighting: Literal["size", "uniform", "dwfed"] | AggregationWeights | None = None,
+        partial_work: Literal["keep", "drop", "scale"] | None = None,
+        aggregation: Literal["mean", "self", "global", "time"] | ServerCombination | None = None,
         attention_temperature: float = 1.0,
-        compression: float | bool | None = None,
-        sampler: str | None = None,
+        time_weights: Literal["softmax", "diagonal"] = "softmax",
+        compression: float | bool | Channel | None = None,
+        sampler: Literal["uniform", "attention"] | ClientSampler | None = None,
         sampler_alpha: float = 0.9,
         fraction: float | FractionSchedule | None = None,
         p_inactive: float = 0.0,
@@ -97,92 +115,63 @@ class FederatedModule(LightningModule):
         batch_size: int | None = 10,
         local_epochs: int = 1,
         local_steps: int | None = None,
-        backend: str = "auto",
+        backend: Literal["auto", "vmap", "loop"] = "auto",
         chunk_size: int | None = None,
         loss: nn.Module | None = None,
         seed: int = 0,
         accuracy_targets: list[float] | None = None,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["net", "loss"])
+        given = dict(objective=objective, weighting=weighting, partial_work=partial_work, aggregation=aggregation,
+                     compression=compression, sampler=sampler, fraction=fraction, server_optimizer=server_optimizer)
+        objects = [k for k, v in given.items() if isinstance(v, nn.Module)]  # rebuilt from the config, not pickled
+        self.save_hyperparameters(ignore=["net", "loss", *objects])
         self.automatic_optimization = False
-        cfg = algorithms.resolve(
-            algorithm,
-            objective=objective,
-            weighting=weighting,
-            partial_work=partial_work,
-            aggregation=aggregation,
-            compression=compression,
-            sampler=sampler,
-            fraction=fraction,
-            server_optimizer=server_optimizer,
+        number("client_lr", client_lr, above=0)
+        if batch_size is not None:
+            integer("batch_size", batch_size, at_least=1, detail=" or None (full batch)")
+        if local_steps is None:
+            integer("local_epochs", local_epochs, at_least=1)
+        else:
+            integer("local_steps", local_steps, at_least=1, detail=" or None (local_epochs)")
+        one_of("backend", backend, BACKENDS)
+        number("sampler_alpha", sampler_alpha, at_least=0, below=1, detail=" (AdaFL's score decay α)")
+        cfg = algorithms.resolve(algorithm, **given)
+        self.explicit = {k for k, v in given.items() if v is not None}
+        self.components = algorithms.build(
+            cfg, mu=mu, efl_lambda=efl_lambda, fisher_samples=fisher_samples, attention_temperature=attention_temperature,
+            time_weights=time_weights, sampler_alpha=sampler_alpha, p_inactive=p_inactive, p_incomplete=p_incomplete,
         )
-        _check_positive("client_lr", client_lr)
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size: must be >= 1 or None (full batch), got {batch_size}")
-        if local_steps is None and local_epochs < 1:
-            raise ValueError(f"local_epochs: must be >= 1, got {local_epochs}")
-        if local_steps is not None and local_steps < 1:
-            raise ValueError(f"local_steps: must be >= 1 or None, got {local_steps}")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend: {backend!r} is not one of {BACKENDS}")
-        if cfg["aggregation"] not in AGGREGATIONS:
-            raise ValueError(f"aggregation: {cfg['aggregation']!r} is not one of {AGGREGATIONS}")
-        if cfg["weighting"] not in WEIGHT_RULES:
-            raise ValueError(f"weighting: {cfg['weighting']!r} is not one of {WEIGHT_RULES}")
-        if cfg["partial_work"] not in PARTIAL_WORK:
-            raise ValueError(f"partial_work: {cfg['partial_work']!r} is not one of {PARTIAL_WORK}")
-        _check_positive("attention_temperature", attention_temperature)
-        if cfg["compression"] is False:  # explicitly off, also for a preset that compresses (efl)
-            cfg["compression"] = None
-        if cfg["compression"] is not None:
-            from lfed.server.compression import validate_sparsity
-
-            validate_sparsity(cfg["compression"])
-        if cfg["sampler"] not in SAMPLERS:
-            raise ValueError(f"sampler: {cfg['sampler']!r} is not one of {tuple(SAMPLERS)}")
-        if isinstance(sampler_alpha, bool) or not isinstance(sampler_alpha, (int, float)) or not 0.0 <= sampler_alpha < 1.0:
-            raise ValueError(f"sampler_alpha: must be a number in [0, 1) (AdaFL's score decay α), got {sampler_alpha!r}")
+        for role, component in self.components.roles().items():  # submodules: their state is in the state dict
+            if any(m is component for m in self._modules.values()):  # one component in two roles (FedDyn): once
+                object.__setattr__(self, role, component)
+            else:
+                setattr(self, role, component)
         self.algorithm = algorithm
-        self.objective = build_objective(cfg["objective"], mu=mu, efl_lambda=efl_lambda, fisher_samples=fisher_samples)
-        self.weighting = cfg["weighting"]
-        self.partial_work = cfg["partial_work"]
-        self.aggregation = cfg["aggregation"]
-        self.compression = cfg["compression"]
-        self.sampler = AttentionSampler(sampler_alpha) if cfg["sampler"] == "attention" else SAMPLERS[cfg["sampler"]]()
-        self.fraction = as_schedule(cfg["fraction"])
-        self.stragglers = Stragglers(p_inactive, p_incomplete)
         self.server_optimizer = cfg["server_optimizer"]
-        self.net = net
-        self.loss = loss
-        self.loss_fn = as_per_example_loss(loss)
-        self.client_lr = float(client_lr)
-        self.batch_size = batch_size
-        self.local_epochs = local_epochs
-        self.local_steps = local_steps
-        self.backend = backend
-        self.chunk_size = chunk_size
-        self.seed = seed
-        self.attention_temperature = float(attention_temperature)
+        self.training_plan = LocalTraining(float(client_lr), batch_size, local_epochs, local_steps)
+        self.net, self.loss, self.loss_fn = net, loss, as_per_example_loss(loss)
+        self.backend, self.chunk_size, self.seed = backend, chunk_size, seed
         self.accuracy_targets = check_accuracy_targets(accuracy_targets)
         self.comm = CommunicationMeter()
         self.eval_history: list[tuple[int, float]] = []
         self.fed = None  # FederatedData on the device, set on fit start
         self.engine: CohortTrainer | None = None
+        self.store = ModuleStateStore()
         self.evaluation = GlobalEvaluation()
         self.bmta = BestMeanAccuracy()
         if net is not None:
-            self._init_layout()
-
-    # ------------------------------------------------------------------ setup
-    def _init_layout(self) -> None:
-        self.layout = ParamLayout.from_module(self.net)
+            self.layout = ParamLayout.from_module(self.net)
 
     @property
-    def needs_history(self) -> bool:
-        """Whether previous client updates and the last global change are kept."""
-        return self.objective.needs_history or self.aggregation == "time"
+    def composition(self) -> dict[str, Any]:
+        """The names of the round's components (for logs, the fingerprint and composition checks)."""
+        c = self.components
+        return {"objective": c.objective.name, "weighting": c.weighting.name, "partial_work": c.weighting.partial_work,
+                "aggregation": c.combination.name, "compression": c.channel.sparsity, "sampler": c.sampler.name,
+                "fraction": c.participation.fraction}
 
+    # ------------------------------------------------------------------ setup
     def _datamodule(self):
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if dm is None or not hasattr(dm, "build"):
@@ -190,25 +179,17 @@ class FederatedModule(LightningModule):
         return dm
 
     def setup(self, stage: str) -> None:
-        """Build the default net if none was given and allocate per-client state for N clients."""
+        """Build the default net if none was given and allocate every component's state for N clients."""
         data = self._datamodule().build()
         if self.net is None:
             from lfed.models import MLP
 
             outputs = data.num_classes if data.num_classes is not None else math.prod(data.train_y.shape[1:])
             self.net = MLP(in_features=math.prod(data.train_x.shape[1:]), num_classes=outputs)
-            self._init_layout()
+            self.layout = ParamLayout.from_module(self.net)
         check_task(self.net, data, self.loss)  # the net's output against the classes / targets, before round 0
-        N, P = data.num_clients, self.layout.num_params
         like = next(self.net.parameters()).detach()
-        self.objective.setup(N, P, like)
-        self.sampler.setup(data.client_sizes)
-        if self.needs_history:
-            self.register_buffer("previous_update", like.new_zeros(N, P))
-            self.register_buffer("global_change", like.new_zeros(P))
-        if self.compression is not None:
-            self.register_buffer("client_residual", like.new_zeros(N, P))
-            self.register_buffer("server_residual", like.new_zeros(P))
+        setup_state(self.components, self.store, data.client_sizes, self.layout.num_params, like)
         self.engine = CohortTrainer(self.net, self.loss, self.backend, self.chunk_size)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -232,184 +213,73 @@ class FederatedModule(LightningModule):
         if self.loss is None and d.task == "regression":
             raise ValueError("loss: the default (cross-entropy) needs class labels, but the targets are floating "
                              "(regression); give a regression loss, e.g. loss=torch.nn.MSELoss()")
-        if self.weighting == "dwfed":
+        names = self.composition
+        if names["weighting"] == "dwfed":
             d.require_labels("weighting='dwfed' (label-count weights)")
-        self._validate_composition(d.num_clients)
-        backend = self.engine.resolve_backend(d.train_x, d.train_y)
-        rank_zero_info(
-            f"lfed: {self.algorithm} on {d.num_clients} clients, {self.layout.num_params:,} parameters, "
-            f"backend={backend}, objective={self.objective.name}, weighting={self.weighting}, "
-            f"aggregation={self.aggregation}, sampler={type(self.sampler).__name__}, fraction={self.fraction}, "
-            f"server_optimizer={describe_optimizer(self.server_optimizer)}"
-        )
-
-    def _validate_composition(self, num_clients: int) -> None:
-        """Warn about (or refuse) settings that make no sense together (algorithms.validate_composition)."""
-        cfg = {
-            "objective": self.objective.name, "weighting": self.weighting, "partial_work": self.partial_work,
-            "aggregation": self.aggregation, "compression": self.compression, "fraction": self.fraction,
-            "sampler": "attention" if isinstance(self.sampler, AttentionSampler) else "uniform",
-        }
-        explicit = {k for k in cfg if self.hparams.get(k) is not None}
-        for message in algorithms.validate_composition(
-            cfg, explicit, p_inactive=self.stragglers.p_inactive, p_incomplete=self.stragglers.p_incomplete,
-            mu=getattr(self.objective, "mu", None), efl_lambda=getattr(self.objective, "lam", None),
-            num_clients=num_clients, total_rounds=self._total_rounds(),
+        for message in algorithms.validate_composition(  # settings that make no sense together
+            names, self.explicit, p_inactive=self.participation.stragglers.p_inactive,
+            p_incomplete=self.participation.stragglers.p_incomplete, mu=getattr(self.objective, "mu", None),
+            efl_lambda=getattr(self.objective, "lam", None), num_clients=d.num_clients, total_rounds=self._total_rounds(),
         ):
             rank_zero_warn(message, category=algorithms.CompositionWarning)
+        backend = self.engine.resolve_backend(d.train_x, d.train_y)
+        rank_zero_info(
+            f"lfed: {self.algorithm} on {d.num_clients} clients, {self.layout.num_params:,} parameters, backend={backend}, "
+            + ", ".join(f"{k}={v}" for k, v in names.items()) + f", server_optimizer={describe_optimizer(self.server_optimizer)}"
+        )
 
     # ------------------------------------------------------------------ one round
     def _total_rounds(self) -> int | None:
         ms = getattr(self.trainer, "max_steps", -1)
         return ms if ms and ms > 0 else None
 
-    def step_budget(self, num_examples: Tensor) -> Tensor:
-        """Planned local steps ``T_k``: ``local_steps``, or ``E * ceil(n_k / B)``."""
-        if self.local_steps is not None:
-            return torch.full_like(num_examples, self.local_steps)
-        return self.local_epochs * steps_per_epoch(num_examples, self.batch_size)
-
     def training_step(self, batch: Any, batch_idx: int) -> None:
-        """One federated round (SPEC §1)."""
+        """One federated round (SPEC §1): :func:`lfed.round.run_round` and the server optimizer."""
         r = int(self.global_step)
-        d = self._device_data()
-        N = d.num_clients
-        k = cohort_size(self.fraction(r, self._total_rounds()), N)
-        clients, _ = self.sampler.sample(r, k, round_generator(self.seed, r, "sample"))
-        clients = clients.to(self.device)
-        n_k = d.client_sizes[clients]
-        budget = self.step_budget(n_k)
-        steps_done = self.stragglers.draw(budget.cpu(), round_generator(self.seed, r, "stragglers")).to(self.device)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", DegenerateWeightsWarning)
-            weights = aggregation_weights(
-                self.weighting,
-                num_examples=n_k,
-                steps_done=steps_done,
-                step_budget=budget,
-                partial_work=self.partial_work,
-                client_label_counts=d.label_counts[clients],
-                population_label_counts=d.label_counts.sum(0),
-                dtype=torch.float64,
-            )
-        for w in caught:
-            rank_zero_warn(f"round {r}: {w.message}")
         optimizer = self.optimizers()
-        counting = counting_mask(steps_done, budget, self.partial_work)
-        if not bool(counting.any()):
+        trainable = [p for p in self.net.parameters() if p.requires_grad]
+
+        def server_step(delta: Tensor) -> Tensor:
+            optimizer.zero_grad(set_to_none=True)
+            for p, g in zip(trainable, self.layout.unflatten(-delta).values()):
+                p.grad = g.clone()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return self.layout.module_vector(self.net)
+
+        _, rec = run_round(
+            self.components, self.layout.module_vector(self.net), self._device_data(), self.training_plan, self.engine,
+            round=r, seed=self.seed, total_rounds=self._total_rounds(), sizes=self.layout.sizes,
+            server_step=server_step, ranks=Ranks.of(self),
+        )
+        self.last_round = rec
+        for message in rec.warnings:
+            rank_zero_warn(f"round {r}: {message}")
+        if rec.skipped:
             rank_zero_warn(f"round {r}: no client's work counts (all inactive or dropped); the round is skipped")
-            self.bmta.add_round(clients, None)
+            self.bmta.add_round(rec.cohort.clients, None)
             optimizer.zero_grad(set_to_none=True)
             optimizer.step()  # no gradients: advances the round counter only
             self.log("round/skipped", 1.0)
             # the cohort was sampled and sent the model, but nobody's upload counts
-            self.log_dict(self.comm.record(0, bits_down=clients.numel() * self._bits(dense=self.compression is None)))
+            self.log_dict(self.comm.record(0, bits_down=rec.bits_down))
             return
-
-        w0 = self.layout.module_vector(self.net)
-        cohort = Cohort(r, clients, n_k, budget, steps_done, N)
-        if self.needs_history:
-            cohort.previous_update = self.previous_update[clients]
-            cohort.global_change = self.global_change
-        rule = self.objective.step_rule(cohort, w0, self.client_lr)
-        ranks = Ranks.of(self)
-        with seeded_global_rng(self.seed, r, "dropout", self.device):  # a model's own randomness (dropout)
-            result = train_cohort(  # the cohort split over the ranks (lfed.distributed)
-                self.engine, ranks, w0, d.train_x, d.train_y, d.client_index[clients], n_k, steps_done, rule,
-                self.client_lr, self.batch_size, round_generator(self.seed, r, "batches"),
-            )
-        self._check_finite(result.loss[:, None], r, clients, "training losses")
-        updates = result.weights - w0
-        self._check_finite(updates, r, clients, "client updates")
-
-        def fisher(rows: Tensor) -> Tensor:
-            return fisher_cohort(
-                self.engine, ranks, result.weights[rows], d.train_x, d.train_y, d.client_index[clients][rows], n_k[rows],
-                self.objective.fisher_samples, round_generator(self.seed, r, "fisher"),
-            )
-
-        with seeded_global_rng(self.seed, r, "fisher_dropout", self.device):
-            self.objective.after_local(cohort, w0, result.weights, self.client_lr, fisher)
-
-        sent = updates
-        if self.compression is not None:
-            sent = self._compress_upstream(updates, clients, counting)
-        delta, extra = self._combine(sent, weights.to(sent.dtype), counting, cohort)
-        if self.compression is not None:
-            delta = self._compress_downstream(delta)
-        self._check_finite(delta, r, clients, "the aggregated update")
-
-        optimizer.zero_grad(set_to_none=True)
-        for p, g in zip((p for p in self.net.parameters() if p.requires_grad), self.layout.unflatten(-delta).values()):
-            p.grad = g.clone()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        w1 = self.layout.module_vector(self.net)
-        self._check_finite(w1, r, clients, "the global model")
-
-        if result.buffers is not None:
-            self._aggregate_buffers(result.buffers, weights)
-        active = cohort.active
-        if self.needs_history:
-            self.previous_update[clients[active]] = updates[active]
-            self.global_change.copy_(w1 - w0)
-        # AdaFL scores (SPEC §5) move only for clients whose model the server received and used:
-        # an inactive or dropped client uploaded nothing, so it has no distance and keeps its score.
-        self.sampler.update(clients[counting], (result.weights[counting] - w1).norm(dim=1))
+        if rec.result.buffers is not None:
+            self._aggregate_buffers(rec.result.buffers, rec.weights)
+        if rec.attention is not None:  # for lfed.callbacks.AttentionHeatmap
+            self.last_attention, self.last_attention_clients, self.last_attention_round = rec.attention, rec.cohort.clients, r
         local = None  # bmta_local (SPEC §9): the counting participants' w_k_end on their own held-out splits
-        if bool(counting.any()) and is_classification(d.train_y):
-            local = local_accuracy(self.net, self.layout, result.weights[counting], d, clients[counting])
+        counting, clients, d = rec.cohort.counting, rec.cohort.clients, self._device_data()
+        if is_classification(d.train_y):
+            local = local_accuracy(self.net, self.layout, rec.result.weights[counting], d, clients[counting])
         local_mean = self.bmta.add_round(clients, local)
         if local_mean is not None:
             self.log("client/local_acc_mean", local_mean)
-        self._log_round(r, clients, counting, result.loss, active, weights, extra)
-
-    def _check_finite(self, x: Tensor, r: int, clients: Tensor, what: str) -> None:
-        if bool(torch.isfinite(x).all()):
-            return
-        if x.dim() == 2:
-            bad = clients[~torch.isfinite(x).all(dim=1)].tolist()
-            detail = f"from clients {bad}"
-        else:
-            detail = f"(cohort {clients.tolist()})"
-        raise FloatingPointError(
-            f"round {r}: {what} contain NaN or Inf {detail}; stopping so no bad weights are saved. "
-            "Lower client_lr, check the data of these clients, or resume from the last good checkpoint."
-        )
-
-    def _combine(self, sent: Tensor, weights: Tensor, counting: Tensor, cohort: Cohort) -> tuple[Tensor, dict]:
-        """Server combination (SPEC §4): weighted mean or IGFL-S attention."""
-        if self.aggregation == "mean":
-            return weights @ sent, {}
-        from lfed.server.attention import attention_combine
-
-        res = attention_combine(
-            sent, query=self.aggregation, previous_updates=cohort.previous_update,
-            temperature=self.attention_temperature, mask=counting,
-        )
-        self.last_attention = res  # for lfed.callbacks.AttentionHeatmap
-        self.last_attention_clients = cohort.clients
-        self.last_attention_round = cohort.round
-        return res.update, {"attention/entropy": float(res.entropy), "attention/weight_sum": float(res.weights.sum())}
-
-    def _compress_upstream(self, updates: Tensor, clients: Tensor, counting: Tensor) -> Tensor:
-        """Client-side ST with residuals for the clients whose upload counts (SPEC §7)."""
-        from lfed.server.compression import compress_with_residual
-
-        sent = torch.zeros_like(updates)
-        ids = clients[counting]
-        out, residual = compress_with_residual(updates[counting], self.client_residual[ids], self.layout.sizes, self.compression)
-        sent[counting] = out
-        self.client_residual[ids] = residual
-        return sent
-
-    def _compress_downstream(self, delta: Tensor) -> Tensor:
-        """Server-side ST with residual: the model moves by the broadcast update (SPEC §7)."""
-        from lfed.server.compression import compress_with_residual
-
-        out, residual = compress_with_residual(delta, self.server_residual, self.layout.sizes, self.compression)
-        self.server_residual.copy_(residual)
-        return out
+        metrics = rec.metrics()
+        if "train/loss" in metrics:
+            self.log("train/loss", metrics.pop("train/loss"), prog_bar=True)
+        self.log_dict(metrics)
+        self.log_dict(self.comm.record(rec.uploads, bits_up=rec.bits_up, bits_down=rec.bits_down))
 
     def _aggregate_buffers(self, buffers: dict[str, Tensor], weights: Tensor) -> None:
         """Average floating buffers (BatchNorm running stats) with the normalised weights."""
@@ -420,26 +290,6 @@ class FederatedModule(LightningModule):
                 own[name].copy_(torch.einsum("k,k...->...", a.to(stacked.dtype), stacked))
             else:
                 own[name].copy_(stacked.max(0).values)
-
-    def _bits(self, dense: bool) -> int:
-        from lfed.server import compression as c
-
-        if dense or self.compression is None:
-            return c.dense_bits(self.layout.sizes)
-        return c.ternary_bits(self.layout.sizes, self.compression)
-
-    def _log_round(self, r, clients, counting, losses, active, weights, extra) -> None:
-        uploads = int(counting.sum())
-        per_client = self._bits(dense=self.compression is None)
-        metrics = self.comm.record(uploads, bits_up=uploads * per_client, bits_down=clients.numel() * per_client)
-        if bool(active.any()):
-            self.log("train/loss", losses[active].mean(), prog_bar=True)
-        self.log("round/clients", float(clients.numel()))
-        self.log("round/active", float(active.sum()))
-        self.log("round/weight_sum", float(weights.sum()))
-        self.log_dict(metrics)
-        if extra:
-            self.log_dict(extra)
 
     # ------------------------------------------------------------------ evaluation (SPEC §9, lfed.evaluation)
     def on_validation_epoch_start(self) -> None:
@@ -522,7 +372,7 @@ class FederatedModule(LightningModule):
         rank_zero_info("lfed: " + ", ".join(f"{k}={v:.4g}" for k, v in summary.items()))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        from lfed.checkpoint import module_fingerprint
+        from lfed.fingerprint import module_fingerprint
 
         checkpoint["lfed"] = {
             "comm": self.comm.state_dict(),
@@ -533,7 +383,7 @@ class FederatedModule(LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another run (lfed.checkpoint.verify_fingerprint), then restore."""
-        from lfed.checkpoint import module_fingerprint, verify_fingerprint
+        from lfed.fingerprint import module_fingerprint, verify_fingerprint
 
         state = checkpoint.get("lfed")
         verify_fingerprint((state or {}).get("fingerprint"), module_fingerprint(self))
@@ -542,13 +392,3 @@ class FederatedModule(LightningModule):
             self.eval_history = [tuple(x) for x in state["eval_history"]]
             if "bmta" in state:
                 self.bmta.load_state_dict(state["bmta"])
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
-        # Per-client history and residuals ([N, P]) made for other clients or another model fail clearly.
-        check_state_shapes(self, state_dict, prefix)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
-
-
-def _check_positive(name: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name}: must be a finite number > 0, got {value!r}")

@@ -3,7 +3,7 @@
 SPEC §5. A round draws ``K_t = cohort_size(γ_t, N)`` clients, where ``γ_t`` comes
 from a :class:`FractionSchedule` (constant, AdaFL's stepwise schedule, or an
 explicit list), with a :class:`ClientSampler` (uniform, or AdaFL's attention
-sampler whose scores are module buffers so they ride in the checkpoint).
+sampler whose scores are declared state, :mod:`lfed.state`, so they ride in the checkpoint).
 
 The straggler model (SPEC §6) and the communication meter (SPEC §5, §7) live in
 :mod:`lfed.stragglers` and :mod:`lfed.communication`; they are re-exported here.
@@ -19,6 +19,8 @@ import torch
 from torch import Tensor
 
 from lfed.communication import CommunicationMeter, rounds_to_reach
+from lfed.component import Cohort, Component, standalone_store
+from lfed.state import StateSpec
 from lfed.stragglers import Stragglers
 
 __all__ = [
@@ -265,23 +267,30 @@ def as_schedule(x: float | FractionSchedule) -> FractionSchedule:
 # --------------------------------------------------------------------------- samplers
 
 
-class ClientSampler(torch.nn.Module):
-    """Base class of client samplers (SPEC §5).
+class ClientSampler(Component):
+    """Base class of client samplers (SPEC §5), a component of the round (:mod:`lfed.component`).
 
-    A ``torch.nn.Module`` so that sampler state (AdaFL scores) is a buffer in the
-    LightningModule's ``state_dict``. Call :meth:`setup` once the client sizes are
-    known (this resets the state; Lightning calls ``setup`` before restoring a
-    checkpoint, so restored state wins), then per round :meth:`sample` and, after
-    aggregation, :meth:`update`.
+    Sampler state (AdaFL scores) is declared state (:meth:`state_specs`), so it is in the
+    LightningModule's ``state_dict`` and checkpoints. Call :meth:`setup` once the client sizes
+    are known (this resets the state; Lightning calls ``setup`` before restoring a
+    checkpoint, so restored state wins), then per round :meth:`sample` and, after the server
+    step, :meth:`observe` (which computes what the sampler needs from the round itself).
     """
 
     num_clients: int
+    name = "uniform"
 
     def __init__(self) -> None:
         super().__init__()
         self.num_clients = 0
 
-    def setup(self, num_examples: Tensor) -> None:
+    def setup_state(self, store, num_examples: Tensor, num_params: int, like: Tensor) -> None:
+        self.setup(num_examples, store=store)
+
+    def observe(self, cohort: Cohort, client_weights: Tensor, w_new: Tensor) -> None:
+        """After the server step: the cohort's final local weights ``[K, P]`` and the new global model."""
+
+    def setup(self, num_examples: Tensor, store=None) -> None:
         """Record the clients' example counts ``n_k`` (shape ``[N]``) and reset state.
 
         Raises:
@@ -293,6 +302,9 @@ class ClientSampler(torch.nn.Module):
         if num_examples.is_complex() or bool((num_examples < 0).any()) or not bool(num_examples.sum() > 0):
             raise ValueError(f"num_examples must be non-negative with a positive sum, got {num_examples}")
         self.num_clients = int(num_examples.numel())
+        store = store or self.__dict__.get("_store") or standalone_store()
+        like = torch.zeros((), device=num_examples.device)
+        Component.setup_state(self, store, num_examples, 0, like)
 
     def _check_k(self, k: int) -> None:
         if self.num_clients < 1:
@@ -362,6 +374,7 @@ class AttentionSampler(ClientSampler):
     """
 
     scores: Tensor
+    name = "attention"
 
     def __init__(self, alpha: float = 0.9) -> None:
         super().__init__()
@@ -370,10 +383,24 @@ class AttentionSampler(ClientSampler):
         self.alpha = float(alpha)
         self.register_buffer("scores", torch.zeros(0, dtype=torch.float64))
 
-    def setup(self, num_examples: Tensor) -> None:
-        super().setup(num_examples)
-        n = num_examples.to(device=self.scores.device, dtype=torch.float64)
-        self.scores = n / n.sum()
+    def hparams(self) -> dict:
+        return {"alpha": self.alpha}
+
+    def state_specs(self) -> list[StateSpec]:
+        def initial(n: Tensor) -> Tensor:  # a^(1) = n_k / n
+            n = n.to(torch.float64)
+            return n / n.sum()
+
+        return [StateSpec("scores", shape=(), init=initial, dtype=torch.float64)]
+
+    def setup(self, num_examples: Tensor, store=None) -> None:
+        super().setup(num_examples.to(self.scores.device), store=store)
+
+    def observe(self, cohort: Cohort, client_weights: Tensor, w_new: Tensor) -> None:
+        """AdaFL scores (SPEC §5) move only for clients whose model the server received and used:
+        an inactive or dropped client uploaded nothing, so it has no distance and keeps its score."""
+        counting = cohort.counting
+        self.update(cohort.clients[counting], (client_weights[counting] - w_new).norm(dim=1))
 
     def _load_from_state_dict(
         self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
@@ -388,7 +415,7 @@ class AttentionSampler(ClientSampler):
 
     def sample(self, round: int, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         self._check_k(k)
-        scores = self.scores.to(generator.device)
+        scores = self.state("scores").to(generator.device)
         positive = scores > 0
         n_pos = int(positive.sum())
         if n_pos >= k:
@@ -421,18 +448,19 @@ class AttentionSampler(ClientSampler):
             )
         if sampled.dtype.is_floating_point or sampled.dtype.is_complex or sampled.dtype == torch.bool:
             raise ValueError(f"sampled must be an integer tensor, got dtype {sampled.dtype}")
-        sampled = sampled.to(self.scores.device)
-        if bool((sampled < 0).any()) or bool((sampled >= self.scores.numel()).any()):
-            raise ValueError(f"sampled ids must be in [0, {self.scores.numel()}), got {sampled.tolist()}")
+        scores = self.state("scores")
+        sampled = sampled.to(scores.device)
+        if bool((sampled < 0).any()) or bool((sampled >= scores.numel()).any()):
+            raise ValueError(f"sampled ids must be in [0, {scores.numel()}), got {sampled.tolist()}")
         if sampled.unique().numel() != sampled.numel():
             raise ValueError(f"sampled ids must be distinct, got {sampled.tolist()}")
-        d = distances.to(device=self.scores.device, dtype=torch.float64)
+        d = distances.to(device=scores.device, dtype=torch.float64)
         if not bool(torch.isfinite(d).all()) or bool((d < 0).any()):
             raise ValueError(f"distances must be finite and >= 0, got {distances.tolist()}")
         total_d = d.sum()
         shares = d / total_d if bool(total_d > 0) else torch.full_like(d, 1.0 / d.numel())
-        a = self.scores[sampled]
-        self.scores[sampled] = self.alpha * a + (1.0 - self.alpha) * shares * a.sum()
+        a = self.rows("scores", sampled)
+        self.write_rows("scores", sampled, self.alpha * a + (1.0 - self.alpha) * shares * a.sum())
 
     def extra_repr(self) -> str:
         return f"alpha={self.alpha}, num_clients={self.num_clients}"

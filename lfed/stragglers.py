@@ -9,20 +9,16 @@ choice (SPEC §3).
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
+
+from lfed.validation import number
 
 __all__ = ["Stragglers"]
 
 
 def _check_probability(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
-    if not (0.0 <= value <= 1.0):
-        raise ValueError(f"{name} must be in [0, 1], got {value}")
-    return float(value)
+    return number(name, value, at_least=0, at_most=1, detail=" (a probability)")
 
 
 class Stragglers:

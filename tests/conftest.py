@@ -4,7 +4,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 from lightning.pytorch import Trainer
 
 os.environ.setdefault("WANDB_MODE", "disabled")

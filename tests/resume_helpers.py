@@ -10,10 +10,9 @@ from __future__ import annotations
 import io
 import os
 import threading
-
-import torch
 from typing import Any
 
+import torch
 from lightning.pytorch.callbacks import Callback
 
 from lfed.checkpoint import AtomicCheckpointIO

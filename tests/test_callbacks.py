@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import csv
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from conftest import run_rounds
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import WandbLogger
 from PIL import Image
 from torch import nn
 
-from conftest import run_rounds
 from lfed.callbacks import AttentionHeatmap, CommunicationCost, render_attention
 from lfed.data.datamodule import FederatedDataModule
 from lfed.module import FederatedModule

@@ -4,8 +4,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
+
 from lfed.cli import run_cli
 
 
@@ -49,9 +49,17 @@ def test_console_script_prints_a_complete_config():
         assert key in out
 
 
-def test_unknown_algorithm_is_refused_with_the_allowed_names():
-    with pytest.raises(ValueError, match="algorithm: 'fedsgd' is not one of .*scaffold"):
+def test_unknown_algorithm_is_refused_with_the_allowed_names(capsys):
+    # the CLI checks the choice while parsing (algorithm is a Literal) and lists the allowed names
+    with pytest.raises(SystemExit):
         run_cli(["fit", "--model.algorithm", "fedsgd", "--trainer.logger", "false"])
+    err = capsys.readouterr().err
+    assert "model.algorithm" in err and "fedsgd" in err and "'scaffold'" in err and "'feddyn'" in err
+    # the module itself (Python, no parser) refuses it with the same names
+    from lfed.module import FederatedModule
+
+    with pytest.raises(ValueError, match="algorithm: 'fedsgd' is not one of .*scaffold"):
+        FederatedModule(algorithm="fedsgd")
 
 
 def test_default_logger_is_wandb_offline_without_an_account(monkeypatch, tmp_path):

@@ -23,10 +23,10 @@ import itertools
 
 import pytest
 import torch
+from conftest import flat_weights, run_rounds
 from lightning.pytorch import Callback, Trainer
 from torch import nn
 
-from conftest import flat_weights, run_rounds
 from lfed.client.objectives import EFL, Prox, build_objective
 from lfed.data.datamodule import FederatedDataModule
 from lfed.module import FederatedModule
@@ -59,7 +59,7 @@ def toy_data(rows=CLIENT_ROWS) -> FederatedDataModule:
     return dm
 
 
-def toy_module(objective: str, backend: str, *, bias: bool = False, **kwargs) -> FederatedModule:
+def toy_module(objective: str | None, backend: str, *, bias: bool = False, **kwargs) -> FederatedModule:
     net = nn.Linear(2, 1, bias=bias).double()
     with torch.no_grad():
         net.weight.copy_(W_INIT[None])
@@ -98,7 +98,7 @@ class Recorder(Callback):
     def __init__(self, module: FederatedModule) -> None:
         self.rounds: list[dict] = []
         self.states: list[dict] = []
-        sample, draw = module.sampler.sample, module.stragglers.draw
+        sample, draw = module.sampler.sample, module.participation.stragglers.draw
 
         def recording_sample(r, k, generator):
             clients, p = sample(r, k, generator)
@@ -111,7 +111,7 @@ class Recorder(Callback):
             return steps
 
         module.sampler.sample = recording_sample
-        module.stragglers.draw = recording_draw
+        module.participation.stragglers.draw = recording_draw
 
     def _snapshot(self, module):
         state = {name: b.detach().clone() for name, b in module.named_buffers()}
@@ -229,8 +229,8 @@ def test_igfl_c_matches_algorithm_2(backend, p_incomplete):
         w = w_new
         state = rec.states[r + 1]
         torch.testing.assert_close(state["w"], w, **TOL)
-        torch.testing.assert_close(state["previous_update"], prev, **TOL)
-        torch.testing.assert_close(state["global_change"], global_change, **TOL)
+        torch.testing.assert_close(state["history.previous_update"], prev, **TOL)
+        torch.testing.assert_close(state["history.global_change"], global_change, **TOL)
     # round 1 used a nonzero Δw_k for at least one client of its cohort (3 clients, 2 per round)
     assert set(rec.rounds[0]["clients"]) & set(rec.rounds[1]["clients"])
 
@@ -356,7 +356,7 @@ def test_fedprox_with_zero_mu_is_fedavg(backend):
 # ----------------------------------------------------------------------------- inactive clients
 PER_CLIENT_STATE = {
     "scaffold": ["objective.client_control"],
-    "igfl": ["previous_update"],
+    "igfl": ["history.previous_update"],
     "efl": ["objective.fisher_u", "objective.fisher_v"],
 }
 
@@ -447,9 +447,9 @@ def test_checkpoint_resumes_per_client_state_exactly(objective, tmp_path):
     [
         ("scaffold", "objective.client_control", (3, 2), (4, 2), "clients"),
         ("efl", "objective.fisher_u", (3, 2), (4, 2), "clients"),
-        ("igfl", "previous_update", (3, 2), (4, 2), "clients"),
+        ("igfl", "history.previous_update", (3, 2), (4, 2), "clients"),
         ("scaffold", "objective.client_control", (3, 2), (3, 3), "model"),
-        ("igfl", "previous_update", (3, 2), (3, 3), "model"),
+        ("igfl", "history.previous_update", (3, 2), (3, 3), "model"),
     ],
 )
 def test_checkpoint_with_state_for_other_clients_or_model_is_refused(objective, buffer, saved, now, change, tmp_path):

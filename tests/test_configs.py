@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO
+
 from lfed.cli import LfedCLI, run_cli
 from lfed.data.datamodule import FederatedDataModule
 from lfed.module import FederatedModule
@@ -60,17 +60,20 @@ def test_objective_configs_compose_what_their_names_say(stem, tmp_path):
     cli = instantiate(REPO / "configs" / f"{stem}.yaml", f"--trainer.default_root_dir={tmp_path}")
     m, d = cli.model, cli.datamodule
     objective, weighting, partial, compression, attrs = EXPECTED[stem.rsplit("_", 1)[0]]
-    assert (m.objective.name, m.weighting, m.partial_work, m.compression, m.aggregation) == (objective, weighting, partial, compression, "mean")
+    c = m.composition
+    assert (m.objective.name, c["weighting"], c["partial_work"], c["compression"], c["aggregation"]) == (
+        objective, weighting, partial, compression, "mean")
     for k, v in attrs.items():
         assert getattr(m.objective, k) == v
     mnist = stem.endswith("mnist")
     assert (d.dataset, d.num_clients, d.partition, d.rho) == (("mnist", 100, "dirichlet", 0.1) if mnist else ("digits", 20, "dirichlet", 0.5))
-    assert (m.client_lr, m.batch_size, m.local_epochs, float(m.fraction(0))) == (0.05, 10, 1, 0.1 if mnist else 0.25)
+    plan = m.training_plan
+    assert (plan.client_lr, plan.batch_size, plan.local_epochs, float(m.participation.fraction(0))) == (0.05, 10, 1, 0.1 if mnist else 0.25)
     opt = m.server_optimizer([torch.nn.Parameter(torch.zeros(1))])
     assert isinstance(opt, torch.optim.SGD) and opt.defaults["lr"] == 1.0 and opt.defaults["momentum"] == 0
 
 
-STATE = {"prox": [], "scaffold": ["objective.client_control", "objective.control"], "igfl": ["previous_update", "global_change"],
+STATE = {"prox": [], "scaffold": ["objective.client_control", "objective.control"], "igfl": ["history.previous_update", "history.global_change"],
          "efl": ["objective.fisher_u", "objective.fisher_v", "objective.fisher_u_sum", "objective.fisher_v_sum"]}
 
 

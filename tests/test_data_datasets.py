@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import DATA_DIR, REQUIRE_DATA, missing_data_outcome
 
 from lfed.data.datasets import (
     DATASETS,
@@ -21,7 +22,6 @@ from lfed.data.datasets import (
     validate_labels,
 )
 from lfed.data.leaf import ALL_LETTERS
-from conftest import DATA_DIR, REQUIRE_DATA, missing_data_outcome
 
 DATA = Path(os.environ["LFED_TEST_DATA"]) if "LFED_TEST_DATA" in os.environ else DATA_DIR  # LFED_DATA_DIR's default
 # skipped without the real datasets, except under LFED_REQUIRE_DATA=1 (CI), where they run and fail

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import run_rounds
 from PIL import Image
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
-from conftest import run_rounds
 from lfed.data.datamodule import FederatedDataModule
 from lfed.module import FederatedModule
 

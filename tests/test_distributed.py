@@ -36,12 +36,13 @@ import torch
 from torch import nn
 
 from lfed.cli import run_cli
+from lfed.client.fisher import FisherJob, fisher_diagonal, fisher_share
 from lfed.distributed import (
     Ranks,
+    TrainJob,
     assemble_rows,
     assign_rows,
     check_digests,
-    fisher_share,
     pad_rows,
     state_digest,
     sum_over_ranks,
@@ -120,7 +121,7 @@ def test_shares_of_a_cohort_trained_rank_by_rank_equal_the_whole_cohort(backend,
     whole = trainer.train(*args())
     weights, loss = torch.full_like(whole.weights, float("nan")), torch.full_like(whole.loss, float("nan"))
     for r in range(world):  # what each rank computes on its own, before the all-gather
-        parts, local = train_share(trainer, Ranks(r, world), *args())
+        parts, local = train_share(trainer, Ranks(r, world), TrainJob(*args()))
         assert local.weights.shape[0] == parts[r].numel()  # a rank trains its rows only
         weights[parts[r]], loss[parts[r]] = local.weights, local.loss
     assert sorted(torch.cat(parts).tolist()) == list(range(5))
@@ -134,10 +135,10 @@ def test_fisher_shares_equal_the_whole_cohort(backend):
     w0, x, y, index, n = args()[:5]
     weights = w0 + 0.1 * torch.randn(5, w0.numel(), dtype=torch.float64)
     fisher_args = (weights, x, y, index, n, 6)
-    whole = trainer.fisher_diagonal(*fisher_args, round_generator(3, 1, "fisher"))
+    whole = fisher_diagonal(trainer, *fisher_args, round_generator(3, 1, "fisher"))
     out = torch.full_like(whole, float("nan"))
     for r in range(2):
-        parts, local = fisher_share(trainer, Ranks(r, 2), *fisher_args, round_generator(3, 1, "fisher"))
+        parts, local = fisher_share(trainer, Ranks(r, 2), FisherJob(*fisher_args, round_generator(3, 1, "fisher")))
         out[parts[r]] = local
     assert torch.equal(out, whole)
 
@@ -150,7 +151,7 @@ def test_one_process_calls_the_engine_exactly_as_before():
             calls.append((args, kwargs))
             return "result"
 
-    assert train_cohort(Engine(), Ranks(), *range(10)) == "result"
+    assert train_cohort(Engine(), Ranks(), TrainJob(*range(10))) == "result"
     assert calls == [(tuple(range(10)), {})]  # no rows, no copies, no collectives
 
 
@@ -283,7 +284,7 @@ def _assert_same_state(a: dict, b: dict, what: str) -> float:
         if not isinstance(a[key], torch.Tensor):
             assert a[key] == b[key], f"{what}, {key}"
             continue
-        torch.testing.assert_close(a[key], b[key], rtol=RTOL, atol=ATOL, msg=lambda m: f"{what}, {key}: {m}")
+        torch.testing.assert_close(a[key], b[key], rtol=RTOL, atol=ATOL, msg=lambda m, key=key: f"{what}, {key}: {m}")
         if a[key].is_floating_point() and a[key].numel():
             diff = float((a[key].double() - b[key].double()).abs().max())
             if diff:

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from lfed.client.fisher import fisher_diagonal
 from lfed.engine import CohortTrainer, StepRule, batch_schedule
 from lfed.models import MLP, McMahanMNISTCNN
 
@@ -94,6 +95,13 @@ def test_step_rule_is_the_linear_correction():
     assert torch.equal(rule.direction(g, w), torch.tensor([[3.5, 4.0], [4.0, 3.0]]))
     sub = rule.select(torch.tensor([1]), 2)
     assert torch.equal(sub.direction(g[1:], w[1:]), torch.tensor([[4.0, 3.0]]))
+    # training's in-place step runs the same rule: w ← w - lr * direction
+    from lfed.engine import _apply_step_
+
+    stepped, fresh = w.clone(), g.clone()
+    _apply_step_(stepped, fresh, rule, 0.5)
+    assert torch.equal(stepped, w - 0.5 * torch.tensor([[3.5, 4.0], [4.0, 3.0]]))
+    assert torch.equal(g, torch.tensor([[1.0, 2.0], [3.0, 4.0]]))  # direction() leaves its input alone
 
 
 class _BN(nn.Module):
@@ -129,7 +137,7 @@ def test_fisher_diagonal_is_mean_of_squared_per_example_gradients():
     for backend in ("vmap", "loop"):
         tr = CohortTrainer(net, backend=backend)
         w = tr.layout.module_vector(net)[None]
-        F = tr.fisher_diagonal(w, X, Y, idx, sizes, num_samples=100, generator=torch.Generator().manual_seed(0))
+        F = fisher_diagonal(tr, w, X, Y, idx, sizes, num_samples=100, generator=torch.Generator().manual_seed(0))
         expected = torch.zeros(4, dtype=torch.float64)
         for i in range(6):
             net.zero_grad()

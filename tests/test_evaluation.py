@@ -9,11 +9,11 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import run_rounds
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
-from conftest import run_rounds
 from lfed.data.datamodule import FederatedDataModule, RoundsLoader
 from lfed.evaluation import GlobalEvaluation, per_example_loss
 from lfed.module import FederatedModule

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from conftest import REPO
+
 from lfed.checkpoint import AtomicCheckpointIO, NotACheckpointError, read_checkpoint, verify_fingerprint
 from lfed.cli import default_logger, resolve_short_names, run_cli, shorten_subclass_list
 from lfed.reporting import MetricsCSV, RoundTable, config_id, latest_checkpoint
@@ -153,9 +153,15 @@ def test_last_without_a_checkpoint_of_this_configuration_starts_a_new_run(tmp_pa
     assert cli.trainer.ckpt_path is None and cli.trainer.global_step == 2
 
 
-def test_a_run_that_fails_to_start_leaves_no_empty_run_directory(tmp_path):
-    with pytest.raises(ValueError, match="algorithm"):
+def test_a_run_that_fails_to_start_leaves_no_empty_run_directory(tmp_path, capsys):
+    # refused by the module (a bad value of the right type) after the run directory was chosen
+    with pytest.raises(ValueError, match="client_lr"):
+        quick(tmp_path, "--trainer.logger", "false", "--model.client_lr", "-1")
+    assert not list((tmp_path / "runs").iterdir())
+    # refused while parsing (algorithm is a Literal of the presets): no run directory either
+    with pytest.raises(SystemExit):
         quick(tmp_path, "--trainer.logger", "false", "--model.algorithm", "fedsgd")
+    assert "model.algorithm" in capsys.readouterr().err
     assert not list((tmp_path / "runs").iterdir())
 
 

@@ -8,12 +8,11 @@ the padded rows into the mean.
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import flat_weights, run_rounds
 from torch import nn
 
 from lfed import FederatedDataModule, FederatedModule
 from lfed.engine import as_per_example_loss
-
-from conftest import flat_weights, run_rounds
 
 
 def _data():

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from conftest import flat_weights, run_rounds
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from conftest import flat_weights, run_rounds
 from lfed.data.datamodule import FederatedDataModule
 from lfed.module import FederatedModule
 

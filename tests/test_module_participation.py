@@ -8,11 +8,11 @@ full-batch gradient descent on a linear model (autograd on a fresh tensor, not l
 
 import pytest
 import torch
+from conftest import REPO, flat_weights, run_rounds
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import Logger
 from torch import nn
 
-from conftest import REPO, flat_weights, run_rounds
 from lfed.cli import run_cli
 from lfed.data.datamodule import FederatedDataModule
 from lfed.module import FederatedModule
@@ -191,7 +191,7 @@ def test_straggler_model_switched_off_changes_nothing(backend):
             _net(), fraction=0.6, client_lr=0.3, batch_size=2, local_epochs=2, backend=backend, seed=5, **kwargs
         )
         steps: list = []
-        _spy(module.stragglers, "draw", steps)
+        _spy(module.participation.stragglers, "draw", steps)
         cohorts = _record_cohorts(module)
         run_rounds(module, _toy_dm(n=20, clients=5), rounds=3)
         budgets = [s.tolist() for s in steps]
@@ -218,7 +218,7 @@ def _straggler_run(partial_work: str, backend: str, callbacks=()):
         seed=STRAGGLER_SEED, p_inactive=1 / 3, p_incomplete=1 / 3, partial_work=partial_work,
     )
     steps: list = []
-    _spy(module.stragglers, "draw", steps)
+    _spy(module.participation.stragglers, "draw", steps)
     run_rounds(module, dm, rounds=1, callbacks=list(callbacks))
     assert [s.tolist() for s in steps] == [STRAGGLER_STEPS]
     return module, dm, w0
@@ -300,7 +300,7 @@ def test_attention_scores_move_only_for_clients_whose_upload_counts(partial_work
         seed=STRAGGLER_SEED, p_inactive=1 / 3, p_incomplete=1 / 3, partial_work=partial_work,
     )
     steps: list = []
-    _spy(module.stragglers, "draw", steps)
+    _spy(module.participation.stragglers, "draw", steps)
     run_rounds(module, dm, rounds=1)
     assert [s.tolist() for s in steps] == [STRAGGLER_STEPS]
     a = torch.tensor([4, 3, 3], dtype=torch.float64) / 10
@@ -361,7 +361,7 @@ def test_same_seed_same_cohorts_other_seed_other_cohorts():
     def run(module):
         cohorts = _record_cohorts(module)
         steps: list = []
-        _spy(module.stragglers, "draw", steps)
+        _spy(module.participation.stragglers, "draw", steps)
         run_rounds(module, _toy_dm(n=24, clients=8), rounds=6)
         return cohorts, [s.tolist() for s in steps], flat_weights(module).clone()
 
@@ -470,7 +470,7 @@ def _cli(tmp_path, *args):
 def test_fraction_from_yaml_and_command_line(tmp_path, fraction, kind, uploads):
     extra = [] if fraction is None else ["--model.fraction", fraction]
     cli = _cli(tmp_path, "--trainer.max_steps", "5", "--trainer.val_check_interval", "5", "--model.local_steps", "1", *extra)
-    assert isinstance(cli.model.fraction, kind)
+    assert isinstance(cli.model.participation.fraction, kind)
     assert isinstance(cli.model.sampler, AttentionSampler) and cli.model.sampler.alpha == 0.9
     assert cli.model.comm.uploads == uploads
     assert cli.trainer.global_step == 5
@@ -497,10 +497,10 @@ def test_paper_config_is_adafl_on_mnist(tmp_path, data_dir):
     )
     m = cli.model
     assert isinstance(m.sampler, AttentionSampler) and m.sampler.alpha == 0.9
-    assert m.weighting == "size" and m.objective.name == "plain" and m.aggregation == "mean"
-    assert [m.fraction(r, 1000) for r in (0, 199, 200, 423, 800, 2000)] == [0.1, 0.1, 0.2, 0.3, 0.5, 0.5]
-    counts = [round(m.fraction(r, None) * 100) for r in range(423)]
-    assert sum(counts) == 6690 and sum(round(m.fraction(r, None) * 100) for r in range(761)) == 18440
+    assert m.composition["weighting"] == "size" and m.objective.name == "plain" and m.composition["aggregation"] == "mean"
+    assert [m.participation.fraction(r, 1000) for r in (0, 199, 200, 423, 800, 2000)] == [0.1, 0.1, 0.2, 0.3, 0.5, 0.5]
+    counts = [round(m.participation.fraction(r, None) * 100) for r in range(423)]
+    assert sum(counts) == 6690 and sum(round(m.participation.fraction(r, None) * 100) for r in range(761)) == 18440
     assert cli.datamodule.num_clients == 100 and cli.datamodule.partition == "shards"
     assert m.comm.uploads == 20  # 2 rounds of 10 clients
     assert m.accuracy_targets == [0.9, 0.91]
@@ -510,12 +510,12 @@ def test_paper_config_is_adafl_on_mnist(tmp_path, data_dir):
 def test_adafl_presets(preset, objective):
     m = FederatedModule(_net(), algorithm=preset)
     assert isinstance(m.sampler, AttentionSampler) and m.sampler.alpha == 0.9
-    assert isinstance(m.fraction, StepwiseFraction)
-    assert (m.fraction.start, m.fraction.end, m.fraction.stages) == (0.1, 0.5, 5)
-    assert m.objective.name == objective and m.aggregation == "mean" and m.compression is None
+    assert isinstance(m.participation.fraction, StepwiseFraction)
+    assert (m.participation.fraction.start, m.participation.fraction.end, m.participation.fraction.stages) == (0.1, 0.5, 5)
+    assert m.objective.name == objective and m.composition["aggregation"] == "mean" and m.composition["compression"] is None
     # any sampler takes any schedule: the preset's pieces can be swapped one by one
     assert isinstance(FederatedModule(_net(), algorithm=preset, sampler="uniform").sampler, UniformSampler)
-    assert isinstance(FederatedModule(_net(), algorithm=preset, fraction=0.3).fraction, ConstantFraction)
+    assert isinstance(FederatedModule(_net(), algorithm=preset, fraction=0.3).participation.fraction, ConstantFraction)
 
 
 # --------------------------------------------------------------------------- bad input
@@ -530,12 +530,12 @@ def test_adafl_presets(preset, objective):
         ({"fraction": float("nan")}, r"fraction must be in \(0, 1\]"),
         ({"fraction": "0.5"}, "fraction must be a number"),
         ({"algorithm": "adafl", "fraction": 2.0}, r"fraction must be in \(0, 1\]"),
-        ({"algorithm": "adafl", "sampler_alpha": 1.0}, r"sampler_alpha: must be a number in \[0, 1\)"),
-        ({"algorithm": "adafl", "sampler_alpha": -0.1}, r"sampler_alpha: must be a number in \[0, 1\)"),
+        ({"algorithm": "adafl", "sampler_alpha": 1.0}, r"sampler_alpha: must be a finite number in \[0, 1\) \(AdaFL's score decay α\)"),
+        ({"algorithm": "adafl", "sampler_alpha": -0.1}, r"sampler_alpha: must be a finite number in \[0, 1\) \(AdaFL's score decay α\)"),
         ({"sampler_alpha": 1.5}, "sampler_alpha"),  # checked even while the uniform sampler ignores it
         ({"p_inactive": 0.6, "p_incomplete": 0.5}, r"p_inactive \+ p_incomplete must be <= 1"),
-        ({"p_inactive": -0.1}, r"p_inactive must be in \[0, 1\], got -0.1"),
-        ({"p_incomplete": 1.5}, r"p_incomplete must be in \[0, 1\], got 1.5"),
+        ({"p_inactive": -0.1}, r"p_inactive: must be a finite number in \[0, 1\] \(a probability\), got -0.1"),
+        ({"p_incomplete": 1.5}, r"p_incomplete: must be a finite number in \[0, 1\] \(a probability\), got 1.5"),
         ({"partial_work": "sometimes"}, "partial_work"),
         ({"accuracy_targets": [90]}, r"accuracy_targets\[0\] must be an accuracy in \[0, 1\]"),
     ],

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, flat_weights, run_rounds
 from lightning.pytorch import Callback
 from torch import nn
 
-from conftest import REPO, flat_weights, run_rounds
 from lfed.cli import run_cli
 from lfed.data.datamodule import FederatedDataModule
 from lfed.data.partition import label_counts, pack_indices
@@ -161,12 +161,39 @@ def test_time_attention_first_round_is_the_plain_mean_exactly(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_time_attention_two_rounds_by_hand(backend):
-    """Round 1 uses each client's round-0 update as its query: α_j = exp<Δ_j^0, Δ_j^1> / Σ_τ exp<Δ_j^0, Δ_τ^1>."""
+def test_time_attention_softmax_two_rounds_by_hand(backend):
+    """SPEC §4 default (time_weights=softmax): round 1 weighs α_j = exp<Δ_j^0, Δ_j^1> / Σ_τ exp<Δ_τ^0, Δ_τ^1>."""
     groups = [[0, 1, 2], [3, 4, 5, 6], [7, 8]]
     x, y = _data(9, seed=3, scale=2.0)
     lr = 2.0
     m = _module(aggregation="time", client_lr=lr, backend=backend)
+    run_rounds(m, _datamodule(x, y, groups), rounds=2)
+
+    w0 = _vec(_net())
+    d0 = _updates(w0, x, y, groups, lr)
+    w1 = w0 + d0.mean(0)  # round 0: zero queries, α_j = 1/3
+    d1 = _updates(w1, x, y, groups, lr)
+    own = torch.stack([d0[j] @ d1[j] for j in range(3)])
+    alpha = torch.exp(own) / torch.exp(own).sum()
+    w2 = w1 + (alpha[:, None] * d1).sum(0)
+
+    assert torch.allclose(flat_weights(m), w2, atol=1e-12, rtol=0)
+    order = m.last_attention_clients.tolist()
+    assert torch.allclose(m.last_attention.weights, alpha[order], atol=1e-12, rtol=0)
+    assert abs(float(m.last_attention.weights.sum()) - 1) < 1e-14  # sums to 1 (SPEC §4)
+    assert (alpha - 1 / 3).abs().max() > 0.05  # not the plain mean, so the test can tell them apart
+    spread = (own.max() - own.min()).item()
+    assert float(m.last_round.attention.logit_spread) == pytest.approx(spread, abs=1e-12)
+    assert float(m.last_round.attention.mean_sq_norm) == pytest.approx(float((d1 * d1).sum(1).mean()), abs=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_time_attention_two_rounds_by_hand(backend):
+    """time_weights=diagonal: round 1 uses each client's round-0 update as its query: α_j = exp<Δ_j^0, Δ_j^1> / Σ_τ exp<Δ_j^0, Δ_τ^1>."""
+    groups = [[0, 1, 2], [3, 4, 5, 6], [7, 8]]
+    x, y = _data(9, seed=3, scale=2.0)
+    lr = 2.0
+    m = _module(aggregation="time", time_weights="diagonal", client_lr=lr, backend=backend)
     run_rounds(m, _datamodule(x, y, groups), rounds=2)
 
     w0 = _vec(_net())
@@ -185,7 +212,7 @@ def test_time_attention_two_rounds_by_hand(backend):
     # the hand weights really are not the plain mean, so this test can tell the two apart
     assert (alpha - 1 / 3).abs().max() > 0.05 and abs(float(alpha.sum()) - 1) > 1e-3
     assert (flat_weights(m) - (w1 + d1.mean(0))).abs().max() > 1e-3
-    assert torch.allclose(m.previous_update, d1, atol=1e-13, rtol=0)  # Δw_k ← this round's update
+    assert torch.allclose(m.history.previous_update, d1, atol=1e-13, rtol=0)  # Δw_k ← this round's update
 
 
 def test_time_attention_queries_are_each_clients_update_from_its_last_round(monkeypatch):
@@ -201,13 +228,13 @@ def test_time_attention_queries_are_each_clients_update_from_its_last_round(monk
     groups = [[0, 1], [2, 3, 4], [5, 6], [7, 8, 9]]
     x, y = _data(10, seed=1)
     m = _module(aggregation="time", fraction=0.5, client_lr=0.5)
-    cohorts = Record(m, "_combine")
+    cohorts = Record(m.combination, "combine")
     run_rounds(m, _datamodule(x, y, groups), rounds=8)
     last: dict[int, torch.Tensor] = {}
     gaps = 0
     seen_round: dict[int, int] = {}
     for r, ((args, _), (updates, previous)) in enumerate(zip(cohorts.calls, calls)):
-        clients = args[3].clients.tolist()
+        clients = args[2].clients.tolist()
         for i, c in enumerate(clients):
             expected = last.get(c, torch.zeros_like(updates[i]))
             assert torch.equal(previous[i], expected), (r, c)
@@ -352,9 +379,9 @@ def test_compression_switched_off_is_the_plain_run_bit_for_bit(backend):
     on = _module(algorithm="efl", **common)
     for m in (off, plain, on):
         run_rounds(m, _datamodule(x, y, groups), rounds=2)
-    assert off.compression is None and not hasattr(off, "client_residual")
+    assert off.composition["compression"] is None and not hasattr(off.channel, "client_residual")
     assert torch.equal(flat_weights(off), flat_weights(plain))
-    assert on.compression == 0.1 and (flat_weights(on) - flat_weights(plain)).abs().max() > 1e-4
+    assert on.composition["compression"] == 0.1 and (flat_weights(on) - flat_weights(plain)).abs().max() > 1e-4
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -376,15 +403,15 @@ def test_compression_q_one_quantises_every_entry_to_plus_minus_mu(backend):
     assert torch.allclose(flat_weights(m), w0 + broadcast, atol=1e-14, rtol=0)
     assert (flat_weights(m) - (w0 + _size_weights(groups) @ deltas)).abs().max() > 1e-4  # not the identity
     order = torch.tensor([0, 1, 2])
-    assert torch.allclose(m.client_residual[order], deltas - sent, atol=1e-14, rtol=0)
-    assert torch.allclose(m.server_residual, combined - broadcast, atol=1e-14, rtol=0)
+    assert torch.allclose(m.channel.client_residual[order], deltas - sent, atol=1e-14, rtol=0)
+    assert torch.allclose(m.channel.server_residual, combined - broadcast, atol=1e-14, rtol=0)
 
 
 def _run_compressed(backend, rounds=3, q=0.4, seed=11, p_inactive=0.3):
     groups = [[0, 1, 2], [3, 4, 5, 6, 7], [8, 9], [10, 11, 12, 13]]
     x, y = _data(14, seed=9, scale=1.5)
     m = _module(compression=q, fraction=0.75, p_inactive=p_inactive, backend=backend, seed=seed)
-    up = Record(m, "_compress_upstream")
+    up = Record(m.channel, "upstream")
     trainer = run_rounds(m, _datamodule(x, y, groups), rounds=rounds)
     return m, trainer, up, x, y, groups
 
@@ -400,7 +427,8 @@ def test_residuals_carry_exactly_what_compression_dropped(backend):
     RG = torch.zeros(P, dtype=F64)
     n = torch.tensor([len(g) for g in groups], dtype=F64)
     inactive_seen = 0
-    for (_updates_arg, clients, counting), _ in up.calls:
+    for (_updates_arg, cohort, _sizes), _ in up.calls:
+        clients, counting = cohort.clients, cohort.counting
         ids = clients[counting].tolist()
         inactive_seen += int((~counting).sum())
         deltas = _updates(w, x, y, [groups[i] for i in ids], 1.0)
@@ -416,8 +444,8 @@ def test_residuals_carry_exactly_what_compression_dropped(backend):
         RG = total - broadcast
         w = w + broadcast  # the model moves by the broadcast update
     assert len(up.calls) == 3 and inactive_seen > 0  # the seed gives inactive clients, who keep R_k
-    assert torch.allclose(m.client_residual, R, atol=1e-14, rtol=0)
-    assert torch.allclose(m.server_residual, RG, atol=1e-14, rtol=0)
+    assert torch.allclose(m.channel.client_residual, R, atol=1e-14, rtol=0)
+    assert torch.allclose(m.channel.server_residual, RG, atol=1e-14, rtol=0)
     assert torch.allclose(flat_weights(m), w, atol=1e-14, rtol=0)
     assert R.abs().sum() > 0 and RG.abs().sum() > 0
 
@@ -428,7 +456,7 @@ def test_bits_logged_match_the_spec_formula():
     # by hand: n = 12, k = floor(4.8) = 4 -> 32 + 4 (1 + 4) = 52; n = 3, k = 1 -> 32 + 1 (1 + 2) = 35
     assert _ternary_bits(q) == 87
     m, trainer, up, *_ = _run_compressed("vmap", q=q)
-    uploads = [int(c.sum()) for (_, _, c), _ in up.calls]
+    uploads = [int(c.counting.sum()) for (_, c, _), _ in up.calls]
     assert m.comm.bits_up == 87 * sum(uploads) and m.comm.uploads == sum(uploads)
     assert m.comm.bits_down == 87 * 3 * 3  # 3 of 4 clients sampled each round
     metrics = trainer.callback_metrics
@@ -460,21 +488,22 @@ def test_compression_composes_with_every_objective_and_server(kwargs):
     groups = [[0, 1, 2], [3, 4, 5, 6, 7], [8, 9], [10, 11, 12, 13]]
     x, y = _data(14, seed=10)
     m = _module(compression=0.3, fraction=0.75, local_steps=2, client_lr=0.5, **kwargs)
-    up, down = Record(m, "_compress_upstream"), Record(m, "_compress_downstream")
+    up, down = Record(m.channel, "upstream"), Record(m.channel, "downstream")
     run_rounds(m, _datamodule(x, y, groups), rounds=3)
     P = sum(SIZES)
     raw, sent = torch.zeros(len(groups), P, dtype=F64), torch.zeros(len(groups), P, dtype=F64)
-    for (updates, clients, counting), out in up.calls:
+    for (updates, cohort, _sizes), out in up.calls:
+        clients, counting = cohort.clients, cohort.counting
         raw[clients[counting]] += updates[counting]
         sent[clients[counting]] += out[counting]
         for row in out[counting]:  # ternary: per tensor at most k non-zeros, all of one magnitude
             for seg, k in zip(torch.split(row, SIZES), (3, 1)):
                 nz = seg[seg != 0].abs()
                 assert nz.numel() <= k and torch.allclose(nz, nz[0].expand_as(nz), rtol=1e-15, atol=0)
-    assert torch.allclose(raw, sent + m.client_residual, atol=1e-14, rtol=0)
+    assert torch.allclose(raw, sent + m.channel.client_residual, atol=1e-14, rtol=0)
     combined = sum(args[0] for args, _ in down.calls)
     broadcast = sum(out for _, out in down.calls)
-    assert torch.allclose(combined, broadcast + m.server_residual, atol=1e-14, rtol=0)
+    assert torch.allclose(combined, broadcast + m.channel.server_residual, atol=1e-14, rtol=0)
     if kwargs["algorithm"] != "fedadam":  # SGD(lr=1): the model moved by exactly the broadcasts
         assert torch.allclose(flat_weights(m), _vec(_net()) + broadcast, atol=1e-14, rtol=0)
 
@@ -521,13 +550,13 @@ def test_round_with_every_client_inactive_changes_nothing_but_the_round(backend)
     x, y = _data(14, seed=12)
     m = _module(objective="igfl", aggregation="time", compression=0.5, sampler="attention", fraction=0.75,
                 server_optimizer=functools.partial(FedAdam, lr=0.05, tau=0.01), client_lr=0.5, backend=backend)
-    m.stragglers = Blackout({2})
+    m.participation.stragglers = Blackout({2})
     snap = Snapshot(2)
     trainer = run_rounds(m, _datamodule(x, y, groups), rounds=4, callbacks=[snap])
     (state0, opt0, comm0, step0), (state1, opt1, comm1, step1) = snap.before, snap.after
     assert step1 == step0 + 1 and trainer.global_step == 4 and snap.skipped == 1.0
     assert state0.keys() == state1.keys()
-    assert {"previous_update", "global_change", "client_residual", "server_residual"} <= state0.keys()
+    assert {"history.previous_update", "history.global_change", "channel.client_residual", "channel.server_residual"} <= state0.keys()
     for key in state0:
         assert torch.equal(state0[key], state1[key]), key
     assert opt0.keys() == opt1.keys() and opt0
@@ -577,8 +606,8 @@ def test_bad_server_arguments_fail_early_with_clear_errors(kwargs, match):
 )
 def test_server_side_presets(algorithm, expected):
     m = FederatedModule(nn.Linear(2, 2), algorithm=algorithm)
-    got = {"objective": m.objective.name, "aggregation": m.aggregation, "weighting": m.weighting,
-           "partial_work": m.partial_work, "compression": m.compression}
+    got = {"objective": m.objective.name, "aggregation": m.composition["aggregation"], "weighting": m.composition["weighting"],
+           "partial_work": m.composition["partial_work"], "compression": m.composition["compression"]}
     assert {k: got[k] for k in expected} == expected
 
 
@@ -607,7 +636,8 @@ def test_server_configs_compose_what_their_names_say_and_run(stem, tmp_path, dat
                    f"--trainer.val_check_interval={rounds}", *extra])
     m, name = cli.model, stem.rsplit("_", 1)[0]
     objective, weighting, partial, aggregation, compression, server = COMPOSITION[name]
-    assert (m.objective.name, m.weighting, m.partial_work, m.aggregation, m.compression) == (
+    c = m.composition
+    assert (m.objective.name, c["weighting"], c["partial_work"], c["aggregation"], c["compression"]) == (
         objective, weighting, partial, aggregation, compression)
     optimizer = cli.trainer.optimizers[0]
     assert type(optimizer) is server

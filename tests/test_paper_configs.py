@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO
+
 from lfed.cli import LfedCLI, run_cli
 from lfed.data.datamodule import FederatedDataModule
 from lfed.module import FederatedModule
@@ -60,8 +60,8 @@ def test_igfl_algorithm_files_compose_with_a_base(alg):
     """base + alg: the base's data and local settings stay, the algorithm comes from the alg file."""
     cli = instantiate(PAPER / "igfl" / "cross_device_mnist.yaml", alg)
     m, d = cli.model, cli.datamodule
-    assert (d.num_clients, d.partition, m.batch_size, m.local_epochs) == (100, "dirichlet", 100, 1)
-    assert float(m.fraction(0)) == 0.1
+    assert (d.num_clients, d.partition, m.training_plan.batch_size, m.training_plan.local_epochs) == (100, "dirichlet", 100, 1)
+    assert float(m.participation.fraction(0)) == 0.1
     stem = alg.stem.removeprefix("alg_")
     expected = {  # (objective, aggregation) of each file, SPEC §2 and §4
         "fedavg": ("plain", "mean"), "fedavgm": ("plain", "mean"), "scaffold": ("scaffold", "mean"),
@@ -69,7 +69,7 @@ def test_igfl_algorithm_files_compose_with_a_base(alg):
         "igfl_s_self": ("plain", "self"), "igfl_s_global": ("plain", "global"), "igfl_s_time": ("plain", "time"),
         "igfl_self": ("igfl", "self"), "igfl_global": ("igfl", "global"), "igfl_time": ("igfl", "time"),
     }[stem]
-    assert (m.objective.name, m.aggregation) == expected
+    assert (m.objective.name, m.composition["aggregation"]) == expected
 
 
 @pytest.mark.parametrize("tau", [0.1, 0.01])
@@ -85,14 +85,14 @@ def test_fedavgm_file_is_sgd_with_momentum_0_9_and_lr_1():
     opt = cli.model.server_optimizer([torch.nn.Parameter(torch.zeros(3))])
     assert isinstance(opt, torch.optim.SGD)
     assert (opt.defaults["lr"], opt.defaults["momentum"]) == (1.0, 0.9)
-    assert cli.datamodule.partition == "shards" and float(cli.model.fraction(0)) == 1.0
+    assert cli.datamodule.partition == "shards" and float(cli.model.participation.fraction(0)) == 1.0
 
 
 def test_efl_fedavg_drop_file_drops_partial_work_but_keeps_the_straggler_rates():
     cli = instantiate(PAPER / "efl" / "low_participation_mnist.yaml", PAPER / "efl" / "alg_fedavg_drop.yaml")
     m = cli.model
-    assert (m.objective.name, m.partial_work, m.compression) == ("plain", "drop", None)
-    assert (m.stragglers.p_inactive, m.stragglers.p_incomplete) == (0.2, 0.3)
+    assert (m.objective.name, m.composition["partial_work"], m.composition["compression"]) == ("plain", "drop", None)
+    assert (m.participation.stragglers.p_inactive, m.participation.stragglers.p_incomplete) == (0.2, 0.3)
 
 
 def _run_two_rounds(config: Path, tmp_path: Path, data_dir: Path, extra: list[str]):

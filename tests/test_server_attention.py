@@ -81,7 +81,7 @@ def test_time_attention_by_hand_weights_do_not_sum_to_one():
     # weights = [e²/(e²+1), 1/2], sum = 1.3808 != 1 (not renormalised)
     # Δ = α_11 [2, 0] + α_22 [0, 1] = [2 e²/(e²+1), 1/2]
     prev = t([[1.0, 0.0], [0.0, 0.0]])
-    r = attention_combine(t([[2.0, 0.0], [0.0, 1.0]]), "time", previous_updates=prev)
+    r = attention_combine(t([[2.0, 0.0], [0.0, 1.0]]), "time", previous_updates=prev, time_weights="diagonal")
     a11 = E**2 / (E**2 + 1)
     close(r.matrix, [[a11, 1 - a11], [0.5, 0.5]])
     close(r.weights, [a11, 0.5])
@@ -91,14 +91,57 @@ def test_time_attention_by_hand_weights_do_not_sum_to_one():
     close(r.entropy, (h(a11, 1 - a11) + math.log(2)) / 2)
 
 
-def test_time_attention_with_zero_previous_is_plain_mean():
+@pytest.mark.parametrize("time_weights", ["softmax", "diagonal"])
+def test_time_attention_with_zero_previous_is_plain_mean(time_weights):
     upd = t([[1.0, 2.0], [3.0, -4.0], [0.5, 0.0]])
-    r = attention_combine(upd, "time", previous_updates=torch.zeros_like(upd))
-    # every row ψ = 0 -> α_jj = 1/3; Δ = mean = [(1 + 3 + 0.5)/3, (2 - 4 + 0)/3]
+    r = attention_combine(upd, "time", previous_updates=torch.zeros_like(upd), time_weights=time_weights)
+    # every ψ = 0 -> α_j = 1/3 (both readings); Δ = mean = [(1 + 3 + 0.5)/3, (2 - 4 + 0)/3]
     close(r.weights, [1 / 3] * 3)
     close(r.weight_sum, 1.0)
     close(r.update, [4.5 / 3, -2 / 3])
     close(r.entropy, math.log(3))
+
+
+def test_time_attention_softmax_weights_by_hand():
+    # SPEC §4 time_weights=softmax (the default): α_j = exp ψ(q_j, Δ_j) / Σ_τ exp ψ(q_τ, Δ_τ).
+    # q_1 = [1, 0], q_2 = 0, q_3 = [0, 1]; Δ_1 = [2, 0], Δ_2 = [0, 1], Δ_3 = [1, 3]
+    # own similarities ψ = [2, 0, 3] -> α = [e², 1, e³] / (e² + 1 + e³), summing to 1
+    prev = t([[1.0, 0.0], [0.0, 0.0], [0.0, 1.0]])
+    upd = t([[2.0, 0.0], [0.0, 1.0], [1.0, 3.0]])
+    r = attention_combine(upd, "time", previous_updates=prev)
+    z = E**2 + 1 + E**3
+    a = [E**2 / z, 1 / z, E**3 / z]
+    close(r.weights, a)
+    close(r.weight_sum, 1.0)
+    close(r.matrix, [a])
+    close(r.update, [2 * a[0] + a[2], a[1] + 3 * a[2]])
+    close(r.entropy, -sum(x * math.log(x) for x in a))
+    close(r.logit_spread, 3.0)  # max - min of the logits [2, 0, 3]
+    close(r.mean_sq_norm, (4 + 1 + 10) / 3)
+    # the diagonal reading differs on the same input: row j's softmax over ψ(q_j, Δ_τ)
+    d = attention_combine(upd, "time", previous_updates=prev, time_weights="diagonal")
+    rows = [[2.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 1.0, 3.0]]  # ψ(q_j, Δ_τ)
+    diag = [math.exp(rows[j][j]) / sum(math.exp(v) for v in rows[j]) for j in range(3)]
+    close(d.weights, diag)
+    close(d.logit_spread, (2.0 + 0.0 + 3.0) / 3)  # mean over rows of max - min
+    assert abs(sum(diag) - 1) > 0.1
+
+
+def test_logit_spread_and_norms_of_self_and_global_by_hand():
+    upd = t([[1.0, 0.0], [1.0, 1.0]])
+    r = attention_combine(upd, "self")  # ψ = [[1, 1], [1, 2]]: spreads 0 and 1
+    close(r.logit_spread, 0.5)
+    close(r.mean_sq_norm, 1.5)
+    g = attention_combine(upd, "global")  # q = [1, 0.5]: ψ = [1, 1.5]
+    close(g.logit_spread, 0.5)
+    masked = attention_combine(t([[1.0, 0.0], [1.0, 1.0], [9.0, 9.0]]), "global", mask=torch.tensor([True, True, False]))
+    close(masked.logit_spread, 0.5)  # the masked client is no key
+    close(masked.mean_sq_norm, 1.5)
+
+
+def test_unknown_time_weights_is_refused():
+    with pytest.raises(ValueError, match="time_weights must be one of"):
+        attention_combine(t([[1.0, 0.0]]), "time", previous_updates=t([[0.0, 0.0]]), time_weights="renormalised")
 
 
 @pytest.mark.parametrize("query", ["self", "global"])
@@ -157,17 +200,18 @@ def test_mask_excludes_clients_from_keys_and_queries():
     base = t([[1.0, 0.0], [1.0, 1.0]])
     upd = torch.cat([base, t([[50.0, -70.0]])])
     mask = torch.tensor([True, True, False])
-    for query in QUERIES:
+    for query, time_weights in [*((q, "diagonal") for q in QUERIES), ("time", "softmax")]:
         prev = t([[1.0, 0.0], [0.0, 0.0], [9.0, 9.0]])
-        r_masked = attention_combine(upd, query, previous_updates=prev, mask=mask)
-        r_two = attention_combine(base, query, previous_updates=prev[:2])
+        r_masked = attention_combine(upd, query, previous_updates=prev, mask=mask, time_weights=time_weights)
+        r_two = attention_combine(base, query, previous_updates=prev[:2], time_weights=time_weights)
         close(r_masked.update, r_two.update)
         close(r_masked.weights[:2], r_two.weights)
         assert r_masked.weights[2].item() == 0.0
         assert (r_masked.matrix[:, 2] == 0).all()
-        if query != "global":
+        if r_masked.matrix.shape[0] == 3:  # a row per query (self, time diagonal)
             assert (r_masked.matrix[2] == 0).all()
         close(r_masked.entropy, r_two.entropy)
+        close(r_masked.logit_spread, r_two.logit_spread)
 
 
 def test_all_masked_gives_zeros():

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO
+
 from lfed.cli import LfedCLI, run_cli
 from lfed.data.datamodule import FederatedDataModule
 from lfed.module import FederatedModule

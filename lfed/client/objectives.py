@@ -1,10 +1,12 @@
 """Local objectives (SPEC §2): plain, prox, scaffold, igfl, efl.
 
-Each objective is an ``nn.Module`` whose per-client and server state are registered
-buffers, so a Lightning checkpoint carries them. Before local training it turns its state
-into a :class:`~lfed.engine.StepRule` for the whole cohort (one general step,
-``w ← w - eta_l (grad_scale g + decay ⊙ w + shift)``); after local training it updates its
-state from the clients' final weights. Nothing here loops over clients.
+Each objective is a :class:`ClientRule` component (:mod:`lfed.component`) that declares its
+per-client and server state (:mod:`lfed.state` allocates it, checkpoints it and checks its
+shapes). Before local training it turns its state into a :class:`~lfed.engine.StepRule` for
+the whole cohort (one general step, ``w ← w - eta_l (grad_scale g + decay ⊙ w + shift)``);
+after local training it updates its state from the clients' final weights. Nothing here loops
+over clients. A new objective is one subclass in its own file (see ``docs/extending.md`` and
+:mod:`lfed.client.feddyn`).
 
 Per-client state is ``N × P`` numbers per tensor (``N`` clients, ``P`` trainable parameters),
 held on the device in the module's state dict:
@@ -15,8 +17,8 @@ objective  state                                                  numbers
 plain      none                                                   0
 prox       none (``w_start`` is the broadcast model)              0
 scaffold   ``c_k`` (``client_control``), ``c`` (``control``)      ``N·P + P``
-igfl       ``Δw_k`` (module ``previous_update``), ``Δw_ps``       ``N·P + P``
-           (module ``global_change``), kept by the module
+igfl       ``Δw_k`` (``history.previous_update``), ``Δw_ps``     ``N·P + P``
+           (``history.global_change``), kept by the round
 efl        ``u_k``, ``v_k`` (``fisher_u``, ``fisher_v``) and      ``2·N·P + 2·P``
            their sums ``U``, ``V``
 =========  =====================================================  ==========================
@@ -27,132 +29,76 @@ float32, twice that in float64; at the paper's 24×24 crops (P = 1,068,298) it i
 EFL keeps two such tensors (≈ 1.4 GB at 32×32), IGFL one. The MNIST 2NN (P = 199,210) with
 100 clients needs ≈ 80 MB per tensor. A checkpoint carries all of it; loading one whose state
 was made for another ``N`` or ``P`` fails with a :class:`ValueError` naming the buffer and both
-shapes (:func:`check_state_shapes`).
+shapes (:func:`lfed.state.check_state_shapes`).
 """
 
 from __future__ import annotations
 
-import math
-import numbers
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
-
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
+from lfed.component import Cohort, Component, LocalWork
 from lfed.engine import StepRule
+from lfed.rng import round_generator, seeded_global_rng
+from lfed.state import StateSpec, check_state_shapes
+from lfed.validation import integer, number
+
+__all__ = ["OBJECTIVES", "ClientRule", "Cohort", "EFL", "IGFL", "LocalObjective", "Plain", "Prox", "Scaffold",
+           "build_objective", "check_state_shapes"]
 
 OBJECTIVES = ("plain", "prox", "scaffold", "igfl", "efl")
 
+class ClientRule(Component):
+    """Base class of client rules (SPEC §2): the plain FedAvg objective, ``w ← w - eta_l g_k(w)``.
 
-@dataclass
-class Cohort:
-    """The clients of one round, as the objectives see them.
+    Hooks, in the order a round calls them:
 
-    Attributes:
-        round: Round index r (0-based).
-        clients: ``[K]`` client ids.
-        num_examples: ``[K]`` client sizes ``n_k``.
-        step_budget: ``[K]`` planned local steps ``T_k``.
-        steps_done: ``[K]`` completed local steps ``s_k`` (0 = inactive).
-        num_clients: ``N``, all clients.
-        previous_update: ``[K, P]`` each client's update from the last round it took part in
-            (zeros if none), when an objective or the server asked for history.
-        global_change: ``[P]`` ``w^r - w^{r-1}`` (zeros in round 0), with history.
+    * :meth:`step_rule` (before local training): the cohort's :class:`~lfed.engine.StepRule`;
+    * :meth:`after_local` (after local training, before the server combines): update the
+      declared state from the final weights; only rows of clients whose state may change.
+
+    A rule that needs its own server combination (FedDyn) returns it from
+    :meth:`server_combination`.
     """
-
-    round: int
-    clients: Tensor
-    num_examples: Tensor
-    step_budget: Tensor
-    steps_done: Tensor
-    num_clients: int
-    previous_update: Tensor | None = None
-    global_change: Tensor | None = None
-
-    @property
-    def active(self) -> Tensor:
-        """``[K]`` bool: clients that did any local work (``s_k > 0``)."""
-        return self.steps_done > 0
-
-
-FisherFn = Callable[[Tensor], Tensor]
-
-
-def check_state_shapes(module: nn.Module, state_dict: Mapping[str, Any], prefix: str) -> None:
-    """Refuse a state dict whose buffers of ``module`` have other shapes than ``module``'s own.
-
-    Per-client state is ``[N, P]`` and server state ``[P]`` (``N`` clients, ``P`` parameters).
-    A checkpoint made for another number of clients or another model cannot be resumed:
-    copying it would fail deep inside ``load_state_dict``, or, worse, index the wrong clients.
-    Call it from ``_load_from_state_dict`` (it looks only at ``module``'s direct buffers).
-
-    Args:
-        module: The module whose registered buffers are checked.
-        state_dict: The state dict being loaded.
-        prefix: ``module``'s key prefix in ``state_dict`` (e.g. ``"objective."``).
-
-    Raises:
-        ValueError: Naming the buffer, the checkpoint's shape and this module's shape.
-    """
-    wrong = []
-    for name, buf in module._buffers.items():
-        key = prefix + name
-        if buf is None or key not in state_dict or not isinstance(state_dict[key], Tensor):
-            continue
-        got, want = tuple(state_dict[key].shape), tuple(buf.shape)
-        if got != want:
-            wrong.append(f"{key} has shape {got} in the checkpoint but {want} in this run")
-    if wrong:
-        raise ValueError(
-            "the checkpoint's state does not fit this run: " + "; ".join(wrong) + ". Per-client state is "
-            "[num_clients, num_params] and server state [num_params]: resume with the same data.num_clients "
-            "and the same model (and objective) as the run that saved it."
-        )
-
-
-class LocalObjective(nn.Module):
-    """Base class: the plain FedAvg objective, ``w ← w - eta_l g_k(w)``."""
 
     name = "plain"
-    needs_history = False  # whether step_rule reads Cohort.previous_update / global_change
-
-    def setup(self, num_clients: int, num_params: int, like: Tensor) -> None:
-        """Allocate state for ``num_clients`` clients of ``num_params`` parameters like ``like``."""
 
     def step_rule(self, cohort: Cohort, w_start: Tensor, lr: float) -> StepRule:
         """The cohort's local step rule."""
         return StepRule()
 
-    def after_local(self, cohort: Cohort, w_start: Tensor, w_end: Tensor, lr: float, fisher: FisherFn) -> None:
-        """Update state from the cohort's final weights ``w_end`` ``[K, P]``; inactive clients keep theirs."""
+    def after_local(self, cohort: Cohort, w_start: Tensor, w_end: Tensor, lr: float, local: LocalWork) -> None:
+        """Update state from the cohort's final weights ``w_end`` ``[K, P]``; inactive clients keep theirs.
 
-    def _zeros(self, name: str, shape: tuple[int, ...], like: Tensor) -> None:
-        self.register_buffer(name, torch.zeros(shape, dtype=like.dtype, device=like.device))
+        ``local`` says where and how the cohort trained (EFL computes its Fisher reports from it).
+        """
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
-        check_state_shapes(self, state_dict, prefix)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+    def server_combination(self):
+        """A server combination this rule needs (None: any). See :mod:`lfed.client.feddyn`."""
+        return None
+
+    @property
+    def needs_history(self) -> bool:
+        return self.uses_history
+
+
+#: The name of the base class before client rules became components.
+LocalObjective = ClientRule
 
 
 def _check_coefficient(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
-    return float(value)
+    return number(name, value, at_least=0)
 
 
 def _check_fisher_samples(value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"fisher_samples: need an integer >= 1 (examples per client for the Fisher diagonal), got {value!r}")
-    return int(value)
+    return integer("fisher_samples", value, at_least=1, detail=" (examples per client for the Fisher diagonal)")
 
 
-class Plain(LocalObjective):
+class Plain(ClientRule):
     """FedAvg's local SGD (McMahan et al. 2017)."""
 
 
-class Prox(LocalObjective):
+class Prox(ClientRule):
     """FedProx (Li et al. 2020): ``w ← w - eta_l (g_k(w) + mu (w - w_start))``.
 
     Args:
@@ -165,11 +111,14 @@ class Prox(LocalObjective):
         super().__init__()
         self.mu = _check_coefficient("mu", mu)
 
+    def hparams(self) -> dict:
+        return {"mu": self.mu}
+
     def step_rule(self, cohort: Cohort, w_start: Tensor, lr: float) -> StepRule:
         return StepRule(decay=self.mu, shift=-self.mu * w_start)
 
 
-class Scaffold(LocalObjective):
+class Scaffold(ClientRule):
     """SCAFFOLD, option II (Karimireddy et al. 2020; SPEC §2 scaffold).
 
     Step ``w ← w - eta_l (g_k(w) - c_k + c)``; after ``K`` steps
@@ -179,34 +128,34 @@ class Scaffold(LocalObjective):
 
     name = "scaffold"
 
-    def setup(self, num_clients: int, num_params: int, like: Tensor) -> None:
-        self._zeros("control", (num_params,), like)
-        self._zeros("client_control", (num_clients, num_params), like)
+    def state_specs(self) -> list[StateSpec]:
+        return [StateSpec("control", per_client=False), StateSpec("client_control")]
 
     def step_rule(self, cohort: Cohort, w_start: Tensor, lr: float) -> StepRule:
-        return StepRule(shift=self.control - self.client_control[cohort.clients])
+        return StepRule(shift=self.state("control") - self.rows("client_control", cohort.clients))
 
-    def after_local(self, cohort: Cohort, w_start: Tensor, w_end: Tensor, lr: float, fisher: FisherFn) -> None:
+    def after_local(self, cohort: Cohort, w_start: Tensor, w_end: Tensor, lr: float, local: LocalWork) -> None:
         steps = cohort.steps_done.to(w_end.dtype).clamp_min(1)[:, None]
-        old = self.client_control[cohort.clients]
-        new = old - self.control + (w_start - w_end) / (steps * lr)
+        old = self.rows("client_control", cohort.clients)
+        control = self.state("control")
+        new = old - control + (w_start - w_end) / (steps * lr)
         change = torch.where(cohort.active[:, None], new - old, torch.zeros_like(new))
-        self.client_control[cohort.clients] = old + change
-        self.control += change.sum(0) / cohort.num_clients
+        self.write_rows("client_control", cohort.clients, old + change)
+        self.set_state("control", control + change.sum(0) / cohort.num_clients)
 
 
-class IGFL(LocalObjective):
+class IGFL(ClientRule):
     """IGFL-C (Huang et al., Algorithm 2 of 000; SPEC §2 igfl).
 
     Each step ``Δ_I = -eta_l g``, ``Δ_G = (1/|S|)(Δ_I - Δw_k / T) + Δw_ps / T``,
     ``w ← w + Δ_I + Δ_G``, i.e. the step rule with ``grad_scale = 1 + 1/|S|`` and
     ``shift = (Δw_k / |S| - Δw_ps) / (eta_l T_k)``. ``Δw_k`` (the client's update from the
-    last round it took part in) and ``Δw_ps`` (the global model's last change) are kept by
-    the module (``needs_history``).
+    last round it took part in) and ``Δw_ps`` (the global model's last change) are the round's
+    update history (:class:`lfed.round.UpdateHistory`, ``uses_history``).
     """
 
     name = "igfl"
-    needs_history = True
+    uses_history = True
 
     def step_rule(self, cohort: Cohort, w_start: Tensor, lr: float) -> StepRule:
         K = cohort.clients.numel()
@@ -215,7 +164,7 @@ class IGFL(LocalObjective):
         return StepRule(grad_scale=1.0 + 1.0 / K, shift=shift)
 
 
-class EFL(LocalObjective):
+class EFL(ClientRule):
     """EFL's Fisher-elastic objective (Ma et al., §3.1 of 004; SPEC §2 efl).
 
     Local objective ``f_k(w) + (λ/2) wᵀUw - λ wᵀV`` with ``U = Σ_i u_i``, ``V = Σ_i v_i`` over
@@ -234,32 +183,38 @@ class EFL(LocalObjective):
         self.lam = _check_coefficient("efl_lambda", lam)
         self.fisher_samples = _check_fisher_samples(fisher_samples)
 
-    def setup(self, num_clients: int, num_params: int, like: Tensor) -> None:
-        self._zeros("fisher_u", (num_clients, num_params), like)
-        self._zeros("fisher_v", (num_clients, num_params), like)
-        self._zeros("fisher_u_sum", (num_params,), like)
-        self._zeros("fisher_v_sum", (num_params,), like)
+    def hparams(self) -> dict:
+        return {"lam": self.lam, "fisher_samples": self.fisher_samples}
+
+    def state_specs(self) -> list[StateSpec]:
+        return [StateSpec("fisher_u"), StateSpec("fisher_v"),
+                StateSpec("fisher_u_sum", per_client=False), StateSpec("fisher_v_sum", per_client=False)]
 
     def step_rule(self, cohort: Cohort, w_start: Tensor, lr: float) -> StepRule:
         if self.lam == 0:
             return StepRule()
-        return StepRule(decay=self.lam * self.fisher_u_sum, shift=-self.lam * self.fisher_v_sum)
+        return StepRule(decay=self.lam * self.state("fisher_u_sum"), shift=-self.lam * self.state("fisher_v_sum"))
 
-    def after_local(self, cohort: Cohort, w_start: Tensor, w_end: Tensor, lr: float, fisher: FisherFn) -> None:
+    def after_local(self, cohort: Cohort, w_start: Tensor, w_end: Tensor, lr: float, local: LocalWork) -> None:
+        from lfed.client.fisher import FisherJob, fisher_cohort
+
         active = cohort.active
         if not bool(active.any()):
             return
         clients = cohort.clients[active]
-        u = fisher(active)
+        with seeded_global_rng(local.seed, local.round, "fisher_dropout", w_end.device):  # a model's dropout
+            job = FisherJob(w_end[active], local.data_x, local.data_y, local.index[active], cohort.num_examples[active],
+                            self.fisher_samples, round_generator(local.seed, local.round, "fisher"))
+            u = fisher_cohort(local.engine, local.ranks, job)  # the clients' reports, split over the ranks like training
         v = u * w_end[active]
-        self.fisher_u_sum += (u - self.fisher_u[clients]).sum(0)
-        self.fisher_v_sum += (v - self.fisher_v[clients]).sum(0)
-        self.fisher_u[clients] = u
-        self.fisher_v[clients] = v
+        self.set_state("fisher_u_sum", self.state("fisher_u_sum") + (u - self.rows("fisher_u", clients)).sum(0))
+        self.set_state("fisher_v_sum", self.state("fisher_v_sum") + (v - self.rows("fisher_v", clients)).sum(0))
+        self.write_rows("fisher_u", clients, u)
+        self.write_rows("fisher_v", clients, v)
 
 
-def build_objective(name: str, mu: float = 0.01, efl_lambda: float = 0.1, fisher_samples: int = 64) -> LocalObjective:
-    """The objective called ``name`` (one of :data:`OBJECTIVES`).
+def build_objective(name: str, mu: float = 0.01, efl_lambda: float = 0.1, fisher_samples: int = 64) -> ClientRule:
+    """The objective called ``name`` (one of :data:`OBJECTIVES`, or a dotted class path).
 
     ``mu``, ``efl_lambda`` and ``fisher_samples`` are checked whichever objective is built,
     so a bad value fails early even where it would not be used.
@@ -281,4 +236,8 @@ def build_objective(name: str, mu: float = 0.01, efl_lambda: float = 0.1, fisher
         return IGFL()
     if name == "efl":
         return EFL(efl_lambda, fisher_samples)
+    if isinstance(name, str) and "." in name:
+        from lfed.component import load_class
+
+        return load_class(name, ClientRule, "objective")()
     raise ValueError(f"objective: {name!r} is not one of {OBJECTIVES}")

@@ -389,7 +389,7 @@ class FederatedDataModule(LightningDataModule):
 
     def state_dict(self) -> dict:
         """What the clients' data is, for checkpoints: sizes, seed, partition and its fingerprint."""
-        from lfed.checkpoint import data_fingerprint
+        from lfed.fingerprint import data_fingerprint
 
         d = self.build()
         return {
@@ -407,6 +407,6 @@ class FederatedDataModule(LightningDataModule):
             ValueError: If the checkpoint's clients were split differently (another dataset,
                 number of clients, partition, seed, or other example indices), naming each difference.
         """
-        from lfed.checkpoint import data_fingerprint, verify_fingerprint
+        from lfed.fingerprint import data_fingerprint, verify_fingerprint
 
         verify_fingerprint(state_dict.get("fingerprint"), data_fingerprint(self), "the checkpoint's data")

@@ -35,9 +35,9 @@ import hashlib
 import os
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import Tensor

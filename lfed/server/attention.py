@@ -9,9 +9,14 @@ with ``ψ`` the dot product over the whole flattened update and ``τ`` an option
 
 * ``self`` (Option I, §4.1): ``q_i = Δ_i``; ``Δ = (1/|S|) Σ_i Δ̂_i``.
 * ``global`` (Option II, §4.2): one query ``q = mean_k Δ_k``; ``Δ = Σ_j α_j Δ_j``.
-* ``time`` (Option III, §4.3): client ``j``'s query is its own previous update (zero if none) and
-  its weight is the diagonal ``α_j = α_jj``; ``Δ = Σ_j α_j Δ_j``. These weights need not sum to 1
-  and are deliberately not renormalised (SPEC §4).
+* ``time`` (Option III, §4.3): client ``j``'s query is its own previous update ``q_j`` (zero if
+  none); ``Δ = Σ_j α_j Δ_j`` with, by ``time_weights`` (SPEC §4),
+
+  - ``softmax`` (default): ``α_j = exp ψ(q_j, Δ_j) / Σ_τ exp ψ(q_τ, Δ_τ)``, a softmax over the
+    cohort of each client's similarity to its own previous update (sums to 1);
+  - ``diagonal`` (000 L172 read literally): ``α_j = exp ψ(q_j, Δ_j) / Σ_τ exp ψ(q_j, Δ_τ)``, the
+    diagonal of the row-softmax matrix. These weights need not sum to 1 and are deliberately
+    not renormalised.
 
 Dot products are computed in float64 and the softmax subtracts the row maximum, so whole-model
 dot products of size 1e4 and beyond stay finite (the attention simply saturates; watch
@@ -26,10 +31,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["QUERIES", "AttentionResult", "attention_combine"]
+__all__ = ["QUERIES", "TIME_WEIGHTS", "AttentionResult", "attention_combine"]
 
 QUERIES = ("self", "global", "time")
 """Names of the attention queries accepted by :func:`attention_combine`."""
+
+TIME_WEIGHTS = ("softmax", "diagonal")
+"""The two readings of time attention's weights (SPEC §4)."""
 
 _CHUNK_ELEMS = 1 << 24
 """Upper bound on the float64 elements materialised per chunk of a dot-product computation."""
@@ -45,9 +53,13 @@ class AttentionResult:
             exactly 0 for masked clients. Sums to 1 for ``self`` and ``global``; for ``time`` the
             sum is the per-round server step size to log.
         matrix: float64 row-softmax matrix ``α`` for heatmaps: ``[K, K]`` (rows = queries, columns =
-            keys) for ``self`` and ``time``, ``[1, K]`` for ``global``; masked rows/columns are 0.
+            keys) for ``self`` and ``time`` with ``diagonal`` weights, ``[1, K]`` for ``global`` and
+            for ``time`` with ``softmax`` weights; masked rows/columns are 0.
         entropy: float64 scalar, the mean over query rows of the row entropy of ``α`` in nats
             (``log K`` for uniform attention, 0 when saturated).
+        logit_spread: float64 scalar, the mean over query rows of ``max - min`` of the row's logits
+            ``ψ/τ`` over the kept keys (SPEC §4: small spreads mean near-uniform attention).
+        mean_sq_norm: float64 scalar, the mean ``||Δ_k||²`` of the kept updates.
         query: the query used (``"self"``, ``"global"`` or ``"time"``).
         mask: ``[K]`` bool, the clients that took part (keys, and query rows for ``self``/``time``).
     """
@@ -58,6 +70,8 @@ class AttentionResult:
     entropy: Tensor
     query: str = "self"
     mask: Tensor | None = None
+    logit_spread: Tensor | None = None
+    mean_sq_norm: Tensor | None = None
 
     @property
     def weight_sum(self) -> Tensor:
@@ -103,6 +117,7 @@ def attention_combine(
     previous_updates: Tensor | None = None,
     temperature: float = 1.0,
     mask: Tensor | None = None,
+    time_weights: str = "softmax",
 ) -> AttentionResult:
     """Combine a cohort's updates with IGFL-S attention (SPEC §4; 000 Algorithm 3, eq. 11).
 
@@ -112,7 +127,9 @@ def attention_combine(
     * ``"self"``: ``q_i = Δ_i``; ``Δ = (1/K) Σ_i Σ_j α_ij Δ_j``, so ``weights_j = mean_i α_ij``.
     * ``"global"``: ``q = mean_k Δ_k``; ``Δ = Σ_j α_j Δ_j``.
     * ``"time"``: ``q_j = previous_updates[j]`` (pass zeros for a client with no previous update);
-      ``weights_j = α_jj = exp ψ(q_j, Δ_j) / Σ_τ exp ψ(q_j, Δ_τ)``, not renormalised.
+      ``time_weights="softmax"``: ``weights = softmax_j ψ(q_j, Δ_j)`` over the cohort;
+      ``time_weights="diagonal"``: ``weights_j = α_jj = exp ψ(q_j, Δ_j) / Σ_τ exp ψ(q_j, Δ_τ)``,
+      not renormalised.
 
     Args:
         updates: ``[K, P]`` client updates ``Δ_k`` (floating, any device).
@@ -124,6 +141,7 @@ def attention_combine(
             (e.g. inactive ones) are excluded from keys and queries, ``K`` above counts only the
             kept clients, and their weight is exactly 0. If no client is kept the result is all
             zeros (the caller skips such rounds, SPEC §3).
+        time_weights: ``"softmax"`` or ``"diagonal"`` (:data:`TIME_WEIGHTS`), for ``"time"`` only.
 
     Returns:
         :class:`AttentionResult`; ``update`` has the dtype and device of ``updates``.
@@ -140,6 +158,8 @@ def attention_combine(
     """
     if query not in QUERIES:
         raise ValueError(f"query must be one of {QUERIES}, got {query!r}")
+    if time_weights not in TIME_WEIGHTS:
+        raise ValueError(f"time_weights must be one of {TIME_WEIGHTS}, got {time_weights!r}")
     if not isinstance(updates, Tensor) or updates.dim() != 2 or not updates.is_floating_point():
         desc = (f"dtype {updates.dtype}, shape {tuple(updates.shape)}" if isinstance(updates, Tensor)
                 else type(updates).__name__)
@@ -173,7 +193,8 @@ def attention_combine(
 
     maskf = mask.to(torch.float64)
     n_kept = int(mask.sum())
-    rows = 1 if query == "global" else k
+    one_row = query == "global" or (query == "time" and time_weights == "softmax")
+    rows = 1 if one_row else k
     if n_kept == 0:
         zero = torch.zeros((), dtype=torch.float64, device=device)
         return AttentionResult(
@@ -183,6 +204,8 @@ def attention_combine(
             entropy=zero,
             query=query,
             mask=mask,
+            logit_spread=zero,
+            mean_sq_norm=zero,
         )
 
     if query == "self":
@@ -192,9 +215,12 @@ def attention_combine(
         q = _weighted_row_sum64(maskf / n_kept, updates)  # mean of the kept updates, float64
         psi = _gram(q[None, :], updates)
         row_kept = torch.ones(1, dtype=torch.bool, device=device)
-    else:
+    elif time_weights == "diagonal":
         psi = _gram(previous_updates, updates)
         row_kept = mask
+    else:  # time, softmax over the cohort of ψ(q_j, Δ_j)
+        psi = _row_dots(previous_updates, updates)[None, :]
+        row_kept = torch.ones(1, dtype=torch.bool, device=device)
     psi = psi / temperature
 
     valid = row_kept[:, None] & mask[None, :]
@@ -210,12 +236,28 @@ def attention_combine(
 
     row_entropy = -torch.special.xlogy(alpha, alpha).sum(dim=1)
     entropy = (row_entropy * row_kept.to(torch.float64)).sum() / row_kept.sum()
+    kept_logits = psi.masked_fill(~mask[None, :], float("nan"))
+    spread = torch.nan_to_num(kept_logits.nan_to_num(float("-inf")).amax(1) - kept_logits.nan_to_num(float("inf")).amin(1))
+    logit_spread = (spread * row_kept.to(torch.float64)).sum() / row_kept.sum()
+    mean_sq_norm = (_row_dots(updates, updates) * maskf).sum() / n_kept
 
     if query == "self":
         weights = alpha.sum(dim=0) / n_kept
-    elif query == "global":
+    elif one_row:
         weights = alpha[0]
     else:
         weights = torch.diagonal(alpha) * maskf
     update = weights.to(updates.dtype) @ updates
-    return AttentionResult(update=update, weights=weights, matrix=alpha, entropy=entropy, query=query, mask=mask)
+    return AttentionResult(update=update, weights=weights, matrix=alpha, entropy=entropy, query=query, mask=mask,
+                           logit_spread=logit_spread, mean_sq_norm=mean_sq_norm)
+
+
+def _row_dots(a: Tensor, b: Tensor) -> Tensor:
+    """``[K]`` float64 row-wise dot products ``<a_k, b_k>`` (chunked like :func:`_gram`)."""
+    if a.dtype == torch.float64 and b.dtype == torch.float64:
+        return (a * b).sum(1)
+    step = max(1, _CHUNK_ELEMS // max(a.shape[0], 1))
+    out = torch.zeros(a.shape[0], dtype=torch.float64, device=a.device)
+    for start in range(0, a.shape[1], step):
+        out += (a[:, start:start + step].double() * b[:, start:start + step].double()).sum(1)
+    return out

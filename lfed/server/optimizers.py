@@ -32,7 +32,6 @@ run exactly.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -40,35 +39,25 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from lfed.validation import number
+
 __all__ = ["FedAdam", "FedYogi", "FedAdagrad", "apply_pseudo_gradient"]
 
 
 def _check_lr(lr: Any) -> float:
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
-        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
-    return float(lr)
+    return number("lr", lr, above=0)
 
 
 def _check_beta(name: str, beta: Any) -> float:
-    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta < 1.0:
-        raise ValueError(f"{name} must be a number with 0 <= {name} < 1, got {beta!r}")
-    return float(beta)
+    return number(name, beta, at_least=0, below=1)
 
 
 def _check_tau(tau: Any) -> float:
-    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau <= 0:
-        raise ValueError(f"tau must be a finite number > 0, got {tau!r}")
-    return float(tau)
+    return number("tau", tau, above=0)
 
 
 def _check_initial(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(
-            f"initial_accumulator_value must be None (meaning tau**2) or a finite number >= 0, got {value!r}"
-        )
-    return float(value)
+    return None if value is None else number("initial_accumulator_value", value, at_least=0, detail=" or None (tau**2)")
 
 
 def _check_betas(betas: Any) -> tuple[float, float]:
@@ -78,7 +67,15 @@ def _check_betas(betas: Any) -> tuple[float, float]:
 
 
 class _FedAdaptive(Optimizer):
-    """Shared step of Reddi et al. 2021, Algorithm 2; subclasses update ``v``."""
+    """Shared checks and step of Reddi et al. 2021, Algorithm 2; subclasses update ``v``.
+
+    ``moments`` are the (checked) momentum settings of the subclass: ``betas`` or ``beta1``.
+    """
+
+    def __init__(self, params, lr: float, tau: float, initial_accumulator_value: float | None, **moments: Any) -> None:
+        defaults = {"lr": _check_lr(lr), **moments, "tau": _check_tau(tau),
+                    "initial_accumulator_value": _check_initial(initial_accumulator_value)}
+        super().__init__(params, defaults)
 
     def _update_v(self, v: Tensor, delta_sq: Tensor, group: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -128,7 +125,21 @@ class _FedAdaptive(Optimizer):
         return loss
 
 
-class FedAdam(_FedAdaptive):
+class _WithBetas(_FedAdaptive):
+    """FedAdam's and FedYogi's arguments: ``lr``, ``betas = (β1, β2)``, ``tau``, ``initial_accumulator_value``."""
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.99),
+        tau: float = 1e-3,
+        initial_accumulator_value: float | None = None,
+    ) -> None:
+        super().__init__(params, lr, tau, initial_accumulator_value, betas=_check_betas(betas))
+
+
+class FedAdam(_WithBetas):
     """FedAdam (Reddi et al. 2021, Algorithm 2; SPEC §4.1).
 
     With ``Δ = -p.grad``::
@@ -153,29 +164,12 @@ class FedAdam(_FedAdaptive):
         ValueError: If an argument is outside the range given above.
     """
 
-    def __init__(
-        self,
-        params: Iterable[Tensor] | Iterable[dict[str, Any]],
-        lr: float = 0.01,
-        betas: tuple[float, float] = (0.9, 0.99),
-        tau: float = 1e-3,
-        initial_accumulator_value: float | None = None,
-    ) -> None:
-        beta1, beta2 = _check_betas(betas)
-        defaults = {
-            "lr": _check_lr(lr),
-            "betas": (beta1, beta2),
-            "tau": _check_tau(tau),
-            "initial_accumulator_value": _check_initial(initial_accumulator_value),
-        }
-        super().__init__(params, defaults)
-
     def _update_v(self, v: Tensor, delta_sq: Tensor, group: dict[str, Any]) -> None:
         beta2: float = group["betas"][1]
         v.mul_(beta2).add_(delta_sq, alpha=1.0 - beta2)
 
 
-class FedYogi(_FedAdaptive):
+class FedYogi(_WithBetas):
     """FedYogi (Reddi et al. 2021, Algorithm 2; SPEC §4.1).
 
     As :class:`FedAdam` except the second moment::
@@ -195,23 +189,6 @@ class FedYogi(_FedAdaptive):
     Raises:
         ValueError: If an argument is outside the range given above.
     """
-
-    def __init__(
-        self,
-        params: Iterable[Tensor] | Iterable[dict[str, Any]],
-        lr: float = 0.01,
-        betas: tuple[float, float] = (0.9, 0.99),
-        tau: float = 1e-3,
-        initial_accumulator_value: float | None = None,
-    ) -> None:
-        beta1, beta2 = _check_betas(betas)
-        defaults = {
-            "lr": _check_lr(lr),
-            "betas": (beta1, beta2),
-            "tau": _check_tau(tau),
-            "initial_accumulator_value": _check_initial(initial_accumulator_value),
-        }
-        super().__init__(params, defaults)
 
     def _update_v(self, v: Tensor, delta_sq: Tensor, group: dict[str, Any]) -> None:
         beta2: float = group["betas"][1]
@@ -249,13 +226,7 @@ class FedAdagrad(_FedAdaptive):
         tau: float = 1e-3,
         initial_accumulator_value: float | None = None,
     ) -> None:
-        defaults = {
-            "lr": _check_lr(lr),
-            "beta1": _check_beta("beta1", beta1),
-            "tau": _check_tau(tau),
-            "initial_accumulator_value": _check_initial(initial_accumulator_value),
-        }
-        super().__init__(params, defaults)
+        super().__init__(params, lr, tau, initial_accumulator_value, beta1=_check_beta("beta1", beta1))
 
     def _update_v(self, v: Tensor, delta_sq: Tensor, group: dict[str, Any]) -> None:
         v.add_(delta_sq)

@@ -1,0 +1,297 @@
+"""One federated round as a function: components in, new weights and a record out (SPEC §1).
+
+:func:`run_round` needs no Trainer: give it the global weights ``w [P]``, an :class:`Algorithm`
+(its components hold their declared state, :mod:`lfed.state`), the federated data on the
+device, a :class:`LocalTraining` and a :class:`~lfed.engine.CohortTrainer`; optionally a fixed
+cohort and fixed step counts (otherwise the algorithm's sampler and straggler model draw them
+from ``seed``). It returns the new global weights and a :class:`RoundRecord` (cohort, steps,
+aggregation weights, attention and its entropy and logit spread, losses, bits), and moves the
+components' state on. :class:`~lfed.module.FederatedModule` is a Lightning driver around it.
+
+Order of a round (SPEC §1)::
+
+    cohort, s_k  = sampler, participation          # §5, §6 (or given)
+    a_k, counts  = weights                         # §3
+    rule         = objective.step_rule(cohort)     # §2
+    w_k_end      = engine.train(...)               # local work, all clients at once
+    objective.after_local(...)                     # client state
+    sent         = channel.upstream(Δ_k)           # §7
+    Δ            = combination.combine(sent, a_k)  # §4
+    Δ            = channel.downstream(Δ)
+    w'           = server_step(Δ)                  # §4.1 (w + Δ by default)
+    history, sampler.observe(w_k_end, w')          # state that needs the new model
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lfed.client.objectives import ClientRule
+from lfed.component import Cohort, Component, LocalWork
+from lfed.distributed import Ranks, TrainJob, train_cohort
+from lfed.engine import CohortResult, CohortTrainer, steps_per_epoch
+from lfed.participation import Participation
+from lfed.rng import round_generator, seeded_global_rng
+from lfed.sampling import ClientSampler
+from lfed.server.attention import AttentionResult
+from lfed.server.channel import Channel
+from lfed.server.combination import ServerCombination
+from lfed.server.weighting import AggregationWeights
+from lfed.server.weights import DegenerateWeightsWarning
+from lfed.state import StateSpec
+
+__all__ = ["Algorithm", "LocalTraining", "RoundRecord", "UpdateHistory", "run_round"]
+
+
+class UpdateHistory(Component):
+    """Each client's update from the last round it took part in, and the global model's last change.
+
+    IGFL-C's correction and time attention read it (components with ``uses_history``); the round
+    keeps it: after the server step ``Δw_k ← Δ_k`` for active clients and ``Δw_ps ← w' - w``.
+    """
+
+    name = "history"
+
+    def state_specs(self) -> list[StateSpec]:
+        return [StateSpec("previous_update"), StateSpec("global_change", per_client=False)]
+
+    def fill(self, cohort: Cohort) -> None:
+        cohort.previous_update = self.rows("previous_update", cohort.clients)
+        cohort.global_change = self.state("global_change")
+
+    def record(self, cohort: Cohort, updates: Tensor, w_old: Tensor, w_new: Tensor) -> None:
+        self.write_rows("previous_update", cohort.clients, updates, mask=cohort.active)
+        self.set_state("global_change", w_new - w_old)
+
+
+@dataclass
+class Algorithm:
+    """The components of a round, one per role (see :mod:`lfed.component`).
+
+    ``history`` is made when a component reads the update history (IGFL-C, time attention).
+    """
+
+    objective: ClientRule
+    weighting: AggregationWeights
+    combination: ServerCombination
+    channel: Channel
+    sampler: ClientSampler
+    participation: Participation
+    history: UpdateHistory | None = None
+
+    def __post_init__(self) -> None:
+        if self.history is None and any(c.uses_history for c in self.roles().values()):
+            self.history = UpdateHistory()
+
+    def roles(self) -> dict[str, Component]:
+        """``{role: component}`` of every component (the history too when there is one)."""
+        out = {
+            "objective": self.objective, "weighting": self.weighting, "combination": self.combination,
+            "channel": self.channel, "sampler": self.sampler, "participation": self.participation,
+        }
+        if self.history is not None:
+            out["history"] = self.history
+        return out
+
+
+@dataclass
+class LocalTraining:
+    """How clients train: learning rate ``eta_l``, batch size, and the step budget ``T_k``.
+
+    Attributes:
+        client_lr: Client learning rate.
+        batch_size: Mini-batch size ``B`` (None: full batch).
+        local_epochs: Epochs ``E``; the budget is ``E * ceil(n_k / B)``.
+        local_steps: A fixed budget of steps per round instead (None: epochs).
+    """
+
+    client_lr: float = 0.05
+    batch_size: int | None = 10
+    local_epochs: int = 1
+    local_steps: int | None = None
+
+    def step_budget(self, num_examples: Tensor) -> Tensor:
+        """Planned local steps ``T_k``: ``local_steps``, or ``E * ceil(n_k / B)``."""
+        if self.local_steps is not None:
+            return torch.full_like(num_examples, self.local_steps)
+        return self.local_epochs * steps_per_epoch(num_examples, self.batch_size)
+
+
+@dataclass
+class RoundRecord:
+    """What a round did.
+
+    Attributes:
+        round: Round index.
+        cohort: The :class:`~lfed.component.Cohort` (clients, sizes, budgets, steps done, counting).
+        weights: ``[K]`` float64 aggregation weights (0 for clients whose work does not count).
+        losses: ``[K]`` mean training loss of each client (0 for inactive ones).
+        delta: ``[P]`` the update the model moved by (before the server optimizer), or None if skipped.
+        attention: The :class:`~lfed.server.attention.AttentionResult` of an attention combination.
+        bits_up: Bits uploaded (counting clients), ``bits_down``: bits broadcast (whole cohort).
+        skipped: Whether no client's work counted (model and state unchanged, SPEC §3).
+        warnings: Messages the round's pieces warned (e.g. DWFed's uniform fall-back).
+        result: The engine's :class:`~lfed.engine.CohortResult` (final client weights, buffers).
+    """
+
+    round: int
+    cohort: Cohort
+    weights: Tensor
+    losses: Tensor | None = None
+    delta: Tensor | None = None
+    attention: AttentionResult | None = None
+    bits_up: int = 0
+    bits_down: int = 0
+    skipped: bool = False
+    warnings: list[str] = field(default_factory=list)
+    result: CohortResult | None = None
+
+    @property
+    def uploads(self) -> int:
+        """Clients whose model the server received and used."""
+        return int(self.cohort.counting.sum())
+
+    def metrics(self) -> dict[str, float]:
+        """Scalars to log: clients, active, weight sum, loss, attention entropy / logit spread / ||Δ||²."""
+        c = self.cohort
+        out = {"round/clients": float(c.clients.numel()), "round/active": float(c.active.sum()),
+               "round/weight_sum": float(self.weights.sum())}
+        if self.losses is not None and bool(c.active.any()):
+            out["train/loss"] = float(self.losses[c.active].mean())
+        a = self.attention
+        if a is not None:
+            out["attention/entropy"] = float(a.entropy)
+            out["attention/weight_sum"] = float(a.weights.sum())
+            out["attention/logit_spread"] = float(a.logit_spread)
+            out["attention/mean_sq_norm"] = float(a.mean_sq_norm)
+        return out
+
+
+def check_finite(x: Tensor, r: int, clients: Tensor, what: str) -> None:
+    """Stop the run before bad numbers are saved (NaN/Inf in ``x``), naming the clients."""
+    if bool(torch.isfinite(x).all()):
+        return
+    if x.dim() == 2:
+        detail = f"from clients {clients[~torch.isfinite(x).all(dim=1)].tolist()}"
+    else:
+        detail = f"(cohort {clients.tolist()})"
+    raise FloatingPointError(
+        f"round {r}: {what} contain NaN or Inf {detail}; stopping so no bad weights are saved. "
+        "Lower client_lr, check the data of these clients, or resume from the last good checkpoint."
+    )
+
+
+def draw_cohort(algorithm: Algorithm, data: Any, training: LocalTraining, round: int, seed: int,
+                total_rounds: int | None = None, clients: Tensor | None = None, steps_done: Tensor | None = None) -> Cohort:
+    """The round's cohort: given, or drawn by the sampler and the straggler model from ``seed``."""
+    N = data.num_clients
+    device = data.client_sizes.device
+    if clients is None:
+        k = algorithm.participation.cohort_size(round, total_rounds, N)
+        clients, _ = algorithm.sampler.sample(round, k, round_generator(seed, round, "sample"))
+    clients = clients.to(device)
+    n_k = data.client_sizes[clients]
+    budget = training.step_budget(n_k)
+    if steps_done is None:
+        steps_done = algorithm.participation.steps(budget, round_generator(seed, round, "stragglers"))
+    steps_done = steps_done.to(device=device, dtype=budget.dtype)
+    return Cohort(round, clients, n_k, budget, steps_done, N)
+
+
+def run_round(
+    algorithm: Algorithm,
+    w: Tensor,
+    data: Any,
+    training: LocalTraining,
+    engine: CohortTrainer,
+    *,
+    round: int = 0,
+    seed: int = 0,
+    clients: Tensor | None = None,
+    steps_done: Tensor | None = None,
+    total_rounds: int | None = None,
+    sizes: list[int] | None = None,
+    server_step: Callable[[Tensor], Tensor] | None = None,
+    ranks: Ranks | None = None,
+) -> tuple[Tensor, RoundRecord]:
+    """One federated round (SPEC §1).
+
+    Args:
+        algorithm: The components (their state must be allocated: :func:`setup_state`).
+        w: ``[P]`` global weights (flat, :class:`~lfed.params.ParamLayout` order).
+        data: The federated data on the device (:class:`~lfed.data.datamodule.FederatedData`).
+        training: Learning rate, batch size and step budget.
+        engine: The cohort trainer of the model.
+        round: Round index (seeds every draw with ``seed``).
+        clients: ``[K]`` a fixed cohort (None: the sampler draws it).
+        steps_done: ``[K]`` fixed completed steps (None: the straggler model draws them).
+        total_rounds: Rounds of the run (fraction schedules that depend on it).
+        sizes: Numbers of entries of the model's tensors (the channel compresses per tensor);
+            None: the engine's layout.
+        server_step: Applies ``Δ`` and returns the new weights (the server optimizer); None: ``w + Δ``.
+        ranks: The processes the cohort's training is split over (:mod:`lfed.distributed`); None: one.
+
+    Returns:
+        ``(w_new, record)``; ``w_new is w`` when the round was skipped.
+    """
+    sizes = sizes if sizes is not None else engine.layout.sizes
+    ranks = ranks or Ranks()
+    cohort = draw_cohort(algorithm, data, training, round, seed, total_rounds, clients, steps_done)
+    clients, n_k = cohort.clients, cohort.num_examples
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DegenerateWeightsWarning)
+        weights = algorithm.weighting.weights(cohort, data.label_counts[clients], data.label_counts.sum(0))
+    cohort.counting = algorithm.weighting.counting(cohort)
+    record = RoundRecord(round, cohort, weights, warnings=[str(x.message) for x in caught])
+    bits = algorithm.channel.bits(sizes)
+    record.bits_down = clients.numel() * bits
+    if not bool(cohort.counting.any()):
+        record.skipped = True
+        return w, record
+
+    if algorithm.history is not None:
+        algorithm.history.fill(cohort)
+    lr = training.client_lr
+    rule = algorithm.objective.step_rule(cohort, w, lr)
+    with seeded_global_rng(seed, round, "dropout", w.device):  # a model's own randomness (dropout)
+        job = TrainJob(w, data.train_x, data.train_y, data.client_index[clients], n_k, cohort.steps_done, rule, lr,
+                       training.batch_size, round_generator(seed, round, "batches"))
+        result = train_cohort(engine, ranks, job)  # the cohort split over the ranks (lfed.distributed)
+    record.result, record.losses = result, result.loss
+    check_finite(result.loss[:, None], round, clients, "training losses")
+    updates = result.weights - w
+    check_finite(updates, round, clients, "client updates")
+
+    local = LocalWork(engine, ranks, data.train_x, data.train_y, job.index, seed, round)
+    algorithm.objective.after_local(cohort, w, result.weights, lr, local)
+
+    sent = algorithm.channel.upstream(updates, cohort, sizes)
+    delta, record.attention = algorithm.combination.combine(sent, weights, cohort)
+    delta = algorithm.channel.downstream(delta, sizes)
+    check_finite(delta, round, clients, "the aggregated update")
+    record.delta = delta
+    record.bits_up = record.uploads * bits
+    w_new = server_step(delta) if server_step is not None else w + delta
+    check_finite(w_new, round, clients, "the global model")
+    if algorithm.history is not None:
+        algorithm.history.record(cohort, updates, w, w_new)
+    algorithm.sampler.observe(cohort, result.weights, w_new)
+    return w_new, record
+
+
+def setup_state(algorithm: Algorithm, store, num_examples: Tensor, num_params: int, like: Tensor) -> None:
+    """Allocate every component's declared state in ``store`` (each component once)."""
+    seen: set[int] = set()
+    for role, component in algorithm.roles().items():
+        if id(component) in seen:
+            continue
+        seen.add(id(component))
+        if hasattr(store, "register_owner"):
+            store.register_owner(role, component)
+        component.setup_state(store, num_examples, num_params, like)

@@ -1,0 +1,80 @@
+"""The channel between clients and server as a component of the round (SPEC §7).
+
+:class:`Dense` sends updates as they are (32 bits per entry). :class:`TernaryTopK` is EFL's
+sparse ternary compression with error-feedback residuals both ways: each client keeps a
+residual ``R_k`` (per-client state) and sends ``ST(R_k + Δ_k)``; the server keeps ``R_G``
+(server state) and broadcasts ``ST(R_G + Δ)``, which is what the model moves by.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from lfed.component import Cohort, Component
+from lfed.server import compression as c
+from lfed.state import StateSpec
+
+__all__ = ["Channel", "Dense", "TernaryTopK"]
+
+
+class Channel(Component):
+    """Base class: a dense channel (the identity both ways)."""
+
+    name = "dense"
+    sparsity: float | None = None
+
+    def upstream(self, updates: Tensor, cohort: Cohort, sizes: Sequence[int]) -> Tensor:
+        """What the counting clients send (``[K, P]``; rows of clients that do not count are unused)."""
+        return updates
+
+    def downstream(self, delta: Tensor, sizes: Sequence[int]) -> Tensor:
+        """What the server broadcasts for the combined update ``delta``: the model moves by it."""
+        return delta
+
+    def bits(self, sizes: Sequence[int]) -> int:
+        """Bits of one upload or one broadcast of a model of tensor ``sizes``."""
+        return c.dense_bits(sizes)
+
+
+class Dense(Channel):
+    """Updates travel uncompressed."""
+
+
+class TernaryTopK(Channel):
+    """EFL's ST compression with residuals up and down (004 Algorithm 2; SPEC §7).
+
+    Args:
+        sparsity: Fraction ``q`` in (0, 1] of each tensor's entries kept.
+    """
+
+    name = "ternary"
+
+    def __init__(self, sparsity: float = 0.1) -> None:
+        super().__init__()
+        self.sparsity = c.validate_sparsity(sparsity)
+
+    def structure(self) -> dict:
+        return {"sparsity": self.sparsity}
+
+    def state_specs(self) -> list[StateSpec]:
+        return [StateSpec("client_residual"), StateSpec("server_residual", per_client=False)]
+
+    def upstream(self, updates: Tensor, cohort: Cohort, sizes: Sequence[int]) -> Tensor:
+        sent = torch.zeros_like(updates)
+        counting = cohort.counting
+        ids = cohort.clients[counting]
+        out, residual = c.compress_with_residual(updates[counting], self.rows("client_residual", ids), sizes, self.sparsity)
+        sent[counting] = out
+        self.write_rows("client_residual", ids, residual)
+        return sent
+
+    def downstream(self, delta: Tensor, sizes: Sequence[int]) -> Tensor:
+        out, residual = c.compress_with_residual(delta, self.state("server_residual"), sizes, self.sparsity)
+        self.set_state("server_residual", residual)
+        return out
+
+    def bits(self, sizes: Sequence[int]) -> int:
+        return c.ternary_bits(sizes, self.sparsity)

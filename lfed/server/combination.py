@@ -1,0 +1,101 @@
+"""Server combinations as components of the round (SPEC §4).
+
+A :class:`ServerCombination` turns the cohort's (sent) updates ``[K, P]``, their weights and the
+counting mask into the server's update ``Δ``, and returns what it wants logged. Two here:
+:class:`Mean` (``Δ = Σ_k a_k Δ_k``) and :class:`IGFLAttention` (IGFL-S, query ``self``,
+``global`` or ``time``; the maths is :func:`lfed.server.attention.attention_combine`). A
+combination may declare server state (see :mod:`lfed.client.feddyn`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from torch import Tensor
+
+from lfed.component import Cohort, Component
+from lfed.server.attention import QUERIES, TIME_WEIGHTS, AttentionResult
+from lfed.validation import number, one_of
+
+__all__ = ["IGFLAttention", "Mean", "ServerCombination", "build_combination"]
+
+
+class ServerCombination(Component):
+    """Base class: the plain weighted mean ``Δ = Σ_k a_k Δ_k``.
+
+    :meth:`combine` returns ``(Δ, attention)``; ``attention`` is an
+    :class:`~lfed.server.attention.AttentionResult` for attention combinations, else None.
+    """
+
+    name = "mean"
+
+    def combine(self, updates: Tensor, weights: Tensor, cohort: Cohort) -> tuple[Tensor, AttentionResult | None]:
+        """``Δ`` from ``updates [K, P]`` and ``weights [K]`` (0 for clients whose work does not count)."""
+        return weights.to(updates.dtype) @ updates, None
+
+
+class Mean(ServerCombination):
+    """The weighted mean ``Δ = Σ_k a_k Δ_k`` (FedAvg)."""
+
+
+class IGFLAttention(ServerCombination):
+    """IGFL-S attention (000 Algorithm 3; SPEC §4): ``Δ = Σ_j α_j Δ_j``.
+
+    The weights ``a_k`` are not used; only which clients count (``cohort.counting``) matters.
+
+    Args:
+        query: ``self`` (each update queries the others), ``global`` (the mean update queries)
+            or ``time`` (each client's previous update queries).
+        temperature: ``τ > 0`` dividing every logit ``ψ``; 1 is the paper.
+        time_weights: For ``time``: ``softmax`` (default; weights sum to 1) or ``diagonal``
+            (000 L172 read literally; not renormalised). SPEC §4.
+    """
+
+    def __init__(
+        self,
+        query: Literal["self", "global", "time"] = "self",
+        temperature: float = 1.0,
+        time_weights: Literal["softmax", "diagonal"] = "softmax",
+    ) -> None:
+        super().__init__()
+        one_of("query", query, QUERIES)
+        self.query = query
+        self.temperature = check_attention_settings(temperature, time_weights)
+        self.time_weights = time_weights
+        self.uses_history = query == "time"
+
+    @property
+    def name(self) -> str:  # the config name of the preset string (aggregation: self|global|time)
+        return self.query
+
+    def hparams(self) -> dict:
+        return {"temperature": self.temperature}
+
+    def structure(self) -> dict:
+        return {"time_weights": self.time_weights} if self.query == "time" else {}
+
+    def combine(self, updates: Tensor, weights: Tensor, cohort: Cohort) -> tuple[Tensor, AttentionResult | None]:
+        from lfed.server import attention  # looked up per call, so a test can spy on attention_combine
+
+        res = attention.attention_combine(
+            updates, query=self.query, previous_updates=cohort.previous_update, temperature=self.temperature,
+            mask=cohort.counting, time_weights=self.time_weights,
+        )
+        return res.update, res
+
+
+def check_attention_settings(temperature: float, time_weights: str) -> float:
+    """Check IGFL-S's temperature (finite, > 0) and ``time_weights``; return the temperature as a float."""
+    one_of("time_weights", time_weights, TIME_WEIGHTS)
+    return number("attention_temperature", temperature, above=0)
+
+
+def build_combination(name: str, temperature: float = 1.0, time_weights: str = "softmax") -> ServerCombination:
+    """``mean`` or an IGFL-S query (``self``, ``global``, ``time``); the settings are checked either way."""
+    check_attention_settings(temperature, time_weights)
+    if name == "mean":
+        return Mean()
+    if name in QUERIES:
+        return IGFLAttention(name, temperature, time_weights)
+    raise ValueError(f"aggregation: {name!r} is not one of {('mean', *QUERIES)}")
+

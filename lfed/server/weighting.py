@@ -1,0 +1,85 @@
+"""Aggregation weights as a component of the round (SPEC §3), and what partial work counts for.
+
+:class:`AggregationWeights` turns a cohort into its ``[K]`` weights and its counting mask
+(the clients whose work counts); the maths is in the pure functions of
+:mod:`lfed.server.weights`. Three rules: :class:`SizeWeights` (FedAvg), :class:`UniformWeights`
+and :class:`DWFedWeights`; each takes ``partial_work``: ``keep`` (FedProx), ``drop`` (FedAvg) or
+``scale`` (EFL's ``T/s``, not renormalised).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from lfed.component import Cohort, Component
+from lfed.server.weights import PARTIAL_WORK, aggregation_weights, counting_mask
+from lfed.validation import one_of
+
+__all__ = ["AggregationWeights", "DWFedWeights", "PartialWork", "SizeWeights", "UniformWeights", "build_weights"]
+
+PartialWork = Literal["keep", "drop", "scale"]
+
+
+class AggregationWeights(Component):
+    """Base class: the weights ``a_k`` of a round's cohort and whose work counts (SPEC §3).
+
+    Args:
+        partial_work: What stragglers' partial work counts for: ``keep``, ``drop`` or ``scale``.
+    """
+
+    name = "size"
+    rule = "size"
+
+    def __init__(self, partial_work: PartialWork = "keep") -> None:
+        super().__init__()
+        self.partial_work = one_of("partial_work", partial_work, PARTIAL_WORK)
+
+    def structure(self) -> dict:
+        return {"partial_work": self.partial_work}
+
+    def counting(self, cohort: Cohort) -> Tensor:
+        """``[K]`` bool: the clients whose work counts this round."""
+        return counting_mask(cohort.steps_done, cohort.step_budget, self.partial_work)
+
+    def weights(self, cohort: Cohort, client_label_counts: Tensor, population_label_counts: Tensor) -> Tensor:
+        """``[K]`` float64 weights (0 for clients whose work does not count).
+
+        Warns :class:`~lfed.server.weights.DegenerateWeightsWarning` where a rule falls back.
+        """
+        return aggregation_weights(
+            self.rule,
+            num_examples=cohort.num_examples,
+            steps_done=cohort.steps_done,
+            step_budget=cohort.step_budget,
+            partial_work=self.partial_work,
+            client_label_counts=client_label_counts,
+            population_label_counts=population_label_counts,
+            dtype=torch.float64,
+        )
+
+
+class SizeWeights(AggregationWeights):
+    """``a_k = n_k / Σ_j n_j`` over the counting clients (FedAvg)."""
+
+
+class UniformWeights(AggregationWeights):
+    """``a_k = 1 / |S|`` over the counting clients (SCAFFOLD)."""
+
+    name = rule = "uniform"
+
+
+class DWFedWeights(AggregationWeights):
+    """DWFed's ISH weights from label counts (002 eqs. 7, 12, 13)."""
+
+    name = rule = "dwfed"
+
+
+WEIGHTS = {"size": SizeWeights, "uniform": UniformWeights, "dwfed": DWFedWeights}
+
+
+def build_weights(name: str, partial_work: str = "keep") -> AggregationWeights:
+    """The weights component called ``name`` (size, uniform, dwfed)."""
+    return WEIGHTS[one_of("weighting", name, WEIGHTS)](partial_work)

@@ -1,0 +1,176 @@
+"""Declared state of a round's components, and the one store that holds it.
+
+A component (client rule, aggregation weights, server combination, channel, sampler; see
+:mod:`lfed.component`) declares the tensors it keeps with :class:`StateSpec`: per-client
+tensors ``[N, *shape]`` (one row per client) and server tensors ``[*shape]``, each with its
+initial value. ``shape`` may use ``"P"`` for the number of trainable parameters. The component
+never allocates, saves or checks them itself; :class:`StateStore` does, for every component:
+
+* :meth:`StateStore.allocate` makes the tensors (on the device and dtype of the model, unless
+  a spec names its own dtype),
+* :meth:`StateStore.rows` gathers a cohort's rows, :meth:`StateStore.write_rows` writes back
+  only the rows of the clients a mask selects (an inactive client keeps its state, SPEC §2),
+* a load-state-dict hook refuses a checkpoint whose state has other shapes, naming the tensor
+  and both shapes,
+* :meth:`StateStore.describe` lists every tensor with its shape for the run fingerprint
+  (:func:`lfed.checkpoint.module_fingerprint`), so no name is written out anywhere else.
+
+:class:`ModuleStateStore` keeps each tensor as a buffer of the component that declared it, so it
+sits in the Lightning module's ``state_dict`` (``objective.client_control``, ...) and in every
+checkpoint. Components reach their state only through the store's methods, so another store (one
+that keeps per-client rows off the device) can replace it without touching a component.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["StateSpec", "StateStore", "ModuleStateStore", "check_state_shapes"]
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One tensor a component keeps between rounds.
+
+    Attributes:
+        name: Buffer name, unique within the component (``"client_control"``).
+        shape: Shape of one client's row (per-client) or of the server tensor; ``"P"`` stands for
+            the number of trainable parameters. ``("P",)`` is a flat vector like the model.
+        per_client: Whether there is one row per client (``[N, *shape]``).
+        init: Initial value: a number for a constant, or a callable
+            ``(num_examples [N]) -> Tensor`` of the full shape (AdaFL's ``n_k / n``).
+        dtype: A fixed dtype (e.g. ``torch.float64`` for scores), or None for the model's dtype.
+    """
+
+    name: str
+    shape: tuple[int | str, ...] = ("P",)
+    per_client: bool = True
+    init: float | Callable[[Tensor], Tensor] = 0.0
+    dtype: torch.dtype | None = None
+
+    def full_shape(self, num_clients: int, num_params: int) -> tuple[int, ...]:
+        """The allocated shape for ``num_clients`` clients and ``num_params`` parameters."""
+        row = tuple(num_params if s == "P" else int(s) for s in self.shape)
+        return (num_clients, *row) if self.per_client else row
+
+
+def check_state_shapes(owner: nn.Module, state_dict: Mapping[str, Any], prefix: str, names: Iterable[str] | None = None) -> None:
+    """Refuse a state dict whose buffers of ``owner`` have other shapes than ``owner``'s own.
+
+    Per-client state is ``[N, ...]`` and server state ``[...]``: a checkpoint made for another
+    number of clients or another model cannot be resumed (copying it would fail deep inside
+    ``load_state_dict`` or, worse, index the wrong clients).
+
+    Raises:
+        ValueError: Naming the buffer, the checkpoint's shape and this run's shape.
+    """
+    wrong = []
+    for name in names if names is not None else list(owner._buffers):
+        buf = owner._buffers.get(name)
+        key = prefix + name
+        if buf is None or key not in state_dict or not isinstance(state_dict[key], Tensor):
+            continue
+        got, want = tuple(state_dict[key].shape), tuple(buf.shape)
+        if got != want:
+            wrong.append(f"{key} has shape {got} in the checkpoint but {want} in this run")
+    if wrong:
+        raise ValueError(
+            "the checkpoint's state does not fit this run: " + "; ".join(wrong) + ". Per-client state is "
+            "[num_clients, ...] and server state [num_params]: resume with the same data.num_clients "
+            "and the same model (and algorithm) as the run that saved it."
+        )
+
+
+class StateStore:
+    """Interface of the store of every component's declared state (see the module docstring)."""
+
+    def allocate(self, owner: nn.Module, specs: Iterable[StateSpec], num_examples: Tensor, num_params: int, like: Tensor) -> None:
+        """Make ``owner``'s tensors for ``N = len(num_examples)`` clients, ``num_params`` parameters."""
+        raise NotImplementedError
+
+    def get(self, owner: nn.Module, name: str) -> Tensor:
+        """The whole tensor (a server tensor, or all rows of a per-client one)."""
+        raise NotImplementedError
+
+    def set(self, owner: nn.Module, name: str, value: Tensor) -> None:
+        """Replace a server tensor's value in place."""
+        raise NotImplementedError
+
+    def rows(self, owner: nn.Module, name: str, clients: Tensor) -> Tensor:
+        """``[K, ...]`` rows of ``clients`` of a per-client tensor (a copy)."""
+        raise NotImplementedError
+
+    def write_rows(self, owner: nn.Module, name: str, clients: Tensor, values: Tensor, mask: Tensor | None = None) -> None:
+        """Write ``values [K, ...]`` to the rows of ``clients``; with ``mask [K]`` only where it is True."""
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, list[int]]:
+        """``{"<owner>.<name>": shape}`` of every tensor allocated, for the run fingerprint."""
+        raise NotImplementedError
+
+
+class ModuleStateStore(StateStore):
+    """Keeps each declared tensor as a buffer of the component that declared it (on the device).
+
+    :meth:`register_owner` names a component by its role in the Lightning module (``objective``),
+    the prefix of its tensors in :meth:`describe` and in the state dict.
+    """
+
+    def __init__(self) -> None:
+        self._owners: dict[int, tuple[str, nn.Module, tuple[StateSpec, ...]]] = {}
+
+    def register_owner(self, prefix: str, owner: nn.Module) -> None:
+        """Name ``owner`` (its attribute name in the module) for :meth:`describe`."""
+        entry = self._owners.get(id(owner))
+        self._owners[id(owner)] = (prefix, owner, entry[2] if entry else ())
+
+    def allocate(self, owner: nn.Module, specs: Iterable[StateSpec], num_examples: Tensor, num_params: int, like: Tensor) -> None:
+        specs = tuple(specs)
+        N = int(num_examples.numel())
+        for spec in specs:
+            shape = spec.full_shape(N, num_params)
+            dtype = spec.dtype or like.dtype
+            if callable(spec.init):
+                value = spec.init(num_examples).to(device=like.device, dtype=dtype)
+                if tuple(value.shape) != shape:
+                    raise ValueError(f"{type(owner).__name__}.{spec.name}: init gave shape {tuple(value.shape)}, declared {shape}")
+            else:
+                value = torch.full(shape, float(spec.init), dtype=dtype, device=like.device)
+            owner.register_buffer(spec.name, value)
+        prefix = self._owners.get(id(owner), (type(owner).__name__, None, ()))[0]
+        self._owners[id(owner)] = (prefix, owner, specs)
+        if not getattr(owner, "_lfed_shape_hook", False):
+            names = lambda: [s.name for s in self._owners.get(id(owner), ("", None, ()))[2]]  # noqa: E731
+            owner._register_load_state_dict_pre_hook(
+                lambda state_dict, prefix, *args: check_state_shapes(owner, state_dict, prefix, names())
+            )
+            owner._lfed_shape_hook = True
+
+    def get(self, owner: nn.Module, name: str) -> Tensor:
+        return owner._buffers[name]
+
+    def set(self, owner: nn.Module, name: str, value: Tensor) -> None:
+        owner._buffers[name].copy_(value)
+
+    def rows(self, owner: nn.Module, name: str, clients: Tensor) -> Tensor:
+        return owner._buffers[name][clients]
+
+    def write_rows(self, owner: nn.Module, name: str, clients: Tensor, values: Tensor, mask: Tensor | None = None) -> None:
+        buf = owner._buffers[name]
+        if mask is not None:
+            clients, values = clients[mask], values[mask]
+        buf[clients] = values.to(buf.dtype)
+
+    def describe(self) -> dict[str, list[int]]:
+        out = {}
+        for prefix, owner, specs in self._owners.values():
+            for spec in specs:
+                buf = owner._buffers.get(spec.name)
+                if buf is not None:
+                    out[f"{prefix}.{spec.name}"] = list(buf.shape)
+        return dict(sorted(out.items()))

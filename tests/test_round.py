@@ -1,0 +1,95 @@
+"""The functional round (lfed.round.run_round) without a Trainer: a fixed cohort and fixed step
+counts in, the new weights, the components' state and the round's record out, checked by hand.
+
+The toy regression of tests/test_client_objectives.py (P = 2, three clients of 2, 3 and 4
+examples, full-batch steps, float64), with plain clients and IGFL-S time attention
+(SPEC §4, ``time_weights: softmax``): round 0 has zero queries (the plain mean), round 1
+weighs each client by the softmax over the cohort of ``<Δ_j^0, Δ_j^1>``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from test_client_objectives import BACKENDS, W_INIT, grad, squared_loss, toy_data
+from torch import nn
+
+from lfed import algorithms
+from lfed.engine import CohortTrainer
+from lfed.round import LocalTraining, run_round, setup_state
+from lfed.state import ModuleStateStore
+
+TOL = dict(atol=1e-13, rtol=0)
+
+
+def _setup(backend, algorithm="igfl_s_time", **explicit):
+    net = nn.Linear(2, 1, bias=False).double()
+    with torch.no_grad():
+        net.weight.copy_(W_INIT[None])
+    alg = algorithms.build(algorithms.resolve(algorithm, **explicit))
+    data = toy_data().build()
+    store = ModuleStateStore()
+    setup_state(alg, store, data.client_sizes, 2, W_INIT)
+    return alg, store, data, CohortTrainer(net, squared_loss, backend)
+
+
+def _local(w, k, steps, lr):
+    y = w.clone()
+    for _ in range(steps):
+        y = y - lr * grad(y, k)
+    return y - w
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_fixed_cohort_and_fixed_steps_give_the_hand_record(backend):
+    alg, store, data, engine = _setup(backend)
+    plan = LocalTraining(client_lr=0.1, batch_size=None, local_steps=2)
+    w0 = W_INIT.clone()
+
+    w1, rec = run_round(alg, w0, data, plan, engine, round=0, clients=torch.tensor([0, 2]), steps_done=torch.tensor([2, 1]))
+    d0 = {0: _local(w0, 0, 2, 0.1), 2: _local(w0, 2, 1, 0.1)}
+    torch.testing.assert_close(w1, w0 + (d0[0] + d0[2]) / 2, **TOL)  # zero queries: the plain mean
+    assert rec.cohort.clients.tolist() == [0, 2] and rec.cohort.steps_done.tolist() == [2, 1]
+    assert rec.cohort.step_budget.tolist() == [2, 2] and rec.cohort.counting.tolist() == [True, True]
+    torch.testing.assert_close(rec.weights, torch.tensor([2 / 6, 4 / 6], dtype=torch.float64), **TOL)  # size weights
+    torch.testing.assert_close(rec.attention.matrix, torch.tensor([[0.5, 0.5]], dtype=torch.float64), **TOL)
+    assert float(rec.attention.entropy) == pytest.approx(math.log(2), abs=1e-14)
+    assert float(rec.attention.logit_spread) == 0.0
+    norms = (d0[0] @ d0[0] + d0[2] @ d0[2]) / 2
+    assert float(rec.attention.mean_sq_norm) == pytest.approx(float(norms), abs=1e-14)
+    assert (rec.bits_up, rec.bits_down, rec.uploads, rec.skipped) == (2 * 64, 2 * 64, 2, False)  # 32 bits x P = 2
+    metrics = rec.metrics()
+    assert metrics["round/clients"] == 2 and metrics["attention/entropy"] == pytest.approx(math.log(2))
+    torch.testing.assert_close(alg.history.state("previous_update")[[0, 2]], torch.stack([d0[0], d0[2]]), **TOL)
+    assert alg.history.state("previous_update")[1].abs().sum() == 0  # client 1 was not in the cohort
+
+    # round 1: clients 0 and 2 again, each with its round-0 update as query
+    w2, rec = run_round(alg, w1, data, plan, engine, round=1, clients=torch.tensor([0, 2]), steps_done=torch.tensor([1, 2]))
+    d1 = {0: _local(w1, 0, 1, 0.1), 2: _local(w1, 2, 2, 0.1)}
+    own = torch.stack([d0[0] @ d1[0], d0[2] @ d1[2]])
+    alpha = torch.softmax(own, 0)
+    torch.testing.assert_close(w2, w1 + alpha[0] * d1[0] + alpha[1] * d1[2], **TOL)
+    torch.testing.assert_close(rec.attention.weights, alpha, **TOL)
+    assert float(rec.attention.logit_spread) == pytest.approx(float((own[0] - own[1]).abs()), abs=1e-14)
+    torch.testing.assert_close(alg.history.state("global_change"), w2 - w1, **TOL)
+
+
+def test_a_round_where_no_work_counts_changes_nothing():
+    alg, store, data, engine = _setup("vmap", algorithm="scaffold")
+    plan = LocalTraining(client_lr=0.1, batch_size=None, local_steps=2)
+    assert store.describe() == {"objective.client_control": [3, 2], "objective.control": [2]}
+    control = alg.objective.state("client_control").clone()
+    w, rec = run_round(alg, W_INIT, data, plan, engine, clients=torch.tensor([1, 2]), steps_done=torch.tensor([0, 0]))
+    assert w is W_INIT and rec.skipped and rec.uploads == 0 and rec.bits_up == 0 and rec.bits_down == 2 * 64
+    assert torch.equal(alg.objective.state("client_control"), control) and alg.objective.state("control").abs().sum() == 0
+
+
+def test_the_sampler_and_straggler_model_draw_when_nothing_is_given():
+    alg, store, data, engine = _setup("loop", algorithm="fedavg", fraction=2 / 3, p_inactive=0.0)
+    plan = LocalTraining(client_lr=0.1, batch_size=None, local_steps=2)
+    _, rec = run_round(alg, W_INIT, data, plan, engine, round=3, seed=7)
+    assert rec.cohort.clients.numel() == 2 and rec.cohort.steps_done.tolist() == [2, 2]
+    _, again = run_round(alg, W_INIT, data, plan, engine, round=3, seed=7)
+    assert torch.equal(rec.cohort.clients, again.cohort.clients)  # (seed, round) fixes the draw
