@@ -29,7 +29,7 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -92,9 +92,53 @@ class _PerExample:
         return f"per_example({self.loss!r})"
 
 
+def _per_example_mean(per_example: Tensor) -> Tensor:
+    """``[B]`` from a per-example loss ``[B]`` or ``[B, ...]`` (e.g. squared errors: one mean per example)."""
+    return per_example.reshape(per_example.shape[0], -1).mean(1) if per_example.dim() > 1 else per_example
+
+
 def has_running_stats(net: nn.Module) -> bool:
     """Whether ``net`` holds BatchNorm running statistics (which vmap cannot update)."""
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats for m in net.modules())
+
+
+@dataclass
+class LossTerm:
+    """A term added to each example's loss, for objectives that change the loss, not the step (MOON, Ditto).
+
+    ``fn(params, out, x, y, aux)`` gets one client's parameters (``{name: tensor}`` in the
+    layout's order), the net's outputs ``out`` ``[B, ...]`` on the batch ``x``, ``y`` and the
+    client's own row of ``aux``, and returns the term per example (``[B]``) or one value for the
+    batch (added to every example). The engine adds it to the per-example loss before the masked
+    mean, under ``vmap`` (the vmap backend) or per client (the loop backend), so ``g`` in the
+    step rule is the gradient of the changed loss.
+
+    Attributes:
+        fn: The term, written for one client (no cohort dimension).
+        aux: A tensor or a dict of tensors, each ``[K, ...]``: per-client inputs of ``fn`` (e.g.
+            the start weights, or another model's parameters); None if ``fn`` needs none.
+    """
+
+    fn: Callable[..., Tensor]
+    aux: Tensor | dict[str, Tensor] | None = None
+
+    def select(self, rows: Tensor | int | slice, num_clients: int) -> LossTerm:
+        """The term of a subset of the K clients: the rows of ``aux``."""
+        return replace(self, aux=_pick_rows(self.aux, rows, num_clients))
+
+    def client(self, k: int) -> Tensor | dict[str, Tensor] | None:
+        """Client ``k``'s row of ``aux``."""
+        return _pick_rows(self.aux, k, None)
+
+
+def _pick_rows(aux, rows, num_clients: int | None):
+    if aux is None:
+        return None
+    if isinstance(aux, dict):
+        return {name: _pick_rows(a, rows, num_clients) for name, a in aux.items()}
+    if num_clients is not None and aux.shape[0] != num_clients:
+        raise ValueError(f"loss term: aux has {aux.shape[0]} rows for a cohort of {num_clients} clients")
+    return aux[rows]
 
 
 @dataclass
@@ -105,11 +149,14 @@ class StepRule:
         grad_scale: A float, or ``[K]`` per client.
         decay: None, a float, ``[P]`` shared, or ``[K, P]`` per client.
         shift: None, ``[P]`` shared, or ``[K, P]`` per client.
+        loss_term: None, or a :class:`LossTerm` added to each example's loss (``g`` is then the
+            gradient of the changed loss).
     """
 
     grad_scale: float | Tensor = 1.0
     decay: float | Tensor | None = None
     shift: Tensor | None = None
+    loss_term: LossTerm | None = None
 
     def direction(self, g: Tensor, w: Tensor) -> Tensor:
         """The step direction for gradients ``g`` and weights ``w`` (both ``[K, P]`` or ``[P]``)."""
@@ -142,7 +189,9 @@ class StepRule:
                 return x[rows]
             return x
 
-        return replace(self, grad_scale=pick(self.grad_scale, 1), decay=pick(self.decay, 2), shift=pick(self.shift, 2))
+        term = None if self.loss_term is None else self.loss_term.select(rows, num_clients)
+        return replace(self, grad_scale=pick(self.grad_scale, 1), decay=pick(self.decay, 2), shift=pick(self.shift, 2),
+                       loss_term=term)
 
 
 @dataclass
@@ -298,6 +347,9 @@ class CohortTrainer:
         # one step of the vmap backend: ({name: [K, *shape]}, x, y, mask, buffers) -> per-parameter
         # gradients and losses (per parameter, so no flat [K, P] gradient is assembled on the way)
         self._vmapped = vmap(grad_and_value(self._client_loss), in_dims=(0, 0, 0, 0, None), randomness="different")
+        # the same with a LossTerm (its function and its per-client aux rows as the last two arguments)
+        self._vmapped_term = vmap(grad_and_value(self._client_loss_with_term), in_dims=(0, 0, 0, 0, None, None, 0),
+                                  randomness="different")
         self._work: nn.Module | None = None  # the loop backend's private copy of ``net``
         self.trace = bool(trace)
         self._traced: dict[tuple, Callable] = {}  # recorded vmap steps by shapes, dtypes, device, mode
@@ -338,6 +390,14 @@ class CohortTrainer:
         per_example = self.loss_fn(out, y)
         if per_example.dim() > 1:  # e.g. squared errors [B, outputs]: one mean per example
             per_example = per_example.reshape(per_example.shape[0], -1).mean(1)
+        return (per_example * mask).sum() / mask.sum().clamp_min(1)
+
+    def _client_loss_with_term(
+        self, params: dict[str, Tensor], x: Tensor, y: Tensor, mask: Tensor, buffers: dict[str, Tensor],
+        term: Callable[..., Tensor], aux: Any,
+    ) -> Tensor:
+        out = functional_call(self.net, (params, buffers), (x,))
+        per_example = _per_example_mean(self.loss_fn(out, y)) + term(params, out, x, y, aux)
         return (per_example * mask).sum() / mask.sum().clamp_min(1)
 
     # ----------------------------------------------------------------- training
@@ -435,13 +495,18 @@ class CohortTrainer:
         ex = index.gather(1, positions.reshape(K, T * B)).view(K, T, B) if T else positions  # global example ids
         mask_all = valid.to(W.dtype)
         plain = _is_plain(rule)
+        term = rule.loss_term
         for t in range(T):
             n = active[t]
             if n == 0:
                 break
             ids = ex[:n, t]
             params = {k: v[:n] for k, v in views.items()} if n < K else views
-            g, loss = self._step(params, data_x[ids], data_y[ids], mask_all[:n, t], buffers, n == K)
+            if term is None:
+                g, loss = self._step(params, data_x[ids], data_y[ids], mask_all[:n, t], buffers, n == K)
+            else:  # a loss term: the eager vmapped step (its function is not part of a recorded graph's key)
+                aux = term.aux if n == K else _pick_rows(term.aux, slice(0, n), K)
+                g, loss = self._vmapped_term(params, data_x[ids], data_y[ids], mask_all[:n, t], buffers, term.fn, aux)
             if plain:
                 torch._foreach_add_([params[k] for k in names], [g[k] for k in names], alpha=-lr)
             else:
@@ -527,6 +592,7 @@ class CohortTrainer:
         B = positions.shape[2] if positions.dim() == 3 else 0
         ex = index.gather(1, positions.reshape(K, T * B)).view(K, T, B) if T else positions
         plain = _is_plain(rule)
+        term = rule.loss_term
         losses, client_buffers = torch.zeros(K, dtype=W.dtype, device=W.device), []
         try:
             for k in range(K):
@@ -540,10 +606,17 @@ class CohortTrainer:
                         for name, b in base_buffers.items():
                             work_buffers[name].copy_(b)
                 rule_k = None if plain else rule.select(k, K)
+                aux_k = None if term is None else term.client(k)
                 loss_sum = W.new_zeros(())
                 for t in range(s_k):
                     ids = ex[k, t, : counts[k][t]]
-                    loss = self.loss_fn(work(data_x[ids]), data_y[ids]).mean()
+                    if term is None:
+                        loss = self.loss_fn(work(data_x[ids]), data_y[ids]).mean()
+                    else:
+                        out = work(data_x[ids])
+                        per_example = _per_example_mean(self.loss_fn(out, data_y[ids]))
+                        loss = (per_example + term.fn(dict(zip(self.layout.names, params)), out, data_x[ids],
+                                                      data_y[ids], aux_k)).mean()
                     grads = torch.autograd.grad(loss, params)
                     with torch.no_grad():
                         if plain:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -259,6 +259,9 @@ def run_round(
         algorithm.history.fill(cohort)
     lr = training.client_lr
     rule = algorithm.objective.step_rule(cohort, w, lr)
+    term = algorithm.objective.loss_term(cohort, w)  # objectives that change the loss (MOON, Ditto)
+    if term is not None:
+        rule = replace(rule, loss_term=term)
     with seeded_global_rng(seed, round, "dropout", w.device):  # a model's own randomness (dropout)
         job = TrainJob(w, data.train_x, data.train_y, data.client_index[clients], n_k, cohort.steps_done, rule, lr,
                        training.batch_size, round_generator(seed, round, "batches"))

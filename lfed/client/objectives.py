@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from lfed.component import Cohort, Component, LocalWork
-from lfed.engine import StepRule
+from lfed.engine import LossTerm, StepRule
 from lfed.rng import round_generator, seeded_global_rng
 from lfed.state import StateSpec, check_state_shapes
 from lfed.validation import integer, number
@@ -54,6 +54,9 @@ class ClientRule(Component):
     Hooks, in the order a round calls them:
 
     * :meth:`step_rule` (before local training): the cohort's :class:`~lfed.engine.StepRule`;
+    * :meth:`loss_term` (before local training, optional): a :class:`~lfed.engine.LossTerm` added to
+      each example's loss, for objectives that change the loss rather than the step (MOON,
+      Ditto); the step rule stays the fast path;
     * :meth:`after_local` (after local training, before the server combines): update the
       declared state from the final weights; only rows of clients whose state may change.
 
@@ -66,6 +69,10 @@ class ClientRule(Component):
     def step_rule(self, cohort: Cohort, w_start: Tensor, lr: float) -> StepRule:
         """The cohort's local step rule."""
         return StepRule()
+
+    def loss_term(self, cohort: Cohort, w_start: Tensor) -> LossTerm | None:
+        """A term added to each example's local loss (None: the loss is the user's loss alone)."""
+        return None
 
     def after_local(self, cohort: Cohort, w_start: Tensor, w_end: Tensor, lr: float, local: LocalWork) -> None:
         """Update state from the cohort's final weights ``w_end`` ``[K, P]``; inactive clients keep theirs.
