@@ -37,7 +37,6 @@ clients' example indices.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import warnings
 from pathlib import Path
@@ -47,6 +46,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lfed.atomic import remove_stale_temps, write_atomically
 from lfed.fingerprint import (  # re-exported: the checkpoint's fingerprint
     ResumeWarning,
     data_fingerprint,
@@ -68,7 +68,6 @@ __all__ = [
     "NotACheckpointError",
 ]
 
-_TMP_MARK = ".tmp-"
 
 #: A checkpoint path: a local path or a URL (``s3://...``).
 _PATH = str | os.PathLike
@@ -109,22 +108,6 @@ def read_checkpoint(path: _PATH) -> dict[str, Any]:
     return ckpt
 
 
-def _temp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}")
-
-
-def _pid_alive(pid: int) -> bool:
-    if os.name == "nt":  # os.kill(pid, 0) would terminate the process on Windows: keep its file
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    return True
-
-
 class AtomicCheckpointIO(TorchCheckpointIO):
     """``TorchCheckpointIO`` whose saves are atomic and durable on a local file system.
 
@@ -144,20 +127,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if not _is_local(path):
             return super().save_checkpoint(checkpoint, path)
         target = Path(path).expanduser()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _temp_name(target)
-        try:
-            with open(tmp, "wb") as f:
-                self._write(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
-        _fsync_dir(target.parent)
-        self._remove_stale_temps(target)
+        write_atomically(target, lambda f: self._write(checkpoint, f))
+        remove_stale_temps(target)
 
     def load_checkpoint(self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
         """Lightning's load, but a file that is not a checkpoint raises :class:`NotACheckpointError`.
@@ -179,15 +150,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         """Serialise ``checkpoint`` into the open binary file ``f`` (a hook for tests)."""
         torch.save(checkpoint, f)
 
-    @staticmethod
-    def _remove_stale_temps(target: Path) -> None:
-        prefix = f".{target.name}{_TMP_MARK}"
-        for p in target.parent.glob(f"{prefix}*"):
-            pid = p.name[len(prefix):]
-            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-                with contextlib.suppress(OSError):
-                    p.unlink()
-
 
 def _validation_follows(trainer: Any) -> bool:
     """Whether the fit loop evaluates right after the current training step (Lightning's own test).
@@ -204,19 +166,6 @@ def _validation_follows(trainer: Any) -> bool:
         return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
     except AttributeError:  # another Lightning version: save at once, as ModelCheckpoint does
         return False
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # e.g. Windows cannot open directories
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def install_atomic_io(strategy: Any) -> bool:

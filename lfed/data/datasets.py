@@ -42,6 +42,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from lfed.atomic import write_atomically
+
 __all__ = [
     "DATASETS",
     "NUM_CLASSES",
@@ -171,20 +173,6 @@ def _source_key(tag: str, sources: list[Path]) -> str:
     return h.hexdigest()[:16]
 
 
-def _atomic_save(obj: object, path: Path) -> None:
-    """``torch.save`` to a temporary file in the same directory, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def cached_tensors(tag: str, sources: list[Path], build: Callable[[], dict]) -> dict:
     """Return ``build()``, cached with ``torch.save`` under :func:`resolve_cache_dir`.
 
@@ -208,7 +196,7 @@ def cached_tensors(tag: str, sources: list[Path], build: Callable[[], dict]) -> 
             pass
     obj = build()
     try:
-        _atomic_save(obj, path)
+        write_atomically(path, lambda fh: torch.save(obj, fh), mode=0o644)
     except OSError as err:
         warnings.warn(f"could not write dataset cache {path}: {err}", stacklevel=2)
     return obj
