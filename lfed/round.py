@@ -138,6 +138,8 @@ class RoundRecord:
         skipped: Whether no client's work counted (model and state unchanged, SPEC §3).
         warnings: Messages the round's pieces warned (e.g. DWFed's uniform fall-back).
         result: The engine's :class:`~lfed.engine.CohortResult` (final client weights, buffers).
+        extra: Scalars the components report for this round (:meth:`ClientRule.round_metrics`,
+            e.g. EFL's ``efl/max_lr_lambda_u``), logged with the rest.
     """
 
     round: int
@@ -151,6 +153,7 @@ class RoundRecord:
     skipped: bool = False
     warnings: list[str] = field(default_factory=list)
     result: CohortResult | None = None
+    extra: dict[str, float] = field(default_factory=dict)
 
     @property
     def uploads(self) -> int:
@@ -170,6 +173,7 @@ class RoundRecord:
             out["attention/weight_sum"] = float(a.weights.sum())
             out["attention/logit_spread"] = float(a.logit_spread)
             out["attention/mean_sq_norm"] = float(a.mean_sq_norm)
+        out.update(self.extra)
         return out
 
 
@@ -259,6 +263,7 @@ def run_round(
         algorithm.history.fill(cohort)
     lr = training.client_lr
     rule = algorithm.objective.step_rule(cohort, w, lr)
+    record.extra.update(algorithm.objective.round_metrics(cohort, lr))  # of the state this round's steps use
     term = algorithm.objective.loss_term(cohort, w)  # objectives that change the loss (MOON, Ditto)
     if term is not None:
         rule = replace(rule, loss_term=term)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_client_objectives import BACKENDS, fit, toy_module
+from conftest import run_rounds
+from lightning.pytorch import Callback
+from test_client_objectives import BACKENDS, Recorder, fit, toy_data, toy_module
 from torch import nn
 
-from lfed.client.objectives import ClientRule, Prox
+from lfed.client.objectives import EFL, ClientRule, Prox
 from lfed.engine import CohortTrainer, LossTerm, StepRule
 
 
@@ -81,3 +83,24 @@ def test_loss_term_rows_follow_the_cohort():
     assert sub.aux["a"].reshape(-1).tolist() == [2.0, 0.0] and sub.aux["b"].tolist() == [2.0, 0.0]
     with pytest.raises(ValueError, match="aux has 4 rows for a cohort of 3"):
         term.select(torch.tensor([0]), 3)
+
+
+class _MetricLog(Callback):
+    def __init__(self, key):
+        self.key, self.values = key, []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.values.append(float(trainer.callback_metrics[self.key]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_efl_logs_max_lr_lambda_u_of_the_state_each_round_steps_with(backend):
+    """SPEC §2 efl: log max_i η λ U_i every round (the step is stable only below 2), U before the round's reports."""
+    lr, lam = 0.1, 3.0
+    module = toy_module(EFL(lam, fisher_samples=4), backend, client_lr=lr, local_steps=2, fraction=2 / 3, seed=2)
+    log = _MetricLog("efl/max_lr_lambda_u")
+    rec = Recorder(module)
+    run_rounds(module, toy_data(), rounds=3, callbacks=[rec, log])
+    expected = [lr * lam * float(state["objective.fisher_u_sum"].max()) for state in rec.states[:3]]
+    assert expected[0] == 0.0 and expected[2] > 0  # no reports before round 0; U grows as clients report
+    assert log.values == pytest.approx(expected, rel=1e-12, abs=0)

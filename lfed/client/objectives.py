@@ -70,6 +70,10 @@ class ClientRule(Component):
         """The cohort's local step rule."""
         return StepRule()
 
+    def round_metrics(self, cohort: Cohort, lr: float) -> dict[str, float]:
+        """Scalars to log for this round, read before local training (none by default)."""
+        return {}
+
     def loss_term(self, cohort: Cohort, w_start: Tensor) -> LossTerm | None:
         """A term added to each example's local loss (None: the loss is the user's loss alone)."""
         return None
@@ -201,6 +205,10 @@ class EFL(ClientRule):
         if self.lam == 0:
             return StepRule()
         return StepRule(decay=self.lam * self.state("fisher_u_sum"), shift=-self.lam * self.state("fisher_v_sum"))
+
+    def round_metrics(self, cohort: Cohort, lr: float) -> dict[str, float]:
+        """``efl/max_lr_lambda_u``: ``max_i η λ U_i`` of this round's step (stable only below 2, SPEC §2 efl)."""
+        return {"efl/max_lr_lambda_u": float(lr * self.lam * self.state("fisher_u_sum").max())}
 
     def after_local(self, cohort: Cohort, w_start: Tensor, w_end: Tensor, lr: float, local: LocalWork) -> None:
         from lfed.client.fisher import FisherJob, fisher_cohort
