@@ -19,6 +19,21 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def plain_job_args(doc: str):
+    """Arguments of the hand-written reference jobs (``plain_loop_job.py``, ``plain_vmap_job.py``)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=doc)
+    p.add_argument("--data", required=True)
+    p.add_argument("--rounds", type=int, default=50)
+    p.add_argument("--per-round", type=int, default=10)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--batch-size", type=int, default=10)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args()
+
+
 def load_arrays(data: str) -> dict[str, np.ndarray]:
     """``train_x [60000, 784] float32``, ``train_y``, ``test_x``, ``test_y``, ``partition [N, n]``."""
     return {name: np.load(os.path.join(data, f"{name}.npy")) for name in ("train_x", "train_y", "test_x", "test_y", "partition")}

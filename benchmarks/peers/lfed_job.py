@@ -38,11 +38,11 @@ def main() -> None:
     p.add_argument("--model", choices=("mlp", "cnn"), default="mlp", help="the 2NN (default) or McMahan et al.'s MNIST CNN")
     args = p.parse_args()
 
-    from lfed import FederatedDataModule, FederatedModule
-    from lfed.models import MLP, McMahanMNISTCNN
-
     import torch
     from lightning.pytorch import Callback, Trainer
+
+    from lfed import FederatedDataModule, FederatedModule
+    from lfed.models import MLP, McMahanMNISTCNN
 
     t_import = time.perf_counter()
     if args.threads:
@@ -77,7 +77,6 @@ def main() -> None:
 
         profiler = cProfile.Profile()
         profiler.enable()
-    t_fit = time.perf_counter()
     trainer.fit(module, datamodule=dm)
     if profiler is not None:
         profiler.disable()

@@ -16,7 +16,6 @@ import time
 
 T_START = time.perf_counter()
 
-import argparse  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 
@@ -24,20 +23,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from common import MLP, load_arrays, report, test_accuracy  # noqa: E402
+from common import MLP, load_arrays, plain_job_args, report, test_accuracy  # noqa: E402
 from torch.func import functional_call, grad, vmap  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--data", required=True)
-    p.add_argument("--rounds", type=int, default=50)
-    p.add_argument("--per-round", type=int, default=10)
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--batch-size", type=int, default=10)
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
+    args = plain_job_args(__doc__)
 
     a = load_arrays(args.data)
     x, y = torch.from_numpy(a["train_x"]), torch.from_numpy(a["train_y"])

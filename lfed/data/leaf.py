@@ -5,7 +5,7 @@ LEAF (Caldas et al. 2018) stores each split as JSON files
 often sharded into several files. Files are looked for in
 
 - ``<data_dir>/leaf_<task>/``: names containing ``train`` / ``test``, ending in
-  ``.json`` or ``.json.gz`` (lfed's shared layout, see ``shared/data/SOURCES.md``);
+  ``.json`` or ``.json.gz`` (lfed's own layout, e.g. ``<data_dir>/leaf_femnist/``);
 - ``<data_dir>/<task>/data/train/`` and ``.../test/``: LEAF's own output layout.
 
 Files are read in natural name order (``..._2_...`` before ``..._10_...``). The
