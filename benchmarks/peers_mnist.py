@@ -127,12 +127,14 @@ def main() -> None:
     for r in range(args.repeats):
         order = active[r % len(active):] + active[: r % len(active)] if active else []
         for f in order:
+            load = os.getloadavg()[0]
             res = run_job(f, pythons[f], args)
+            res["load_before"] = load
             runs[f].append(res)
             if "error" in res:
                 print(f"{f}: FAILED\n{res['error']}", flush=True)
             else:
-                print(f"repeat {r}: {f:6s} total {res['total_s']:.2f}s (process {res['process_wall_s']:.2f}s) "
+                print(f"repeat {r} load {load:.2f}: {f:6s} total {res['total_s']:.2f}s (process {res['process_wall_s']:.2f}s) "
                       f"start-up {res['startup_s']:.2f}s steady {res['steady_round_s']:.3f}s/round "
                       f"acc {res['test_acc']:.4f}", flush=True)
     summary = {}
