@@ -86,13 +86,16 @@ class _PerExample:
                 f"loss: returned shape {tuple(value.shape)} for a batch of {out.shape[0]}; expected one value "
                 f"per example ([{out.shape[0]}]) or one value for the batch"
             )
-        return torch.func.vmap(self._one)(out, target)
+        try:  # one call over the batch where the loss can be vmapped
+            return torch.func.vmap(self._one)(out, target)
+        except Exception:  # noqa: BLE001 - a loss vmap cannot run: example by example
+            return torch.stack([self._one(out[i], target[i]) for i in range(out.shape[0])])
 
     def __repr__(self) -> str:
         return f"per_example({self.loss!r})"
 
 
-def _per_example_mean(per_example: Tensor) -> Tensor:
+def per_example_mean(per_example: Tensor) -> Tensor:
     """``[B]`` from a per-example loss ``[B]`` or ``[B, ...]`` (e.g. squared errors: one mean per example)."""
     return per_example.reshape(per_example.shape[0], -1).mean(1) if per_example.dim() > 1 else per_example
 
@@ -387,9 +390,7 @@ class CohortTrainer:
         self, params: dict[str, Tensor], x: Tensor, y: Tensor, mask: Tensor, buffers: dict[str, Tensor]
     ) -> Tensor:
         out = functional_call(self.net, (params, buffers), (x,))
-        per_example = self.loss_fn(out, y)
-        if per_example.dim() > 1:  # e.g. squared errors [B, outputs]: one mean per example
-            per_example = per_example.reshape(per_example.shape[0], -1).mean(1)
+        per_example = per_example_mean(self.loss_fn(out, y))
         return (per_example * mask).sum() / mask.sum().clamp_min(1)
 
     def _client_loss_with_term(
@@ -397,7 +398,7 @@ class CohortTrainer:
         term: Callable[..., Tensor], aux: Any,
     ) -> Tensor:
         out = functional_call(self.net, (params, buffers), (x,))
-        per_example = _per_example_mean(self.loss_fn(out, y)) + term(params, out, x, y, aux)
+        per_example = per_example_mean(self.loss_fn(out, y)) + term(params, out, x, y, aux)
         return (per_example * mask).sum() / mask.sum().clamp_min(1)
 
     # ----------------------------------------------------------------- training
@@ -614,7 +615,7 @@ class CohortTrainer:
                         loss = self.loss_fn(work(data_x[ids]), data_y[ids]).mean()
                     else:
                         out = work(data_x[ids])
-                        per_example = _per_example_mean(self.loss_fn(out, data_y[ids]))
+                        per_example = per_example_mean(self.loss_fn(out, data_y[ids]))
                         loss = (per_example + term.fn(dict(zip(self.layout.names, params)), out, data_x[ids],
                                                       data_y[ids], aux_k)).mean()
                     grads = torch.autograd.grad(loss, params)

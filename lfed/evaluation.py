@@ -46,21 +46,9 @@ def per_example_loss(loss_fn: LossFn, out: Tensor, y: Tensor) -> Tensor:
         out: ``[B, ...]`` outputs of the net.
         y: ``[B, ...]`` targets.
     """
-    B = out.shape[0]
-    value = loss_fn(out, y)
-    if value.dim() >= 1 and value.shape[0] == B:
-        return value.reshape(B, -1).mean(1)
-    if value.numel() != 1:
-        raise ValueError(
-            f"loss: returned shape {tuple(value.shape)} for a batch of {B}; expected one value per example "
-            f"([{B}]) or one value for the batch"
-        )
-    if B == 1:
-        return value.reshape(1)
-    try:  # one call over the batch where the loss can be vmapped
-        return torch.func.vmap(lambda o, t: loss_fn(o[None], t[None]).reshape(()))(out, y)
-    except Exception:
-        return torch.stack([loss_fn(out[i : i + 1], y[i : i + 1]).reshape(()) for i in range(B)])
+    from lfed.engine import as_per_example_loss, per_example_mean
+
+    return per_example_mean(as_per_example_loss(loss_fn)(out, y))
 
 
 def _strategy_gather(strategy) -> Callable:
