@@ -63,6 +63,7 @@ def data_fingerprint(datamodule: Any) -> dict[str, Any]:
         "data.partition": datamodule.partition,
         "data.seed": datamodule.seed,
         "data.holdout_fraction": datamodule.holdout_fraction,
+        "data.validation_fraction": getattr(datamodule, "validation_fraction", 0.0),
         "data.train_examples": int(d.train_y.numel()),
         "data.train_labels_hash": tensor_digest(d.train_y),
         "data.client_indices_hash": tensor_digest(d.client_sizes, d.client_index, d.holdout_sizes, d.holdout_index),

@@ -159,6 +159,8 @@ class FederatedModule(LightningModule):
         self.engine: CohortTrainer | None = None
         self.store = ModuleStateStore()
         self.evaluation = GlobalEvaluation()
+        self.val_evaluation = GlobalEvaluation()  # the server's validation split, when the data has one
+        self.val_history: list[tuple[int, float]] = []
         self.bmta = BestMeanAccuracy()
         if net is not None:
             self.layout = ParamLayout.from_module(self.net)
@@ -294,12 +296,15 @@ class FederatedModule(LightningModule):
     # ------------------------------------------------------------------ evaluation (SPEC §9, lfed.evaluation)
     def on_validation_epoch_start(self) -> None:
         self.evaluation.reset()
+        self.val_evaluation.reset()
 
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self.evaluation.update(self.net, self.loss_fn, *batch)
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        # with a validation split the loaders are [validation set, test set] (FederatedDataModule.val_dataloader)
+        validation = dataloader_idx == 0 and self._device_data().has_validation
+        (self.val_evaluation if validation else self.evaluation).update(self.net, self.loss_fn, *batch)
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self.validation_step(batch, batch_idx)
+        self.evaluation.update(self.net, self.loss_fn, *batch)
 
     def on_test_epoch_start(self) -> None:
         self.on_validation_epoch_start()
@@ -327,11 +332,27 @@ class FederatedModule(LightningModule):
             client = per_client[~torch.isnan(per_client)]
             self.log("client/acc_mean", float(client.mean()))
             self.log("client/acc_worst10", worst_share_mean(client, 0.1))
+        val_acc = self._end_validation_split() if stage == "val" else None
+        if stage == "val" and not self.trainer.sanity_checking and val_acc is not None:
+            self.val_history.append((int(self.global_step), val_acc))
         if stage == "val" and not self.trainer.sanity_checking and acc is not None:
             self.eval_history.append((int(self.global_step), acc))
             self.comm.log_accuracy(acc)
             if per_client is not None:
                 self.bmta.add_evaluation(per_client)
+
+    def _end_validation_split(self) -> float | None:
+        """Log ``val/loss`` and ``val/acc`` on the server's validation split; its accuracy (None without one)."""
+        d = self._device_data()
+        if not d.has_validation:
+            return None
+        self.val_evaluation.bind(self.trainer.strategy)
+        metrics = self.val_evaluation.compute(is_classification(d.test_y))
+        self.log("val/loss", metrics["test/loss"])
+        acc = metrics.get("test/acc")
+        if acc is not None:
+            self.log("val/acc", acc)
+        return acc
 
     def _client_accuracies(self) -> Tensor | None:
         ranks = Ranks.of(self)
@@ -345,13 +366,17 @@ class FederatedModule(LightningModule):
         return None if per_client is None else per_client[~torch.isnan(per_client)]
 
     # ------------------------------------------------------------------ end of run, checkpoints
-    def last_rounds_accuracy(self, share: float = 0.1) -> float | None:
-        """Mean test accuracy over the evaluations in the last ``share`` of rounds (IGFL's figure)."""
-        if not self.eval_history:
+    def last_rounds_accuracy(self, share: float = 0.1, split: str = "test") -> float | None:
+        """Mean accuracy over the evaluations in the last ``share`` of rounds (IGFL's figure).
+
+        ``split``: ``test`` (the global test set) or ``val`` (the server's validation split).
+        """
+        history = {"test": self.eval_history, "val": self.val_history}[split]
+        if not history:
             return None
-        last = self.eval_history[-1][0]
+        last = history[-1][0]
         cutoff = last - max(1, math.ceil(share * last))
-        accs = [a for r, a in self.eval_history if r > cutoff]
+        accs = [a for r, a in history if r > cutoff]
         return sum(accs) / len(accs)
 
     def on_train_end(self) -> None:
@@ -359,6 +384,9 @@ class FederatedModule(LightningModule):
         last = self.last_rounds_accuracy()
         if last is not None:
             summary["final/test_acc_last10pct"] = last
+        last_val = self.last_rounds_accuracy(split="val")
+        if last_val is not None:
+            summary["final/val_acc_last10pct"] = last_val
         for target in self.accuracy_targets:
             hit = self.comm.rounds_to_reach(target)
             if hit is not None:
@@ -377,6 +405,7 @@ class FederatedModule(LightningModule):
         checkpoint["lfed"] = {
             "comm": self.comm.state_dict(),
             "eval_history": list(self.eval_history),
+            "val_history": list(self.val_history),
             "bmta": self.bmta.state_dict(),
             "fingerprint": module_fingerprint(self),
         }
@@ -390,5 +419,6 @@ class FederatedModule(LightningModule):
         if state:
             self.comm.load_state_dict(state["comm"])
             self.eval_history = [tuple(x) for x in state["eval_history"]]
+            self.val_history = [tuple(x) for x in state.get("val_history", [])]
             if "bmta" in state:
                 self.bmta.load_state_dict(state["bmta"])

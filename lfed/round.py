@@ -284,6 +284,9 @@ def run_round(
     delta = algorithm.channel.downstream(delta, sizes)
     check_finite(delta, round, clients, "the aggregated update")
     record.delta = delta
+    amplification = server_amplification(delta, updates, rule, lr, cohort, weights)
+    if amplification is not None:
+        record.extra["round/amplification"] = amplification
     record.bits_up = record.uploads * bits
     w_new = server_step(delta) if server_step is not None else w + delta
     check_finite(w_new, round, clients, "the global model")
@@ -291,6 +294,44 @@ def run_round(
         algorithm.history.record(cohort, updates, w, w_new)
     algorithm.sampler.observe(cohort, result.weights, w_new)
     return w_new, record
+
+
+def gradient_displacement(updates: Tensor, rule, lr: float, steps_done: Tensor) -> Tensor | None:
+    """``[K, P]`` the part of each client's update its gradients made: ``-lr Σ_t g_t``.
+
+    A client stepping ``w ← w - lr (γ g + s)`` with a constant shift ``s`` for ``T`` steps moves
+    ``Δ_k = -lr γ Σ_t g_t - lr T s``, so ``-lr Σ_t g_t = (Δ_k + lr T s) / γ``. None where this
+    cannot be read off the update: a rule with a decay (FedProx, EFL) or a loss term.
+    """
+    if rule.decay is not None or rule.loss_term is not None:
+        return None
+    out = updates
+    if rule.shift is not None:
+        out = out + lr * steps_done.to(updates.dtype)[:, None] * rule.shift
+    scale = rule.grad_scale
+    if isinstance(scale, Tensor):
+        return out / (scale[:, None] if scale.dim() == 1 else scale)
+    return out / scale if scale != 1.0 else out
+
+
+def server_amplification(delta: Tensor, updates: Tensor, rule, lr: float, cohort: Cohort, weights: Tensor) -> float | None:
+    """``||Δ|| / ||Σ_k a_k (-lr Σ_t g_k,t)||``: how far the round moved the model against FedAvg's step.
+
+    ``a_k`` are the round's normalised aggregation weights and the denominator is the weighted
+    mean of the clients' gradient displacements (:func:`gradient_displacement`), FedAvg's update
+    had the clients taken the same gradient steps. 1 for FedAvg; IGFL-C's corrections (a heavy-ball
+    momentum in delta form, RESULTS.md) make it larger. None where it is not defined (see
+    :func:`gradient_displacement`, or a zero denominator).
+    """
+    grads = gradient_displacement(updates, rule, lr, cohort.steps_done)
+    if grads is None:
+        return None
+    a = weights.to(grads.dtype)
+    reference = (a / a.sum()) @ grads
+    denominator = float(torch.linalg.vector_norm(reference))
+    if denominator == 0.0 or not torch.isfinite(torch.tensor(denominator)):
+        return None
+    return float(torch.linalg.vector_norm(delta)) / denominator
 
 
 def setup_state(algorithm: Algorithm, store, num_examples: Tensor, num_params: int, like: Tensor) -> None:

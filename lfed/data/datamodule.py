@@ -19,7 +19,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lfed.data.datasets import DatasetTensors, load_dataset, validate_labels
-from lfed.data.partition import holdout_split, label_counts, pack_indices, partition
+from lfed.data.partition import holdout_split, label_counts, pack_indices, partition, validation_split
 
 
 @dataclass
@@ -36,6 +36,8 @@ class FederatedData:
         label_counts: ``[N, C]`` training label counts per client (DWFed, plots); ``[N, 0]``
             for regression.
         num_classes: ``C``; None for regression (floating targets).
+        val_index: ``[v]`` positions in the pooled training set of the server's validation
+            examples (no client holds them); None or empty when there is no validation split.
     """
 
     train_x: Tensor
@@ -48,11 +50,17 @@ class FederatedData:
     holdout_sizes: Tensor
     label_counts: Tensor
     num_classes: int | None
+    val_index: Tensor | None = None
 
     @property
     def num_clients(self) -> int:
         """``N``."""
         return int(self.client_sizes.numel())
+
+    @property
+    def has_validation(self) -> bool:
+        """Whether a server-side validation split was set aside (``validation_fraction > 0``)."""
+        return self.val_index is not None and self.val_index.numel() > 0
 
     @property
     def task(self) -> str:
@@ -209,6 +217,10 @@ class FederatedDataModule(LightningDataModule):
         shards_per_client: Shards per client for ``shards``.
         classes_per_client: ``m`` for ``classes``.
         holdout_fraction: Share of each client's examples held out for client-side evaluation.
+        validation_fraction: Share of the pooled training set set aside, before partitioning, as
+            the server's validation set (no client holds it). With a share above 0 every
+            evaluation also reports ``val/acc`` and ``val/loss`` (and the run
+            ``final/val_acc_last10pct``): choose hyper-parameters on those, report ``test/*``.
         seed: Seed of the partition.
         eval_batch_size: Batch size of the global test set.
         train: Your own training data instead of ``dataset``: ``(x, y)`` tensors or a torch
@@ -234,6 +246,7 @@ class FederatedDataModule(LightningDataModule):
         shards_per_client: int = 2,
         classes_per_client: int = 2,
         holdout_fraction: float = 0.2,
+        validation_fraction: float = 0.0,
         seed: int = 0,
         eval_batch_size: int = 2048,
         train: tuple[Tensor, Tensor] | Dataset | None = None,
@@ -245,6 +258,8 @@ class FederatedDataModule(LightningDataModule):
             raise ValueError(f"num_clients: must be >= 1, got {num_clients}")
         if not 0 <= holdout_fraction < 1:
             raise ValueError(f"holdout_fraction: must be in [0, 1), got {holdout_fraction}")
+        if isinstance(validation_fraction, bool) or not 0 <= validation_fraction < 1:
+            raise ValueError(f"validation_fraction: must be in [0, 1), got {validation_fraction}")
         if eval_batch_size < 1:
             raise ValueError(f"eval_batch_size: must be >= 1, got {eval_batch_size}")
         if (train is None) != (test is None):
@@ -259,6 +274,7 @@ class FederatedDataModule(LightningDataModule):
         self.shards_per_client = shards_per_client
         self.classes_per_client = classes_per_client
         self.holdout_fraction = holdout_fraction
+        self.validation_fraction = validation_fraction
         self.seed = seed
         self.eval_batch_size = eval_batch_size
         self._user_train = train
@@ -319,8 +335,14 @@ class FederatedDataModule(LightningDataModule):
         else:
             validate_labels(ds.train_y, ds.num_classes, f"{ds.name} train labels")
             validate_labels(ds.test_y, ds.num_classes, f"{ds.name} test labels")
+        labels = torch.zeros(ds.train_y.shape[0], dtype=torch.long) if regression else ds.train_y
+        groups, val_index = ds.train_groups, None
+        if self.validation_fraction > 0:
+            rest, val_index = validation_split(labels.shape[0], self.validation_fraction, self.seed)
+            labels = labels[rest]
+            groups = None if groups is None else groups[rest]
         clients = partition(
-            torch.zeros(ds.train_y.shape[0], dtype=torch.long) if regression else ds.train_y,
+            labels,
             self.num_clients,
             self.partition,
             self.seed,
@@ -328,8 +350,10 @@ class FederatedDataModule(LightningDataModule):
             shards_per_client=self.shards_per_client,
             classes_per_client=self.classes_per_client,
             num_classes=ds.num_classes,
-            groups=ds.train_groups,
+            groups=groups,
         )
+        if val_index is not None:  # positions among the rest -> positions in the pooled set
+            clients = [rest[part.cpu()] for part in clients]
         train_parts, holdout_parts = holdout_split(clients, self.holdout_fraction, self.seed)
         index, sizes = pack_indices(train_parts)
         if self.holdout_fraction > 0:
@@ -348,6 +372,7 @@ class FederatedDataModule(LightningDataModule):
             label_counts=(torch.zeros(len(train_parts), 0, dtype=torch.long) if regression
                           else label_counts(ds.train_y, train_parts, ds.num_classes)),
             num_classes=ds.num_classes,
+            val_index=val_index,
         )
         return self.data
 
@@ -369,19 +394,26 @@ class FederatedDataModule(LightningDataModule):
     def _world_size(self) -> int:
         return int(getattr(self.trainer, "world_size", 1) or 1) if self.trainer is not None else 1
 
-    def _test_loader(self) -> DataLoader:
-        d = self.build()
+    def _eval_loader(self, x: Tensor, y: Tensor) -> DataLoader:
+        examples = TensorDataset(x, y)
         if self._world_size() > 1:
-            # Each rank evaluates its share of the test set, no item twice (Lightning's default
+            # Each rank evaluates its share, no item twice (Lightning's default
             # DistributedSampler pads with repeats); the module all-reduces the sums.
             from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 
-            test = TensorDataset(d.test_x, d.test_y)
-            share = UnrepeatedDistributedSampler(test, num_replicas=self._world_size(), rank=self.trainer.global_rank, shuffle=False)
-            return DataLoader(test, batch_size=self.eval_batch_size, sampler=share)
-        return DataLoader(TensorDataset(d.test_x, d.test_y), batch_size=self.eval_batch_size, shuffle=False)
+            share = UnrepeatedDistributedSampler(examples, num_replicas=self._world_size(), rank=self.trainer.global_rank, shuffle=False)
+            return DataLoader(examples, batch_size=self.eval_batch_size, sampler=share)
+        return DataLoader(examples, batch_size=self.eval_batch_size, shuffle=False)
 
-    def val_dataloader(self) -> DataLoader:
+    def _test_loader(self) -> DataLoader:
+        d = self.build()
+        return self._eval_loader(d.test_x, d.test_y)
+
+    def val_dataloader(self) -> DataLoader | list[DataLoader]:
+        """The global test set; with a validation split, ``[validation set, test set]``."""
+        d = self.build()
+        if d.has_validation:
+            return [self._eval_loader(d.train_x[d.val_index], d.train_y[d.val_index]), self._test_loader()]
         return self._test_loader()
 
     def test_dataloader(self) -> DataLoader:

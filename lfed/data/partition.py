@@ -24,7 +24,7 @@ from lfed.data.datasets import validate_labels
 
 __all__ = [
     "PARTITIONS", "classes_partition", "dirichlet_partition", "holdout_split", "iid_partition", "label_counts",
-    "natural_partition", "pack_indices", "partition", "quota_sizes", "shards_partition",
+    "natural_partition", "pack_indices", "partition", "quota_sizes", "shards_partition", "validation_split",
 ]
 
 #: Names accepted by :func:`partition`.
@@ -465,3 +465,28 @@ def label_counts(labels: Tensor, client_indices: list[Tensor], num_classes: int)
     owner = torch.repeat_interleave(torch.arange(sizes.numel(), device=labels.device), sizes.to(labels.device))
     key = owner * num_classes + labels[flat.to(labels.device)].long()
     return torch.bincount(key, minlength=sizes.numel() * num_classes).reshape(sizes.numel(), num_classes)
+
+
+def validation_split(num_examples: int, fraction: float, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """Set aside a share of the pooled training set as the server's validation set (SPEC §9).
+
+    The validation examples go to no client: hyper-parameters (a learning rate of a grid) are
+    chosen on them, and the test set is only reported. ``v = floor(fraction * n + 0.5)``
+    examples are drawn uniformly at random (seeded, rounded half up as everywhere in lfed).
+
+    Args:
+        num_examples: ``n``, the size of the pooled training set.
+        fraction: Share set aside, in ``[0, 1)``; ``0`` gives an empty validation set.
+        seed: Seed of the choice.
+
+    Returns:
+        ``(rest, validation)``: sorted positions of the examples the clients share, and of the
+        validation examples.
+    """
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction < 1.0:
+        raise ValueError(f"validation_fraction: must be a number in [0, 1), got {fraction!r}")
+    v = int(math.floor(num_examples * fraction + 0.5))
+    if fraction > 0 and v == 0:
+        raise ValueError(f"validation_fraction: {fraction} of {num_examples} examples rounds to none; use a larger share or 0")
+    order = torch.randperm(num_examples, generator=_generator(seed))
+    return order[v:].sort().values, order[:v].sort().values
