@@ -151,6 +151,7 @@ class Recorder(Callback):
         self.attention_rounds = 0
         self.entropy: list[float] = []
         self.weight_sum: list[float] = []
+        self.per_round: dict[str, list[float]] = {}  # round-level diagnostics (SPEC §4, §2)
 
     def on_validation_end(self, trainer, module) -> None:
         if trainer.sanity_checking:
@@ -159,6 +160,7 @@ class Recorder(Callback):
         self.history.append({
             "round": int(trainer.global_step),
             "acc": float(m["test/acc"]),
+            "val_acc": float(m["val/acc"]) if "val/acc" in m else None,
             "client_acc": float(m["client/acc_mean"]) if "client/acc_mean" in m else None,
             "uploads": int(module.comm.uploads),
         })
@@ -169,6 +171,9 @@ class Recorder(Callback):
             self.entropy.append(float(m["attention/entropy"]))
         if "attention/weight_sum" in m:  # 1 for self/global; time-attention's server step size
             self.weight_sum.append(float(m["attention/weight_sum"]))
+        for key in ("round/amplification", "attention/logit_spread", "attention/mean_sq_norm", "efl/max_lr_lambda_u"):
+            if key in m:
+                self.per_round.setdefault(key, []).append(float(m[key]))
         res = getattr(module, "last_attention", None)
         if not self.track_attention or res is None:
             return
@@ -261,6 +266,11 @@ class Runner:
         seconds = time.time() - start
         if rec.entropy:
             extra["attention_entropy_mean"] = sum(rec.entropy) / len(rec.entropy)
+        for key, values in rec.per_round.items():  # mean over the run, and over its last 10% of rounds
+            tail = values[-max(1, len(values) // 10):]
+            extra[f"{key}_mean"] = sum(values) / len(values)
+            extra[f"{key}_last10pct"] = sum(tail) / len(tail)
+            extra[f"{key}_max"] = max(values)
         if rec.weight_sum:
             extra["attention_weight_sum_mean"] = sum(rec.weight_sum) / len(rec.weight_sum)
             extra["attention_weight_sum_max"] = max(rec.weight_sum)

@@ -1,0 +1,352 @@
+"""The papers' experiments under a fair protocol: a grid per method, chosen on validation, seeds.
+
+A study is one YAML file of ``configs/paper/grids/``: a base config, overrides, the rounds, the
+seeds, and for each method its config and its grid (``model.client_lr`` for most; FedAdam's server
+learning rate at the client learning rate another method chose). For every method the script
+
+1. runs every grid point with the first seed and picks the point with the best
+   ``final/val_acc_last10pct``: the mean accuracy over the last 10% of rounds on the server's
+   validation split (``data.validation_fraction``), which no client trains on, never the test set;
+2. runs the chosen point with every other seed;
+3. reports the test accuracy over the last 10% of rounds, mean ± standard deviation over seeds,
+   whether the run had settled (the last-10% mean within 1 point of the mean of the 10% of rounds
+   before it, on every seed), a flag when the choice lies on the edge of the grid, the per-seed
+   (paired) difference against the study's reference method, and the diagnostics the issue asks
+   for (``round/amplification``, attention logit spread, ``max η λ U``, both BMTAs);
+
+and writes its section of RESULTS.md (between ``<!-- protocol:NAME -->`` markers) and a plot of
+mean ± band over seeds. Runs go through lfed's own CLI parser (``paper_results.Runner``) and are
+cached per argument list in ``benchmarks/results/protocol/run_cache/``: a rerun reuses them.
+
+Usage (from the repository root)::
+
+    python benchmarks/paper_protocol.py configs/paper/grids/igfl_device_rho1.yaml
+    python benchmarks/paper_protocol.py configs/paper/grids/igfl_device_rho1.yaml --quick   # smoke test
+
+``--lock FILE`` takes an exclusive ``flock`` on FILE around each run (to share a small machine with
+other CPU-heavy jobs one at a time). Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import itertools
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import yaml  # noqa: E402
+from paper_results import REPO, Run, Runner, git_head  # noqa: E402
+
+OUT = REPO / "benchmarks" / "results" / "protocol"
+RESULTS = REPO / "RESULTS.md"
+SETTLED_POINTS = 1.0  # the last-10% mean may move by at most this (accuracy points) over the window before it
+
+
+# --------------------------------------------------------------------------- the study file
+@dataclass
+class Method:
+    name: str
+    config: Path
+    grid: dict[str, list]
+    fixed_from: dict[str, str]  # parameter -> method whose chosen value it takes
+    overrides: list[str]
+
+
+@dataclass
+class Study:
+    name: str
+    title: str
+    description: str
+    base: list[Path]
+    overrides: list[str]
+    rounds: int
+    evaluate_every: int
+    seeds: list[int]
+    reference: str
+    methods: list[Method]
+    paper: dict[str, float]
+    paper_label: str
+
+
+def _need(d: dict, key: str, where: str):
+    if key not in d:
+        raise ValueError(f"{where}: missing '{key}'")
+    return d[key]
+
+
+def load_study(path: Path) -> Study:
+    """Read and check a study file (every error names the file and the key)."""
+    raw = yaml.safe_load(path.read_text())
+    where = str(path)
+    methods = []
+    for name, m in _need(raw, "methods", where).items():
+        grid = m.get("grid", {})
+        if not grid or any(not isinstance(v, list) or not v for v in grid.values()):
+            raise ValueError(f"{where}: methods.{name}.grid must map parameters to non-empty lists")
+        config = REPO / _need(m, "config", f"{where}: methods.{name}")
+        if not config.is_file():
+            raise ValueError(f"{where}: methods.{name}.config: no file {config}")
+        methods.append(Method(name, config, grid, dict(m.get("fixed_from", {})), list(m.get("overrides", []))))
+    names = [m.name for m in methods]
+    for m in methods:
+        for param, other in m.fixed_from.items():
+            if other not in names[: names.index(m.name)]:
+                raise ValueError(f"{where}: methods.{m.name}.fixed_from.{param}: '{other}' must be a method listed before it")
+    seeds = [int(s) for s in _need(raw, "seeds", where)]
+    if len(seeds) < 1:
+        raise ValueError(f"{where}: seeds: give at least one")
+    reference = raw.get("reference", names[0])
+    if reference not in names:
+        raise ValueError(f"{where}: reference: '{reference}' is not one of the methods {names}")
+    return Study(
+        name=path.stem, title=_need(raw, "title", where), description=raw.get("description", "").strip(),
+        base=[REPO / b for b in _need(raw, "base", where)], overrides=list(raw.get("overrides", [])),
+        rounds=int(_need(raw, "rounds", where)), evaluate_every=int(raw.get("evaluate_every", 5)), seeds=seeds,
+        reference=reference, methods=methods, paper=dict(raw.get("paper", {}) or {}), paper_label=raw.get("paper_label", ""),
+    )
+
+
+# --------------------------------------------------------------------------- running
+@contextlib.contextmanager
+def cpu_lock(path: str | None):
+    if path is None:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def window_mean(history: list[dict], key: str, lo: float, hi: float, last: int) -> float | None:
+    """Mean of ``key`` over evaluations with round in ``(lo * last, hi * last]``."""
+    vals = [h[key] for h in history if h.get(key) is not None and lo * last < h["round"] <= hi * last]
+    return sum(vals) / len(vals) if vals else None
+
+
+def settling(run: Run) -> float | None:
+    """How much the last-10% test mean moved against the 10% of rounds before it (points)."""
+    if not run.history:
+        return None
+    last = run.history[-1]["round"]
+    a, b = window_mean(run.history, "acc", 0.9, 1.0, last), window_mean(run.history, "acc", 0.8, 0.9, last)
+    return None if a is None or b is None else 100 * abs(a - b)
+
+
+def val_score(run: Run) -> float:
+    v = run.summary.get("final/val_acc_last10pct")
+    if v is None or "diverged_at_round" in run.extra or not math.isfinite(v):
+        return -math.inf
+    return float(v)
+
+
+def point_label(point: dict) -> str:
+    return ", ".join(f"{k.split('.')[-1]}={v:g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}" for k, v in point.items())
+
+
+def run_study(study: Study, runner: Runner, lock: str | None, quick: bool, log) -> dict:
+    rounds = 6 if quick else study.rounds
+    every = 2 if quick else study.evaluate_every
+    seeds = study.seeds[:2] if quick else study.seeds
+    chosen: dict[str, dict] = {}
+    out: dict[str, dict] = {}
+
+    def one(method: Method, point: dict, seed: int) -> Run:
+        args = [*study.overrides, *method.overrides, f"--trainer.max_steps={rounds}", f"--trainer.val_check_interval={every}",
+                f"--seed_everything={seed}", f"--model.seed={seed}", f"--data.seed={seed}",
+                *(f"--{k}={v}" for k, v in point.items())]
+        with cpu_lock(lock):
+            return runner.run(f"{study.name}/{method.name}/{point_label(point)}/seed{seed}", [*study.base, method.config], args)
+
+    for method in study.methods:
+        fixed = {param: chosen[other][param] for param, other in method.fixed_from.items()}
+        keys = list(method.grid)
+        grid = [dict(fixed, **dict(zip(keys, values))) for values in itertools.product(*(method.grid[k] for k in keys))]
+        log(f"{study.name}: {method.name}, {len(grid)} grid points on seed {seeds[0]}, then {len(seeds) - 1} more seeds")
+        selection = [(point, one(method, point, seeds[0])) for point in grid]
+        best_point, best_run = max(selection, key=lambda pr: val_score(pr[1]))
+        chosen[method.name] = best_point
+        runs = [best_run] + [one(method, best_point, s) for s in seeds[1:]]
+        edge = {k: best_point[k] in (method.grid[k][0], method.grid[k][-1]) and len(method.grid[k]) > 1 for k in keys}
+        out[method.name] = {"grid": [(p, val_score(r), r) for p, r in selection], "point": best_point, "runs": runs,
+                            "edge": [k for k, e in edge.items() if e], "keys": keys}
+    return out
+
+
+# --------------------------------------------------------------------------- reporting
+def mean_std(xs: list[float]) -> tuple[float, float]:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    if not xs:
+        return math.nan, math.nan
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def fmt_pm(m: float, s: float, scale: float = 100.0, digits: int = 2) -> str:
+    return "–" if not math.isfinite(m) else f"{scale * m:.{digits}f} ± {scale * s:.{digits}f}"
+
+
+def last10(run: Run) -> float:
+    return math.nan if "diverged_at_round" in run.extra else run.last10
+
+
+def plot(study: Study, res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, r in res.items():
+        curves = [{h["round"]: h["acc"] for h in run.history} for run in r["runs"]]
+        common = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+        if not common:
+            continue
+        mean = [statistics.fmean(c[x] for c in curves) for x in common]
+        std = [statistics.stdev([c[x] for c in curves]) if len(curves) > 1 else 0.0 for x in common]
+        line, = ax.plot(common, [100 * m for m in mean], label=f"{name} ({point_label(r['point'])})", lw=1.2)
+        ax.fill_between(common, [100 * (m - s) for m, s in zip(mean, std)], [100 * (m + s) for m, s in zip(mean, std)],
+                        color=line.get_color(), alpha=0.18, lw=0)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy (%), mean ± std over seeds")
+    ax.set_title(study.title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    lo = min((100 * h["acc"] for r in res.values() for run in r["runs"] for h in run.history
+              if h["round"] >= 0.2 * study.rounds), default=0)
+    ax.set_ylim(max(0, lo - 5), None)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def diagnostics(runs: list[Run]) -> str:
+    parts = []
+    for key, label in (("round/amplification_last10pct", "amplification"), ("attention/logit_spread_mean", "logit spread"),
+                       ("attention/mean_sq_norm_mean", "‖Δ‖²"), ("efl/max_lr_lambda_u_max", "max ηλU")):
+        vals = [r.extra[key] for r in runs if key in r.extra]
+        if vals:
+            parts.append(f"{label} {statistics.fmean(vals):.3g}")
+    ws = [r.extra["attention_weight_sum_mean"] for r in runs if "attention_weight_sum_mean" in r.extra]
+    if ws and abs(statistics.fmean(ws) - 1) > 1e-6:
+        parts.append(f"attention weight sum {statistics.fmean(ws):.2f}")
+    for key, label in (("final/bmta_global", "BMTA global"), ("final/bmta_local", "BMTA local")):
+        vals = [r.summary[key] for r in runs if key in r.summary]
+        if vals:
+            m, s = mean_std(vals)
+            parts.append(f"{label} {fmt_pm(m, s, digits=1)}")
+    return "; ".join(parts) or "–"
+
+
+def section(study: Study, res: dict, cmd: str, seconds: float, load: tuple[float, float], quick: bool) -> list[str]:
+    seeds = study.seeds[:2] if quick else study.seeds
+    rounds = 6 if quick else study.rounds
+    n_runs = sum(len(r["grid"]) + len(r["runs"]) - 1 for r in res.values())
+    L = [f"### {study.title}", "", study.description, "",
+         f"Command: `{cmd}` (lfed {git_head()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}). "
+         f"{rounds} rounds, evaluated every {2 if quick else study.evaluate_every}; seeds {seeds}; {n_runs} runs, "
+         f"{seconds / 60:.1f} CPU-minutes of training and evaluation on this 2-core machine (load average "
+         f"{load[0]:.1f} at the start, {load[1]:.1f} at the end; runs took turns with other jobs through a lock). "
+         f"Each method's grid ran on seed {seeds[0]}; the point with the best last-10% *validation* accuracy "
+         f"(a {study.overrides and 'server-held split of the training set' or 'split'}, no client trains on it) then ran on "
+         f"the other seeds. Test accuracy = mean over the evaluations in the last 10% of rounds. "
+         f"Settled = the last-10% mean within {SETTLED_POINTS:g} point of the 10% of rounds before it on every seed.", "",
+         f"| method | grid (validation last-10%, seed {seeds[0]}) | chosen | test last-10% (%) mean ± std | settled (max move, pts) "
+         f"| vs {study.reference}, paired (pts) | diagnostics | {study.paper_label or 'paper'} |",
+         "|---|---|---|---|---|---|---|---|"]
+    ref = res[study.reference]["runs"]
+    for name, r in res.items():
+        grid = ", ".join(f"{point_label({k: v for k, v in p.items() if k in r['keys']})}: "
+                         + ("div." if not math.isfinite(v) else f"{100 * v:.1f}") for p, v, _ in r["grid"])
+        grid = re.sub(r"client_lr=", "", grid)
+        m, s = mean_std([last10(x) for x in r["runs"]])
+        moves = [settling(x) for x in r["runs"]]
+        moved = max((x for x in moves if x is not None), default=math.nan)
+        settled = "–" if not math.isfinite(moved) else ("yes" if moved <= SETTLED_POINTS else "**no**") + f" ({moved:.1f})"
+        chosen = point_label(r["point"]) + (" (edge)" if r["edge"] else "")
+        if name == study.reference:
+            paired = "–"
+        else:
+            diffs = [100 * (last10(a) - last10(b)) for a, b in zip(r["runs"], ref)]
+            dm, ds = mean_std(diffs)
+            wins = sum(d > 0 for d in diffs if math.isfinite(d))
+            paired = "–" if not math.isfinite(dm) else f"{dm:+.2f} ± {ds:.2f} ({wins}/{len(diffs)} seeds better)"
+        L.append(f"| {name} | {grid} | {chosen} | {fmt_pm(m, s)} | {settled} | {paired} | {diagnostics(r['runs'])} "
+                 f"| {study.paper.get(name, '–')} |")
+    L += ["", f"![]({(OUT / study.name).relative_to(REPO)}.png)", ""]
+    return L
+
+
+def write_section(study: Study, lines: list[str]) -> None:
+    start, end = f"<!-- protocol:{study.name} -->", f"<!-- end protocol:{study.name} -->"
+    block = "\n".join([start, *lines, end])
+    text = RESULTS.read_text() if RESULTS.is_file() else "# Results\n"
+    pattern = re.escape(start) + r".*?" + re.escape(end)
+    if re.search(pattern, text, re.S):
+        text = re.sub(pattern, lambda _: block, text, flags=re.S)
+    else:
+        anchor = "<!-- protocol sections -->"
+        text = text.replace(anchor, anchor + "\n\n" + block) if anchor in text else text.rstrip() + "\n\n" + block + "\n"
+    RESULTS.write_text(text)
+
+
+def to_json(res: dict) -> dict:
+    return {name: {"point": r["point"], "edge": r["edge"], "grid_keys": r["keys"],
+                   "grid": [{"point": p, "val_last10": v if math.isfinite(v) else None, "test_last10": last10(x)} for p, v, x in r["grid"]],
+                   "seeds": [{"args": x.args, "test_last10": last10(x), "val_last10": x.summary.get("final/val_acc_last10pct"),
+                              "seconds": x.seconds, "settling": settling(x), "extra": x.extra, "summary": x.summary} for x in r["runs"]]}
+            for name, r in res.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("study", type=Path, nargs="+", help="study files (configs/paper/grids/*.yaml)")
+    p.add_argument("--data-dir", default=os.environ.get("LFED_DATA_DIR"), help="dataset folder (default $LFED_DATA_DIR)")
+    p.add_argument("--quick", action="store_true", help="6 rounds, 2 seeds: a smoke test (not written to RESULTS.md)")
+    p.add_argument("--fresh", action="store_true", help="ignore cached runs")
+    p.add_argument("--lock", default=None, help="flock this file around each run (share the CPU one job at a time)")
+    args = p.parse_args(argv)
+    if args.data_dir is None:
+        p.error("--data-dir: give the dataset folder (or set LFED_DATA_DIR)")
+    import tempfile
+
+    def log(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.2f}] {msg}", flush=True)
+
+    studies = [load_study(s) for s in args.study]  # every file checked before any run
+    for study in studies:
+        started, load0 = time.time(), os.getloadavg()[0]
+        with tempfile.TemporaryDirectory() as work:
+            cache = None if args.quick else OUT / "run_cache"
+            runner = Runner(Path(args.data_dir), Path(work), log, cache=cache, fresh=args.fresh)
+            res = run_study(study, runner, args.lock, args.quick, log)
+        seconds = sum(x.seconds for r in res.values() for x in [*(g[2] for g in r["grid"]), *r["runs"][1:]])
+        path = REPO / "configs" / "paper" / "grids" / f"{study.name}.yaml"
+        cmd = f"python benchmarks/paper_protocol.py {path.relative_to(REPO)}"
+        lines = section(study, res, cmd, seconds, (load0, os.getloadavg()[0]), args.quick)
+        print("\n".join(lines))
+        if args.quick:
+            continue
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / f"{study.name}.json").write_text(json.dumps(to_json(res), indent=1, default=str))
+        plot(study, res, OUT / f"{study.name}.png")
+        write_section(study, lines)
+        log(f"{study.name}: written to RESULTS.md ({(time.time() - started) / 60:.1f} min wall)")
+
+
+if __name__ == "__main__":
+    main()
