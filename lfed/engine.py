@@ -290,6 +290,10 @@ def _set_rng_state(state, device: torch.device) -> None:
         torch.cuda.set_rng_state(state[1], device)
 
 
+#: The loop backend gathers this many steps' mini-batches at once (fewer small indexing operations per step).
+_LOOP_GATHER_STEPS = 32
+
+
 def _is_plain(rule: StepRule) -> bool:
     """Whether the rule is plain SGD (``w ← w - lr g``): no scale, decay or shift."""
     return rule.decay is None and rule.shift is None and not isinstance(rule.grad_scale, Tensor) and rule.grad_scale == 1.0
@@ -608,20 +612,23 @@ class CohortTrainer:
                             work_buffers[name].copy_(b)
                 rule_k = None if plain else rule.select(k, K)
                 aux_k = None if term is None else term.client(k)
+                weights_k = [rows[name] for name in self.layout.names]  # the parameters' storage, for in-place steps
                 loss_sum = W.new_zeros(())
                 for t in range(s_k):
-                    ids = ex[k, t, : counts[k][t]]
+                    if t % _LOOP_GATHER_STEPS == 0:  # the next steps' batches in one gather ([steps, B, ...])
+                        xs, ys = data_x[ex[k, t : t + _LOOP_GATHER_STEPS]], data_y[ex[k, t : t + _LOOP_GATHER_STEPS]]
+                    c, i = counts[k][t], t % _LOOP_GATHER_STEPS  # step t uses the first c (valid) rows of its batch
+                    x_t, y_t = (xs[i], ys[i]) if c == B else (xs[i, :c], ys[i, :c])
                     if term is None:
-                        loss = self.loss_fn(work(data_x[ids]), data_y[ids]).mean()
+                        loss = self.loss_fn(work(x_t), y_t).mean()
                     else:
-                        out = work(data_x[ids])
-                        per_example = per_example_mean(self.loss_fn(out, data_y[ids]))
-                        loss = (per_example + term.fn(dict(zip(self.layout.names, params)), out, data_x[ids],
-                                                      data_y[ids], aux_k)).mean()
+                        out = work(x_t)
+                        per_example = per_example_mean(self.loss_fn(out, y_t))
+                        loss = (per_example + term.fn(dict(zip(self.layout.names, params)), out, x_t, y_t, aux_k)).mean()
                     grads = torch.autograd.grad(loss, params)
                     with torch.no_grad():
                         if plain:
-                            torch._foreach_add_([p.data for p in params], list(grads), alpha=-lr)
+                            torch._foreach_add_(weights_k, list(grads), alpha=-lr)
                         else:
                             _apply_step_(W[k], torch.cat([g.reshape(-1) for g in grads]), rule_k, lr)
                     loss_sum += loss.detach()

@@ -48,6 +48,22 @@ def test_backends_agree_in_float64_with_uneven_clients(make_net, shape):
     assert (a.weights[0] - a.weights[1]).abs().max() > 1e-4
 
 
+@pytest.mark.parametrize("rule", [StepRule(), StepRule(grad_scale=1.5, decay=0.01)], ids=["plain", "corrected"])
+def test_backends_agree_past_the_loop_backends_gather_of_32_steps(rule):
+    # the loop backend gathers 32 steps' batches at once (engine._LOOP_GATHER_STEPS): budgets of 0, 1, 31,
+    # 32, 33 and 70 steps cross that boundary, with a partial batch every 3rd step (n = 5, B = 2)
+    torch.manual_seed(0)
+    net = MLP(in_features=6, hidden=(5,), num_classes=3).double()
+    X, Y = torch.randn(30, 6, dtype=torch.float64), torch.randint(0, 3, (30,))
+    idx, sizes = _clients([5] * 6, 30)
+    steps = torch.tensor([0, 1, 31, 32, 33, 70])
+    w0, a = _train(net, "vmap", X, Y, idx, sizes, steps, rule, lr=0.05, batch_size=2)
+    _, b = _train(net, "loop", X, Y, idx, sizes, steps, rule, lr=0.05, batch_size=2)
+    assert (a.weights - b.weights).abs().max() < 1e-12
+    assert (a.loss - b.loss).abs().max() < 1e-12
+    assert torch.equal(b.weights[0], w0) and (b.weights[5] - b.weights[4]).abs().max() > 1e-6
+
+
 def test_batch_schedule_covers_each_epoch_once_and_masks_partial_batches():
     sizes = torch.tensor([5, 2])
     pos, valid = batch_schedule(sizes, num_steps=6, batch_size=2, generator=torch.Generator().manual_seed(0))
