@@ -1,4 +1,7 @@
-"""Scaled-down runs of the seed papers' experiments on this machine's real data -> RESULTS.md.
+"""Short single-seed runs of the seed papers' experiments (lfed 0.1) -> benchmarks/results/paper/SHORT_RUNS.md.
+
+Superseded by :mod:`paper_protocol` (tuned grids, seeds, long runs -> RESULTS.md); kept because its
+Fig. 2 attention check and its every-setting sweep have no protocol study yet.
 
 Every run goes through lfed's own CLI parser: a base config of ``configs/paper/``, an
 algorithm config, and overrides that shrink the run (rounds, evaluation interval, and for
@@ -50,7 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 PAPER = REPO / "configs" / "paper"
 IGFL = PAPER / "igfl"
 PLOTS = REPO / "benchmarks" / "results" / "paper"
-RESULTS = REPO / "RESULTS.md"
+RESULTS = REPO / "benchmarks" / "results" / "paper" / "SHORT_RUNS.md"
 NOTES_START, NOTES_END = "<!-- notes: kept when the script rewrites this file -->", "<!-- end notes -->"
 
 # --------------------------------------------------------------------------- the papers' figures
@@ -633,21 +636,21 @@ def write_results(res: dict, args, started: float, scale: Scale, threads: int) -
         for rho, runs in res["device"].items():
             L += [f"### ρ = {rho:g}", ""]
             L += igfl_table(runs, IGFL_TABLE2_E1.get(rho), f"paper Table 2/5, CIFAR-10 ρ = {rho:g} (%)")
-            L += ["", f"Best here: **{winner(runs)}**. Curves: ![](benchmarks/results/paper/igfl_cross_device_rho{rho:g}.png)", ""]
+            L += ["", f"Best here: **{winner(runs)}**. Curves: ![](igfl_cross_device_rho{rho:g}.png)", ""]
     if "silo" in res:
         steps = f"{scale.silo_local_steps} local steps" if scale.silo_local_steps else "E = 1 (T = 60 steps of B = 100)"
         L += ["## IGFL (seed 000) — cross-silo, Table 1 analogue", "",
               f"FashionMNIST, 10 clients, C = 1, 2 shards per client, B = 100, {steps}, {scale.silo_rounds} rounds. "
               "Paper column: Table 1 (CIFAR-10, E = 1, T = 50, 5,000 rounds; IGFL-S and IGFL with time attention).", ""]
         L += igfl_table(res["silo"], IGFL_TABLE1_E1, "paper Table 1, CIFAR-10 E = 1 (%)")
-        L += ["", f"Best here: **{winner(res['silo'])}**. Curves: ![](benchmarks/results/paper/igfl_cross_silo.png)", ""]
+        L += ["", f"Best here: **{winner(res['silo'])}**. Curves: ![](igfl_cross_silo.png)", ""]
     if "femnist" in res:
         L += ["## IGFL (seed 000) — LEAF FEMNIST natural split, Table 3 analogue", "",
               "105 writers (natural partition, 10% of each writer held out), C = 0.1, B = 20, E = 1, MLP 784-200-200-62, "
               f"client lr {scale.femnist_lr:g}, {scale.femnist_rounds} rounds. Paper column: Table 3 (EMNIST-62, Dirichlet ρ = 1, "
               "1,500 rounds, self attention; the ρ = 0.1 column is in the JSON).", ""]
         L += igfl_table(res["femnist"], IGFL_TABLE3[1], "paper Table 3, EMNIST ρ = 1 (%)")
-        L += ["", f"Best here: **{winner(res['femnist'])}**. Curves: ![](benchmarks/results/paper/femnist.png)", ""]
+        L += ["", f"Best here: **{winner(res['femnist'])}**. Curves: ![](femnist.png)", ""]
     if "attention" in res:
         att = res["attention"]
         L += ["## IGFL (seed 000) — does self-attention find the client with the same labels? (Fig. 2)", "",
@@ -665,7 +668,7 @@ def write_results(res: dict, args, started: float, scale: Scale, threads: int) -
                   f"({sum(sum(p['hits']) for p in att['populations'])}/{10 * len(att['populations'])}).** "
                   "Seed 000 reports a matching rate \"up to 96%\" over 50 random CIFAR-10 populations (§5.4, Fig. 2). "
                   "Chance level for a random choice among the 9 other clients is 11%.", "",
-              "![](benchmarks/results/paper/igfl_attention.png)", ""]
+              "![](igfl_attention.png)", ""]
     if "adafl" in res:
         a = res["adafl"]
         t1, t2 = a["targets"]
@@ -682,7 +685,7 @@ def write_results(res: dict, args, started: float, scale: Scale, threads: int) -
                              if first_reach(run.history, t) else "not reached")
             p = ADAFL_MNIST[name]
             L.append(f"| {name} | {pct(run.last10)} | {pct(run.best)} | {hit(t1)} | {hit(t2)} | {p[0]} / {p[1]} | {p[2]} / {p[3]} |")
-        L += ["", "![](benchmarks/results/paper/adafl_uploads.png)", ""]
+        L += ["", "![](adafl_uploads.png)", ""]
     if "efl" in res:
         e = res["efl"]
         L += ["## EFL (seed 004) — non-IID (m = 2) and low participation", "",
@@ -699,7 +702,7 @@ def write_results(res: dict, args, started: float, scale: Scale, threads: int) -
               "| method | BMTA (%) | test acc, last 10% (%) |", "|---|---|---|"]
         for name, run in e["low"].items():
             L.append(f"| {name} | {pct(run.bmta)} | {pct(run.last10)} |")
-        L += ["", "![](benchmarks/results/paper/efl_noniid.png) ![](benchmarks/results/paper/efl_low_participation.png)", ""]
+        L += ["", "![](efl_noniid.png) ![](efl_low_participation.png)", ""]
     if "dwfed" in res:
         L += ["## DWFed (seed 002) — ISH weights against FedAvg", "",
               f"MNIST, 100 clients, Dirichlet(ρ), C = 0.1, B = 50, E = 1, MLP 2NN, lr 0.05, {scale.dwfed_rounds} rounds. "
@@ -707,7 +710,7 @@ def write_results(res: dict, args, started: float, scale: Scale, threads: int) -
               "| ρ | FedAvg last-10% (%) | DWFed last-10% (%) |", "|---|---|---|"]
         for rho, runs in res["dwfed"].items():
             L.append(f"| {rho:g} | {pct(runs['FedAvg'].last10)} | {pct(runs['DWFed'].last10)} |")
-        L += ["", "![](benchmarks/results/paper/dwfed.png)", ""]
+        L += ["", "![](dwfed.png)", ""]
     L += ["## Run times", "", "| experiment | runs | seconds |", "|---|---|---|"]
     for key, runs in iter_runs(res):
         L.append(f"| {key} | {len(runs)} | {sum(r.seconds for r in runs):.0f} |")
