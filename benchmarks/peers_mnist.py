@@ -9,7 +9,9 @@ round. This script
    set) and MNIST as lfed loads it (float32 in [0, 1]) to ``--work`` as ``.npy`` files; the peer
    jobs read these, so all three train the same clients on the same examples;
 2. runs each framework's job script (``benchmarks/peers/*_job.py``) as a fresh process, each in
-   its own Python environment, ``--repeats`` times in rotating order;
+   its own Python environment, ``--repeats`` times in rotating order (``pfl_2proc``: pfl's job as
+   2 worker processes under ``torchrun --standalone``, pfl's own distributed simulation; torchrun
+   gives each worker 1 thread);
 3. reports per framework the median over repeats of: total wall-clock of the process (start-up
    included: interpreter, imports, data, set-up, 50 rounds, the final evaluation), start-up to
    the first round, steady seconds per round (median of rounds 2..50 within a run) and final
@@ -35,7 +37,7 @@ import time
 from datetime import datetime, timezone
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-JOBS = {"lfed": "lfed_job.py", "lfed_loop": "lfed_job.py", "flower": "flower_job.py", "pfl": "pfl_job.py",
+JOBS = {"lfed": "lfed_job.py", "lfed_loop": "lfed_job.py", "flower": "flower_job.py", "pfl": "pfl_job.py", "pfl_2proc": "pfl_job.py",
         "plain_vmap": "plain_vmap_job.py", "plain_loop": "plain_loop_job.py"}  # plain_*: hand-written references
 
 
@@ -64,6 +66,8 @@ def export(work: str, data_dir: str | None, clients: int, seed: int) -> None:
 
 def run_job(framework: str, python: str, args: argparse.Namespace) -> dict:
     cmd = [python, os.path.join(HERE, "peers", JOBS[framework]), "--rounds", str(args.rounds), "--seed", str(args.seed)]
+    if framework == "pfl_2proc":  # pfl's own multi-worker simulation: 2 processes under torchrun (1 thread each)
+        cmd = [os.path.join(os.path.dirname(python), "torchrun"), "--standalone", "--nproc_per_node=2", *cmd[1:]]
     if framework.startswith("lfed"):
         cmd += ["--partition", os.path.join(args.work, "partition.npy")]
         if args.data_dir:
@@ -116,6 +120,7 @@ def main() -> None:
 
     export(args.work, args.data_dir, args.clients, args.seed)
     pythons = {"lfed": args.lfed_python, "lfed_loop": args.lfed_python, "flower": args.flower_python, "pfl": args.pfl_python,
+               "pfl_2proc": args.pfl_python,
                "plain_vmap": sys.executable, "plain_loop": sys.executable}
     frameworks = [f for f in args.frameworks.split(",") if f]
     missing = {f: "no interpreter given (--%s-python)" % f for f in frameworks if not pythons.get(f)}

@@ -107,6 +107,8 @@ def main() -> None:
         model_eval_params=NNEvalHyperParams(local_batch_size=None),
         callbacks=[clock],
     )
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun every worker holds the same central model
+        return
     acc = test_accuracy(net, torch.from_numpy(a["test_x"]), torch.from_numpy(a["test_y"]).long())
     import pfl
 
