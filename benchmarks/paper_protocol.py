@@ -319,6 +319,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="6 rounds, 2 seeds: a smoke test (not written to RESULTS.md)")
     p.add_argument("--fresh", action="store_true", help="ignore cached runs")
     p.add_argument("--lock", default=None, help="flock this file around each run (share the CPU one job at a time)")
+    p.add_argument("--methods", default=None,
+                   help="comma-separated subset of each study's methods to run and report (the reference always runs)")
     args = p.parse_args(argv)
     if args.data_dir is None:
         p.error("--data-dir: give the dataset folder (or set LFED_DATA_DIR)")
@@ -328,6 +330,15 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.2f}] {msg}", flush=True)
 
     studies = [load_study(s) for s in args.study]  # every file checked before any run
+    if args.methods:
+        wanted = {m.strip() for m in args.methods.split(",") if m.strip()}
+        for study in studies:
+            names = {m.name for m in study.methods}
+            unknown = wanted - names
+            if len(studies) == 1 and unknown:
+                p.error(f"--methods: {sorted(unknown)} not in {study.name}'s methods {sorted(names)}")
+            keep = wanted | {study.reference} | {o for m in study.methods if m.name in wanted for o in m.fixed_from.values()}
+            study.methods = [m for m in study.methods if m.name in keep]
     for study in studies:
         started, load0 = time.time(), os.getloadavg()[0]
         with tempfile.TemporaryDirectory() as work:
