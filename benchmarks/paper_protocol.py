@@ -169,8 +169,9 @@ def run_study(study: Study, runner: Runner, lock: str | None, quick: bool, log) 
         args = [*study.overrides, *method.overrides, f"--trainer.max_steps={rounds}", f"--trainer.val_check_interval={every}",
                 f"--seed_everything={seed}", f"--model.seed={seed}", f"--data.seed={seed}",
                 *(f"--{k}={v}" for k, v in point.items())]
-        with cpu_lock(lock):
-            return runner.run(f"{study.name}/{method.name}/{point_label(point)}/seed{seed}", [*study.base, method.config], args)
+        name, configs = f"{study.name}/{method.name}/{point_label(point)}/seed{seed}", [*study.base, method.config]
+        with cpu_lock(None if runner.is_cached(name, configs, args) else lock):  # a cached run trains nothing
+            return runner.run(name, configs, args)
 
     for method in study.methods:
         fixed = {param: chosen[other][param] for param, other in method.fixed_from.items()}

@@ -235,17 +235,25 @@ class Runner:
         key = hashlib.sha1(json.dumps([name, stable]).encode()).hexdigest()[:16]
         return self.cache / f"{re.sub(r'[^A-Za-z0-9]+', '_', name).strip('_')}-{key}.json"
 
+    def _args(self, configs: list[Path], overrides: list[str]) -> list[str]:
+        return [a for c in configs for a in ("--config", str(c))] + [
+            f"--data.data_dir={self.data_dir}", "--trainer.logger=false", "--trainer.enable_checkpointing=false",
+            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+            f"--trainer.default_root_dir={self.workdir}", "--trainer.accelerator=cpu", *overrides,
+        ]
+
+    def is_cached(self, name: str, configs: list[Path], overrides: list[str]) -> bool:
+        """Whether :meth:`run` would read this run from the cache (no training)."""
+        cached = self._cache_file(name, self._args(configs, overrides))
+        return cached is not None and cached.is_file() and not self.fresh
+
     def run(self, name: str, configs: list[Path], overrides: list[str], *, track_attention: bool = False,
             datamodule=None) -> Run:
         from lfed.cli import LfedCLI
         from lfed.data.datamodule import FederatedDataModule
         from lfed.module import FederatedModule
 
-        args = [a for c in configs for a in ("--config", str(c))] + [
-            f"--data.data_dir={self.data_dir}", "--trainer.logger=false", "--trainer.enable_checkpointing=false",
-            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-            f"--trainer.default_root_dir={self.workdir}", "--trainer.accelerator=cpu", *overrides,
-        ]
+        args = self._args(configs, overrides)
         cached = self._cache_file(name, args)
         if cached is not None and cached.is_file() and not self.fresh:
             d = json.loads(cached.read_text())
