@@ -14,7 +14,7 @@ from lfed.module import FederatedModule
 from lfed.server.optimizers import FedAdam
 
 PAPER = REPO / "configs" / "paper"
-ALL_CONFIGS = sorted(PAPER.rglob("*.yaml"))
+ALL_CONFIGS = sorted(p for p in PAPER.rglob("*.yaml") if p.parent.name != "grids")  # grids/: study files, below
 QUIET = ["--trainer.logger=false", "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false"]
 
 
@@ -68,6 +68,7 @@ def test_igfl_algorithm_files_compose_with_a_base(alg):
         "fedadam_tau0.1": ("plain", "mean"), "fedadam_tau0.01": ("plain", "mean"), "igfl_c": ("igfl", "mean"),
         "igfl_s_self": ("plain", "self"), "igfl_s_global": ("plain", "global"), "igfl_s_time": ("plain", "time"),
         "igfl_self": ("igfl", "self"), "igfl_global": ("igfl", "global"), "igfl_time": ("igfl", "time"),
+        "feddyn": ("feddyn", "feddyn"),
     }[stem]
     assert (m.objective.name, m.composition["aggregation"]) == expected
 
@@ -126,3 +127,48 @@ def test_shakespeare_config_runs_two_rounds_on_the_natural_role_split(tmp_path, 
     assert d.num_clients == 10 and int(d.client_sizes.sum() + d.holdout_sizes.sum()) == 41990
     assert cli.trainer.global_step == 2 and cli.model.comm.uploads == 20
     assert math.isfinite(float(cli.trainer.callback_metrics["test/loss"]))
+
+
+STUDIES = sorted((PAPER / "grids").glob("*.yaml"))
+
+
+def _protocol():
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import paper_protocol
+
+    return paper_protocol
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=_rel)
+def test_every_study_file_reads_and_each_method_instantiates_at_its_grid_points(path):
+    """configs/paper/grids/ (benchmarks/paper_protocol.py): every method with every grid value parses."""
+    study = _protocol().load_study(path)
+    assert len(study.seeds) >= 3 and study.methods and study.rounds > 0
+    for method in study.methods:
+        assert all(len(values) >= 4 for values in method.grid.values()), f"{method.name}: a grid of at least 4 values"
+        for key, values in method.grid.items():
+            for value in values:
+                fixed = [f"--{k}=0.1" for k in method.fixed_from]  # a value the named method would choose
+                cli = instantiate(*study.base, method.config,
+                                  extra=[*study.overrides, *method.overrides, *fixed, f"--{key}={value}", "--data.data_dir=/nonexistent"])
+                got = cli.config
+                for part in key.split("."):
+                    got = got[part]
+                assert got == value, f"{path.name}: {method.name}: {key}={value} did not reach the config"
+        if study.overrides and any("validation_fraction" in o for o in study.overrides):
+            assert cli.datamodule.validation_fraction > 0
+
+
+def test_a_study_file_with_a_bad_reference_is_refused(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("title: t\nbase: []\nrounds: 2\nseeds: [0]\nreference: Nobody\n"
+                   "methods:\n  A: {config: configs/paper/igfl/alg_fedavg.yaml, grid: {model.client_lr: [0.1]}}\n")
+    with pytest.raises(ValueError, match="reference: 'Nobody' is not one of the methods"):
+        _protocol().load_study(bad)
+    bad.write_text("title: t\nbase: []\nrounds: 2\nseeds: [0]\n"
+                   "methods:\n  A: {config: configs/paper/igfl/alg_fedavg.yaml, grid: {model.client_lr: [0.1]},"
+                   " fixed_from: {model.client_lr: B}}\n")
+    with pytest.raises(ValueError, match="must be a method listed before it"):
+        _protocol().load_study(bad)
