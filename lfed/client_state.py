@@ -58,7 +58,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lfed.state import ModuleStateStore, StateSpec
+from lfed.state import ModuleStateStore, StateSpec, state_shape_error, state_shape_errors
 
 __all__ = ["PLACEMENTS", "ClientStateStore", "ClientStateFileError", "dense_rows"]
 
@@ -352,6 +352,10 @@ class ClientStateStore(ModuleStateStore):
     def allocate(self, owner: nn.Module, specs: Iterable[StateSpec], num_examples: Tensor, num_params: int, like: Tensor) -> None:
         specs = tuple(specs)
         lazy = [s for s in specs if is_lazy(s)]
+        if not getattr(owner, "_lfed_rows_hooks", False):  # before the base store's shape check: one message for all
+            owner.register_state_dict_post_hook(lambda module, sd, pre, meta: self._save(module, sd, pre))
+            owner.register_load_state_dict_pre_hook(lambda module, sd, pre, meta, strict, missing, *rest: self._load(module, sd, pre, missing))
+            owner._lfed_rows_hooks = True
         super().allocate(owner, [s for s in specs if not is_lazy(s)], num_examples, num_params, like)
         prefix = self._owners[id(owner)][0]
         self._owners[id(owner)] = (prefix, owner, specs)
@@ -374,10 +378,6 @@ class ClientStateStore(ModuleStateStore):
                 else:
                     rows = _DiskRows(name, N, shape[1:], spec.init, ref, self._disk_dir())
             self._rows[(id(owner), spec.name)] = rows
-        if lazy and not getattr(owner, "_lfed_rows_hooks", False):
-            owner.register_state_dict_post_hook(lambda module, sd, pre, meta: self._save(module, sd, pre))
-            owner.register_load_state_dict_pre_hook(lambda module, sd, pre, meta, strict, missing, *rest: self._load(module, sd, pre, missing))
-            owner._lfed_rows_hooks = True
 
     def _lazy(self, owner: nn.Module, name: str):
         return self._rows.get((id(owner), name))
@@ -456,7 +456,20 @@ class ClientStateStore(ModuleStateStore):
             state_dict[f"{prefix}{name}.shape"] = torch.tensor([rows.num_clients, *rows.row], dtype=torch.long)
 
     def _load(self, owner: nn.Module, state_dict: dict, prefix: str, missing: list) -> None:
-        for name, rows in self._owner_rows(owner):
+        rows_of = self._owner_rows(owner)
+        lazy = {name for name, _ in rows_of}
+        specs = self._owners.get(id(owner), ("", None, ()))[2]
+        wrong = state_shape_errors(owner, state_dict, prefix, [s.name for s in specs if s.name not in lazy])
+        for name, rows in rows_of:  # every shape first, so one error names all that differ
+            key, want = f"{prefix}{name}", (rows.num_clients, *rows.row)
+            shape = state_dict.get(f"{key}.shape")
+            got = tuple(int(v) for v in shape.tolist()) if isinstance(shape, Tensor) else (
+                tuple(state_dict[key].shape) if isinstance(state_dict.get(key), Tensor) else want)
+            if got != want:
+                wrong.append(f"{key} has shape {got} in the checkpoint but {want} in this run")
+        if wrong:
+            raise state_shape_error(wrong)
+        for name, rows in rows_of:
             key = f"{prefix}{name}"
             want = (rows.num_clients, *rows.row)
             parts = {s: state_dict.pop(f"{key}.{s}") for s in ("clients", "rows", "shape") if f"{key}.{s}" in state_dict}
@@ -464,7 +477,6 @@ class ClientStateStore(ModuleStateStore):
                 clients, values = _check_sparse(key, parts, want)
             elif key in state_dict:  # the dense format of lfed before placements
                 dense = state_dict.pop(key)
-                _check_shape(key, tuple(dense.shape), want)
                 init = torch.full_like(dense[:1], rows.init)
                 differs = (_bits(dense) != _bits(init)).reshape(dense.shape[0], -1).any(1)
                 clients = differs.nonzero().squeeze(1)
@@ -496,22 +508,12 @@ def _bits(t: Tensor) -> Tensor:
     return t.contiguous().view(ints[t.element_size()]) if t.is_floating_point() else t
 
 
-def _check_shape(key: str, got: tuple[int, ...], want: tuple[int, ...]) -> None:
-    if got != want:
-        raise ValueError(
-            f"the checkpoint's state does not fit this run: {key} has shape {got} in the checkpoint but {want} in this run. "
-            "Per-client state is [num_clients, ...] and server state [num_params]: resume with the same data.num_clients "
-            "and the same model (and algorithm) as the run that saved it."
-        )
-
-
 def _check_sparse(key: str, parts: dict[str, Tensor], want: tuple[int, ...]) -> tuple[Tensor, Tensor]:
     """Validate the sparse entries of ``key``; return ``(clients, rows)``."""
     lacking = [s for s in ("clients", "rows", "shape") if s not in parts]
     if lacking:
         raise ValueError(f"the checkpoint's state of {key} is incomplete: it has {', '.join(sorted(parts))} "
                          f"but not {', '.join(f'{key}.{s}' for s in lacking)}")
-    _check_shape(key, tuple(int(v) for v in parts["shape"].tolist()), want)
     clients, values = parts["clients"], parts["rows"]
     if clients.dtype != torch.long or clients.dim() != 1:
         raise ValueError(f"{key}.clients: need a 1-D int64 tensor of client ids, got {clients.dtype} of shape {tuple(clients.shape)}")

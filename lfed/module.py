@@ -13,8 +13,8 @@ resumes a run exactly.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, Literal
 
 import torch

@@ -12,12 +12,12 @@ clear errors naming the file or the entry.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import flat_weights, run_rounds
 from lightning.pytorch import Trainer
 from torch import nn
 
-import pytest
 from lfed.client_state import ClientStateFileError, ClientStateStore, dense_rows
 from lfed.data.datamodule import FederatedDataModule
 from lfed.module import FederatedModule
