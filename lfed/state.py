@@ -16,9 +16,12 @@ never allocates, saves or checks them itself; :class:`StateStore` does, for ever
   (:func:`lfed.checkpoint.module_fingerprint`), so no name is written out anywhere else.
 
 :class:`ModuleStateStore` keeps each tensor as a buffer of the component that declared it, so it
-sits in the Lightning module's ``state_dict`` (``objective.client_control``, ...) and in every
-checkpoint. Components reach their state only through the store's methods, so another store (one
-that keeps per-client rows off the device) can replace it without touching a component.
+sits in the Lightning module's ``state_dict`` (``objective.control``, ...) and in every
+checkpoint. Components reach their state only through the store's methods, so another store
+replaces it without touching a component: :class:`lfed.client_state.ClientStateStore` (the store
+of :class:`~lfed.module.FederatedModule`) keeps per-client rows of ``P`` numbers lazily on the
+device, in host memory or in a memory-mapped file, as sparse ``{clients, rows, shape}`` entries
+of the state dict (docs/state.md).
 """
 
 from __future__ import annotations
