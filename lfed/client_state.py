@@ -46,6 +46,7 @@ the gathered cohort results; see docs/distributed.md).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -212,7 +213,6 @@ class _DiskRows(_Rows):
     def __init__(self, key: str, num_clients: int, row: tuple[int, ...], init: float, like: Tensor, directory: Path) -> None:
         super().__init__(key, num_clients, row, init, like)
         self.path = directory / f"{key}.rows"
-        self.scratch = directory / f"{key}.export"
         self._inode: int | None = None
         self._map: np.memmap | None = None
 
@@ -262,7 +262,13 @@ class _DiskRows(_Rows):
         ids = self.clients()
         if self.data is None or ids.numel() == 0:
             return ids, torch.zeros((0, *self.row), dtype=self.dtype())
-        out = np.memmap(self.scratch, dtype=self._map.dtype, mode="w+", shape=(ids.numel(), *self.row))
+        # a fresh file per export, unlinked once mapped: a state dict taken earlier keeps its own
+        # rows (the mapping lives as long as its tensor), and nothing is left behind
+        fd, name = tempfile.mkstemp(prefix=f"{self.key}.export-", dir=self.path.parent)
+        os.close(fd)
+        out = np.memmap(name, dtype=self._map.dtype, mode="w+", shape=(ids.numel(), *self.row))
+        with contextlib.suppress(OSError):  # (Windows cannot remove a mapped file: close() does)
+            os.unlink(name)
         rows = torch.from_numpy(out)
         slots = self.slot[ids]
         step = max(1, (64 << 20) // max(1, rows[0].numel() * rows.element_size()))  # ~64 MB at a time
@@ -277,8 +283,7 @@ class _DiskRows(_Rows):
     def close(self) -> None:
         self._map = None
         self.data = None
-        for p in (self.path, self.scratch):
-            p.unlink(missing_ok=True)
+        self.path.unlink(missing_ok=True)
 
 
 class _DeviceRows:
