@@ -145,13 +145,17 @@ class _Rows:
         device = clients.device
         ids = clients.detach().to("cpu", torch.long)
         pin = device.type == "cuda"
-        out = torch.full((ids.numel(), *self.row), self.init, dtype=self.dtype(), pin_memory=pin)
         idx = self.slot[ids]
         have = idx >= 0
-        if self.data is not None and bool(have.any()):
-            if self.data.dtype != out.dtype:
+        if self.data is None or not bool(have.any()):
+            out = torch.full((ids.numel(), *self.row), self.init, dtype=self.dtype(), pin_memory=pin)
+        else:
+            if self.data.dtype != self.dtype():
                 self._ensure(self.count)
-            out[have] = self.data[idx[have]]
+            out = torch.empty((ids.numel(), *self.row), dtype=self.data.dtype, pin_memory=pin)
+            torch.index_select(self.data, 0, idx.clamp(min=0), out=out)  # one pass over the rows
+            if not bool(have.all()):
+                out[~have] = self.init
         return out.to(device, non_blocking=pin)
 
     def scatter(self, clients: Tensor, values: Tensor) -> None:
