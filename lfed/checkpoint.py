@@ -24,9 +24,11 @@ Three pieces:
   exact continuation).
 
 What a checkpoint holds (DESIGN.md "All state is module state"): the global model and every
-per-client tensor are buffers of :class:`~lfed.module.FederatedModule`, its objective and its
-sampler (SCAFFOLD ``c``/``c_k``, IGFL previous updates and last global change, EFL Fisher reports
-and their sums, compression residuals, AdaFL scores); the server optimizer state is Lightning's
+per-client tensor are in the state dict of :class:`~lfed.module.FederatedModule`, its objective and
+its sampler (SCAFFOLD ``c``/``c_k``, IGFL previous updates and last global change, EFL Fisher reports
+and their sums, compression residuals, AdaFL scores; per-client rows of ``P`` numbers as sparse
+``<name>.clients/.rows/.shape`` entries, the same whatever ``client_state`` placement kept them,
+:mod:`lfed.client_state`); the server optimizer state is Lightning's
 ``optimizer_states``; the round counter is ``global_step``; the communication meter and the
 evaluation history go through ``on_save_checkpoint``. There is no random-generator state to carry:
 every random draw of round ``r`` comes from a generator seeded by ``(seed, r, stream)``

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -23,6 +24,7 @@ from torch import Tensor, nn
 
 from lfed import algorithms
 from lfed.client.objectives import ClientRule
+from lfed.client_state import PLACEMENTS, ClientStateStore
 from lfed.communication import CommunicationMeter, check_accuracy_targets
 from lfed.distributed import Ranks, prepare_strategy
 from lfed.engine import BACKENDS, CohortTrainer, as_per_example_loss
@@ -43,7 +45,6 @@ from lfed.sampling import ClientSampler, FractionSchedule
 from lfed.server.channel import Channel
 from lfed.server.combination import ServerCombination
 from lfed.server.weighting import AggregationWeights
-from lfed.state import ModuleStateStore
 from lfed.validation import integer, number, one_of
 
 #: Arguments that choose a component (a name, or a component object from ``class_path``).
@@ -89,6 +90,10 @@ class FederatedModule(LightningModule):
         loss: Client loss (a torch.nn loss; cross-entropy by default).
         seed: Seed of sampling, stragglers, batches and Fisher draws (per round).
         accuracy_targets: Test accuracies for the "rounds (uploads) to reach" report.
+        client_state: Where per-client rows of ``P`` numbers live (:mod:`lfed.client_state`):
+            ``device`` (dense ``[N, P]`` buffers), ``host`` (lazy rows in CPU memory) or ``disk``
+            (lazy rows in a memory-mapped file). Results are the same; checkpoints move between them.
+        client_state_dir: Directory of the ``disk`` files (None: ``<trainer.default_root_dir>/client_state``).
     """
 
     def __init__(
@@ -120,6 +125,8 @@ class FederatedModule(LightningModule):
         loss: nn.Module | None = None,
         seed: int = 0,
         accuracy_targets: list[float] | None = None,
+        client_state: Literal["device", "host", "disk"] = "device",
+        client_state_dir: str | None = None,
     ) -> None:
         super().__init__()
         given = dict(objective=objective, weighting=weighting, partial_work=partial_work, aggregation=aggregation,
@@ -135,6 +142,9 @@ class FederatedModule(LightningModule):
         else:
             integer("local_steps", local_steps, at_least=1, detail=" or None (local_epochs)")
         one_of("backend", backend, BACKENDS)
+        one_of("client_state", client_state, PLACEMENTS)
+        if client_state_dir is not None and client_state != "disk":
+            raise ValueError(f"client_state_dir: only used with client_state='disk', got client_state={client_state!r}")
         number("sampler_alpha", sampler_alpha, at_least=0, below=1, detail=" (AdaFL's score decay α)")
         cfg = algorithms.resolve(algorithm, **given)
         self.explicit = {k for k, v in given.items() if v is not None}
@@ -157,7 +167,7 @@ class FederatedModule(LightningModule):
         self.eval_history: list[tuple[int, float]] = []
         self.fed = None  # FederatedData on the device, set on fit start
         self.engine: CohortTrainer | None = None
-        self.store = ModuleStateStore()
+        self.store = ClientStateStore(client_state, client_state_dir)
         self.evaluation = GlobalEvaluation()
         self.val_evaluation = GlobalEvaluation()  # the server's validation split, when the data has one
         self.val_history: list[tuple[int, float]] = []
@@ -191,6 +201,8 @@ class FederatedModule(LightningModule):
             self.layout = ParamLayout.from_module(self.net)
         check_task(self.net, data, self.loss)  # the net's output against the classes / targets, before round 0
         like = next(self.net.parameters()).detach()
+        if self.store.placement == "disk" and self.store.directory is None:
+            self.store.directory = Path(self.trainer.default_root_dir) / "client_state"
         setup_state(self.components, self.store, data.client_sizes, self.layout.num_params, like)
         self.engine = CohortTrainer(self.net, self.loss, self.backend, self.chunk_size)
 

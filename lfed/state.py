@@ -16,9 +16,12 @@ never allocates, saves or checks them itself; :class:`StateStore` does, for ever
   (:func:`lfed.checkpoint.module_fingerprint`), so no name is written out anywhere else.
 
 :class:`ModuleStateStore` keeps each tensor as a buffer of the component that declared it, so it
-sits in the Lightning module's ``state_dict`` (``objective.client_control``, ...) and in every
-checkpoint. Components reach their state only through the store's methods, so another store (one
-that keeps per-client rows off the device) can replace it without touching a component.
+sits in the Lightning module's ``state_dict`` (``objective.control``, ...) and in every
+checkpoint. Components reach their state only through the store's methods, so another store
+replaces it without touching a component: :class:`lfed.client_state.ClientStateStore` (the store
+of :class:`~lfed.module.FederatedModule`) keeps per-client rows of ``P`` numbers lazily on the
+device, in host memory or in a memory-mapped file, as sparse ``{clients, rows, shape}`` entries
+of the state dict (docs/state.md).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["StateSpec", "StateStore", "ModuleStateStore", "check_state_shapes"]
+__all__ = ["StateSpec", "StateStore", "ModuleStateStore", "check_state_shapes", "state_shape_errors", "state_shape_error"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,13 @@ def check_state_shapes(owner: nn.Module, state_dict: Mapping[str, Any], prefix: 
     Raises:
         ValueError: Naming the buffer, the checkpoint's shape and this run's shape.
     """
+    wrong = state_shape_errors(owner, state_dict, prefix, names)
+    if wrong:
+        raise state_shape_error(wrong)
+
+
+def state_shape_errors(owner: nn.Module, state_dict: Mapping[str, Any], prefix: str, names: Iterable[str] | None = None) -> list[str]:
+    """``"<key> has shape ... in the checkpoint but ... in this run"`` for each buffer that differs."""
     wrong = []
     for name in names if names is not None else list(owner._buffers):
         buf = owner._buffers.get(name)
@@ -78,12 +88,16 @@ def check_state_shapes(owner: nn.Module, state_dict: Mapping[str, Any], prefix: 
         got, want = tuple(state_dict[key].shape), tuple(buf.shape)
         if got != want:
             wrong.append(f"{key} has shape {got} in the checkpoint but {want} in this run")
-    if wrong:
-        raise ValueError(
-            "the checkpoint's state does not fit this run: " + "; ".join(wrong) + ". Per-client state is "
-            "[num_clients, ...] and server state [num_params]: resume with the same data.num_clients "
-            "and the same model (and algorithm) as the run that saved it."
-        )
+    return wrong
+
+
+def state_shape_error(wrong: list[str]) -> ValueError:
+    """The error for the shape differences ``wrong`` (of :func:`state_shape_errors`)."""
+    return ValueError(
+        "the checkpoint's state does not fit this run: " + "; ".join(wrong) + ". Per-client state is "
+        "[num_clients, ...] and server state [num_params]: resume with the same data.num_clients "
+        "and the same model (and algorithm) as the run that saved it."
+    )
 
 
 class StateStore:

@@ -289,3 +289,29 @@ def test_no_warning_when_everything_is_covered() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         classes_partition(_balanced(10, 3), 5, classes_per_client=2)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.25, 0.5])
+def test_flat_helpers_equal_the_per_client_lists(fraction):
+    """FederatedDataModule.build uses the concatenated forms (no tensor per client, for 10^5
+    clients); they give exactly what the per-client list functions give."""
+    from lfed.data.partition import (
+        _flatten,
+        holdout_split,
+        holdout_split_flat,
+        label_counts,
+        label_counts_flat,
+        pack_flat,
+        pack_indices,
+    )
+
+    labels = torch.randint(0, 4, (300,), generator=torch.Generator().manual_seed(0))
+    parts = dirichlet_partition(labels, 37, seed=3, rho=0.3)
+    train, hold = holdout_split(parts, fraction, seed=5)
+    flat, sizes = _flatten(parts)
+    t_flat, t_sizes, h_flat, h_sizes = holdout_split_flat(flat, sizes, fraction, seed=5)
+    assert torch.equal(torch.cat(train), t_flat) and torch.equal(torch.cat(hold), h_flat)
+    assert t_sizes.tolist() == [t.numel() for t in train] and h_sizes.tolist() == [h.numel() for h in hold]
+    index, packed_sizes = pack_indices(train)
+    assert torch.equal(pack_flat(t_flat, t_sizes), index) and torch.equal(packed_sizes, t_sizes)
+    assert torch.equal(label_counts_flat(labels, t_flat, t_sizes, 4), label_counts(labels, train, 4))

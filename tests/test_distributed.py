@@ -322,3 +322,22 @@ def test_two_processes_give_the_one_process_run_and_resume_on_one(case, launcher
     worst = max(worst, _assert_same_state(resumed_state, ddp["state_dict"], f"{case}: resumed on 1 vs 2 processes"))
     _assert_same_state(resumed_state, one_state, f"{case}: resumed on 1 vs 1 process")
     print(f"{case}: max |difference| over the module state = {worst:g}")
+
+
+@pytest.mark.parametrize("case, placement", [("scaffold", "host"), ("efl", "disk")])
+def test_two_processes_with_rows_off_the_device_give_the_one_process_device_run(case, placement, tmp_path):
+    """Each rank keeps a full replica of the client state (lfed.client_state) in its placement:
+    2 processes with ``host`` / ``disk`` rows end in the state of 1 process with dense ``device``
+    buffers (the same sparse checkpoint entries), and the ranks agree after every round."""
+    extra = CASES[case]
+    log = _two_processes(tmp_path, [*extra, "--model.client_state", placement], "lightning")
+    assert "ReplicaCheck: the state of all 2 ranks was identical at each of 4 checks" in log
+    ddp = torch.load(tmp_path / "ckpt" / "end.ckpt", map_location="cpu", weights_only=True)
+    assert any(k.endswith(".rows") for k in ddp["state_dict"])
+    one = _one_process(tmp_path, extra, "one")
+    assert one.model.store.placement == "device"
+    _assert_same_state(ddp["state_dict"], {k: v.cpu() for k, v in one.model.state_dict().items()},
+                       f"{case}: 2 processes ({placement}) vs 1 (device)")
+    if placement == "disk":  # each rank made its files under <default_root_dir>/client_state; they went with it
+        dirs = [d for d in tmp_path.rglob("client_state") if d.is_dir()]
+        assert dirs and not [f for d in dirs for f in d.rglob("*.rows")], dirs

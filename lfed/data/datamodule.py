@@ -19,7 +19,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lfed.data.datasets import DatasetTensors, load_dataset, validate_labels
-from lfed.data.partition import holdout_split, label_counts, pack_indices, partition, validation_split
+from lfed.data.partition import _flatten, holdout_split_flat, label_counts_flat, pack_flat, partition, validation_split
 
 
 @dataclass
@@ -352,14 +352,18 @@ class FederatedDataModule(LightningDataModule):
             num_classes=ds.num_classes,
             groups=groups,
         )
+        # concatenated once, then no per-client tensor (100,000 clients: 2.4 s -> see BENCHMARKS.md)
+        flat, all_sizes = _flatten(clients)
         if val_index is not None:  # positions among the rest -> positions in the pooled set
-            clients = [rest[part.cpu()] for part in clients]
-        train_parts, holdout_parts = holdout_split(clients, self.holdout_fraction, self.seed)
-        index, sizes = pack_indices(train_parts)
+            flat = rest.to(flat.device)[flat]
+        train, sizes, held, h_sizes = holdout_split_flat(flat, all_sizes, self.holdout_fraction, self.seed)
+        index = pack_flat(train, sizes)
+        sizes = sizes.to(train.device)
+        num = sizes.numel()
         if self.holdout_fraction > 0:
-            h_index, h_sizes = pack_indices([h if h.numel() else torch.zeros(0, dtype=torch.long) for h in holdout_parts])
+            h_index, h_sizes = pack_flat(held, h_sizes), h_sizes.to(held.device)
         else:
-            h_index, h_sizes = torch.zeros(len(train_parts), 1, dtype=torch.long), torch.zeros(len(train_parts), dtype=torch.long)
+            h_index, h_sizes = torch.zeros(num, 1, dtype=torch.long), torch.zeros(num, dtype=torch.long)
         self.data = FederatedData(
             train_x=ds.train_x,
             train_y=ds.train_y,
@@ -369,8 +373,8 @@ class FederatedDataModule(LightningDataModule):
             client_sizes=sizes,
             holdout_index=h_index,
             holdout_sizes=h_sizes,
-            label_counts=(torch.zeros(len(train_parts), 0, dtype=torch.long) if regression
-                          else label_counts(ds.train_y, train_parts, ds.num_classes)),
+            label_counts=(torch.zeros(num, 0, dtype=torch.long) if regression
+                          else label_counts_flat(ds.train_y, train, sizes, ds.num_classes)),
             num_classes=ds.num_classes,
             val_index=val_index,
         )

@@ -1,0 +1,533 @@
+"""Where per-client state lives: on the device, in host memory, or in a memory-mapped file.
+
+:class:`ClientStateStore` is the :class:`~lfed.state.StateStore` of
+:class:`~lfed.module.FederatedModule` (``client_state=``, ``--model.client_state``). It keeps
+every per-client tensor whose row has ``"P"`` entries (SCAFFOLD ``c_k``, IGFL previous updates,
+EFL Fisher reports, compression residuals, FedDyn ``h_k``: the ones that cost ``N x P`` numbers)
+in one of three placements:
+
+``device``
+    A dense ``[N, *row]`` buffer on the model's device, as before (fastest while it fits).
+``host``
+    *Lazy rows* in CPU memory (pinned when the model is on CUDA): a client that never took part
+    has no row, and reading it gives the declared initial value. A round gathers its cohort's rows
+    to the device (:meth:`~lfed.state.StateStore.rows`) and writes them back after
+    (:meth:`~lfed.state.StateStore.write_rows`). Memory grows with the distinct participants, not
+    with ``N`` (plus an ``[N]`` int64 index: 8 bytes per client).
+``disk``
+    Lazy rows in a memory-mapped file (``numpy.memmap``) under ``directory`` (the module's
+    ``client_state_dir``, by default ``<default_root_dir>/client_state``), one file per tensor in a
+    directory of its own per process, removed by :meth:`ClientStateStore.close`; for populations
+    whose state does not fit in RAM. The file is checked before every access: a state file that
+    was deleted, replaced or truncated during the run raises :class:`ClientStateFileError` naming it.
+
+Per-client specs without ``"P"`` (AdaFL's scores: one number per client) and specs with a
+callable ``init`` (AdaFL's ``n_k / n``) stay dense buffers in every placement: they are small,
+and a non-constant initial value has no lazy reading.
+
+Every placement computes the same numbers: the rows a round reads and writes are the same
+values, in the same dtype (a placement keeps a 0-element tensor per spec as a buffer of the
+component, so the precision plugin's ``.double()`` and ``.to(device)`` reach it as they reach a
+dense buffer).
+
+Checkpoints are placement-independent: each lazy tensor ``<role>.<name>`` goes into the state
+dict as three entries, ``<role>.<name>.clients`` (int64 ``[M]``, ascending), ``.rows``
+(``[M, *row]``: the rows of the clients that have one) and ``.shape`` (the logical shape
+``[N, *row]``), whatever the placement; so a run checkpointed under one placement resumes under
+any other, and a checkpoint grows with the participants, not with ``N``. A ``disk`` store writes
+its rows into the checkpoint (a copy, streamed from a scratch memory-mapped file, so the rows
+are not held in RAM): the checkpoint file alone resumes the run, and lfed's atomic checkpoint
+write (:mod:`lfed.atomic`) covers the state with the rest. Loading also accepts the older dense
+entry ``<role>.<name>`` of shape ``[N, *row]``.
+
+Under DDP each process keeps a full replica (every rank runs the same client-state updates on
+the gathered cohort results; see docs/distributed.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from lfed.state import ModuleStateStore, StateSpec, state_shape_error, state_shape_errors
+
+__all__ = ["PLACEMENTS", "ClientStateStore", "ClientStateFileError", "dense_rows"]
+
+#: The placements of lazy per-client state.
+PLACEMENTS = ("device", "host", "disk")
+
+_NUMPY = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
+
+
+class ClientStateFileError(RuntimeError):
+    """A ``disk`` placement's state file is missing, replaced or of the wrong size."""
+
+
+def is_lazy(spec: StateSpec) -> bool:
+    """Whether ``spec`` is kept as lazy rows (per-client, ``"P"`` in its row, a constant init)."""
+    return spec.per_client and "P" in spec.shape and not callable(spec.init)
+
+
+def dense_rows(state_dict: dict[str, Any], key: str, init: float = 0.0) -> Tensor:
+    """The dense ``[N, *row]`` tensor of the sparse entry ``key`` of a state dict (small runs, tests).
+
+    Rows of clients without one are ``init`` (zeros for every state in SPEC).
+
+    Raises:
+        KeyError: When ``key`` has no sparse entries (``key.clients``, ``key.rows``, ``key.shape``).
+    """
+    clients, rows, shape = (state_dict[f"{key}.{s}"] for s in ("clients", "rows", "shape"))
+    out = torch.full(tuple(shape.tolist()), float(init), dtype=rows.dtype, device=rows.device)
+    out[clients.to(rows.device)] = rows
+    return out
+
+
+class _Rows:
+    """Lazy rows of one per-client tensor: a slot per client that has a row, rows in slot order."""
+
+    def __init__(self, key: str, num_clients: int, row: tuple[int, ...], init: float, like: Tensor) -> None:
+        self.key, self.num_clients, self.row, self.init = key, num_clients, row, float(init)
+        self.like = like  # the 0-element buffer whose dtype (and device) the rows follow
+        self.slot = torch.full((num_clients,), -1, dtype=torch.long)
+        self.count = 0
+        self.data: Tensor | None = None  # [capacity, *row] on the CPU
+
+    # -- storage, specialised by placement
+    @property
+    def capacity(self) -> int:
+        return 0 if self.data is None else int(self.data.shape[0])
+
+    def _allocate(self, capacity: int, dtype: torch.dtype) -> Tensor:
+        raise NotImplementedError
+
+    def _check(self) -> None:
+        """Verify the backing storage before an access (the disk file is still there)."""
+
+    def close(self) -> None:
+        self.data = None
+
+    # -- the rows
+    def dtype(self) -> torch.dtype:
+        return self.like.dtype
+
+    def _ensure(self, needed: int) -> None:
+        dtype = self.dtype()
+        if self.data is not None and self.data.dtype != dtype:  # the module was cast (precision plugin)
+            old = self.data[: self.count].to(dtype)
+            self.data = None
+            self.data = self._allocate(max(self.capacity, needed, 1), dtype)
+            self.data[: self.count] = old
+        if needed <= self.capacity:
+            return
+        capacity = max(needed, 2 * self.capacity, 16)
+        old = self.data
+        new = self._allocate(capacity, dtype) if old is None else self._grow(old, capacity)
+        self.data = new
+
+    def _grow(self, old: Tensor, capacity: int) -> Tensor:
+        new = self._allocate(capacity, old.dtype)
+        new[: self.count] = old[: self.count]
+        return new
+
+    def gather(self, clients: Tensor) -> Tensor:
+        """``[K, *row]`` rows of ``clients`` (a copy on the clients' device)."""
+        self._check()
+        device = clients.device
+        ids = clients.detach().to("cpu", torch.long)
+        pin = device.type == "cuda"
+        idx = self.slot[ids]
+        have = idx >= 0
+        if self.data is None or not bool(have.any()):
+            out = torch.full((ids.numel(), *self.row), self.init, dtype=self.dtype(), pin_memory=pin)
+        else:
+            if self.data.dtype != self.dtype():
+                self._ensure(self.count)
+            out = torch.empty((ids.numel(), *self.row), dtype=self.data.dtype, pin_memory=pin)
+            torch.index_select(self.data, 0, idx.clamp(min=0), out=out)  # one pass over the rows
+            if not bool(have.all()):
+                out[~have] = self.init
+        return out.to(device, non_blocking=pin)
+
+    def scatter(self, clients: Tensor, values: Tensor) -> None:
+        """Write ``values [K, *row]`` to the rows of ``clients`` (new clients get a row)."""
+        self._check()
+        ids = clients.detach().to("cpu", torch.long)
+        if ids.numel() == 0:
+            return
+        new = ids[self.slot[ids] < 0].unique()
+        self._ensure(self.count + new.numel())
+        self.slot[new] = torch.arange(self.count, self.count + new.numel())
+        self.count += new.numel()
+        self.data[self.slot[ids]] = values.detach().to("cpu", self.data.dtype)
+
+    def clients(self) -> Tensor:
+        """Ascending ids of the clients that have a row."""
+        return (self.slot >= 0).nonzero().squeeze(1)
+
+    def export(self) -> tuple[Tensor, Tensor]:
+        """``(clients [M] ascending, rows [M, *row])`` for the state dict."""
+        self._check()
+        ids = self.clients()
+        if self.data is None or ids.numel() == 0:
+            return ids, torch.zeros((0, *self.row), dtype=self.dtype())
+        return ids, self.data[self.slot[ids]]
+
+    def load(self, clients: Tensor, rows: Tensor) -> None:
+        """Replace every row by ``rows`` of ``clients`` (all other clients read ``init``)."""
+        self.slot.fill_(-1)
+        self.count = 0
+        if self.data is not None:
+            self._check()
+        self.scatter(clients, rows)
+
+    def nbytes(self) -> int:
+        """Bytes held: the rows allocated and the ``[N]`` index."""
+        return self.slot.numel() * self.slot.element_size() + (0 if self.data is None else self.data.numel() * self.data.element_size())
+
+
+class _HostRows(_Rows):
+    """Lazy rows in CPU memory (pinned once a gather goes to a CUDA device)."""
+
+    pinned = False
+
+    def gather(self, clients: Tensor) -> Tensor:
+        if clients.device.type == "cuda" and not self.pinned and torch.cuda.is_available():
+            self.pinned = True
+            if self.data is not None:
+                self.data = self.data.pin_memory()
+        return super().gather(clients)
+
+    def _allocate(self, capacity: int, dtype: torch.dtype) -> Tensor:
+        return torch.empty((capacity, *self.row), dtype=dtype, pin_memory=self.pinned)
+
+
+class _DiskRows(_Rows):
+    """Lazy rows in a memory-mapped file ``<directory>/<key>.rows`` (raw rows in slot order)."""
+
+    def __init__(self, key: str, num_clients: int, row: tuple[int, ...], init: float, like: Tensor, directory: Path) -> None:
+        super().__init__(key, num_clients, row, init, like)
+        self.path = directory / f"{key}.rows"
+        self._inode: int | None = None
+        self._map: np.memmap | None = None
+
+    def _numpy_dtype(self, dtype: torch.dtype):
+        if dtype not in _NUMPY:
+            raise ValueError(f"client_state='disk' keeps rows of dtype float16, float32 or float64, not {dtype} ({self.key}); "
+                             "use client_state='host'")
+        return _NUMPY[dtype]
+
+    def _expected_bytes(self) -> int:
+        return self.capacity * int(np.prod(self.row, dtype=np.int64)) * self.data.element_size()
+
+    def _check(self) -> None:
+        if self.data is None:
+            return
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            raise ClientStateFileError(
+                f"client_state='disk': the state file {self.path} of {self.key} is missing (deleted during the run?); "
+                "its rows are lost: resume from the last checkpoint"
+            ) from None
+        if st.st_ino != self._inode or st.st_size != self._expected_bytes():
+            raise ClientStateFileError(
+                f"client_state='disk': the state file {self.path} of {self.key} was replaced or changed size "
+                f"({st.st_size} bytes, expected {self._expected_bytes()}); its rows cannot be trusted: resume from the last checkpoint"
+            )
+
+    def _allocate(self, capacity: int, dtype: torch.dtype) -> Tensor:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._map = np.memmap(self.path, dtype=self._numpy_dtype(dtype), mode="w+", shape=(capacity, *self.row))
+        self._inode = os.stat(self.path).st_ino
+        return torch.from_numpy(self._map)
+
+    def _grow(self, old: Tensor, capacity: int) -> Tensor:
+        """Extend the file in place (rows already written stay where they are)."""
+        self._map.flush()
+        nbytes = capacity * int(np.prod(self.row, dtype=np.int64)) * old.element_size()
+        with open(self.path, "r+b") as f:
+            f.truncate(nbytes)
+        self._map = np.memmap(self.path, dtype=self._map.dtype, mode="r+", shape=(capacity, *self.row))
+        return torch.from_numpy(self._map)
+
+    def export(self) -> tuple[Tensor, Tensor]:
+        """The rows in ascending client order, copied into a scratch memory-mapped file (not RAM)."""
+        self._check()
+        ids = self.clients()
+        if self.data is None or ids.numel() == 0:
+            return ids, torch.zeros((0, *self.row), dtype=self.dtype())
+        # a fresh file per export, unlinked once mapped: a state dict taken earlier keeps its own
+        # rows (the mapping lives as long as its tensor), and nothing is left behind
+        fd, name = tempfile.mkstemp(prefix=f"{self.key}.export-", dir=self.path.parent)
+        os.close(fd)
+        out = np.memmap(name, dtype=self._map.dtype, mode="w+", shape=(ids.numel(), *self.row))
+        with contextlib.suppress(OSError):  # (Windows cannot remove a mapped file: close() does)
+            os.unlink(name)
+        rows = torch.from_numpy(out)
+        slots = self.slot[ids]
+        step = max(1, (64 << 20) // max(1, rows[0].numel() * rows.element_size()))  # ~64 MB at a time
+        for i in range(0, ids.numel(), step):
+            rows[i : i + step] = self.data[slots[i : i + step]]
+        return ids, rows
+
+    def nbytes(self) -> int:
+        """Bytes of the index in RAM and of the file (its rows are on disk, paged in as needed)."""
+        return super().nbytes()
+
+    def close(self) -> None:
+        self._map = None
+        self.data = None
+        self.path.unlink(missing_ok=True)
+
+
+class _DeviceRows:
+    """The ``device`` placement: a dense buffer of the owner, and which clients were written."""
+
+    def __init__(self, key: str, owner: nn.Module, name: str, num_clients: int, row: tuple[int, ...], init: float) -> None:
+        self.key, self.owner, self.name, self.num_clients, self.row, self.init = key, owner, name, num_clients, row, float(init)
+        self.written = torch.zeros(num_clients, dtype=torch.bool)
+
+    @property
+    def buf(self) -> Tensor:
+        return self.owner._buffers[self.name]
+
+    def gather(self, clients: Tensor) -> Tensor:
+        return self.buf[clients]
+
+    def scatter(self, clients: Tensor, values: Tensor) -> None:
+        buf = self.buf
+        buf[clients] = values.to(buf.dtype)
+        self.written[clients.detach().to("cpu", torch.long)] = True
+
+    def clients(self) -> Tensor:
+        return self.written.nonzero().squeeze(1)
+
+    def export(self) -> tuple[Tensor, Tensor]:
+        ids = self.clients()
+        return ids, self.buf[ids.to(self.buf.device)]
+
+    def load(self, clients: Tensor, rows: Tensor) -> None:
+        buf = self.buf
+        buf.fill_(self.init)
+        self.written.fill_(False)
+        self.scatter(clients.to(buf.device), rows.to(buf.device))
+
+    def nbytes(self) -> int:
+        return self.buf.numel() * self.buf.element_size() + self.written.numel()
+
+    def close(self) -> None:
+        pass
+
+
+class ClientStateStore(ModuleStateStore):
+    """The state store with a placement for per-client rows (see the module docstring).
+
+    Args:
+        placement: ``device``, ``host`` or ``disk``.
+        directory: Where ``disk`` puts its files (a fresh sub-directory per store is made in it);
+            may be set later (:attr:`directory`), before the first row is written.
+    """
+
+    def __init__(self, placement: str = "device", directory: str | os.PathLike | None = None) -> None:
+        super().__init__()
+        if placement not in PLACEMENTS:
+            raise ValueError(f"client_state: {placement!r} is not one of {', '.join(PLACEMENTS)}")
+        self.placement = placement
+        self.directory = Path(directory) if directory is not None else None
+        self._run_dir: Path | None = None
+        self._rows: dict[tuple[int, str], Any] = {}
+
+    # ---------------------------------------------------------------- allocation
+    def _disk_dir(self) -> Path:
+        if self._run_dir is None:
+            if self.directory is None:
+                raise ValueError("client_state='disk' needs a directory for its files (client_state_dir)")
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._run_dir = Path(tempfile.mkdtemp(prefix=f"state-{os.getpid()}-", dir=self.directory))
+            # the files go with the store (or the process), also when a run stops on an error
+            self._finalizer = weakref.finalize(self, shutil.rmtree, str(self._run_dir), True)
+        return self._run_dir
+
+    def allocate(self, owner: nn.Module, specs: Iterable[StateSpec], num_examples: Tensor, num_params: int, like: Tensor) -> None:
+        specs = tuple(specs)
+        lazy = [s for s in specs if is_lazy(s)]
+        if not getattr(owner, "_lfed_rows_hooks", False):  # before the base store's shape check: one message for all
+            owner.register_state_dict_post_hook(lambda module, sd, pre, meta: self._save(module, sd, pre))
+            owner.register_load_state_dict_pre_hook(lambda module, sd, pre, meta, strict, missing, *rest: self._load(module, sd, pre, missing))
+            owner._lfed_rows_hooks = True
+        super().allocate(owner, [s for s in specs if not is_lazy(s)], num_examples, num_params, like)
+        prefix = self._owners[id(owner)][0]
+        self._owners[id(owner)] = (prefix, owner, specs)
+        N = int(num_examples.numel())
+        for key in [k for k in self._rows if k[0] == id(owner)]:
+            self._rows.pop(key).close()
+        for spec in lazy:
+            shape = spec.full_shape(N, num_params)
+            dtype = spec.dtype or like.dtype
+            name = f"{prefix}.{spec.name}"
+            if self.placement == "device":
+                owner.register_buffer(spec.name, torch.full(shape, float(spec.init), dtype=dtype, device=like.device), persistent=False)
+                rows = _DeviceRows(name, owner, spec.name, N, shape[1:], spec.init)
+            else:
+                sentinel = torch.empty(0, dtype=dtype, device=like.device)
+                owner.register_buffer(_like_name(spec.name), sentinel, persistent=False)
+                ref = _BufferRef(owner, _like_name(spec.name))
+                if self.placement == "host":
+                    rows = _HostRows(name, N, shape[1:], spec.init, ref)
+                else:
+                    rows = _DiskRows(name, N, shape[1:], spec.init, ref, self._disk_dir())
+            self._rows[(id(owner), spec.name)] = rows
+
+    def _lazy(self, owner: nn.Module, name: str):
+        return self._rows.get((id(owner), name))
+
+    # ---------------------------------------------------------------- access
+    def get(self, owner: nn.Module, name: str) -> Tensor:
+        rows = self._lazy(owner, name)
+        if rows is not None and not isinstance(rows, _DeviceRows):
+            raise RuntimeError(
+                f"{rows.key}: client_state={self.placement!r} keeps these rows off the device; read a cohort's rows "
+                "with rows(name, clients) (the whole [N, ...] tensor exists only with client_state='device')"
+            )
+        return super().get(owner, name)
+
+    def rows(self, owner: nn.Module, name: str, clients: Tensor) -> Tensor:
+        rows = self._lazy(owner, name)
+        return super().rows(owner, name, clients) if rows is None else rows.gather(clients)
+
+    def write_rows(self, owner: nn.Module, name: str, clients: Tensor, values: Tensor, mask: Tensor | None = None) -> None:
+        rows = self._lazy(owner, name)
+        if rows is None:
+            return super().write_rows(owner, name, clients, values, mask)
+        if mask is not None:
+            clients, values = clients[mask], values[mask]
+        rows.scatter(clients, values)
+
+    def describe(self) -> dict[str, list[int]]:
+        """Logical shapes ``[N, *row]`` of every tensor, whatever the placement."""
+        out = {}
+        for prefix, owner, specs in self._owners.values():
+            for spec in specs:
+                rows = self._lazy(owner, spec.name)
+                if rows is not None:
+                    out[f"{prefix}.{spec.name}"] = [rows.num_clients, *rows.row]
+                elif owner._buffers.get(spec.name) is not None:
+                    out[f"{prefix}.{spec.name}"] = list(owner._buffers[spec.name].shape)
+        return dict(sorted(out.items()))
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes each tensor holds now (lazy rows: rows allocated and the index; ``disk``: its file)."""
+        out = {}
+        for prefix, owner, specs in self._owners.values():
+            for spec in specs:
+                rows = self._lazy(owner, spec.name)
+                if rows is not None:
+                    out[f"{prefix}.{spec.name}"] = rows.nbytes()
+                elif owner._buffers.get(spec.name) is not None:
+                    b = owner._buffers[spec.name]
+                    out[f"{prefix}.{spec.name}"] = b.numel() * b.element_size()
+        return out
+
+    def participants(self, owner: nn.Module, name: str) -> Tensor:
+        """Ascending ids of the clients with a row of lazy tensor ``name`` (written at least once)."""
+        rows = self._lazy(owner, name)
+        if rows is None:
+            raise KeyError(f"{type(owner).__name__}.{name} is not a lazy per-client tensor")
+        return rows.clients()
+
+    def close(self) -> None:
+        """Release the rows; ``disk`` removes its files and its directory."""
+        for rows in self._rows.values():
+            rows.close()
+        if self._run_dir is not None:
+            self._finalizer()
+            self._run_dir = None
+
+    # ---------------------------------------------------------------- the state dict
+    def _owner_rows(self, owner: nn.Module):
+        return [(name, rows) for (oid, name), rows in self._rows.items() if oid == id(owner)]
+
+    def _save(self, owner: nn.Module, state_dict: dict, prefix: str) -> None:
+        for name, rows in self._owner_rows(owner):
+            clients, values = rows.export()
+            state_dict[f"{prefix}{name}.clients"] = clients
+            state_dict[f"{prefix}{name}.rows"] = values
+            state_dict[f"{prefix}{name}.shape"] = torch.tensor([rows.num_clients, *rows.row], dtype=torch.long)
+
+    def _load(self, owner: nn.Module, state_dict: dict, prefix: str, missing: list) -> None:
+        rows_of = self._owner_rows(owner)
+        lazy = {name for name, _ in rows_of}
+        specs = self._owners.get(id(owner), ("", None, ()))[2]
+        wrong = state_shape_errors(owner, state_dict, prefix, [s.name for s in specs if s.name not in lazy])
+        for name, rows in rows_of:  # every shape first, so one error names all that differ
+            key, want = f"{prefix}{name}", (rows.num_clients, *rows.row)
+            shape = state_dict.get(f"{key}.shape")
+            got = tuple(int(v) for v in shape.tolist()) if isinstance(shape, Tensor) else (
+                tuple(state_dict[key].shape) if isinstance(state_dict.get(key), Tensor) else want)
+            if got != want:
+                wrong.append(f"{key} has shape {got} in the checkpoint but {want} in this run")
+        if wrong:
+            raise state_shape_error(wrong)
+        for name, rows in rows_of:
+            key = f"{prefix}{name}"
+            want = (rows.num_clients, *rows.row)
+            parts = {s: state_dict.pop(f"{key}.{s}") for s in ("clients", "rows", "shape") if f"{key}.{s}" in state_dict}
+            if parts:
+                clients, values = _check_sparse(key, parts, want)
+            elif key in state_dict:  # the dense format of lfed before placements
+                dense = state_dict.pop(key)
+                init = torch.full_like(dense[:1], rows.init)
+                differs = (_bits(dense) != _bits(init)).reshape(dense.shape[0], -1).any(1)
+                clients = differs.nonzero().squeeze(1)
+                values = dense[clients]
+            else:
+                missing.append(f"{key}.rows")
+                continue
+            rows.load(clients, values)
+
+
+def _like_name(name: str) -> str:
+    return f"_lfed_like_{name}"
+
+
+class _BufferRef:
+    """The current value of an owner's buffer (it is replaced when the module is cast or moved)."""
+
+    def __init__(self, owner: nn.Module, name: str) -> None:
+        self.owner, self.name = owner, name
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.owner._buffers[self.name].dtype
+
+
+def _bits(t: Tensor) -> Tensor:
+    """``t`` as integers of the same width (compares -0.0 and NaN payloads exactly)."""
+    ints = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+    return t.contiguous().view(ints[t.element_size()]) if t.is_floating_point() else t
+
+
+def _check_sparse(key: str, parts: dict[str, Tensor], want: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+    """Validate the sparse entries of ``key``; return ``(clients, rows)``."""
+    lacking = [s for s in ("clients", "rows", "shape") if s not in parts]
+    if lacking:
+        raise ValueError(f"the checkpoint's state of {key} is incomplete: it has {', '.join(sorted(parts))} "
+                         f"but not {', '.join(f'{key}.{s}' for s in lacking)}")
+    clients, values = parts["clients"], parts["rows"]
+    if clients.dtype != torch.long or clients.dim() != 1:
+        raise ValueError(f"{key}.clients: need a 1-D int64 tensor of client ids, got {clients.dtype} of shape {tuple(clients.shape)}")
+    if tuple(values.shape) != (clients.numel(), *want[1:]):
+        raise ValueError(f"{key}.rows: shape {tuple(values.shape)} does not match {clients.numel()} clients of rows {want[1:]}")
+    if clients.numel() and (int(clients.min()) < 0 or int(clients.max()) >= want[0] or clients.unique().numel() != clients.numel()):
+        raise ValueError(f"{key}.clients: client ids must be distinct and in [0, {want[0]})")
+    return clients, values
