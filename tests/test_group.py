@@ -13,8 +13,8 @@ from conftest import REPO
 from lfed.cli import LfedCLI
 from lfed.data.datamodule import FederatedDataModule
 from lfed.engine import CohortTrainer, StepRule, batch_schedule
-from lfed.group import GroupMember, RunGroup, concat_rules, rule_signature, stack_schedules
 from lfed.grid import build_members, run_grid
+from lfed.group import GroupMember, RunGroup, concat_rules, rule_signature, stack_schedules
 from lfed.models import MLP
 from lfed.module import FederatedModule
 from lfed.sweep import Sweep, load_sweep
