@@ -412,6 +412,8 @@ class RunGroup:
 
     def _skipped(self, m: GroupMember, prep: PreparedRound) -> None:
         module, r = m.module, m.round
+        warnings.warn(f"{m.name}: round {r}: no client's work counts (all inactive or dropped); the round is skipped",
+                      stacklevel=2)
         module.bmta.add_round(prep.record.cohort.clients, None)
         m.optimizer.zero_grad(set_to_none=True)
         m.optimizer.step()
@@ -421,6 +423,8 @@ class RunGroup:
 
     def _after_round(self, m: GroupMember, rec) -> None:
         module, r = m.module, m.round
+        for message in rec.warnings:
+            warnings.warn(f"{m.name}: round {r}: {message}", stacklevel=2)
         if rec.result.buffers is not None:
             module._aggregate_buffers(rec.result.buffers, rec.weights)
         counting, clients, d = rec.cohort.counting, rec.cohort.clients, m.fed
@@ -450,11 +454,16 @@ class RunGroup:
         module, d = m.module, m.fed
         ev = GlobalEvaluation()
         bs = int(getattr(m.datamodule, "eval_batch_size", 2048))
-        for lo in range(0, d.test_x.shape[0], bs):
-            ev.update(module.net, module.loss_fn, d.test_x[lo : lo + bs], d.test_y[lo : lo + bs])
-        metrics = ev.compute(is_classification(d.test_y))
+        was_training = module.net.training
+        module.net.eval()  # as Lightning's validation loop (dropout off)
+        try:
+            for lo in range(0, d.test_x.shape[0], bs):
+                ev.update(module.net, module.loss_fn, d.test_x[lo : lo + bs], d.test_y[lo : lo + bs])
+            metrics = ev.compute(is_classification(d.test_y))
+            per_client = client_accuracies(module.net, d, 0, 1, lambda t: t)
+        finally:
+            module.net.train(was_training)
         acc = metrics.get("test/acc")
-        per_client = client_accuracies(module.net, d, 0, 1, lambda t: t)
         if per_client is not None:
             client = per_client[~torch.isnan(per_client)]
             metrics["client/acc_mean"] = float(client.mean())
@@ -568,12 +577,14 @@ class RunGroup:
             names = self.resume()
             self._print(f"lfed grid: resumed {len(names)} of {len(self.members)} runs from their checkpoints")
         self._open_logs()
-        start = time.perf_counter()
+        start, ticks = time.perf_counter(), 0
         while any(m.running for m in self.members):
             self.step()
-            done = [m.round for m in self.members if m.status != "diverged"]
-            if done and min(done) % 10 == 0:
-                self._print(f"lfed grid: round {min(done)}/{max(m.rounds for m in self.members)}, "
+            ticks += 1
+            if ticks % 10 == 0:
+                running = [m for m in self.members if m.running]
+                self._print(f"lfed grid: {len(running)} of {len(self.members)} runs still training, rounds "
+                            f"{min((m.round for m in running), default=0)}-{max(m.round for m in self.members)}, "
                             f"{time.perf_counter() - start:.1f}s")
         for m in self.members:
             if m.logger is not None:
