@@ -99,12 +99,15 @@ def test_adafl_grid_equals_each_run_alone(tmp_path):
 
 
 def test_members_that_mix_algorithms_equal_each_run_alone(tmp_path):
-    """FedAvg, SCAFFOLD, IGFL-C, FedAdam and FedProx (two μ) in one group: one call per kind of step rule."""
-    group = assert_members_equal_alone(
+    """FedAvg, SCAFFOLD, IGFL-C, FedAdam and FedProx (two μ) in one group: one call per kind of step rule.
+
+    Per round: FedAvg and FedAdam (plain rules, 4 runs) in one call, SCAFFOLD and IGFL-C (a shift;
+    IGFL-C's gradient scale becomes rows) in one, and FedProx once per μ (a float decay): 4 calls.
+    """
+    assert_members_equal_alone(
         [config("quickstart.yaml")],
-        {"model.algorithm": ["fedavg", "scaffold", "igfl_c", "fedadam", "fedprox"], "model.mu": [0.01, 0.1]}, ROUNDS, tmp_path)
-    # fedavg+fedadam+igfl_c (no shift / a shift...) share calls where their rules agree; never one call per member
-    assert group.engine_calls < len(group.members) * group.members[0].rounds
+        {"model.algorithm": ["fedavg", "scaffold", "igfl_c", "fedadam", "fedprox"], "model.mu": [0.01, 0.1]}, ROUNDS, tmp_path,
+        merged_calls_per_round=4)
 
 
 def test_a_diverging_member_stops_alone(tmp_path):
@@ -263,3 +266,16 @@ def test_per_row_engine_arguments_give_each_row_its_alone_result(backend):
         tr.train(w0[0], X, Y, idx[0], n[0], steps[0], StepRule(), torch.tensor([0.1, 0.2]), 3, gens[0]())
     with pytest.raises(ValueError, match="w_start"):
         tr.train(torch.zeros(2, P, dtype=torch.float64), X, Y, idx[0], n[0], steps[0], StepRule(), 0.1, 3, gens[0]())
+
+
+def test_the_lfed_entry_point_runs_grid_and_reports_bad_input_in_one_line(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from lfed.cli import main
+
+    sweep = write(tmp_path, "method: bayes\nparameters:\n  model.client_lr:\n    values: [0.1]\n")
+    monkeypatch.setattr(sys, "argv", ["lfed", "grid", "--config", config("quickstart.yaml"), "--sweep", str(sweep)])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    assert stop.value.code == 2
+    assert "lfed grid: error: sweep: method 'bayes'" in capsys.readouterr().err
