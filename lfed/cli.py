@@ -396,7 +396,12 @@ def run_cli(args: list[str] | None = None) -> LfedCLI:
 
 
 def main() -> None:
-    """Entry point of the ``lfed`` console script."""
+    """Entry point of the ``lfed`` console script (``lfed grid`` is :mod:`lfed.grid`)."""
+    if sys.argv[1:2] == ["grid"]:
+        from lfed.grid import main as grid_main
+
+        grid_main(sys.argv[2:])
+        return
     run_cli()  # LightningCLI reads sys.argv itself
 
 

@@ -299,6 +299,24 @@ def _is_plain(rule: StepRule) -> bool:
     return rule.decay is None and rule.shift is None and not isinstance(rule.grad_scale, Tensor) and rule.grad_scale == 1.0
 
 
+def _uniform_lr(lr: float | Tensor) -> float | Tensor:
+    """A per-row learning rate whose rows all agree, as the float itself (the single-run path)."""
+    if isinstance(lr, Tensor) and lr.numel() > 0 and bool((lr == lr[0]).all()):
+        return float(lr[0])
+    return lr
+
+
+def _lr_runs(lr: Tensor) -> list[tuple[int, int, float]]:
+    """``[(start, stop, value)]``: the runs of equal values of a per-row learning rate ``[K]``."""
+    values = lr.tolist()
+    runs, start = [], 0
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[start]:
+            runs.append((start, i, values[start]))
+            start = i
+    return runs
+
+
 def _apply_step_(w: Tensor, g: Tensor, rule: StepRule, lr: float) -> None:
     """``w ← w - lr * (scale g + decay ⊙ w + shift)`` in place; ``g`` (a fresh gradient) is overwritten.
 
@@ -415,33 +433,56 @@ class CohortTrainer:
         num_examples: Tensor,
         steps_done: Tensor,
         rule: StepRule,
-        lr: float,
+        lr: float | Tensor,
         batch_size: int | None,
-        generator: torch.Generator,
+        generator: torch.Generator | None,
         rows: Tensor | None = None,
+        schedule: tuple[Tensor, Tensor] | None = None,
     ) -> CohortResult:
         """Local training of K clients from the broadcast weights ``w_start``.
 
+        The rows need not belong to one run: :mod:`lfed.group` trains the cohorts of several
+        runs in one call, each row with its own start weights (``w_start [K, P]``), learning
+        rate (``lr [K]``) and batches (``schedule``), and their rules concatenated
+        (:func:`lfed.group.concat_rules`). Each row's result is the one it gets trained alone.
+
         Args:
-            w_start: ``[P]`` broadcast global weights.
+            w_start: ``[P]`` broadcast global weights, or ``[K, P]`` start weights per row.
             data_x, data_y: The pooled training tensors on the device.
             index: ``[K, max_n]`` positions of each client's examples in ``data_x``.
             num_examples: ``[K]`` client sizes ``n_k`` (only the first ``n_k`` of ``index`` count).
             steps_done: ``[K]`` local steps each client completes this round (``s_k``).
             rule: The objective's step rule (:class:`StepRule`).
-            lr: Client learning rate ``eta_l``.
+            lr: Client learning rate ``eta_l``, or ``[K]`` one per row (float64 on the CPU; the step
+                of each row uses its value exactly as the float ``lr`` would).
             batch_size: ``B``, or None for full-batch steps.
-            generator: CPU generator for the batch schedule.
+            generator: CPU generator for the batch schedule (unused when ``schedule`` is given).
             rows: Train only these rows of the cohort (``[K_r]`` indices; None: all K). The
                 batch schedule is still drawn for all K, so each client trains exactly as it
                 would beside the others (:mod:`lfed.distributed` splits a cohort over ranks so).
+            schedule: ``(positions [K, T, B'], valid [K, T, B'])``, the batches of every row
+                (:func:`batch_schedule`, ``T >= max(steps_done)``); None: drawn from ``generator``.
 
         Returns:
             The result of the trained rows, in the order of ``rows``.
         """
         K = index.shape[0]
         steps = steps_done.detach().cpu().long()
-        positions, valid = batch_schedule(num_examples, int(steps.max()) if K else 0, batch_size, generator)
+        if w_start.dim() == 2 and w_start.shape[0] != K:
+            raise ValueError(f"w_start: {w_start.shape[0]} rows of start weights for a cohort of {K} clients")
+        if isinstance(lr, Tensor):
+            if lr.shape != (K,):
+                raise ValueError(f"lr: a per-row learning rate must be [K] = [{K}], got shape {tuple(lr.shape)}")
+            lr = lr.detach().cpu().double()
+        if schedule is None:
+            if generator is None:
+                raise ValueError("generator: needed to draw the batch schedule (or give schedule=(positions, valid))")
+            positions, valid = batch_schedule(num_examples, int(steps.max()) if K else 0, batch_size, generator)
+        else:
+            positions, valid = schedule
+            if positions.shape[0] != K or positions.shape != valid.shape or (K and positions.shape[1] < int(steps.max())):
+                raise ValueError(f"schedule: positions/valid must be [K={K}, T >= max steps, B'], got "
+                                 f"{tuple(positions.shape)} and {tuple(valid.shape)}")
         positions, valid = positions.to(index.device), valid.to(index.device)
         backend = self.resolve_backend(data_x, data_y)
         run = self._train_vmap if backend == "vmap" else self._train_loop
@@ -453,8 +494,11 @@ class CohortTrainer:
         for lo in range(0, selected.numel(), size):
             part = selected[lo : lo + size]
             at = part.to(index.device)
-            sub_rule = rule if rows is None and part.numel() == K else rule.select(at, K)
-            results.append(run(w_start, data_x, data_y, index[at], positions[at], valid[at], steps[part], sub_rule, lr))
+            whole = rows is None and part.numel() == K
+            sub_rule = rule if whole else rule.select(at, K)
+            w0 = w_start if w_start.dim() == 1 or whole else w_start[part.to(w_start.device)]
+            lr_part = _uniform_lr(lr if whole or not isinstance(lr, Tensor) else lr[part])
+            results.append(run(w0, data_x, data_y, index[at], positions[at], valid[at], steps[part], sub_rule, lr_part))
         if len(results) == 1:
             return results[0]
         buffers = None
@@ -484,14 +528,27 @@ class CohortTrainer:
         """
         K, T = index.shape[0], positions.shape[1]
         order = None
-        if K > 1 and bool((steps[1:] > steps[:-1]).any()):
+        per_row = isinstance(lr, Tensor)
+        if per_row:  # most steps first, then rows of one learning rate together (contiguous runs)
+            key = torch.unique(lr, return_inverse=True)[1]
+            order = torch.sort(key, stable=True).indices
+            order = order[torch.sort(steps[order], descending=True, stable=True).indices]
+            if bool((order == torch.arange(K)).all()):
+                order = None
+        elif K > 1 and bool((steps[1:] > steps[:-1]).any()):
             order = torch.sort(steps, descending=True, stable=True).indices
+        if order is not None:
             steps = steps[order]
             dev_order = order.to(index.device)
             index, positions, valid = index[dev_order], positions[dev_order], valid[dev_order]
             rule = rule.select(order.to(w_start.device), K)
+            if w_start.dim() == 2:
+                w_start = w_start[order.to(w_start.device)]
+            if per_row:
+                lr = lr[order]
+        runs = _lr_runs(lr) if per_row else [(0, K, lr)]
         active = [int(a) for a in (steps[None, :] > torch.arange(T)[:, None]).sum(1)] if T else []
-        W = w_start.expand(K, -1).clone()
+        W = w_start.expand(K, -1).clone() if w_start.dim() == 1 else w_start.clone()
         views = self.layout.unflatten(W)  # {name: [K, *shape]}, views of W
         names = list(views)
         loss_sum = torch.zeros(K, dtype=W.dtype, device=W.device)
@@ -513,9 +570,20 @@ class CohortTrainer:
                 aux = term.aux if n == K else _pick_rows(term.aux, slice(0, n), K)
                 g, loss = self._vmapped_term(params, data_x[ids], data_y[ids], mask_all[:n, t], buffers, term.fn, aux)
             if plain:
-                torch._foreach_add_([params[k] for k in names], [g[k] for k in names], alpha=-lr)
+                for a, b, lr_ in runs:  # one run of rows per learning rate (one run when lr is a float)
+                    if a >= n:
+                        break
+                    b = min(b, n)
+                    whole_run = a == 0 and b == n
+                    torch._foreach_add_([params[k] if whole_run else params[k][a:b] for k in names],
+                                        [g[k] if whole_run else g[k][a:b] for k in names], alpha=-lr_)
             else:
-                _apply_step_(W[:n], self.layout.flatten(g), rule.select(slice(0, n), K) if n < K else rule, lr)
+                d = (rule.select(slice(0, n), K) if n < K else rule).direction_(self.layout.flatten(g), W[:n])
+                for a, b, lr_ in runs:
+                    if a >= n:
+                        break
+                    b = min(b, n)
+                    W[a:b].add_(d[a:b], alpha=-lr_)
             loss_sum[:n] += loss.detach()
         loss = loss_sum / steps.clamp_min(1).to(W.device, W.dtype)
         if order is not None:
@@ -592,7 +660,8 @@ class CohortTrainer:
         with torch.no_grad():
             for name, b in base_buffers.items():
                 work_buffers[name].copy_(b)
-        W = w_start.expand(K, -1).clone()
+        W = w_start.expand(K, -1).clone() if w_start.dim() == 1 else w_start.clone()
+        rates = lr.tolist() if isinstance(lr, Tensor) else [lr] * K
         counts = valid.sum(-1).cpu().tolist() if T else [[] for _ in range(K)]  # valid examples lead each batch
         B = positions.shape[2] if positions.dim() == 3 else 0
         ex = index.gather(1, positions.reshape(K, T * B)).view(K, T, B) if T else positions
@@ -628,9 +697,9 @@ class CohortTrainer:
                     grads = torch.autograd.grad(loss, params)
                     with torch.no_grad():
                         if plain:
-                            torch._foreach_add_(weights_k, list(grads), alpha=-lr)
+                            torch._foreach_add_(weights_k, list(grads), alpha=-rates[k])
                         else:
-                            _apply_step_(W[k], torch.cat([g.reshape(-1) for g in grads]), rule_k, lr)
+                            _apply_step_(W[k], torch.cat([g.reshape(-1) for g in grads]), rule_k, rates[k])
                     loss_sum += loss.detach()
                 losses[k] = loss_sum / max(s_k, 1)
                 if track:

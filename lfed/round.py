@@ -46,7 +46,7 @@ from lfed.server.weighting import AggregationWeights
 from lfed.server.weights import DegenerateWeightsWarning
 from lfed.state import StateSpec
 
-__all__ = ["Algorithm", "LocalTraining", "RoundRecord", "UpdateHistory", "run_round"]
+__all__ = ["Algorithm", "LocalTraining", "PreparedRound", "RoundRecord", "UpdateHistory", "finish_round", "prepare_round", "run_round"]
 
 
 class UpdateHistory(Component):
@@ -208,6 +208,131 @@ def draw_cohort(algorithm: Algorithm, data: Any, training: LocalTraining, round:
     return Cohort(round, clients, n_k, budget, steps_done, N)
 
 
+@dataclass
+class PreparedRound:
+    """A round up to its local training (:func:`prepare_round`), ready for the engine.
+
+    :func:`run_round` is :func:`prepare_round`, the engine, then :func:`finish_round`;
+    :mod:`lfed.group` prepares the rounds of several runs, trains all their cohorts in one
+    engine call, and finishes each run's round with its own rows of the result.
+
+    Attributes:
+        record: The round's record so far (cohort, weights, warnings, bits down, extra metrics).
+        w: ``[P]`` the global weights the round started from.
+        job: The cohort's local training (:class:`~lfed.distributed.TrainJob`); None when the
+            round is skipped (``record.skipped``: no client's work counts).
+        seed: The run's seed (every draw of the round is seeded by ``(seed, round)``).
+        sizes: Numbers of entries of the model's tensors (the channel compresses per tensor).
+    """
+
+    record: RoundRecord
+    w: Tensor
+    job: TrainJob | None
+    seed: int
+    sizes: list[int]
+
+    @property
+    def skipped(self) -> bool:
+        """Whether no client's work counts (the engine has nothing to train)."""
+        return self.job is None
+
+
+def prepare_round(
+    algorithm: Algorithm,
+    w: Tensor,
+    data: Any,
+    training: LocalTraining,
+    engine: CohortTrainer,
+    *,
+    round: int = 0,
+    seed: int = 0,
+    clients: Tensor | None = None,
+    steps_done: Tensor | None = None,
+    total_rounds: int | None = None,
+    sizes: list[int] | None = None,
+) -> PreparedRound:
+    """The first half of :func:`run_round`: cohort, aggregation weights, step rule and training job.
+
+    Arguments as :func:`run_round`. The components' state that the step rule reads is read here;
+    nothing is written until :func:`finish_round`.
+    """
+    sizes = sizes if sizes is not None else engine.layout.sizes
+    cohort = draw_cohort(algorithm, data, training, round, seed, total_rounds, clients, steps_done)
+    clients, n_k = cohort.clients, cohort.num_examples
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DegenerateWeightsWarning)
+        weights = algorithm.weighting.weights(cohort, data.label_counts[clients], data.label_counts.sum(0))
+    cohort.counting = algorithm.weighting.counting(cohort)
+    record = RoundRecord(round, cohort, weights, warnings=[str(x.message) for x in caught])
+    bits = algorithm.channel.bits(sizes)
+    record.bits_down = clients.numel() * bits
+    if not bool(cohort.counting.any()):
+        record.skipped = True
+        return PreparedRound(record, w, None, seed, sizes)
+
+    if algorithm.history is not None:
+        algorithm.history.fill(cohort)
+    lr = training.client_lr
+    rule = algorithm.objective.step_rule(cohort, w, lr)
+    record.extra.update(algorithm.objective.round_metrics(cohort, lr))  # of the state this round's steps use
+    term = algorithm.objective.loss_term(cohort, w)  # objectives that change the loss (MOON, Ditto)
+    if term is not None:
+        rule = replace(rule, loss_term=term)
+    job = TrainJob(w, data.train_x, data.train_y, data.client_index[clients], n_k, cohort.steps_done, rule, lr,
+                   training.batch_size, round_generator(seed, round, "batches"))
+    return PreparedRound(record, w, job, seed, sizes)
+
+
+def finish_round(
+    algorithm: Algorithm,
+    prepared: PreparedRound,
+    result: CohortResult,
+    engine: CohortTrainer,
+    *,
+    server_step: Callable[[Tensor], Tensor] | None = None,
+    ranks: Ranks | None = None,
+) -> tuple[Tensor, RoundRecord]:
+    """The second half of :func:`run_round`: from the cohort's trained weights to the new global model.
+
+    Args:
+        algorithm: The components of :func:`prepare_round`.
+        prepared: What :func:`prepare_round` returned (not skipped).
+        result: The engine's result of ``prepared.job`` (its rows, in the cohort's order).
+        engine: The cohort trainer (EFL's Fisher reports run on it).
+        server_step: Applies ``Δ`` and returns the new weights; None: ``w + Δ``.
+        ranks: The processes (:mod:`lfed.distributed`); None: one.
+    """
+    ranks = ranks or Ranks()
+    record, w, job, sizes = prepared.record, prepared.w, prepared.job, prepared.sizes
+    if job is None:
+        raise ValueError("prepared: the round was skipped (no client's work counts); there is nothing to finish")
+    cohort, r, lr = record.cohort, record.round, job.lr
+    clients = cohort.clients
+    record.result, record.losses = result, result.loss
+    check_finite(result.loss[:, None], r, clients, "training losses")
+    updates = result.weights - w
+    check_finite(updates, r, clients, "client updates")
+
+    local = LocalWork(engine, ranks, job.data_x, job.data_y, job.index, prepared.seed, r)
+    algorithm.objective.after_local(cohort, w, result.weights, lr, local)
+
+    sent = algorithm.channel.upstream(updates, cohort, sizes)
+    delta, record.attention = algorithm.combination.combine(sent, record.weights, cohort)
+    delta = algorithm.channel.downstream(delta, sizes)
+    check_finite(delta, r, clients, "the aggregated update")
+    record.delta = delta
+    amplification = server_amplification(delta, updates, job.rule, lr, cohort, record.weights)
+    if amplification is not None:
+        record.extra["round/amplification"] = amplification
+    record.bits_up = record.uploads * algorithm.channel.bits(sizes)
+    w_new = server_step(delta) if server_step is not None else w + delta
+    check_finite(w_new, r, clients, "the global model")
+    if algorithm.history is not None:
+        algorithm.history.record(cohort, updates, w, w_new)
+    algorithm.sampler.observe(cohort, result.weights, w_new)
+    return w_new, record
+
+
 def run_round(
     algorithm: Algorithm,
     w: Tensor,
@@ -224,7 +349,7 @@ def run_round(
     server_step: Callable[[Tensor], Tensor] | None = None,
     ranks: Ranks | None = None,
 ) -> tuple[Tensor, RoundRecord]:
-    """One federated round (SPEC §1).
+    """One federated round (SPEC §1): :func:`prepare_round`, the engine, :func:`finish_round`.
 
     Args:
         algorithm: The components (their state must be allocated: :func:`setup_state`).
@@ -244,56 +369,14 @@ def run_round(
     Returns:
         ``(w_new, record)``; ``w_new is w`` when the round was skipped.
     """
-    sizes = sizes if sizes is not None else engine.layout.sizes
     ranks = ranks or Ranks()
-    cohort = draw_cohort(algorithm, data, training, round, seed, total_rounds, clients, steps_done)
-    clients, n_k = cohort.clients, cohort.num_examples
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", DegenerateWeightsWarning)
-        weights = algorithm.weighting.weights(cohort, data.label_counts[clients], data.label_counts.sum(0))
-    cohort.counting = algorithm.weighting.counting(cohort)
-    record = RoundRecord(round, cohort, weights, warnings=[str(x.message) for x in caught])
-    bits = algorithm.channel.bits(sizes)
-    record.bits_down = clients.numel() * bits
-    if not bool(cohort.counting.any()):
-        record.skipped = True
-        return w, record
-
-    if algorithm.history is not None:
-        algorithm.history.fill(cohort)
-    lr = training.client_lr
-    rule = algorithm.objective.step_rule(cohort, w, lr)
-    record.extra.update(algorithm.objective.round_metrics(cohort, lr))  # of the state this round's steps use
-    term = algorithm.objective.loss_term(cohort, w)  # objectives that change the loss (MOON, Ditto)
-    if term is not None:
-        rule = replace(rule, loss_term=term)
+    prepared = prepare_round(algorithm, w, data, training, engine, round=round, seed=seed, clients=clients,
+                             steps_done=steps_done, total_rounds=total_rounds, sizes=sizes)
+    if prepared.skipped:
+        return w, prepared.record
     with seeded_global_rng(seed, round, "dropout", w.device):  # a model's own randomness (dropout)
-        job = TrainJob(w, data.train_x, data.train_y, data.client_index[clients], n_k, cohort.steps_done, rule, lr,
-                       training.batch_size, round_generator(seed, round, "batches"))
-        result = train_cohort(engine, ranks, job)  # the cohort split over the ranks (lfed.distributed)
-    record.result, record.losses = result, result.loss
-    check_finite(result.loss[:, None], round, clients, "training losses")
-    updates = result.weights - w
-    check_finite(updates, round, clients, "client updates")
-
-    local = LocalWork(engine, ranks, data.train_x, data.train_y, job.index, seed, round)
-    algorithm.objective.after_local(cohort, w, result.weights, lr, local)
-
-    sent = algorithm.channel.upstream(updates, cohort, sizes)
-    delta, record.attention = algorithm.combination.combine(sent, weights, cohort)
-    delta = algorithm.channel.downstream(delta, sizes)
-    check_finite(delta, round, clients, "the aggregated update")
-    record.delta = delta
-    amplification = server_amplification(delta, updates, rule, lr, cohort, weights)
-    if amplification is not None:
-        record.extra["round/amplification"] = amplification
-    record.bits_up = record.uploads * bits
-    w_new = server_step(delta) if server_step is not None else w + delta
-    check_finite(w_new, round, clients, "the global model")
-    if algorithm.history is not None:
-        algorithm.history.record(cohort, updates, w, w_new)
-    algorithm.sampler.observe(cohort, result.weights, w_new)
-    return w_new, record
+        result = train_cohort(engine, ranks, prepared.job)  # the cohort split over the ranks (lfed.distributed)
+    return finish_round(algorithm, prepared, result, engine, server_step=server_step, ranks=ranks)
 
 
 def gradient_displacement(updates: Tensor, rule, lr: float, steps_done: Tensor) -> Tensor | None:

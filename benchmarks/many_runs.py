@@ -1,0 +1,136 @@
+"""Many runs, one engine: a client-lr x seed grid trained as one group against the same runs one after another.
+
+    LFED_DATA_DIR=/work/shared/data python benchmarks/many_runs.py --rounds 5 --repeats 3
+    LFED_DATA_DIR=/work/shared/data python benchmarks/many_runs.py --net cnn --dataset fashion_mnist --rounds 2
+
+The grid is IGFL's client learning rates {1e-3, 3e-3, ..., 3e-1} x 3 seeds (``model.seed``:
+cohorts, stragglers, batches) of ``--algorithm`` (IGFL by default) on the IGFL cross-device
+config (``configs/paper/igfl/cross_device_mnist.yaml``: 100 clients, C = 0.1, B = 100, E = 1),
+18 runs. Every repeat builds the 18 runs afresh (``lfed grid``'s own parsing) and times, in
+turn (interleaved):
+
+* ``group``: one :class:`lfed.group.RunGroup` of all 18 runs (one engine call per round);
+* ``one by one``: the same 18 runs one after another in this process, each a group of one
+  (the same driver, so only the batching differs);
+* ``lfed fit``: the same 18 runs one after another through ``lfed fit``'s own path
+  (LightningCLI parsing and ``Trainer.fit``), in this process (no process start-up or imports paid).
+
+``train s`` is the training of all rounds and the final evaluation (the data loaded and the
+runs built before the clock starts); ``total s`` adds building the runs and loading the data.
+Runs per hour are from ``total s``. Evaluation: once, after the last round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+from lfed.grid import build_members
+from lfed.group import RunGroup
+from lfed.sweep import Sweep
+
+LRS = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3]
+CNN = '{"class_path": "lfed.models.McMahanMNISTCNN", "init_args": {"num_classes": 10}}'
+
+
+def overrides(a) -> list[str]:
+    out = [f"--model.algorithm={a.algorithm}", f"--trainer.max_steps={a.rounds}", f"--trainer.val_check_interval={a.rounds}",
+           f"--data.dataset={a.dataset}", f"--data.data_dir={a.data_dir}", "--trainer.accelerator=cpu"]
+    if a.net == "cnn":
+        out.append(f"--model.net={CNN}")
+    if a.batch_size is not None:
+        out.append(f"--model.batch_size={a.batch_size}")
+    return out
+
+
+def sweep(a) -> Sweep:
+    return Sweep("many-runs", {"model.client_lr": LRS[: a.lrs], "model.seed": list(range(a.seeds))})
+
+
+def run_group(a) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    members, dtype = build_members([a.config], sweep(a), overrides(a))
+    group = RunGroup(members, dtype=dtype, log=None, checkpoint_every=0)
+    group.setup()
+    t1 = time.perf_counter()
+    group.fit()
+    t2 = time.perf_counter()
+    assert all(m.status == "done" for m in group.members), [(m.name, m.error) for m in group.members]
+    return t2 - t1, t2 - t0
+
+
+def run_one_by_one(a) -> tuple[float, float]:
+    train = 0.0
+    t0 = time.perf_counter()
+    members, dtype = build_members([a.config], sweep(a), overrides(a))
+    for m in members:
+        group = RunGroup([m], dtype=dtype, log=None, checkpoint_every=0)
+        group.setup()
+        t = time.perf_counter()
+        group.fit()
+        train += time.perf_counter() - t
+        assert m.status == "done", m.error
+    return train, time.perf_counter() - t0
+
+
+def run_lfed_fit(a) -> tuple[float, float]:
+    from lfed.cli import LfedCLI
+    from lfed.data.datamodule import FederatedDataModule
+    from lfed.module import FederatedModule
+
+    train = 0.0
+    t0 = time.perf_counter()
+    for point in sweep(a).points():
+        args = ["--config", a.config, *Sweep.args_of(point), *overrides(a), "--trainer.logger=false",
+                "--trainer.enable_progress_bar=false", "--checkpoint_every=0", "--trainer.default_root_dir=/tmp/lfed-many-runs"]
+        cli = LfedCLI(FederatedModule, FederatedDataModule, run=False, args=args, save_config_callback=None)
+        cli.datamodule.build()
+        t = time.perf_counter()
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        train += time.perf_counter() - t
+    return train, time.perf_counter() - t0
+
+
+MODES = {"group": run_group, "one by one": run_one_by_one, "lfed fit": run_lfed_fit}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="configs/paper/igfl/cross_device_mnist.yaml")
+    p.add_argument("--algorithm", default="igfl")
+    p.add_argument("--dataset", default="mnist")
+    p.add_argument("--net", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--data_dir", default=os.environ.get("LFED_DATA_DIR", "/work/shared/data"))
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--lrs", type=int, default=6)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--batch_size", type=int, default=None, help="Client batch size (default: the config's, 100)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    a = p.parse_args()
+    runs = a.lrs * a.seeds
+    print(f"{runs} runs ({a.algorithm}, {a.dataset}, {a.net}, B={a.batch_size or 'config'}), {a.rounds} rounds, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.2f}")
+    times: dict[str, list[tuple[float, float]]] = {m: [] for m in a.modes}
+    for r in range(a.repeats):
+        for mode in a.modes:  # interleaved
+            times[mode].append(MODES[mode](a))
+            train, total = times[mode][-1]
+            print(f"  repeat {r}: {mode}: train {train:.1f} s, total {total:.1f} s (load {os.getloadavg()[0]:.2f})", flush=True)
+    print(f"| mode | train s (median of {a.repeats}) | total s | runs / hour | speed-up (train) | speed-up (total) |")
+    print("|---|---|---|---|---|---|")
+    base = {k: statistics.median(v) for k, v in ((m, [t[0] for t in times[m]]) for m in a.modes)}
+    tot = {k: statistics.median(v) for k, v in ((m, [t[1] for t in times[m]]) for m in a.modes)}
+    ref = "one by one" if "one by one" in a.modes else a.modes[-1]
+    for mode in a.modes:
+        print(f"| {mode} | {base[mode]:.1f} | {tot[mode]:.1f} | {3600 * runs / tot[mode]:.0f} | "
+              f"{base[ref] / base[mode]:.2f}x | {tot[ref] / tot[mode]:.2f}x |")
+    print(f"load after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

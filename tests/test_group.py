@@ -1,0 +1,281 @@
+"""Many runs, one engine (lfed.group, lfed grid): every member equals the same run trained alone.
+
+"Alone" is ``lfed fit``'s own path: the LightningCLI parser of :mod:`lfed.cli`, then
+``Trainer.fit`` of the FederatedModule (float64 on the CPU). Bit for bit needs one intra-op
+thread (several threads may split a batched product of many rows differently from one of few;
+lfed.group's docstring), so these tests run with one.
+"""
+
+import pytest
+import torch
+from conftest import REPO
+
+from lfed.cli import LfedCLI
+from lfed.data.datamodule import FederatedDataModule
+from lfed.engine import CohortTrainer, StepRule, batch_schedule
+from lfed.grid import build_members, run_grid
+from lfed.group import GroupMember, RunGroup, concat_rules, rule_signature, stack_schedules
+from lfed.models import MLP
+from lfed.module import FederatedModule
+from lfed.sweep import Sweep, load_sweep
+
+F64 = ["--trainer.precision=64-true", "--trainer.accelerator=cpu"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def config(name):
+    return str(REPO / "configs" / name)
+
+
+def alone(configs, point, overrides, tmp_path):
+    """The run of ``point`` trained by itself, as ``lfed fit`` trains it; its final flat weights."""
+    args = [a for c in configs for a in ("--config", c)] + [f"--{k}={v}" for k, v in point.items()] + overrides + [
+        "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--checkpoint_every=0",
+        f"--trainer.default_root_dir={tmp_path}"]
+    cli = LfedCLI(FederatedModule, FederatedDataModule, run=False, args=args, save_config_callback=None)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    return cli.model.layout.module_vector(cli.model.net).detach(), cli.model
+
+
+def grouped(configs, parameters, overrides, directory=None):
+    members, dtype = build_members(configs, Sweep("t", parameters), overrides)
+    group = RunGroup(members, directory, dtype=dtype, log=None, checkpoint_every=0 if directory is None else 2)
+    group.fit()
+    return group
+
+
+def assert_members_equal_alone(configs, parameters, overrides, tmp_path, merged_calls_per_round=None):
+    group = grouped(configs, parameters, overrides)
+    for m in group.members:
+        assert m.status == "done", (m.name, m.error)
+        w_alone, module = alone(configs, m.params, overrides, tmp_path)
+        w = m.module.layout.module_vector(m.module.net).detach()
+        assert w.dtype == torch.float64
+        assert torch.equal(w, w_alone), (m.name, (w - w_alone).abs().max())
+        assert m.module.eval_history == module.eval_history, m.name
+        assert m.module.comm.uploads == module.comm.uploads
+    if merged_calls_per_round is not None:  # the rows really were trained together
+        assert group.engine_calls == merged_calls_per_round * group.members[0].rounds
+    return group
+
+
+ROUNDS = ["--trainer.max_steps=4", "--trainer.val_check_interval=2", *F64]
+
+
+@pytest.mark.parametrize("backend", ["vmap", "loop"])
+def test_fedavg_lr_and_seed_grid_equals_each_run_alone(backend, tmp_path):
+    assert_members_equal_alone([config("quickstart.yaml")], {"model.client_lr": [0.05, 0.1], "model.seed": [0, 1]},
+                               [*ROUNDS, f"--model.backend={backend}"], tmp_path, merged_calls_per_round=1)
+
+
+def test_scaffold_grid_equals_each_run_alone(tmp_path):
+    assert_members_equal_alone([config("scaffold_digits.yaml")], {"model.client_lr": [0.05, 0.1]}, ROUNDS, tmp_path,
+                               merged_calls_per_round=1)
+
+
+def test_igfl_grid_equals_each_run_alone(tmp_path):
+    assert_members_equal_alone([config("igfl_c_digits.yaml")], {"model.client_lr": [0.03, 0.1], "model.fraction": [0.25, 0.4]},
+                               ROUNDS, tmp_path, merged_calls_per_round=1)
+
+
+@pytest.mark.parametrize("backend", ["vmap", "loop"])
+def test_efl_with_stragglers_and_compression_equals_each_run_alone(backend, tmp_path):
+    assert_members_equal_alone([config("efl_compressed_digits.yaml")],
+                               {"model.client_lr": [0.05, 0.1], "model.efl_lambda": [0.1, 0.3]},
+                               [*ROUNDS, f"--model.backend={backend}"], tmp_path, merged_calls_per_round=1)
+
+
+def test_adafl_grid_equals_each_run_alone(tmp_path):
+    assert_members_equal_alone([config("adafl_digits.yaml")], {"model.sampler_alpha": [0.5, 0.9], "model.client_lr": [0.05, 0.1]},
+                               ["--trainer.max_steps=6", "--trainer.val_check_interval=3", *F64], tmp_path,
+                               merged_calls_per_round=1)
+
+
+def test_members_that_mix_algorithms_equal_each_run_alone(tmp_path):
+    """FedAvg, SCAFFOLD, IGFL-C, FedAdam and FedProx (two μ) in one group: one call per kind of step rule.
+
+    Per round: FedAvg and FedAdam (plain rules, 4 runs) in one call, SCAFFOLD and IGFL-C (a shift;
+    IGFL-C's gradient scale becomes rows) in one, and FedProx once per μ (a float decay): 4 calls.
+    """
+    assert_members_equal_alone(
+        [config("quickstart.yaml")],
+        {"model.algorithm": ["fedavg", "scaffold", "igfl_c", "fedadam", "fedprox"], "model.mu": [0.01, 0.1]}, ROUNDS, tmp_path,
+        merged_calls_per_round=4)
+
+
+def test_a_diverging_member_stops_alone(tmp_path):
+    group = grouped([config("quickstart.yaml")], {"model.client_lr": [0.05, 1e300]}, ROUNDS, tmp_path / "g")
+    ok, bad = group.members
+    assert bad.status == "diverged" and "NaN or Inf" in bad.error and bad.round < 4
+    assert ok.status == "done" and ok.round == 4
+    w_alone, _ = alone([config("quickstart.yaml")], ok.params, ROUNDS, tmp_path)
+    assert torch.equal(ok.module.layout.module_vector(ok.module.net).detach(), w_alone)
+    summary = (tmp_path / "g" / bad.name / "summary.json").read_text()
+    assert '"status": "diverged"' in summary
+
+
+def test_group_resume_after_a_kill_is_exact(tmp_path):
+    configs, params = [config("scaffold_digits.yaml")], {"model.client_lr": [0.05, 0.1]}
+    overrides = ["--trainer.max_steps=5", "--trainer.val_check_interval=2", *F64]
+    whole = grouped(configs, params, overrides, tmp_path / "whole")
+    members, dtype = build_members(configs, Sweep("t", params), overrides)
+    killed = RunGroup(members, tmp_path / "kill", dtype=dtype, log=None, checkpoint_every=2)
+    killed.setup()
+    killed._open_logs()
+    for _ in range(3):  # checkpoints after round 2; round 3 is lost with the process
+        killed.step()
+    members, dtype = build_members(configs, Sweep("t", params), overrides)
+    resumed = RunGroup(members, tmp_path / "kill", dtype=dtype, log=None, checkpoint_every=2)
+    resumed.fit(resume=True)
+    for a, b in zip(whole.members, resumed.members):
+        assert b.status == "done" and b.round == 5
+        assert torch.equal(a.module.layout.module_vector(a.module.net), b.module.layout.module_vector(b.module.net))
+        assert torch.equal(a.module.objective.state("control"), b.module.objective.state("control"))
+        assert a.module.eval_history == b.module.eval_history
+        assert a.module.comm.uploads == b.module.comm.uploads
+
+
+def test_lfed_grid_command_writes_each_run_and_the_table(tmp_path, capsys):
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("name: lr\nmethod: grid\nparameters:\n  model.client_lr:\n    values: [0.05, 0.1]\n")
+    group, directory = run_grid(["--config", config("quickstart.yaml"), "--sweep", str(sweep), "--root", str(tmp_path),
+                                 "--trainer.max_steps=3", "--trainer.val_check_interval=3"])
+    out = capsys.readouterr().out
+    assert "last10pct_acc" in out and "00-client_lr=0.05" in out and "01-client_lr=0.1" in out
+    for m in group.members:
+        assert (directory / m.name / "metrics.csv").is_file()
+        assert (directory / m.name / "checkpoints" / "last.pt").is_file()
+        assert (directory / m.name / "summary.json").is_file()
+    assert (directory / "summary.csv").read_text().count("\n") == 3
+    with pytest.raises(ValueError, match="--resume"):  # the same grid again: refused unless resumed
+        run_grid(["--config", config("quickstart.yaml"), "--sweep", str(sweep), "--root", str(tmp_path),
+                  "--trainer.max_steps=3", "--trainer.val_check_interval=3"])
+    group, _ = run_grid(["--config", config("quickstart.yaml"), "--sweep", str(sweep), "--root", str(tmp_path),
+                         "--trainer.max_steps=3", "--trainer.val_check_interval=3", "--resume"])
+    assert all(m.status == "done" and m.round == 3 for m in group.members)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def write(tmp_path, text):
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_a_sweep_that_is_not_a_grid_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="method 'random'.*grids only"):
+        load_sweep(write(tmp_path, "method: random\nparameters:\n  model.client_lr:\n    values: [0.1]\n"))
+    with pytest.raises(ValueError, match="'model.client_lr'.*values"):
+        load_sweep(write(tmp_path, "method: grid\nparameters:\n  model.client_lr:\n    min: 0.1\n    max: 1\n"))
+    with pytest.raises(ValueError, match="no parameters"):
+        load_sweep(write(tmp_path, "method: grid\n"))
+    with pytest.raises(ValueError, match="empty list"):
+        load_sweep(write(tmp_path, "method: grid\nparameters:\n  model.client_lr:\n    values: []\n"))
+    with pytest.raises(ValueError, match="keys \\['paramters'\\]"):
+        load_sweep(write(tmp_path, "method: grid\nparamters: {}\nparameters:\n  a:\n    value: 1\n"))
+
+
+def test_the_repository_sweeps_parse_as_grids():
+    s = load_sweep(REPO / "sweeps" / "igfl_client_lr.yaml")
+    assert len(s.points()) == 72 and s.base_args == ["--config", "configs/paper/igfl/cross_device_mnist.yaml"]
+    assert s.points()[1] == {"config": "configs/paper/igfl/alg_fedavg.yaml", "model.client_lr": 0.003}
+
+
+def test_an_unknown_parameter_is_refused_before_training():
+    with pytest.raises(ValueError, match="do not parse"):
+        build_members([config("quickstart.yaml")], Sweep("t", {"model.client_learning_rate": [0.1]}), [])
+
+
+def test_members_with_different_models_are_refused():
+    members, dtype = build_members([config("quickstart.yaml")], Sweep("t", {"model.net.init_args.hidden": ["[200, 200]", "[100]"]}),
+                                   ["--trainer.max_steps=2"])
+    with pytest.raises(ValueError, match="another model"):
+        RunGroup(members, log=None).setup()
+
+
+def test_members_with_different_datasets_are_refused():
+    def member(name, seed):
+        g = torch.Generator().manual_seed(seed)
+        x, y = torch.randn(60, 4, generator=g), torch.randint(0, 3, (60,), generator=g)
+        dm = FederatedDataModule.from_tensors(x, y, x[:10], y[:10], num_clients=3, partition="iid")
+        return GroupMember(name, FederatedModule(net=MLP(in_features=4, hidden=(), num_classes=3)), dm, rounds=1)
+
+    with pytest.raises(ValueError, match="another dataset"):
+        RunGroup([member("a", 0), member("b", 1)], log=None).setup()
+
+
+def test_precisions_must_agree_and_be_supported():
+    with pytest.raises(ValueError, match="one precision"):
+        build_members([config("quickstart.yaml")], Sweep("t", {"trainer.precision": ["32-true", "64-true"]}), [])
+    with pytest.raises(ValueError, match="mixed precision"):
+        build_members([config("quickstart.yaml")], Sweep("t", {"trainer.precision": ["bf16-mixed"]}), [])
+
+
+# ----------------------------------------------------------------------------- engine rows of several runs
+
+
+def test_rules_of_one_kind_concatenate_and_others_do_not():
+    like = torch.zeros(3, dtype=torch.float64)
+    a = StepRule(grad_scale=1.5, shift=torch.ones(2, 3, dtype=torch.float64))
+    b = StepRule(shift=torch.full((3,), 2.0, dtype=torch.float64))  # a shared [P] shift
+    assert rule_signature(a, like.dtype) == rule_signature(b, like.dtype)
+    r = concat_rules([a, b], [2, 1], 3, like)
+    assert torch.equal(r.grad_scale, torch.tensor([1.5, 1.5, 1.0], dtype=torch.float64))
+    assert torch.equal(r.shift, torch.tensor([[1.0] * 3, [1.0] * 3, [2.0] * 3], dtype=torch.float64))
+    assert rule_signature(StepRule(decay=0.1), like.dtype) != rule_signature(StepRule(decay=0.2), like.dtype)
+    assert rule_signature(StepRule(), like.dtype) != rule_signature(a, like.dtype)
+    with pytest.raises(ValueError, match="different kinds"):
+        concat_rules([StepRule(), a], [1, 2], 3, like)
+
+
+@pytest.mark.parametrize("backend", ["vmap", "loop"])
+def test_per_row_engine_arguments_give_each_row_its_alone_result(backend):
+    """``w_start [K, P]``, ``lr [K]`` and a stacked schedule: rows of two cohorts as if trained apart."""
+    torch.manual_seed(0)
+    net = MLP(in_features=6, hidden=(5,), num_classes=3).double()
+    X, Y = torch.randn(60, 6, dtype=torch.float64), torch.randint(0, 3, (60,))
+    tr = CohortTrainer(net, backend=backend)
+    P = tr.layout.num_params
+    idx = [torch.randperm(60)[:24].view(3, 8), torch.randperm(60)[:14].view(2, 7)]
+    n = [torch.tensor([8, 5, 7]), torch.tensor([7, 6])]
+    steps = [torch.tensor([3, 2, 4]), torch.tensor([1, 2])]
+    w0 = [tr.layout.module_vector(net), tr.layout.module_vector(net) + 0.1]
+    rules = [StepRule(shift=torch.randn(3, P, dtype=torch.float64)), StepRule(grad_scale=2.0, shift=torch.randn(P, dtype=torch.float64))]
+    lrs = [0.1, 0.03]
+    gens = [lambda: torch.Generator().manual_seed(1), lambda: torch.Generator().manual_seed(2)]
+    apart = [tr.train(w0[i], X, Y, idx[i], n[i], steps[i], rules[i], lrs[i], 3, gens[i]()) for i in range(2)]
+    schedule = stack_schedules([batch_schedule(n[i], int(steps[i].max()), 3, gens[i]()) for i in range(2)])
+    together = tr.train(
+        torch.cat([w0[0].expand(3, P), w0[1].expand(2, P)]), X, Y,
+        torch.cat([idx[0], torch.nn.functional.pad(idx[1], (0, 1))]), torch.cat(n), torch.cat(steps),
+        concat_rules(rules, [3, 2], P, w0[0]), torch.tensor([0.1] * 3 + [0.03] * 2, dtype=torch.float64), 3, None,
+        schedule=schedule,
+    )
+    assert torch.equal(together.weights, torch.cat([a.weights for a in apart]))
+    assert torch.equal(together.loss, torch.cat([a.loss for a in apart]))
+    with pytest.raises(ValueError, match="per-row learning rate"):
+        tr.train(w0[0], X, Y, idx[0], n[0], steps[0], StepRule(), torch.tensor([0.1, 0.2]), 3, gens[0]())
+    with pytest.raises(ValueError, match="w_start"):
+        tr.train(torch.zeros(2, P, dtype=torch.float64), X, Y, idx[0], n[0], steps[0], StepRule(), 0.1, 3, gens[0]())
+
+
+def test_the_lfed_entry_point_runs_grid_and_reports_bad_input_in_one_line(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from lfed.cli import main
+
+    sweep = write(tmp_path, "method: bayes\nparameters:\n  model.client_lr:\n    values: [0.1]\n")
+    monkeypatch.setattr(sys, "argv", ["lfed", "grid", "--config", config("quickstart.yaml"), "--sweep", str(sweep)])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    assert stop.value.code == 2
+    assert "lfed grid: error: sweep: method 'bayes'" in capsys.readouterr().err
