@@ -318,18 +318,7 @@ class RunGroup:
 
     # ----------------------------------------------------------------- one lock-step round
     def _server_step(self, m: GroupMember) -> Callable[[Tensor], Tensor]:
-        module, optimizer = m.module, m.optimizer
-        trainable = [p for p in module.net.parameters() if p.requires_grad]
-
-        def step(delta: Tensor) -> Tensor:
-            optimizer.zero_grad(set_to_none=True)
-            for p, g in zip(trainable, module.layout.unflatten(-delta).values()):
-                p.grad = g.clone()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            return module.layout.module_vector(module.net)
-
-        return step
+        return m.module.server_step(m.optimizer)
 
     def _engine_key(self, m: GroupMember, prepared: PreparedRound) -> tuple:
         """Members with equal keys train in one engine call."""

@@ -247,13 +247,11 @@ class FederatedModule(LightningModule):
         ms = getattr(self.trainer, "max_steps", -1)
         return ms if ms and ms > 0 else None
 
-    def training_step(self, batch: Any, batch_idx: int) -> None:
-        """One federated round (SPEC §1): :func:`lfed.round.run_round` and the server optimizer."""
-        r = int(self.global_step)
-        optimizer = self.optimizers()
+    def server_step(self, optimizer: torch.optim.Optimizer) -> Callable[[Tensor], Tensor]:
+        """``Δ -> w'``: ``optimizer`` steps once on the pseudo-gradient ``-Δ`` (SPEC §4.1); the new flat weights."""
         trainable = [p for p in self.net.parameters() if p.requires_grad]
 
-        def server_step(delta: Tensor) -> Tensor:
+        def step(delta: Tensor) -> Tensor:
             optimizer.zero_grad(set_to_none=True)
             for p, g in zip(trainable, self.layout.unflatten(-delta).values()):
                 p.grad = g.clone()
@@ -261,6 +259,13 @@ class FederatedModule(LightningModule):
             optimizer.zero_grad(set_to_none=True)
             return self.layout.module_vector(self.net)
 
+        return step
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        """One federated round (SPEC §1): :func:`lfed.round.run_round` and the server optimizer."""
+        r = int(self.global_step)
+        optimizer = self.optimizers()
+        server_step = self.server_step(optimizer)
         _, rec = run_round(
             self.components, self.layout.module_vector(self.net), self._device_data(), self.training_plan, self.engine,
             round=r, seed=self.seed, total_rounds=self._total_rounds(), sizes=self.layout.sizes,
