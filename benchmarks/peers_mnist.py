@@ -36,6 +36,8 @@ import sys
 import time
 from datetime import datetime, timezone
 
+from quiet import wait_quiet  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOBS = {"lfed": "lfed_job.py", "lfed_loop": "lfed_job.py", "flower": "flower_job.py", "pfl": "pfl_job.py", "pfl_2proc": "pfl_job.py",
         "plain_vmap": "plain_vmap_job.py", "plain_loop": "plain_loop_job.py"}  # plain_*: hand-written references
@@ -132,9 +134,9 @@ def main() -> None:
     for r in range(args.repeats):
         order = active[r % len(active):] + active[: r % len(active)] if active else []
         for f in order:
-            load = os.getloadavg()[0]
+            load, waited = wait_quiet()
             res = run_job(f, pythons[f], args)
-            res["load_before"] = load
+            res["load_before"], res["waited_s"] = load, waited
             runs[f].append(res)
             if "error" in res:
                 print(f"{f}: FAILED\n{res['error']}", flush=True)

@@ -39,6 +39,8 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from datetime import datetime, timezone  # noqa: E402
 
+from quiet import wait_quiet  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+
 #: Per-client tensors of P numbers each algorithm keeps.
 LAZY_TENSORS = {"scaffold": 1, "efl": 3}
 PARAMS = {"mlp": 55_210, "cifar_cnn": 1_756_426}
@@ -135,7 +137,7 @@ def main() -> None:
             if cfg["placement"] == "device" and dense_gb > args.dense_limit_gb:
                 results[i].append(f"skipped: dense state {dense_gb:,.1f} GB")
                 continue
-            load = os.getloadavg()[0]
+            load, _ = wait_quiet()
             r = run(cfg)
             if isinstance(r, dict):
                 r["load"] = load

@@ -31,6 +31,8 @@ import subprocess
 import sys
 import time
 
+from quiet import wait_quiet  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SETTINGS = {
     "default": {},
@@ -76,7 +78,7 @@ def main() -> None:
         order = cells[r % len(cells):] + cells[: r % len(cells)]  # rotate: interleaved, no fixed order
         for cond, model, backend, setting in order:
             busy = None
-            load = os.getloadavg()[0]
+            load, _ = wait_quiet()  # quiet before every run; the competing process starts after
             if cond == "compete":
                 busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
                 time.sleep(1.0)
