@@ -93,51 +93,86 @@ def dense_rows(state_dict: dict[str, Any], key: str, init: float = 0.0) -> Tenso
 
 
 class _Rows:
-    """Lazy rows of one per-client tensor: a slot per client that has a row, rows in slot order."""
+    """Lazy rows of one per-client tensor: a slot per client that has a row, rows in slot order.
+
+    The rows live in *blocks*: block ``i`` holds slots ``starts[i] .. starts[i] + len(blocks[i])``.
+    ``host`` grows by adding a block as large as all before it (capacity doubles, rows already
+    written are never copied or moved); ``disk`` keeps one block, its file, and extends it in place.
+    """
 
     def __init__(self, key: str, num_clients: int, row: tuple[int, ...], init: float, like: Tensor) -> None:
         self.key, self.num_clients, self.row, self.init = key, num_clients, row, float(init)
         self.like = like  # the 0-element buffer whose dtype (and device) the rows follow
         self.slot = torch.full((num_clients,), -1, dtype=torch.long)
         self.count = 0
-        self.data: Tensor | None = None  # [capacity, *row] on the CPU
+        self.blocks: list[Tensor] = []  # [rows_i, *row] on the CPU
+        self.starts: list[int] = []
 
     # -- storage, specialised by placement
     @property
     def capacity(self) -> int:
-        return 0 if self.data is None else int(self.data.shape[0])
+        return self.starts[-1] + int(self.blocks[-1].shape[0]) if self.blocks else 0
 
     def _allocate(self, capacity: int, dtype: torch.dtype) -> Tensor:
         raise NotImplementedError
+
+    def _grow(self, capacity: int) -> None:
+        """Make room for ``capacity`` rows in all (default: a new block for the rows past the last)."""
+        self.starts.append(self.capacity)
+        self.blocks.append(self._allocate(capacity - self.starts[-1], self.dtype()))
 
     def _check(self) -> None:
         """Verify the backing storage before an access (the disk file is still there)."""
 
     def close(self) -> None:
-        self.data = None
+        self.blocks, self.starts = [], []
 
     # -- the rows
     def dtype(self) -> torch.dtype:
         return self.like.dtype
 
+    def _stored_dtype(self) -> torch.dtype | None:
+        return self.blocks[0].dtype if self.blocks else None
+
     def _ensure(self, needed: int) -> None:
         dtype = self.dtype()
-        if self.data is not None and self.data.dtype != dtype:  # the module was cast (precision plugin)
-            old = self.data[: self.count].to(dtype)
-            self.data = None
-            self.data = self._allocate(max(self.capacity, needed, 1), dtype)
-            self.data[: self.count] = old
+        if self.blocks and self._stored_dtype() != dtype:  # the module was cast (precision plugin)
+            old = self._read(torch.arange(self.count))
+            self.close_storage()
+            self._grow(max(needed, self.count, 1))
+            self._write(torch.arange(self.count), old.to(dtype))
         if needed <= self.capacity:
             return
-        capacity = max(needed, 2 * self.capacity, 16)
-        old = self.data
-        new = self._allocate(capacity, dtype) if old is None else self._grow(old, capacity)
-        self.data = new
+        self._grow(max(needed, 2 * self.capacity, 16))
 
-    def _grow(self, old: Tensor, capacity: int) -> Tensor:
-        new = self._allocate(capacity, old.dtype)
-        new[: self.count] = old[: self.count]
-        return new
+    def close_storage(self) -> None:
+        self.blocks, self.starts = [], []
+
+    def _parts(self, slots: Tensor):
+        """``(block, positions in slots, slots within the block)`` for each block ``slots`` touch."""
+        if len(self.blocks) == 1:
+            yield self.blocks[0], None, slots
+            return
+        which = torch.bucketize(slots, torch.tensor(self.starts[1:]), right=True)
+        for i, block in enumerate(self.blocks):
+            pos = (which == i).nonzero().squeeze(1)
+            if pos.numel():
+                yield block, pos, slots[pos] - self.starts[i]
+
+    def _read(self, slots: Tensor, out: Tensor | None = None) -> Tensor:
+        """Rows at ``slots`` (all ``< count``), in one pass over each block."""
+        if out is None:
+            out = torch.empty((slots.numel(), *self.row), dtype=self._stored_dtype())
+        for block, pos, local in self._parts(slots):
+            if pos is None:
+                torch.index_select(block, 0, local, out=out)
+            else:
+                out[pos] = block.index_select(0, local)
+        return out
+
+    def _write(self, slots: Tensor, values: Tensor) -> None:
+        for block, pos, local in self._parts(slots):
+            block[local] = values if pos is None else values[pos]
 
     def gather(self, clients: Tensor) -> Tensor:
         """``[K, *row]`` rows of ``clients`` (a copy on the clients' device)."""
@@ -147,13 +182,13 @@ class _Rows:
         pin = device.type == "cuda"
         idx = self.slot[ids]
         have = idx >= 0
-        if self.data is None or not bool(have.any()):
+        if not self.blocks or not bool(have.any()):
             out = torch.full((ids.numel(), *self.row), self.init, dtype=self.dtype(), pin_memory=pin)
         else:
-            if self.data.dtype != self.dtype():
+            if self._stored_dtype() != self.dtype():
                 self._ensure(self.count)
-            out = torch.empty((ids.numel(), *self.row), dtype=self.data.dtype, pin_memory=pin)
-            torch.index_select(self.data, 0, idx.clamp(min=0), out=out)  # one pass over the rows
+            out = torch.empty((ids.numel(), *self.row), dtype=self._stored_dtype(), pin_memory=pin)
+            self._read(idx.clamp(min=0), out=out)  # one pass over the rows
             if not bool(have.all()):
                 out[~have] = self.init
         return out.to(device, non_blocking=pin)
@@ -165,10 +200,12 @@ class _Rows:
         if ids.numel() == 0:
             return
         new = ids[self.slot[ids] < 0].unique()
-        self._ensure(self.count + new.numel())
+        if self.count + new.numel() > self.capacity or self._stored_dtype() != self.dtype():
+            self._ensure(self.count + new.numel())
         self.slot[new] = torch.arange(self.count, self.count + new.numel())
         self.count += new.numel()
-        self.data[self.slot[ids]] = values.detach().to("cpu", self.data.dtype)
+        slots = self.slot[ids]
+        self._write(slots, values.detach().to("cpu", self._stored_dtype()))
 
     def clients(self) -> Tensor:
         """Ascending ids of the clients that have a row."""
@@ -178,21 +215,21 @@ class _Rows:
         """``(clients [M] ascending, rows [M, *row])`` for the state dict."""
         self._check()
         ids = self.clients()
-        if self.data is None or ids.numel() == 0:
+        if not self.blocks or ids.numel() == 0:
             return ids, torch.zeros((0, *self.row), dtype=self.dtype())
-        return ids, self.data[self.slot[ids]]
+        return ids, self._read(self.slot[ids])
 
     def load(self, clients: Tensor, rows: Tensor) -> None:
         """Replace every row by ``rows`` of ``clients`` (all other clients read ``init``)."""
         self.slot.fill_(-1)
         self.count = 0
-        if self.data is not None:
+        if self.blocks:
             self._check()
         self.scatter(clients, rows)
 
     def nbytes(self) -> int:
         """Bytes held: the rows allocated and the ``[N]`` index."""
-        return self.slot.numel() * self.slot.element_size() + (0 if self.data is None else self.data.numel() * self.data.element_size())
+        return self.slot.numel() * self.slot.element_size() + sum(b.numel() * b.element_size() for b in self.blocks)
 
 
 class _HostRows(_Rows):
@@ -203,8 +240,7 @@ class _HostRows(_Rows):
     def gather(self, clients: Tensor) -> Tensor:
         if clients.device.type == "cuda" and not self.pinned and torch.cuda.is_available():
             self.pinned = True
-            if self.data is not None:
-                self.data = self.data.pin_memory()
+            self.blocks = [b.pin_memory() for b in self.blocks]
         return super().gather(clients)
 
     def _allocate(self, capacity: int, dtype: torch.dtype) -> Tensor:
@@ -227,10 +263,10 @@ class _DiskRows(_Rows):
         return _NUMPY[dtype]
 
     def _expected_bytes(self) -> int:
-        return self.capacity * int(np.prod(self.row, dtype=np.int64)) * self.data.element_size()
+        return self.capacity * int(np.prod(self.row, dtype=np.int64)) * self.blocks[0].element_size()
 
     def _check(self) -> None:
-        if self.data is None:
+        if not self.blocks:
             return
         try:
             st = os.stat(self.path)
@@ -251,20 +287,27 @@ class _DiskRows(_Rows):
         self._inode = os.stat(self.path).st_ino
         return torch.from_numpy(self._map)
 
-    def _grow(self, old: Tensor, capacity: int) -> Tensor:
-        """Extend the file in place (rows already written stay where they are)."""
+    def _grow(self, capacity: int) -> None:
+        """One block, the file: extended in place (rows already written stay where they are)."""
+        if not self.blocks:
+            self.starts, self.blocks = [0], [self._allocate(capacity, self.dtype())]
+            return
         self._map.flush()
-        nbytes = capacity * int(np.prod(self.row, dtype=np.int64)) * old.element_size()
+        nbytes = capacity * int(np.prod(self.row, dtype=np.int64)) * self.blocks[0].element_size()
         with open(self.path, "r+b") as f:
             f.truncate(nbytes)
         self._map = np.memmap(self.path, dtype=self._map.dtype, mode="r+", shape=(capacity, *self.row))
-        return torch.from_numpy(self._map)
+        self.blocks = [torch.from_numpy(self._map)]
+
+    def close_storage(self) -> None:
+        self._map = None
+        super().close_storage()
 
     def export(self) -> tuple[Tensor, Tensor]:
         """The rows in ascending client order, copied into a scratch memory-mapped file (not RAM)."""
         self._check()
         ids = self.clients()
-        if self.data is None or ids.numel() == 0:
+        if not self.blocks or ids.numel() == 0:
             return ids, torch.zeros((0, *self.row), dtype=self.dtype())
         # a fresh file per export, unlinked once mapped: a state dict taken earlier keeps its own
         # rows (the mapping lives as long as its tensor), and nothing is left behind
@@ -277,7 +320,7 @@ class _DiskRows(_Rows):
         slots = self.slot[ids]
         step = max(1, (64 << 20) // max(1, rows[0].numel() * rows.element_size()))  # ~64 MB at a time
         for i in range(0, ids.numel(), step):
-            rows[i : i + step] = self.data[slots[i : i + step]]
+            self._read(slots[i : i + step], out=rows[i : i + step])
         return ids, rows
 
     def nbytes(self) -> int:
@@ -285,8 +328,7 @@ class _DiskRows(_Rows):
         return super().nbytes()
 
     def close(self) -> None:
-        self._map = None
-        self.data = None
+        self.close_storage()
         self.path.unlink(missing_ok=True)
 
 

@@ -115,6 +115,35 @@ def test_lazy_rows_read_the_initial_value_and_grow_with_participants(tmp_path):
         store.close()
 
 
+@pytest.mark.parametrize("placement", ["host", "disk"])
+def test_rows_agree_with_a_dense_reference_through_many_growths(placement, tmp_path):
+    """Random cohorts (clients seen before and new ones) over 40 rounds, the row storage growing
+    from 16 rows to 512 (``host``: in blocks, rows never moved; ``disk``: the file extended in
+    place): every read equals a dense ``[N, P]`` tensor written the same way, and so does the
+    state dict's sparse entry."""
+    n, P = 500, 7
+    store = ClientStateStore(placement, tmp_path)
+    owner = nn.Module()
+    store.register_owner("o", owner)
+    store.allocate(owner, [StateSpec("c")], torch.ones(n, dtype=torch.long), P, torch.zeros((), dtype=torch.float64))
+    ref = torch.zeros(n, P, dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(40):
+        clients = torch.randperm(n, generator=g)[: int(torch.randint(1, 40, (1,), generator=g))]
+        assert torch.equal(store.rows(owner, "c", clients), ref[clients])
+        values = torch.randn(len(clients), P, generator=g, dtype=torch.float64)
+        store.write_rows(owner, "c", clients, values)
+        ref[clients] = values
+    rows = store._rows[(id(owner), "c")]
+    assert rows.capacity >= 256 and rows.count == int((ref != 0).any(1).sum())
+    if placement == "host":
+        assert len(rows.blocks) >= 5  # grown in blocks: 16, 16, 32, 64, 128, ...
+    assert torch.equal(store.rows(owner, "c", torch.arange(n)), ref)
+    assert torch.equal(store.rows(owner, "c", torch.arange(n).flip(0)), ref.flip(0))
+    assert torch.equal(dense_rows(owner.state_dict(), "c"), ref)
+    store.close()
+
+
 def _trainer(root, rounds, **kwargs):
     return Trainer(max_steps=rounds, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                    enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
