@@ -13,7 +13,11 @@ turn (interleaved):
 * ``one by one``: the same 18 runs one after another in this process, each a group of one
   (the same driver, so only the batching differs);
 * ``lfed fit``: the same 18 runs one after another through ``lfed fit``'s own path
-  (LightningCLI parsing and ``Trainer.fit``), in this process (no process start-up or imports paid).
+  (LightningCLI parsing and ``Trainer.fit``), in this process (no process start-up or imports paid);
+* ``processes``: the same 18 runs as 18 ``lfed fit`` processes one after another, what a grid is
+  without a group (a W&B agent or a shell loop): each pays the interpreter, the imports and the data.
+  Its ``train s`` is an estimate: the processes' wall-clock less 18 times the seconds of one
+  ``python -c 'import lfed.cli'`` (measured once per repeat); its ``total s`` is measured.
 
 ``train s`` is the training of all rounds and the final evaluation (the data loaded and the
 runs built before the clock starts); ``total s`` adds building the runs and loading the data.
@@ -25,6 +29,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -95,7 +101,24 @@ def run_lfed_fit(a) -> tuple[float, float]:
     return train, time.perf_counter() - t0
 
 
-MODES = {"group": run_group, "one by one": run_one_by_one, "lfed fit": run_lfed_fit}
+def run_processes(a) -> tuple[float, float]:
+    env = dict(os.environ, WANDB_MODE="disabled")
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import lfed.cli"], check=True, env=env)
+    startup = time.perf_counter() - t
+    t0 = time.perf_counter()
+    for point in sweep(a).points():
+        args = [sys.executable, "-m", "lfed.cli", "fit", "--config", a.config, *Sweep.args_of(point), *overrides(a),
+                "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--checkpoint_every=0",
+                "--trainer.default_root_dir=/tmp/lfed-many-runs"]
+        proc = subprocess.run(args, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"lfed fit failed: {' '.join(args)}\n{proc.stderr[-3000:]}")
+    total = time.perf_counter() - t0
+    return total - len(sweep(a).points()) * startup, total
+
+
+MODES = {"group": run_group, "one by one": run_one_by_one, "lfed fit": run_lfed_fit, "processes": run_processes}
 
 
 def main() -> None:

@@ -78,6 +78,7 @@ class Study:
     methods: list[Method]
     paper: dict[str, float]
     paper_label: str
+    runs_from: str  # the study whose cached runs this one shares (runs with the same arguments)
 
 
 def _need(d: dict, key: str, where: str):
@@ -115,6 +116,7 @@ def load_study(path: Path) -> Study:
         base=[REPO / b for b in _need(raw, "base", where)], overrides=list(raw.get("overrides", [])),
         rounds=int(_need(raw, "rounds", where)), evaluate_every=int(raw.get("evaluate_every", 5)), seeds=seeds,
         reference=reference, methods=methods, paper=dict(raw.get("paper", {}) or {}), paper_label=raw.get("paper_label", ""),
+        runs_from=str(raw.get("runs_from", path.stem)),
     )
 
 
@@ -169,7 +171,7 @@ def run_study(study: Study, runner: Runner, lock: str | None, quick: bool, log) 
         args = [*study.overrides, *method.overrides, f"--trainer.max_steps={rounds}", f"--trainer.val_check_interval={every}",
                 f"--seed_everything={seed}", f"--model.seed={seed}", f"--data.seed={seed}",
                 *(f"--{k}={v}" for k, v in point.items())]
-        name, configs = f"{study.name}/{method.name}/{point_label(point)}/seed{seed}", [*study.base, method.config]
+        name, configs = f"{study.runs_from}/{method.name}/{point_label(point)}/seed{seed}", [*study.base, method.config]
         with cpu_lock(None if runner.is_cached(name, configs, args) else lock):  # a cached run trains nothing
             return runner.run(name, configs, args)
 
