@@ -125,7 +125,7 @@ class _Rows:
         """Verify the backing storage before an access (the disk file is still there)."""
 
     def close(self) -> None:
-        self.blocks, self.starts = [], []
+        self.close_storage()
 
     # -- the rows
     def dtype(self) -> torch.dtype:
