@@ -138,6 +138,10 @@ def run_grid(argv: list[str] | None = None) -> tuple[RunGroup, Path]:
     rows = group.fit(resume=args.resume)
     table = format_table(rows)
     print(table)
+    chosen = [r for r in rows if r.get("val_last10pct_acc") is not None and r["status"] == "done"]
+    if chosen:  # the choice a protocol makes: on the validation split, never on the test set
+        best = max(chosen, key=lambda r: r["val_last10pct_acc"])
+        print(f"lfed grid: best on the validation split (last-10% accuracy {best['val_last10pct_acc']:.4f}): {best['member']}")
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
     writer.writeheader()

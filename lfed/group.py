@@ -450,6 +450,17 @@ class RunGroup:
                 ev.update(module.net, module.loss_fn, d.test_x[lo : lo + bs], d.test_y[lo : lo + bs])
             metrics = ev.compute(is_classification(d.test_y))
             per_client = client_accuracies(module.net, d, 0, 1, lambda t: t)
+            val_acc = None
+            if d.has_validation:  # the server's validation split (data.validation_fraction), as lfed fit's val/*
+                val = GlobalEvaluation()
+                vx, vy = d.train_x[d.val_index], d.train_y[d.val_index]
+                for lo in range(0, vx.shape[0], bs):
+                    val.update(module.net, module.loss_fn, vx[lo : lo + bs], vy[lo : lo + bs])
+                val_metrics = val.compute(is_classification(d.test_y))
+                metrics["val/loss"] = val_metrics["test/loss"]
+                val_acc = val_metrics.get("test/acc")
+                if val_acc is not None:
+                    metrics["val/acc"] = val_acc
         finally:
             module.net.train(was_training)
         acc = metrics.get("test/acc")
@@ -457,6 +468,8 @@ class RunGroup:
             client = per_client[~torch.isnan(per_client)]
             metrics["client/acc_mean"] = float(client.mean())
             metrics["client/acc_worst10"] = worst_share_mean(client, 0.1)
+        if val_acc is not None:
+            module.val_history.append((m.round, val_acc))
         if acc is not None:
             module.eval_history.append((m.round, acc))
             module.comm.log_accuracy(acc)
@@ -472,6 +485,9 @@ class RunGroup:
         last = module.last_rounds_accuracy()
         if last is not None:
             summary["final/test_acc_last10pct"] = last
+        last_val = module.last_rounds_accuracy(split="val")
+        if last_val is not None:
+            summary["final/val_acc_last10pct"] = last_val
         if module.eval_history:
             summary["final/test_acc"] = module.eval_history[-1][1]
         for target in module.accuracy_targets:
@@ -513,7 +529,7 @@ class RunGroup:
             "round": m.round, "name": m.name, "params": m.params, "settings": m.settings,
             "module": module.state_dict(), "optimizer": m.optimizer.state_dict(),
             "lfed": {"comm": module.comm.state_dict(), "eval_history": list(module.eval_history),
-                     "bmta": module.bmta.state_dict()},
+                     "val_history": list(module.val_history), "bmta": module.bmta.state_dict()},
         }
         write_atomically(path, lambda f: torch.save(state, f))
         if m.logger is not None:
@@ -536,6 +552,7 @@ class RunGroup:
             lf = state["lfed"]
             m.module.comm.load_state_dict(lf["comm"])
             m.module.eval_history = [tuple(x) for x in lf["eval_history"]]
+            m.module.val_history = [tuple(x) for x in lf.get("val_history", [])]
             m.module.bmta.load_state_dict(lf["bmta"])
             m.round = int(state["round"])
             if m.round >= m.rounds:
@@ -581,12 +598,17 @@ class RunGroup:
         return self.table_rows()
 
     def table_rows(self) -> list[dict[str, Any]]:
-        """One row per member: name, grid point, status, final and last-10% test accuracy."""
+        """One row per member: name, grid point, status, final and last-10% test accuracy, and the
+        last-10% accuracy on the server's validation split when the data has one (choose on that one)."""
         rows = []
+        validation = any(m.module.val_history for m in self.members)
         for m in self.members:
             final = m.module.eval_history[-1][1] if m.module.eval_history else None
-            rows.append({"member": m.name, **{k: v for k, v in m.params.items()}, "status": m.status,
-                         "rounds": m.round, "final_acc": final, "last10pct_acc": m.module.last_rounds_accuracy()})
+            row = {"member": m.name, **{k: v for k, v in m.params.items()}, "status": m.status, "rounds": m.round}
+            if validation:
+                row["val_last10pct_acc"] = m.module.last_rounds_accuracy(split="val")
+            row.update(final_acc=final, last10pct_acc=m.module.last_rounds_accuracy())
+            rows.append(row)
         return rows
 
 

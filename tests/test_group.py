@@ -60,7 +60,10 @@ def assert_members_equal_alone(configs, parameters, overrides, tmp_path, merged_
         assert w.dtype == torch.float64
         assert torch.equal(w, w_alone), (m.name, (w - w_alone).abs().max())
         assert m.module.eval_history == module.eval_history, m.name
+        assert m.module.val_history == module.val_history, m.name
         assert m.module.comm.uploads == module.comm.uploads
+        for key in ("final/test_acc_last10pct", "final/val_acc_last10pct"):
+            assert m.summary.get(key) == module.final_summary.get(key), (m.name, key)
     if merged_calls_per_round is not None:  # the rows really were trained together
         assert group.engine_calls == merged_calls_per_round * group.members[0].rounds
     return group
@@ -73,6 +76,19 @@ ROUNDS = ["--trainer.max_steps=4", "--trainer.val_check_interval=2", *F64]
 def test_fedavg_lr_and_seed_grid_equals_each_run_alone(backend, tmp_path):
     assert_members_equal_alone([config("quickstart.yaml")], {"model.client_lr": [0.05, 0.1], "model.seed": [0, 1]},
                                [*ROUNDS, f"--model.backend={backend}"], tmp_path, merged_calls_per_round=1)
+
+
+def test_members_with_a_validation_split_report_it_as_the_run_alone(tmp_path):
+    """With data.validation_fraction > 0 a member evaluates the server's validation split as lfed fit does
+    (val/acc every evaluation, final/val_acc_last10pct) and the table carries it, to choose on."""
+    group = assert_members_equal_alone([config("quickstart.yaml")], {"model.client_lr": [0.05, 0.3]},
+                                       [*ROUNDS, "--data.validation_fraction=0.2"], tmp_path, merged_calls_per_round=1)
+    for m in group.members:
+        assert [r for r, _ in m.module.val_history] == [2, 4]
+        assert 0.0 < m.summary["final/val_acc_last10pct"] <= 1.0
+    rows = group.table_rows()
+    assert [r["val_last10pct_acc"] for r in rows] == [m.summary["final/val_acc_last10pct"] for m in group.members]
+    assert "val_last10pct_acc" not in grouped([config("quickstart.yaml")], {"model.client_lr": [0.05]}, ROUNDS).table_rows()[0]
 
 
 def test_scaffold_grid_equals_each_run_alone(tmp_path):
@@ -123,7 +139,7 @@ def test_a_diverging_member_stops_alone(tmp_path):
 
 def test_group_resume_after_a_kill_is_exact(tmp_path):
     configs, params = [config("scaffold_digits.yaml")], {"model.client_lr": [0.05, 0.1]}
-    overrides = ["--trainer.max_steps=5", "--trainer.val_check_interval=2", *F64]
+    overrides = ["--trainer.max_steps=5", "--trainer.val_check_interval=2", "--data.validation_fraction=0.2", *F64]
     whole = grouped(configs, params, overrides, tmp_path / "whole")
     members, dtype = build_members(configs, Sweep("t", params), overrides)
     killed = RunGroup(members, tmp_path / "kill", dtype=dtype, log=None, checkpoint_every=2)
@@ -139,6 +155,8 @@ def test_group_resume_after_a_kill_is_exact(tmp_path):
         assert torch.equal(a.module.layout.module_vector(a.module.net), b.module.layout.module_vector(b.module.net))
         assert torch.equal(a.module.objective.state("control"), b.module.objective.state("control"))
         assert a.module.eval_history == b.module.eval_history
+        assert a.module.val_history == b.module.val_history and len(b.module.val_history) == 3
+        assert a.summary == b.summary
         assert a.module.comm.uploads == b.module.comm.uploads
 
 
