@@ -12,7 +12,10 @@ learning rate at the client learning rate another method chose). For every metho
    whether the run had settled (the last-10% mean within 1 point of the mean of the 10% of rounds
    before it, on every seed), a flag when the choice lies on the edge of the grid, the per-seed
    (paired) difference against the study's reference method, and the diagnostics the issue asks
-   for (``round/amplification``, attention logit spread, ``max η λ U``, both BMTAs);
+   for (``round/amplification``, attention logit spread, ``max η λ U``, both BMTAs); with the study
+   key ``targets`` also, per target test accuracy, the rounds and cumulative client uploads at the
+   first evaluation that reached it (AdaFL's "rounds (uploads) to reach X%", :func:`first_reach`),
+   mean ± standard deviation over the seeds that reached it;
 
 and writes its section of RESULTS.md (between ``<!-- protocol:NAME -->`` markers) and a plot of
 mean ± band over seeds. Runs go through lfed's own CLI parser (``paper_results.Runner``) and are
@@ -40,7 +43,7 @@ import re
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ.setdefault("WANDB_MODE", "disabled")
@@ -79,6 +82,7 @@ class Study:
     paper: dict[str, float]
     paper_label: str
     runs_from: str  # the study whose cached runs this one shares (runs with the same arguments)
+    targets: list[float] = field(default_factory=list)  # test accuracies to report rounds/uploads to reach
 
 
 def _need(d: dict, key: str, where: str):
@@ -108,6 +112,10 @@ def load_study(path: Path) -> Study:
     seeds = [int(s) for s in _need(raw, "seeds", where)]
     if len(seeds) < 1:
         raise ValueError(f"{where}: seeds: give at least one")
+    targets = raw.get("targets") or []
+    if not isinstance(targets, list) or any(isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 1
+                                            for t in targets):
+        raise ValueError(f"{where}: targets: a list of test accuracies in (0, 1] (fractions, e.g. [0.9, 0.95]), got {targets!r}")
     reference = raw.get("reference", names[0])
     if reference not in names:
         raise ValueError(f"{where}: reference: '{reference}' is not one of the methods {names}")
@@ -116,7 +124,7 @@ def load_study(path: Path) -> Study:
         base=[REPO / b for b in _need(raw, "base", where)], overrides=list(raw.get("overrides", [])),
         rounds=int(_need(raw, "rounds", where)), evaluate_every=int(raw.get("evaluate_every", 5)), seeds=seeds,
         reference=reference, methods=methods, paper=dict(raw.get("paper", {}) or {}), paper_label=raw.get("paper_label", ""),
-        runs_from=str(raw.get("runs_from", path.stem)),
+        runs_from=str(raw.get("runs_from", path.stem)), targets=sorted(float(t) for t in targets),
     )
 
 
@@ -138,6 +146,30 @@ def window_mean(history: list[dict], key: str, lo: float, hi: float, last: int) 
     """Mean of ``key`` over evaluations with round in ``(lo * last, hi * last]``."""
     vals = [h[key] for h in history if h.get(key) is not None and lo * last < h["round"] <= hi * last]
     return sum(vals) / len(vals) if vals else None
+
+
+def first_reach(history: list[dict], target: float) -> tuple[int, int] | None:
+    """``(round, uploads)`` of the first evaluation whose test accuracy ``acc`` is ``>= target``.
+
+    AdaFL's (seed 003) "rounds (uploads) to reach X%": ``round`` is the number of completed rounds
+    at that evaluation and ``uploads`` the cumulative client uploads ``Σ_t K_t`` up to it (the
+    history of :class:`paper_results.Recorder`). ``None`` if no evaluation reached ``target``. The
+    evaluation grid makes the round exact only to a multiple of the evaluation interval.
+    """
+    from lfed.communication import rounds_to_reach  # checks rounds increase and uploads never decrease
+
+    return rounds_to_reach([(h["round"], h["uploads"], h["acc"]) for h in history], target)
+
+
+def reach_cell(runs: list[Run], target: float) -> str:
+    """A table cell: rounds / uploads to ``target``, mean ± std over the runs that reached it."""
+    hits = [first_reach(run.history, target) for run in runs]  # a run that diverged later still reached it
+    reached = [h for h in hits if h is not None]
+    if not reached:
+        return "not reached"
+    (rm, rs), (um, us) = mean_std([float(r) for r, _ in reached]), mean_std([float(u) for _, u in reached])
+    cell = f"{rm:.0f} ± {rs:.0f} / {um:.0f} ± {us:.0f}"
+    return cell if len(reached) == len(runs) else f"{cell} ({len(reached)}/{len(runs)} reached)"
 
 
 def settling(run: Run) -> float | None:
@@ -223,6 +255,8 @@ def plot(study: Study, res: dict, path: Path) -> None:
         line, = ax.plot(common, [100 * m for m in mean], label=f"{name} ({point_label(r['point'])})", lw=1.2)
         ax.fill_between(common, [100 * (m - s) for m, s in zip(mean, std)], [100 * (m + s) for m, s in zip(mean, std)],
                         color=line.get_color(), alpha=0.18, lw=0)
+    for t in study.targets:  # the accuracies whose rounds / uploads to reach the table reports
+        ax.axhline(100 * t, color="grey", ls=":", lw=0.8)
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%), mean ± std over seeds")
     ax.set_title(study.title, fontsize=9)
@@ -267,10 +301,17 @@ def section(study: Study, res: dict, cmd: str, seconds: float, load: tuple[float
          f"Each method's grid ran on seed {seeds[0]}; the point with the best last-10% *validation* accuracy "
          f"(a {study.overrides and 'server-held split of the training set' or 'split'}, no client trains on it) then ran on "
          f"the other seeds. Test accuracy = mean over the evaluations in the last 10% of rounds. "
-         f"Settled = the last-10% mean within {SETTLED_POINTS:g} point of the 10% of rounds before it on every seed.", "",
-         f"| method | grid (validation last-10%, seed {seeds[0]}) | chosen | test last-10% (%) mean ± std | settled (max move, pts) "
-         f"| vs {study.reference}, paired (pts) | diagnostics | {study.paper_label or 'paper'} |",
-         "|---|---|---|---|---|---|---|---|"]
+         f"Settled = the last-10% mean within {SETTLED_POINTS:g} point of the 10% of rounds before it on every seed."]
+    if study.targets:
+        L[-1] += (f" To X%: rounds / uploads = the completed rounds and the cumulative client uploads (Σ_t K_t) at the "
+                  f"first evaluation whose *test* accuracy was ≥ X%, counted on test accuracy as the paper does (the "
+                  f"choice of the grid point above is still made on validation), mean ± std over the seeds that reached "
+                  f"it (\"k/n reached\" when not all did); exact only to the evaluation interval.")
+    reach_cols = [f"to {100 * t:g}%: rounds / uploads" for t in study.targets]
+    L += ["", f"| method | grid (validation last-10%, seed {seeds[0]}) | chosen | test last-10% (%) mean ± std | settled (max move, pts) "
+          f"| vs {study.reference}, paired (pts) | " + "".join(f"{c} | " for c in reach_cols)
+          + f"diagnostics | {study.paper_label or 'paper'} |",
+          "|---|---|---|---|---|---|" + "---|" * len(reach_cols) + "---|---|"]
     ref = res[study.reference]["runs"]
     for name, r in res.items():
         grid = ", ".join(f"{point_label({k: v for k, v in p.items() if k in r['keys']})}: "
@@ -288,7 +329,8 @@ def section(study: Study, res: dict, cmd: str, seconds: float, load: tuple[float
             dm, ds = mean_std(diffs)
             wins = sum(d > 0 for d in diffs if math.isfinite(d))
             paired = "–" if not math.isfinite(dm) else f"{dm:+.2f} ± {ds:.2f} ({wins}/{len(diffs)} seeds better)"
-        L.append(f"| {name} | {grid} | {chosen} | {fmt_pm(m, s)} | {settled} | {paired} | {diagnostics(r['runs'])} "
+        reach = "".join(f"{reach_cell(r['runs'], t)} | " for t in study.targets)
+        L.append(f"| {name} | {grid} | {chosen} | {fmt_pm(m, s)} | {settled} | {paired} | {reach}{diagnostics(r['runs'])} "
                  f"| {study.paper.get(name, '–')} |")
     L += ["", f"![]({(OUT / study.name).relative_to(REPO)}.png)", ""]
     return L
@@ -307,11 +349,12 @@ def write_section(study: Study, lines: list[str]) -> None:
     RESULTS.write_text(text)
 
 
-def to_json(res: dict) -> dict:
+def to_json(res: dict, targets: list[float] = ()) -> dict:
     return {name: {"point": r["point"], "edge": r["edge"], "grid_keys": r["keys"],
                    "grid": [{"point": p, "val_last10": v if math.isfinite(v) else None, "test_last10": last10(x)} for p, v, x in r["grid"]],
                    "seeds": [{"args": x.args, "test_last10": last10(x), "val_last10": x.summary.get("final/val_acc_last10pct"),
-                              "seconds": x.seconds, "settling": settling(x), "extra": x.extra, "summary": x.summary} for x in r["runs"]]}
+                              "seconds": x.seconds, "settling": settling(x), "extra": x.extra, "summary": x.summary,
+                              "reach": {f"{t:g}": first_reach(x.history, t) for t in targets}} for x in r["runs"]]}
             for name, r in res.items()}
 
 
@@ -356,7 +399,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.quick:
             continue
         OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / f"{study.name}.json").write_text(json.dumps(to_json(res), indent=1, default=str))
+        (OUT / f"{study.name}.json").write_text(json.dumps(to_json(res, study.targets), indent=1, default=str))
         plot(study, res, OUT / f"{study.name}.png")
         write_section(study, lines)
         log(f"{study.name}: written to RESULTS.md ({(time.time() - started) / 60:.1f} min wall)")

@@ -172,3 +172,90 @@ def test_a_study_file_with_a_bad_reference_is_refused(tmp_path):
                    " fixed_from: {model.client_lr: B}}\n")
     with pytest.raises(ValueError, match="must be a method listed before it"):
         _protocol().load_study(bad)
+
+
+def _fake_run(accs: list[float], per_round: int = 10, every: int = 2):
+    """A recorded run evaluated every ``every`` rounds with ``per_round`` uploads a round."""
+    from paper_results import Run
+
+    history = [{"round": every * (i + 1), "acc": a, "val_acc": a, "client_acc": None, "uploads": per_round * every * (i + 1)}
+               for i, a in enumerate(accs)]
+    return Run("fake", history, {"final/test_acc_last10pct": accs[-1], "final/val_acc_last10pct": accs[-1]}, 1.0, [])
+
+
+def test_first_reach_is_the_first_evaluation_at_or_above_the_target():
+    pp = _protocol()
+    history = [{"round": 2, "acc": 0.5, "uploads": 20}, {"round": 4, "acc": 0.91, "uploads": 40},
+               {"round": 6, "acc": 0.89, "uploads": 70}, {"round": 8, "acc": 0.95, "uploads": 110}]
+    assert pp.first_reach(history, 0.9) == (4, 40)
+    assert pp.first_reach(history, 0.91) == (4, 40)  # >= counts; the dip at round 6 does not undo it
+    assert pp.first_reach(history, 0.93) == (8, 110)
+    assert pp.first_reach(history, 0.96) is None
+    assert pp.first_reach([], 0.5) is None
+
+
+def test_reach_cell_averages_over_the_seeds_that_reached_and_counts_them():
+    pp = _protocol()
+    a, b, c = _fake_run([0.5, 0.92, 0.93]), _fake_run([0.5, 0.6, 0.91]), _fake_run([0.5, 0.6, 0.7])
+    assert pp.reach_cell([a, b], 0.9) == "5 ± 1 / 50 ± 14"  # rounds 4, 6; uploads 40, 60
+    assert pp.reach_cell([a, b, c], 0.9) == "5 ± 1 / 50 ± 14 (2/3 reached)"
+    assert pp.reach_cell([a], 0.9) == "4 ± 0 / 40 ± 0"
+    assert pp.reach_cell([c], 0.9) == "not reached"
+
+
+def test_targets_key_adds_a_rounds_uploads_column_per_target(monkeypatch):
+    import dataclasses
+
+    pp = _protocol()
+    study = pp.load_study(PAPER / "grids" / "adafl_uploads.yaml")
+    assert study.targets == sorted(study.targets) and 0.9 in study.targets
+    study = dataclasses.replace(study, targets=[0.9, 0.95])
+
+    def result():
+        runs = [_fake_run([0.5, 0.92, 0.96]), _fake_run([0.5, 0.6, 0.91]), _fake_run([0.5, 0.6, 0.7])]
+        point = {"model.client_lr": 0.1}
+        return {"grid": [(point, 0.9, runs[0])], "point": point, "runs": runs, "edge": [], "keys": ["model.client_lr"]}
+
+    res = {m.name: result() for m in study.methods}
+    monkeypatch.setattr(pp, "git_head", lambda: "abc")
+    lines = pp.section(study, res, "cmd", 60.0, (0.0, 0.0), quick=False)
+    header = next(line for line in lines if line.startswith("| method"))
+    assert "| to 90%: rounds / uploads | to 95%: rounds / uploads |" in header
+    sep = lines[lines.index(header) + 1]
+    assert sep.count("|") == header.count("|")
+    row = next(line for line in lines if line.startswith(f"| {study.reference} |"))
+    assert row.count("|") == header.count("|")
+    assert "| 5 ± 1 / 50 ± 14 (2/3 reached) | 6 ± 0 / 60 ± 0 (1/3 reached) |" in row
+    assert "counted on test accuracy as the paper does" in "\n".join(lines)
+    plain = dataclasses.replace(study, targets=[])
+    assert "rounds / uploads" not in "\n".join(pp.section(plain, res, "cmd", 60.0, (0.0, 0.0), quick=False))
+
+
+def test_a_study_file_with_targets_in_percent_is_refused(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("title: t\nbase: []\nrounds: 2\nseeds: [0]\ntargets: [90]\n"
+                   "methods:\n  A: {config: configs/paper/igfl/alg_fedavg.yaml, grid: {model.client_lr: [0.1]}}\n")
+    with pytest.raises(ValueError, match="targets: a list of test accuracies in"):
+        _protocol().load_study(bad)
+
+
+def test_adafl_method_files_resolve_to_the_paper_s_samplers_and_fractions():
+    """configs/paper/adafl/: layered after the AdaFL base, FedAvg rows sample uniformly (the base's
+    sampler_alpha is unused), the fractions are constant or ramp 0.1 -> 0.5 in the stated stages."""
+    base = PAPER / "adafl_mnist.yaml"
+    expected = {  # file -> (sampler, fraction at rounds 0, 39, 40, 59, 60, 120, 160, 199)
+        "alg_fedavg_01": ("uniform", [0.1] * 8),
+        "alg_fedavg_05": ("uniform", [0.5] * 8),
+        "alg_dyn_fedavg_60": ("uniform", [0.1, 0.1, 0.1, 0.1, 0.2, 0.3, 0.3, 0.4]),
+        "alg_dyn_fedavg_40": ("uniform", [0.1, 0.1, 0.2, 0.2, 0.2, 0.4, 0.5, 0.5]),
+        "alg_adafl_40": ("attention", [0.1, 0.1, 0.2, 0.2, 0.2, 0.4, 0.5, 0.5]),
+    }
+    for stem, (sampler, fractions) in expected.items():
+        cli = instantiate(base, PAPER / "adafl" / f"{stem}.yaml", extra=["--data.data_dir=/nonexistent", "--model.batch_size=50"])
+        m = cli.model
+        assert m.composition["sampler"] == sampler, stem
+        assert (m.composition["objective"], m.composition["aggregation"], m.composition["weighting"]) == ("plain", "mean", "size")
+        schedule = m.participation.fraction
+        assert [float(schedule(r, 200)) for r in (0, 39, 40, 59, 60, 120, 160, 199)] == fractions, stem
+        assert m.training_plan.batch_size == 50 and cli.datamodule.partition == "shards"
+    assert m.sampler.alpha == 0.9
