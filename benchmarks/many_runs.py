@@ -27,7 +27,9 @@ Runs per hour are from ``total s``. Evaluation: once, after the last round.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -144,8 +146,11 @@ def main() -> None:
         for mode in a.modes:  # interleaved
             load, _ = wait_quiet()  # every mode starts below load 1.0
             times[mode].append(MODES[mode](a))
+            gc.collect()  # a group's members hold reference cycles: free them before the next mode builds its own
             train, total = times[mode][-1]
-            print(f"  repeat {r}: {mode}: train {train:.1f} s, total {total:.1f} s (load before {load:.2f})", flush=True)
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux -> GiB, peak so far
+            print(f"  repeat {r}: {mode}: train {train:.1f} s, total {total:.1f} s (load before {load:.2f}; "
+                  f"this process's peak RSS so far {peak:.1f} GiB)", flush=True)
     print(f"| mode | train s (median of {a.repeats}) | total s | runs / hour | speed-up (train) | speed-up (total) |")
     print("|---|---|---|---|---|---|")
     base = {k: statistics.median(v) for k, v in ((m, [t[0] for t in times[m]]) for m in a.modes)}
