@@ -192,29 +192,52 @@ def point_label(point: dict) -> str:
     return ", ".join(f"{k.split('.')[-1]}={v:g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}" for k, v in point.items())
 
 
-def run_study(study: Study, runner: Runner, lock: str | None, quick: bool, log) -> dict:
+def run_study(study: Study, runner: Runner, lock: str | None, quick: bool, log, together: bool = False) -> dict:
+    """Run ``study``'s protocol (module docstring); with ``together``, the runs that can start at once train as
+    one group (``lfed grid``'s engine, :meth:`paper_results.Runner.train_together`): every method's first-seed
+    grid (those without ``fixed_from``) at once, then each ``fixed_from`` grid, then every chosen point's
+    other seeds at once. The results are the same runs' results up to float32 round-off."""
     rounds = 6 if quick else study.rounds
     every = 2 if quick else study.evaluate_every
     seeds = study.seeds[:2] if quick else study.seeds
     chosen: dict[str, dict] = {}
     out: dict[str, dict] = {}
 
-    def one(method: Method, point: dict, seed: int) -> Run:
+    def job(method: Method, point: dict, seed: int) -> tuple[str, list[Path], list[str]]:
         args = [*study.overrides, *method.overrides, f"--trainer.max_steps={rounds}", f"--trainer.val_check_interval={every}",
                 f"--seed_everything={seed}", f"--model.seed={seed}", f"--data.seed={seed}",
                 *(f"--{k}={v}" for k, v in point.items())]
-        name, configs = f"{study.runs_from}/{method.name}/{point_label(point)}/seed{seed}", [*study.base, method.config]
+        return f"{study.runs_from}/{method.name}/{point_label(point)}/seed{seed}", [*study.base, method.config], args
+
+    def one(method: Method, point: dict, seed: int) -> Run:
+        name, configs, args = job(method, point, seed)
         with cpu_lock(None if runner.is_cached(name, configs, args) else lock):  # a cached run trains nothing
             return runner.run(name, configs, args)
 
-    for method in study.methods:
+    def train_together(jobs: list) -> None:
+        if together and any(not runner.is_cached(*j) for j in jobs):
+            with cpu_lock(lock):
+                runner.train_together(jobs)
+
+    def grid_of(method: Method) -> list[dict]:
         fixed = {param: chosen[other][param] for param, other in method.fixed_from.items()}
         keys = list(method.grid)
-        grid = [dict(fixed, **dict(zip(keys, values))) for values in itertools.product(*(method.grid[k] for k in keys))]
+        return [dict(fixed, **dict(zip(keys, values))) for values in itertools.product(*(method.grid[k] for k in keys))]
+
+    train_together([job(m, point, seeds[0]) for m in study.methods if not m.fixed_from for point in grid_of(m)])
+    selections = {}
+    for method in study.methods:
+        grid = grid_of(method)
         log(f"{study.name}: {method.name}, {len(grid)} grid points on seed {seeds[0]}, then {len(seeds) - 1} more seeds")
+        train_together([job(method, point, seeds[0]) for point in grid])  # a fixed_from grid (the others are cached)
         selection = [(point, one(method, point, seeds[0])) for point in grid]
         best_point, best_run = max(selection, key=lambda pr: val_score(pr[1]))
         chosen[method.name] = best_point
+        selections[method.name] = selection, best_point, best_run
+    train_together([job(m, chosen[m.name], s) for m in study.methods for s in seeds[1:]])
+    for method in study.methods:
+        selection, best_point, best_run = selections[method.name]
+        keys = list(method.grid)
         runs = [best_run] + [one(method, best_point, s) for s in seeds[1:]]
         edge = {k: best_point[k] in (method.grid[k][0], method.grid[k][-1]) and len(method.grid[k]) > 1 for k in keys}
         out[method.name] = {"grid": [(p, val_score(r), r) for p, r in selection], "point": best_point, "runs": runs,
@@ -289,6 +312,17 @@ def diagnostics(runs: list[Run]) -> str:
     return "; ".join(parts) or "–"
 
 
+def together_note(res: dict) -> str:
+    """How many of the runs were trained in groups (``--together``), for the section's cost sentence."""
+    runs = [x for r in res.values() for x in [*(g[2] for g in r["grid"]), *r["runs"][1:]]]
+    grouped = [x for x in runs if x.extra.get("group_size", 1) > 1]
+    if not grouped:
+        return ""
+    return (f"; {len(grouped)} of the {len(runs)} runs trained together in groups of up to "
+            f"{max(x.extra['group_size'] for x in grouped)} (lfed.group, --together): a grouped run's seconds are its "
+            "group's divided by its size")
+
+
 def section(study: Study, res: dict, cmd: str, seconds: float, load: tuple[float, float], quick: bool) -> list[str]:
     seeds = study.seeds[:2] if quick else study.seeds
     rounds = 6 if quick else study.rounds
@@ -297,7 +331,8 @@ def section(study: Study, res: dict, cmd: str, seconds: float, load: tuple[float
          f"Command: `{cmd}` (lfed {git_head()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}). "
          f"{rounds} rounds, evaluated every {2 if quick else study.evaluate_every}; seeds {seeds}; {n_runs} runs, "
          f"{seconds / 60:.1f} CPU-minutes of training and evaluation on this 2-core machine (load average "
-         f"{load[0]:.1f} at the start, {load[1]:.1f} at the end; runs took turns with other jobs through a lock). "
+         f"{load[0]:.1f} at the start, {load[1]:.1f} at the end; runs took turns with other jobs through a lock"
+         f"{together_note(res)}). "
          f"Each method's grid ran on seed {seeds[0]}; the point with the best last-10% *validation* accuracy "
          f"(a {study.overrides and 'server-held split of the training set' or 'split'}, no client trains on it) then ran on "
          f"the other seeds. Test accuracy = mean over the evaluations in the last 10% of rounds. "
@@ -365,6 +400,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="6 rounds, 2 seeds: a smoke test (not written to RESULTS.md)")
     p.add_argument("--fresh", action="store_true", help="ignore cached runs")
     p.add_argument("--lock", default=None, help="flock this file around each run (share the CPU one job at a time)")
+    p.add_argument("--together", action="store_true",
+                   help="train the runs that can start at once as one group (lfed grid's engine; same results up to "
+                        "float32 round-off, faster on small models)")
     p.add_argument("--methods", default=None,
                    help="comma-separated subset of each study's methods to run and report (the reference always runs)")
     args = p.parse_args(argv)
@@ -390,10 +428,10 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory() as work:
             cache = None if args.quick else OUT / "run_cache"
             runner = Runner(Path(args.data_dir), Path(work), log, cache=cache, fresh=args.fresh)
-            res = run_study(study, runner, args.lock, args.quick, log)
+            res = run_study(study, runner, args.lock, args.quick, log, together=args.together)
         seconds = sum(x.seconds for r in res.values() for x in [*(g[2] for g in r["grid"]), *r["runs"][1:]])
         path = REPO / "configs" / "paper" / "grids" / f"{study.name}.yaml"
-        cmd = f"python benchmarks/paper_protocol.py {path.relative_to(REPO)}"
+        cmd = f"python benchmarks/paper_protocol.py {path.relative_to(REPO)}" + (" --together" if args.together else "")
         lines = section(study, res, cmd, seconds, (load0, os.getloadavg()[0]), args.quick)
         print("\n".join(lines))
         if args.quick:

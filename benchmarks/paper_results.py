@@ -156,27 +156,48 @@ class Recorder(Callback):
         self.weight_sum: list[float] = []
         self.per_round: dict[str, list[float]] = {}  # round-level diagnostics (SPEC §4, §2)
 
+    def record_evaluation(self, rounds: int, metrics, uploads: int) -> None:
+        """One evaluation's row (``metrics``: ``test/acc`` and, when present, ``val/acc``, ``client/acc_mean``)."""
+        self.history.append({
+            "round": int(rounds),
+            "acc": float(metrics["test/acc"]),
+            "val_acc": float(metrics["val/acc"]) if "val/acc" in metrics else None,
+            "client_acc": float(metrics["client/acc_mean"]) if "client/acc_mean" in metrics else None,
+            "uploads": int(uploads),
+        })
+
+    def record_round(self, metrics) -> None:
+        """A round's diagnostics, from the metrics it logged."""
+        if "attention/entropy" in metrics:  # nats; log K is uniform, 0 saturated
+            self.entropy.append(float(metrics["attention/entropy"]))
+        if "attention/weight_sum" in metrics:  # 1 for self/global; time-attention's server step size
+            self.weight_sum.append(float(metrics["attention/weight_sum"]))
+        for key in ("round/amplification", "attention/logit_spread", "attention/mean_sq_norm", "efl/max_lr_lambda_u"):
+            if key in metrics:
+                self.per_round.setdefault(key, []).append(float(metrics[key]))
+
+    def extra(self) -> dict:
+        """The run's diagnostics: per-round keys' mean, last-10% mean and max; attention entropy and weight sums."""
+        extra: dict = {}
+        if self.entropy:
+            extra["attention_entropy_mean"] = sum(self.entropy) / len(self.entropy)
+        for key, values in self.per_round.items():  # mean over the run, and over its last 10% of rounds
+            tail = values[-max(1, len(values) // 10):]
+            extra[f"{key}_mean"] = sum(values) / len(values)
+            extra[f"{key}_last10pct"] = sum(tail) / len(tail)
+            extra[f"{key}_max"] = max(values)
+        if self.weight_sum:
+            extra["attention_weight_sum_mean"] = sum(self.weight_sum) / len(self.weight_sum)
+            extra["attention_weight_sum_max"] = max(self.weight_sum)
+        return extra
+
     def on_validation_end(self, trainer, module) -> None:
         if trainer.sanity_checking:
             return
-        m = trainer.callback_metrics
-        self.history.append({
-            "round": int(trainer.global_step),
-            "acc": float(m["test/acc"]),
-            "val_acc": float(m["val/acc"]) if "val/acc" in m else None,
-            "client_acc": float(m["client/acc_mean"]) if "client/acc_mean" in m else None,
-            "uploads": int(module.comm.uploads),
-        })
+        self.record_evaluation(trainer.global_step, trainer.callback_metrics, module.comm.uploads)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        m = trainer.callback_metrics
-        if "attention/entropy" in m:  # nats; log K is uniform, 0 saturated
-            self.entropy.append(float(m["attention/entropy"]))
-        if "attention/weight_sum" in m:  # 1 for self/global; time-attention's server step size
-            self.weight_sum.append(float(m["attention/weight_sum"]))
-        for key in ("round/amplification", "attention/logit_spread", "attention/mean_sq_norm", "efl/max_lr_lambda_u"):
-            if key in m:
-                self.per_round.setdefault(key, []).append(float(m[key]))
+        self.record_round(trainer.callback_metrics)
         res = getattr(module, "last_attention", None)
         if not self.track_attention or res is None:
             return
@@ -225,14 +246,18 @@ class Runner:
         self.cache = cache
         self.fresh = fresh
         self._datamodules: dict[str, object] = {}
+        self._memo: dict[str, Run] = {}  # runs trained together in this process (also without a cache)
+
+    @staticmethod
+    def _key(name: str, args: list[str]) -> str:
+        return json.dumps([name, [a for a in args if not a.startswith("--trainer.default_root_dir=")]])
 
     def _cache_file(self, name: str, args: list[str]) -> Path | None:
         if self.cache is None:
             return None
         import hashlib
 
-        stable = [a for a in args if not a.startswith("--trainer.default_root_dir=")]
-        key = hashlib.sha1(json.dumps([name, stable]).encode()).hexdigest()[:16]
+        key = hashlib.sha1(self._key(name, args).encode()).hexdigest()[:16]
         return self.cache / f"{re.sub(r'[^A-Za-z0-9]+', '_', name).strip('_')}-{key}.json"
 
     def _args(self, configs: list[Path], overrides: list[str]) -> list[str]:
@@ -244,7 +269,10 @@ class Runner:
 
     def is_cached(self, name: str, configs: list[Path], overrides: list[str]) -> bool:
         """Whether :meth:`run` would read this run from the cache (no training)."""
-        cached = self._cache_file(name, self._args(configs, overrides))
+        args = self._args(configs, overrides)
+        if self._key(name, args) in self._memo:
+            return True
+        cached = self._cache_file(name, args)
         return cached is not None and cached.is_file() and not self.fresh
 
     def run(self, name: str, configs: list[Path], overrides: list[str], *, track_attention: bool = False,
@@ -254,6 +282,8 @@ class Runner:
         from lfed.module import FederatedModule
 
         args = self._args(configs, overrides)
+        if self._key(name, args) in self._memo:
+            return self._memo[self._key(name, args)]
         cached = self._cache_file(name, args)
         if cached is not None and cached.is_file() and not self.fresh:
             d = json.loads(cached.read_text())
@@ -275,27 +305,86 @@ class Runner:
             extra["error"] = str(err).split(";")[0]
             self.log(f"  {name}: {extra['error']}")
         seconds = time.time() - start
-        if rec.entropy:
-            extra["attention_entropy_mean"] = sum(rec.entropy) / len(rec.entropy)
-        for key, values in rec.per_round.items():  # mean over the run, and over its last 10% of rounds
-            tail = values[-max(1, len(values) // 10):]
-            extra[f"{key}_mean"] = sum(values) / len(values)
-            extra[f"{key}_last10pct"] = sum(tail) / len(tail)
-            extra[f"{key}_max"] = max(values)
-        if rec.weight_sum:
-            extra["attention_weight_sum_mean"] = sum(rec.weight_sum) / len(rec.weight_sum)
-            extra["attention_weight_sum_max"] = max(rec.weight_sum)
+        extra.update(rec.extra())
         att = None
         if rec.attention_sum is not None:
             att = (rec.attention_sum / rec.attention_rounds).tolist()
-        run = Run(name, rec.history, dict(getattr(cli.model, "final_summary", {})), seconds,
-                  [str(Path(a).relative_to(REPO)) if a.startswith(str(REPO)) else a for a in args], att, extra)
+        run = Run(name, rec.history, dict(getattr(cli.model, "final_summary", {})), seconds, _relative(args), att, extra)
+        return self._store(run, cached)
+
+    def _store(self, run: Run, cached: Path | None) -> Run:
         if cached is not None:
             cached.parent.mkdir(parents=True, exist_ok=True)
-            cached.write_text(json.dumps(to_json(run)))
-        self.log(f"  {name:<28} acc {run.history[-1]['acc'] if run.history else float('nan'):.4f}  "
-                 f"last10% {run.last10:.4f}  {seconds:6.1f} s")
+            tmp = cached.with_suffix(".tmp")
+            tmp.write_text(json.dumps(to_json(run)))
+            tmp.replace(cached)  # never a half-written cache entry
+        self.log(f"  {run.name:<28} acc {run.history[-1]['acc'] if run.history else float('nan'):.4f}  "
+                 f"last10% {run.last10:.4f}  {run.seconds:6.1f} s")
         return run
+
+    def train_together(self, jobs: list[tuple[str, list[Path], list[str]]]) -> int:
+        """Train the jobs ``(name, configs, overrides)`` that are not cached as ONE :class:`lfed.group.RunGroup`
+        (``lfed grid``'s engine: every round the cohorts of all of them in one engine call per kind of step
+        rule) and cache each as :meth:`run` would; :meth:`run` then reads them. Returns how many trained.
+
+        A member's result is the run trained alone up to float32 round-off (lfed.group), so a cached
+        entry does not depend on whether it was trained alone or in a group beyond that round-off.
+        Each run's ``seconds`` is the group's wall-clock divided by its members (``extra['group_size']``).
+        """
+        from lfed.grid import build_members
+        from lfed.group import RunGroup
+        from lfed.sweep import Sweep
+
+        todo = [(n, c, o) for n, c, o in jobs if not self.is_cached(n, c, o)]
+        if not todo:
+            return 0
+        start = time.time()
+        members, recorders, dtypes = [], [], set()
+        for name, configs, overrides in todo:
+            (member,), dtype = build_members([], Sweep(name, {}, base_args=self._args(configs, overrides)))
+            member.name = name
+            member.logger = _MemberRecorder(member)
+            members.append(member)
+            recorders.append(member.logger)
+            dtypes.add(dtype)
+        if len(dtypes) > 1:
+            raise ValueError(f"train_together: the runs must share one precision, got {dtypes}")
+        self.log(f"  training {len(members)} runs together (lfed.group.RunGroup)")
+        RunGroup(members, None, checkpoint_every=0, dtype=dtypes.pop(), log=None).fit()
+        seconds = (time.time() - start) / len(members)
+        for (name, configs, overrides), member, rec in zip(todo, members, recorders):
+            extra: dict = {"group_size": len(members)}
+            if member.status == "diverged":  # lfed stops a run on NaN/Inf; that is a result too
+                extra["diverged_at_round"] = int(member.round)
+                extra["error"] = str(member.error).split(";")[0]
+                self.log(f"  {name}: {extra['error']}")
+            extra.update(rec.extra())
+            args = self._args(configs, overrides)
+            run = Run(name, rec.history, dict(member.summary), seconds, _relative(args), None, extra)
+            self._memo[self._key(name, args)] = self._store(run, self._cache_file(name, args))
+        return len(todo)
+
+
+def _relative(args: list[str]) -> list[str]:
+    return [str(Path(a).relative_to(REPO)) if a.startswith(str(REPO)) else a for a in args]
+
+
+class _MemberRecorder(Recorder):
+    """A group member's logger (``log_metrics``/``save``, as :class:`lfed.reporting.MetricsCSV`) that
+    records what :class:`Recorder` records from a Lightning run: evaluations and round diagnostics."""
+
+    def __init__(self, member) -> None:
+        super().__init__()
+        self.member = member
+
+    def log_metrics(self, metrics: dict, step: int) -> None:
+        if "test/acc" in metrics:  # an evaluation, after member.round rounds (lfed.group.RunGroup.evaluate)
+            self.record_evaluation(self.member.round, metrics, self.member.module.comm.uploads)
+        else:
+            self.record_round(metrics)
+
+    def save(self) -> None:
+        pass
 
 
 # --------------------------------------------------------------------------- experiments
