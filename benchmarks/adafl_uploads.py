@@ -16,7 +16,7 @@ grid makes "rounds to reach" exact only to a multiple of ``--eval-every``.
 It writes every evaluation ``(method, rounds, uploads, test_acc, seconds)`` to a CSV file and
 prints a table of rounds and uploads to each target (and the best accuracy of each run).
 
-Example (the command behind BENCHMARKS.md's table)::
+Example (the command behind benchmarks/results/adafl_uploads.md)::
 
     python benchmarks/adafl_uploads.py --data-dir ../shared/data --rounds 100 --eval-every 2
 
