@@ -441,22 +441,23 @@ class RunGroup:
     def evaluate(self, m: GroupMember) -> dict[str, float]:
         """Evaluate the member's global model on the test set and its clients (as ``lfed fit``'s validation)."""
         module, d = m.module, m.fed
-        ev = GlobalEvaluation()
         bs = int(getattr(m.datamodule, "eval_batch_size", 2048))
         was_training = module.net.training
         module.net.eval()  # as Lightning's validation loop (dropout off)
+        classification = is_classification(d.test_y)
+
+        def global_metrics(x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+            ev = GlobalEvaluation()
+            for lo in range(0, x.shape[0], bs):
+                ev.update(module.net, module.loss_fn, x[lo : lo + bs], y[lo : lo + bs])
+            return ev.compute(classification)
+
         try:
-            for lo in range(0, d.test_x.shape[0], bs):
-                ev.update(module.net, module.loss_fn, d.test_x[lo : lo + bs], d.test_y[lo : lo + bs])
-            metrics = ev.compute(is_classification(d.test_y))
+            metrics = global_metrics(d.test_x, d.test_y)
             per_client = client_accuracies(module.net, d, 0, 1, lambda t: t)
             val_acc = None
             if d.has_validation:  # the server's validation split (data.validation_fraction), as lfed fit's val/*
-                val = GlobalEvaluation()
-                vx, vy = d.train_x[d.val_index], d.train_y[d.val_index]
-                for lo in range(0, vx.shape[0], bs):
-                    val.update(module.net, module.loss_fn, vx[lo : lo + bs], vy[lo : lo + bs])
-                val_metrics = val.compute(is_classification(d.test_y))
+                val_metrics = global_metrics(d.train_x[d.val_index], d.train_y[d.val_index])
                 metrics["val/loss"] = val_metrics["test/loss"]
                 val_acc = val_metrics.get("test/acc")
                 if val_acc is not None:

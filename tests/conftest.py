@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from lightning.pytorch import Trainer
 
 os.environ.setdefault("WANDB_MODE", "disabled")
@@ -31,6 +32,16 @@ def run_rounds(module, datamodule, rounds, *, evaluate_every=None, precision="64
     )
     trainer.fit(module, datamodule=datamodule)
     return trainer
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test: runs trained together equal runs trained alone bit for bit
+    only when no batched product is split differently across threads (lfed.group's docstring)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def flat_weights(module):

@@ -22,12 +22,7 @@ from lfed.sweep import Sweep, load_sweep
 F64 = ["--trainer.precision=64-true", "--trainer.accelerator=cpu"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # bit for bit needs one intra-op thread
 
 
 def config(name):

@@ -5,7 +5,6 @@ the final summary, the round diagnostics, divergence."""
 import sys
 
 import pytest
-import torch
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -15,12 +14,7 @@ QUICK = REPO / "configs" / "quickstart.yaml"
 IGFL = REPO / "configs" / "igfl_c_digits.yaml"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # bit for bit needs one intra-op thread
 
 
 def jobs():
