@@ -83,6 +83,7 @@ class Study:
     paper_label: str
     runs_from: str  # the study whose cached runs this one shares (runs with the same arguments)
     targets: list[float] = field(default_factory=list)  # test accuracies to report rounds/uploads to reach
+    longer: int | None = None  # rounds of a second, longer run of every chosen point on every seed (None: none)
 
 
 def _need(d: dict, key: str, where: str):
@@ -116,15 +117,20 @@ def load_study(path: Path) -> Study:
     if not isinstance(targets, list) or any(isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 1
                                             for t in targets):
         raise ValueError(f"{where}: targets: a list of test accuracies in (0, 1] (fractions, e.g. [0.9, 0.95]), got {targets!r}")
+    longer = raw.get("longer")
+    rounds = int(_need(raw, "rounds", where))
+    if longer is not None and (isinstance(longer, bool) or not isinstance(longer, int) or longer <= rounds):
+        raise ValueError(f"{where}: longer: the rounds of the longer runs, an integer above rounds ({rounds}), got {longer!r}")
     reference = raw.get("reference", names[0])
     if reference not in names:
         raise ValueError(f"{where}: reference: '{reference}' is not one of the methods {names}")
     return Study(
         name=path.stem, title=_need(raw, "title", where), description=raw.get("description", "").strip(),
         base=[REPO / b for b in _need(raw, "base", where)], overrides=list(raw.get("overrides", [])),
-        rounds=int(_need(raw, "rounds", where)), evaluate_every=int(raw.get("evaluate_every", 5)), seeds=seeds,
+        rounds=rounds, evaluate_every=int(raw.get("evaluate_every", 5)), seeds=seeds,
         reference=reference, methods=methods, paper=dict(raw.get("paper", {}) or {}), paper_label=raw.get("paper_label", ""),
         runs_from=str(raw.get("runs_from", path.stem)), targets=sorted(float(t) for t in targets),
+        longer=longer,
     )
 
 
@@ -198,19 +204,21 @@ def run_study(study: Study, runner: Runner, lock: str | None, quick: bool, log, 
     grid (those without ``fixed_from``) at once, then each ``fixed_from`` grid, then every chosen point's
     other seeds at once. The results are the same runs' results up to float32 round-off."""
     rounds = 6 if quick else study.rounds
+    longer = None if study.longer is None else (12 if quick else study.longer)
     every = 2 if quick else study.evaluate_every
     seeds = study.seeds[:2] if quick else study.seeds
     chosen: dict[str, dict] = {}
     out: dict[str, dict] = {}
 
-    def job(method: Method, point: dict, seed: int) -> tuple[str, list[Path], list[str]]:
-        args = [*study.overrides, *method.overrides, f"--trainer.max_steps={rounds}", f"--trainer.val_check_interval={every}",
+    def job(method: Method, point: dict, seed: int, n: int = rounds) -> tuple[str, list[Path], list[str]]:
+        args = [*study.overrides, *method.overrides, f"--trainer.max_steps={n}", f"--trainer.val_check_interval={every}",
                 f"--seed_everything={seed}", f"--model.seed={seed}", f"--data.seed={seed}",
                 *(f"--{k}={v}" for k, v in point.items())]
-        return f"{study.runs_from}/{method.name}/{point_label(point)}/seed{seed}", [*study.base, method.config], args
+        name = f"{study.runs_from}/{method.name}/{point_label(point)}/seed{seed}" + ("" if n == rounds else f"/{n}rounds")
+        return name, [*study.base, method.config], args
 
-    def one(method: Method, point: dict, seed: int) -> Run:
-        name, configs, args = job(method, point, seed)
+    def one(method: Method, point: dict, seed: int, n: int = rounds) -> Run:
+        name, configs, args = job(method, point, seed, n)
         with cpu_lock(None if runner.is_cached(name, configs, args) else lock):  # a cached run trains nothing
             return runner.run(name, configs, args)
 
@@ -235,13 +243,16 @@ def run_study(study: Study, runner: Runner, lock: str | None, quick: bool, log, 
         chosen[method.name] = best_point
         selections[method.name] = selection, best_point, best_run
     train_together([job(m, chosen[m.name], s) for m in study.methods for s in seeds[1:]])
+    if longer:  # the chosen points again, longer, on every seed: has the comparison settled?
+        train_together([job(m, chosen[m.name], s, longer) for m in study.methods for s in seeds])
     for method in study.methods:
         selection, best_point, best_run = selections[method.name]
         keys = list(method.grid)
         runs = [best_run] + [one(method, best_point, s) for s in seeds[1:]]
         edge = {k: best_point[k] in (method.grid[k][0], method.grid[k][-1]) and len(method.grid[k]) > 1 for k in keys}
         out[method.name] = {"grid": [(p, val_score(r), r) for p, r in selection], "point": best_point, "runs": runs,
-                            "edge": [k for k, e in edge.items() if e], "keys": keys}
+                            "edge": [k for k, e in edge.items() if e], "keys": keys,
+                            "longer": [one(method, best_point, s, longer) for s in seeds] if longer else []}
     return out
 
 
@@ -269,7 +280,7 @@ def plot(study: Study, res: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for name, r in res.items():
-        curves = [{h["round"]: h["acc"] for h in run.history} for run in r["runs"]]
+        curves = [{h["round"]: h["acc"] for h in run.history} for run in (r.get("longer") or r["runs"])]
         common = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
         if not common:
             continue
@@ -285,7 +296,7 @@ def plot(study: Study, res: dict, path: Path) -> None:
     ax.set_title(study.title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
-    lo = min((100 * h["acc"] for r in res.values() for run in r["runs"] for h in run.history
+    lo = min((100 * h["acc"] for r in res.values() for run in (r.get("longer") or r["runs"]) for h in run.history
               if h["round"] >= 0.2 * study.rounds), default=0)
     ax.set_ylim(max(0, lo - 5), None)
     fig.tight_layout()
@@ -314,7 +325,7 @@ def diagnostics(runs: list[Run]) -> str:
 
 def together_note(res: dict) -> str:
     """How many of the runs were trained in groups (``--together``), for the section's cost sentence."""
-    runs = [x for r in res.values() for x in [*(g[2] for g in r["grid"]), *r["runs"][1:]]]
+    runs = [x for r in res.values() for x in [*(g[2] for g in r["grid"]), *r["runs"][1:], *r.get("longer", [])]]
     grouped = [x for x in runs if x.extra.get("group_size", 1) > 1]
     if not grouped:
         return ""
@@ -323,10 +334,27 @@ def together_note(res: dict) -> str:
             "group's divided by its size")
 
 
+def outcome(runs: list[Run], ref: list[Run] | None) -> tuple[str, str, str]:
+    """Three table cells for ``runs`` (one per seed): test last-10% mean ± std, settled (the largest move over
+    seeds), and the paired per-seed difference against ``ref`` (the reference method's runs; None for itself)."""
+    m, s = mean_std([last10(x) for x in runs])
+    moves = [settling(x) for x in runs]
+    moved = max((x for x in moves if x is not None), default=math.nan)
+    settled = "–" if not math.isfinite(moved) else ("yes" if moved <= SETTLED_POINTS else "**no**") + f" ({moved:.1f})"
+    paired = "–"
+    if ref is not None:
+        diffs = [100 * (last10(a) - last10(b)) for a, b in zip(runs, ref)]
+        dm, ds = mean_std(diffs)
+        wins = sum(d > 0 for d in diffs if math.isfinite(d))
+        paired = "–" if not math.isfinite(dm) else f"{dm:+.2f} ± {ds:.2f} ({wins}/{len(diffs)} seeds better)"
+    return fmt_pm(m, s), settled, paired
+
+
 def section(study: Study, res: dict, cmd: str, seconds: float, load: tuple[float, float], quick: bool) -> list[str]:
     seeds = study.seeds[:2] if quick else study.seeds
     rounds = 6 if quick else study.rounds
-    n_runs = sum(len(r["grid"]) + len(r["runs"]) - 1 for r in res.values())
+    longer = None if study.longer is None else (12 if quick else study.longer)
+    n_runs = sum(len(r["grid"]) + len(r["runs"]) - 1 + len(r.get("longer", [])) for r in res.values())
     L = [f"### {study.title}", "", study.description, "",
          f"Command: `{cmd}` (lfed {git_head()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}). "
          f"{rounds} rounds, evaluated every {2 if quick else study.evaluate_every}; seeds {seeds}; {n_runs} runs, "
@@ -337,6 +365,10 @@ def section(study: Study, res: dict, cmd: str, seconds: float, load: tuple[float
          f"(a {study.overrides and 'server-held split of the training set' or 'split'}, no client trains on it) then ran on "
          f"the other seeds. Test accuracy = mean over the evaluations in the last 10% of rounds. "
          f"Settled = the last-10% mean within {SETTLED_POINTS:g} point of the 10% of rounds before it on every seed."]
+    if longer:
+        L[-1] += (f" Then every chosen point ran again for {longer} rounds on every seed (same grid choice, not re-chosen "
+                  f"at {longer}), to see whether the comparison holds once more runs have settled; the plot shows "
+                  f"these longer runs.")
     if study.targets:
         L[-1] += (f" To X%: rounds / uploads = the completed rounds and the cumulative client uploads (Σ_t K_t) at the "
                   f"first evaluation whose *test* accuracy was ≥ X%, counted on test accuracy as the paper does (the "
@@ -347,26 +379,22 @@ def section(study: Study, res: dict, cmd: str, seconds: float, load: tuple[float
           f"| vs {study.reference}, paired (pts) | " + "".join(f"{c} | " for c in reach_cols)
           + f"diagnostics | {study.paper_label or 'paper'} |",
           "|---|---|---|---|---|---|" + "---|" * len(reach_cols) + "---|---|"]
-    ref = res[study.reference]["runs"]
+    if longer:
+        L[-2] += f" at {longer} rounds: test last-10% (%) mean ± std | settled | vs {study.reference}, paired (pts) |"
+        L[-1] += "---|---|---|"
     for name, r in res.items():
         grid = ", ".join(f"{point_label({k: v for k, v in p.items() if k in r['keys']})}: "
                          + ("div." if not math.isfinite(v) else f"{100 * v:.1f}") for p, v, _ in r["grid"])
         grid = re.sub(r"client_lr=", "", grid)
-        m, s = mean_std([last10(x) for x in r["runs"]])
-        moves = [settling(x) for x in r["runs"]]
-        moved = max((x for x in moves if x is not None), default=math.nan)
-        settled = "–" if not math.isfinite(moved) else ("yes" if moved <= SETTLED_POINTS else "**no**") + f" ({moved:.1f})"
         chosen = point_label(r["point"]) + (" (edge)" if r["edge"] else "")
-        if name == study.reference:
-            paired = "–"
-        else:
-            diffs = [100 * (last10(a) - last10(b)) for a, b in zip(r["runs"], ref)]
-            dm, ds = mean_std(diffs)
-            wins = sum(d > 0 for d in diffs if math.isfinite(d))
-            paired = "–" if not math.isfinite(dm) else f"{dm:+.2f} ± {ds:.2f} ({wins}/{len(diffs)} seeds better)"
+        ref = None if name == study.reference else res[study.reference]["runs"]
         reach = "".join(f"{reach_cell(r['runs'], t)} | " for t in study.targets)
-        L.append(f"| {name} | {grid} | {chosen} | {fmt_pm(m, s)} | {settled} | {paired} | {reach}{diagnostics(r['runs'])} "
+        acc, settled, paired = outcome(r["runs"], ref)
+        L.append(f"| {name} | {grid} | {chosen} | {acc} | {settled} | {paired} | {reach}{diagnostics(r['runs'])} "
                  f"| {study.paper.get(name, '–')} |")
+        if longer:
+            ref = None if name == study.reference else res[study.reference]["longer"]
+            L[-1] += " " + " | ".join(outcome(r["longer"], ref)) + " |"
     L += ["", f"![]({(OUT / study.name).relative_to(REPO)}.png)", ""]
     return L
 
@@ -389,7 +417,9 @@ def to_json(res: dict, targets: list[float] = ()) -> dict:
                    "grid": [{"point": p, "val_last10": v if math.isfinite(v) else None, "test_last10": last10(x)} for p, v, x in r["grid"]],
                    "seeds": [{"args": x.args, "test_last10": last10(x), "val_last10": x.summary.get("final/val_acc_last10pct"),
                               "seconds": x.seconds, "settling": settling(x), "extra": x.extra, "summary": x.summary,
-                              "reach": {f"{t:g}": first_reach(x.history, t) for t in targets}} for x in r["runs"]]}
+                              "reach": {f"{t:g}": first_reach(x.history, t) for t in targets}} for x in r["runs"]],
+                   "longer": [{"args": x.args, "test_last10": last10(x), "seconds": x.seconds, "settling": settling(x),
+                               "extra": x.extra, "summary": x.summary} for x in r.get("longer", [])]}
             for name, r in res.items()}
 
 
@@ -429,7 +459,7 @@ def main(argv: list[str] | None = None) -> None:
             cache = None if args.quick else OUT / "run_cache"
             runner = Runner(Path(args.data_dir), Path(work), log, cache=cache, fresh=args.fresh)
             res = run_study(study, runner, args.lock, args.quick, log, together=args.together)
-        seconds = sum(x.seconds for r in res.values() for x in [*(g[2] for g in r["grid"]), *r["runs"][1:]])
+        seconds = sum(x.seconds for r in res.values() for x in [*(g[2] for g in r["grid"]), *r["runs"][1:], *r.get("longer", [])])
         path = REPO / "configs" / "paper" / "grids" / f"{study.name}.yaml"
         cmd = f"python benchmarks/paper_protocol.py {path.relative_to(REPO)}" + (" --together" if args.together else "")
         lines = section(study, res, cmd, seconds, (load0, os.getloadavg()[0]), args.quick)

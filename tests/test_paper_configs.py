@@ -231,6 +231,43 @@ def test_targets_key_adds_a_rounds_uploads_column_per_target(monkeypatch):
     assert "rounds / uploads" not in "\n".join(pp.section(plain, res, "cmd", 60.0, (0.0, 0.0), quick=False))
 
 
+def test_longer_key_adds_the_chosen_points_longer_runs_paired_against_the_reference_s_longer_runs(monkeypatch, tmp_path):
+    import dataclasses
+
+    pp = _protocol()
+    bad = tmp_path / "bad.yaml"
+    for longer in ("300", "200", "true"):
+        bad.write_text(f"title: t\nbase: []\nrounds: 300\nseeds: [0]\nlonger: {longer}\n"
+                       "methods:\n  A: {config: configs/paper/igfl/alg_fedavg.yaml, grid: {model.client_lr: [0.1]}}\n")
+        with pytest.raises(ValueError, match="longer: the rounds of the longer runs, an integer above rounds"):
+            pp.load_study(bad)
+    study = dataclasses.replace(pp.load_study(PAPER / "grids" / "dwfed_rho1.yaml"), longer=400)
+    ref_name, other = study.reference, next(m.name for m in study.methods if m.name != study.reference)
+
+    def result(short, long):
+        point = {"model.client_lr": 0.1}
+        runs = [_fake_run(a) for a in short]
+        return {"grid": [(point, 0.9, runs[0])], "point": point, "runs": runs, "edge": [], "keys": ["model.client_lr"],
+                "longer": [_fake_run(a) for a in long]}
+
+    # the last evaluation is the last-10% window (_fake_run); the longer runs decide the last three cells
+    res = {ref_name: result([[0.5, 0.8, 0.80], [0.5, 0.8, 0.82]], [[0.5, 0.80, 0.85], [0.5, 0.85, 0.85]]),
+           other: result([[0.5, 0.8, 0.81], [0.5, 0.8, 0.81]], [[0.5, 0.87, 0.87], [0.5, 0.82, 0.84]])}
+    monkeypatch.setattr(pp, "git_head", lambda: "abc")
+    lines = pp.section(study, res, "cmd", 60.0, (0.0, 0.0), quick=False)
+    header = next(line for line in lines if line.startswith("| method"))
+    assert header.endswith(f"| at 400 rounds: test last-10% (%) mean ± std | settled | vs {ref_name}, paired (pts) |")
+    sep = lines[lines.index(header) + 1]
+    rows = [line for line in lines if line.startswith(f"| {ref_name} |") or line.startswith(f"| {other} |")]
+    assert sep.count("|") == header.count("|") and all(row.count("|") == header.count("|") for row in rows)
+    ref_row, other_row = rows
+    assert ref_row.endswith("| 85.00 ± 0.00 | – | – |")  # settled: needs evaluations before the last 10%; here none
+    # paired on the longer runs: (0.87 - 0.85, 0.84 - 0.85) = (+2, -1) points -> +0.50 ± 2.12, 1 of 2 better
+    assert other_row.endswith("| 85.50 ± 2.12 | – | +0.50 ± 2.12 (1/2 seeds better) |")
+    assert "| 81.00 ± 0.00 |" in other_row and "+0.00 ± 1.41 (1/2 seeds better)" in other_row  # the short runs
+    assert "ran again for 400 rounds on every seed" in "\n".join(lines)
+
+
 def test_a_study_file_with_targets_in_percent_is_refused(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("title: t\nbase: []\nrounds: 2\nseeds: [0]\ntargets: [90]\n"
