@@ -16,6 +16,9 @@ learning rate at the client learning rate another method chose). For every metho
    key ``targets`` also, per target test accuracy, the rounds and cumulative client uploads at the
    first evaluation that reached it (AdaFL's "rounds (uploads) to reach X%", :func:`first_reach`),
    mean ± standard deviation over the seeds that reached it;
+4. with the study key ``longer: N``, runs every chosen point again for N rounds on every seed and
+   reports the same three figures for those runs (accuracy, settled, paired): whether the comparison
+   holds once the runs have settled, without re-running the grid;
 
 and writes its section of RESULTS.md (between ``<!-- protocol:NAME -->`` markers) and a plot of
 mean ± band over seeds. Runs go through lfed's own CLI parser (``paper_results.Runner``) and are
