@@ -161,17 +161,21 @@ def test_every_study_file_reads_and_each_method_instantiates_at_its_grid_points(
             assert cli.datamodule.validation_fraction > 0
 
 
-def test_a_study_file_with_a_bad_reference_is_refused(tmp_path):
+ONE_METHOD = "methods:\n  A: {config: configs/paper/igfl/alg_fedavg.yaml, grid: {model.client_lr: [0.1]}}\n"
+
+
+def _refused(tmp_path, text: str, match: str) -> None:
+    """A study file of ``text`` (after a minimal head) is refused by load_study with ``match`` in the error."""
     bad = tmp_path / "bad.yaml"
-    bad.write_text("title: t\nbase: []\nrounds: 2\nseeds: [0]\nreference: Nobody\n"
-                   "methods:\n  A: {config: configs/paper/igfl/alg_fedavg.yaml, grid: {model.client_lr: [0.1]}}\n")
-    with pytest.raises(ValueError, match="reference: 'Nobody' is not one of the methods"):
+    bad.write_text("title: t\nbase: []\n" + text)
+    with pytest.raises(ValueError, match=match):
         _protocol().load_study(bad)
-    bad.write_text("title: t\nbase: []\nrounds: 2\nseeds: [0]\n"
-                   "methods:\n  A: {config: configs/paper/igfl/alg_fedavg.yaml, grid: {model.client_lr: [0.1]},"
-                   " fixed_from: {model.client_lr: B}}\n")
-    with pytest.raises(ValueError, match="must be a method listed before it"):
-        _protocol().load_study(bad)
+
+
+def test_a_study_file_with_a_bad_reference_is_refused(tmp_path):
+    _refused(tmp_path, "rounds: 2\nseeds: [0]\nreference: Nobody\n" + ONE_METHOD, "reference: 'Nobody' is not one of the methods")
+    _refused(tmp_path, "rounds: 2\nseeds: [0]\nmethods:\n  A: {config: configs/paper/igfl/alg_fedavg.yaml, "
+             "grid: {model.client_lr: [0.1]}, fixed_from: {model.client_lr: B}}\n", "must be a method listed before it")
 
 
 def _fake_run(accs: list[float], per_round: int = 10, every: int = 2):
@@ -235,12 +239,9 @@ def test_longer_key_adds_the_chosen_points_longer_runs_paired_against_the_refere
     import dataclasses
 
     pp = _protocol()
-    bad = tmp_path / "bad.yaml"
     for longer in ("300", "200", "true"):
-        bad.write_text(f"title: t\nbase: []\nrounds: 300\nseeds: [0]\nlonger: {longer}\n"
-                       "methods:\n  A: {config: configs/paper/igfl/alg_fedavg.yaml, grid: {model.client_lr: [0.1]}}\n")
-        with pytest.raises(ValueError, match="longer: the rounds of the longer runs, an integer above rounds"):
-            pp.load_study(bad)
+        _refused(tmp_path, f"rounds: 300\nseeds: [0]\nlonger: {longer}\n" + ONE_METHOD,
+                 "longer: the rounds of the longer runs, an integer above rounds")
     study = dataclasses.replace(pp.load_study(PAPER / "grids" / "dwfed_rho1.yaml"), longer=400)
     ref_name, other = study.reference, next(m.name for m in study.methods if m.name != study.reference)
 
@@ -269,11 +270,7 @@ def test_longer_key_adds_the_chosen_points_longer_runs_paired_against_the_refere
 
 
 def test_a_study_file_with_targets_in_percent_is_refused(tmp_path):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("title: t\nbase: []\nrounds: 2\nseeds: [0]\ntargets: [90]\n"
-                   "methods:\n  A: {config: configs/paper/igfl/alg_fedavg.yaml, grid: {model.client_lr: [0.1]}}\n")
-    with pytest.raises(ValueError, match="targets: a list of test accuracies in"):
-        _protocol().load_study(bad)
+    _refused(tmp_path, "rounds: 2\nseeds: [0]\ntargets: [90]\n" + ONE_METHOD, "targets: a list of test accuracies in")
 
 
 def test_adafl_method_files_resolve_to_the_paper_s_samplers_and_fractions():
