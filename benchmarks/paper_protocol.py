@@ -45,6 +45,7 @@ import os
 import re
 import statistics
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -296,7 +297,7 @@ def plot(study: Study, res: dict, path: Path) -> None:
         ax.axhline(100 * t, color="grey", ls=":", lw=0.8)
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%), mean ± std over seeds")
-    ax.set_title(study.title, fontsize=9)
+    ax.set_title("\n".join(textwrap.wrap(study.title, 100)), fontsize=9)  # long titles wrap, not clip
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     lo = min((100 * h["acc"] for r in res.values() for run in (r.get("longer") or r["runs"]) for h in run.history
