@@ -10,6 +10,7 @@ A new algorithm in its own file is registered by one line in :data:`PRESETS` (``
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import torch
@@ -157,6 +158,33 @@ def build(cfg: dict[str, Any], *, mu: float = 0.01, efl_lambda: float = 0.1, fis
         sampler = AttentionSampler(sampler_alpha) if s == "attention" else SAMPLERS[s]()
     participation = Participation(cfg["fraction"], p_inactive, p_incomplete)
     return Algorithm(objective, weighting, combination, channel, sampler, participation)
+
+
+#: The model settings that choose a component (by name or ``class_path``).
+ROLES = ("objective", "weighting", "partial_work", "aggregation", "compression", "sampler", "fraction", "server_optimizer")
+
+
+def composition_label(algorithm: str, class_paths: Iterable[str]) -> str:
+    """The run's name for logs and run directories: the preset and the user's own components.
+
+    ``composition_label("fedavg", ["lfed.client.objectives.Plain", "fednova.FedNova"])`` is
+    ``"fedavg+FedNova"``: lfed's own components are named by the preset already.
+    """
+    own = [p.rsplit(".", 1)[-1] for p in class_paths if isinstance(p, str) and "." in p and not p.startswith("lfed.")]
+    return "+".join([str(algorithm), *dict.fromkeys(own)])
+
+
+def settings_label(model: dict[str, Any]) -> str:
+    """:func:`composition_label` of a run's ``model`` settings (before anything is built): ``class_path`` values."""
+    paths = []
+    for role in ROLES:
+        value = model.get(role)
+        if isinstance(value, dict) and isinstance(value.get("class_path"), str):
+            paths.append(value["class_path"])
+    objective = model.get("objective")
+    if isinstance(objective, str) and "." in objective:  # a dotted class path given as a string
+        paths.append(objective)
+    return composition_label(model.get("algorithm") or "fedavg", [p for p in paths if not p.startswith(("torch.", "lfed."))])
 
 
 class CompositionWarning(UserWarning):

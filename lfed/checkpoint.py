@@ -52,7 +52,7 @@ from lfed.atomic import remove_stale_temps, write_atomically
 from lfed.fingerprint import (  # re-exported: the checkpoint's fingerprint
     ResumeWarning,
     data_fingerprint,
-    module_fingerprint,
+    run_fingerprint,
     tensor_digest,
     verify_fingerprint,
 )
@@ -63,7 +63,7 @@ __all__ = [
     "ResumeWarning",
     "tensor_digest",
     "data_fingerprint",
-    "module_fingerprint",
+    "run_fingerprint",
     "verify_fingerprint",
     "install_atomic_io",
     "read_checkpoint",

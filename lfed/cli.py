@@ -40,6 +40,7 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lfed import models as lfed_models
+from lfed.algorithms import settings_label
 from lfed.checkpoint import RoundCheckpoint, install_atomic_io, read_checkpoint
 from lfed.data.datamodule import FederatedDataModule
 from lfed.module import FederatedModule
@@ -201,6 +202,11 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+def settings_of(cfg) -> dict[str, Any]:
+    """A run's ``model``, ``data`` and ``seed_everything`` settings as plain values (its identity: the config id)."""
+    return {"model": _plain(cfg.get("model")), "data": _plain(cfg.get("data")), "seed_everything": _plain(cfg.get("seed_everything"))}
+
+
 class LfedCLI(LightningCLI):
     """LightningCLI with round-based defaults, per-run directories and a config check.
 
@@ -271,7 +277,7 @@ class LfedCLI(LightningCLI):
         return self.config[self.subcommand] if self.subcommand else self.config
 
     def _settings(self, cfg) -> dict[str, Any]:
-        return {"model": _plain(cfg.get("model")), "data": _plain(cfg.get("data")), "seed_everything": _plain(cfg.get("seed_everything"))}
+        return settings_of(cfg)
 
     def before_instantiate_classes(self) -> None:
         """Read ``--ckpt_path`` (settings for validate/test, ``last``), choose the run directory."""
@@ -282,7 +288,7 @@ class LfedCLI(LightningCLI):
         settings = self._settings(cfg)
         if ckpt is not None and ckpt != "last" and self.subcommand in ("validate", "test", "predict"):
             settings = self._settings_from_checkpoint(str(ckpt))
-        config_dir = root / "runs" / run_name(settings["model"].get("algorithm"), settings["data"].get("dataset"), config_id(settings))
+        config_dir = root / "runs" / run_name(settings_label(settings["model"] or {}), settings["data"].get("dataset"), config_id(settings))
         run_dir = None
         if ckpt == "last":
             found = latest_checkpoint(config_dir)

@@ -35,8 +35,6 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from lfed.engine import CohortResult, CohortTrainer, StepRule, has_running_stats
@@ -44,7 +42,6 @@ from lfed.fingerprint import tensor_bytes
 
 __all__ = [
     "Ranks",
-    "ReplicaCheck",
     "TrainJob",
     "assemble_rows",
     "assign_rows",
@@ -52,7 +49,6 @@ __all__ = [
     "cohort_parts",
     "gather_rows",
     "pad_rows",
-    "prepare_strategy",
     "state_digest",
     "sum_over_ranks",
     "train_cohort",
@@ -79,7 +75,7 @@ class Ranks:
     world_size: int = 1
 
     @classmethod
-    def of(cls, module: LightningModule) -> Ranks:
+    def of(cls, module: Any) -> Ranks:
         """The ranks of ``module``'s trainer (one process when it has no trainer)."""
         trainer = getattr(module, "_trainer", None)
         world = int(getattr(trainer, "world_size", 1) or 1) if trainer is not None else 1
@@ -202,11 +198,16 @@ class TrainJob:
     rule: StepRule
     lr: float
     batch_size: int | None
-    generator: torch.Generator
+    generator: torch.Generator | None
+    schedule: tuple[Tensor, Tensor] | None = None  # given batches (the rows of several runs, lfed.lockstep)
 
     def args(self) -> tuple:
-        """The positional arguments of :meth:`CohortTrainer.train`."""
-        return tuple(getattr(self, f.name) for f in fields(self))
+        """The positional arguments of :meth:`CohortTrainer.train` (``schedule`` is a keyword: :meth:`train`)."""
+        return tuple(getattr(self, f.name) for f in fields(self) if f.name != "schedule")
+
+    def train(self, engine: CohortTrainer, rows: Tensor | None = None) -> CohortResult:
+        """``engine.train`` of this job (its ``rows`` only, when given)."""
+        return engine.train(*self.args(), rows=rows, schedule=self.schedule)
 
 
 def train_share(engine: CohortTrainer, ranks: Ranks, job: TrainJob) -> tuple[list[Tensor], CohortResult]:
@@ -218,7 +219,7 @@ def train_share(engine: CohortTrainer, ranks: Ranks, job: TrainJob) -> tuple[lis
     parts = cohort_parts(job.num_examples, job.steps_done, job.batch_size, ranks.world_size)
     mine = parts[ranks.rank]
     if mine.numel():
-        return parts, engine.train(*job.args(), rows=mine)
+        return parts, job.train(engine, rows=mine)
     buffers = None
     if has_running_stats(engine.net):  # the loop backend returns every buffer per client
         buffers = {n: b.new_zeros((0, *b.shape)) for n, b in engine.net.named_buffers()}
@@ -236,7 +237,7 @@ def train_cohort(engine: CohortTrainer, ranks: Ranks, job: TrainJob) -> CohortRe
     docs/distributed.md).
     """
     if not ranks.distributed:
-        return engine.train(*job.args())
+        return job.train(engine)
     parts, local = train_share(engine, ranks, job)
     P = job.w_start.shape[0]
     packed = gather_rows(ranks, torch.cat([local.weights, local.loss.to(local.weights.dtype)[:, None]], 1), parts)
@@ -262,22 +263,6 @@ def sum_over_ranks(parts: list[Tensor], ranks: Ranks, like: Tensor) -> Tensor | 
     return total[:-1].reshape(like.shape) if float(total[-1]) > 0 else None
 
 
-def prepare_strategy(trainer: Trainer) -> None:
-    """Make Lightning's DDP wrapper do nothing per round (call on fit start).
-
-    lfed never back-propagates through the wrapped module (client training is functional and the
-    server sets ``p.grad`` itself), so DDP's gradient hooks never fire. Its per-forward buffer
-    broadcast would, though: every training step would re-send every buffer from rank 0,
-    including the per-client state (``N x P`` numbers per tensor). The ranks compute identical
-    buffers, so the broadcast is switched off; the initial broadcast when DDP wraps the module
-    still makes all ranks start from rank 0's model. :class:`ReplicaCheck` verifies that the ranks
-    stay identical.
-    """
-    model = getattr(trainer.strategy, "model", None)
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        model.broadcast_buffers = False  # a property for forward_sync_buffers in newer torch
-
-
 def state_digest(module: torch.nn.Module, optimizers: list[torch.optim.Optimizer] | None = None) -> int:
     """A 63-bit hash of every byte of ``module``'s state dict and the optimizers' state tensors."""
     h = hashlib.blake2b(digest_size=8)
@@ -297,40 +282,6 @@ def state_digest(module: torch.nn.Module, optimizers: list[torch.optim.Optimizer
             for field, value in sorted(state.items()):
                 add(f"opt{i}/{key}/{field}", value)
     return int.from_bytes(h.digest(), "big") & ((1 << 63) - 1)
-
-
-class ReplicaCheck(Callback):
-    """Debug check that every rank holds bit-identical state after each round.
-
-    Hashes the module's state dict (global model, per-client state) and the server optimizer's
-    state on every rank, all-gathers the 8-byte digests and raises if any rank differs from rank 0.
-    Costs one hash of the state per check: use it to verify a setup, not in long runs
-    (``--trainer.callbacks+=lfed.distributed.ReplicaCheck``).
-
-    Args:
-        every_n_rounds: Check after every this many rounds (>= 1).
-    """
-
-    def __init__(self, every_n_rounds: int = 1) -> None:
-        if isinstance(every_n_rounds, bool) or not isinstance(every_n_rounds, int) or every_n_rounds < 1:
-            raise ValueError(f"every_n_rounds: must be an int >= 1, got {every_n_rounds!r}")
-        self.every_n_rounds = every_n_rounds
-        self.checked = 0
-
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if trainer.global_step % self.every_n_rounds:
-            return
-        ranks = Ranks.of(pl_module)
-        optimizers = [getattr(o, "optimizer", o) for o in trainer.optimizers]
-        digest = torch.tensor([state_digest(pl_module, optimizers)], dtype=torch.long, device=pl_module.device)
-        check_digests(ranks.all_gather(digest).reshape(-1).tolist(), trainer.global_step)
-        self.checked += 1
-
-    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        rank_zero_info(
-            f"lfed: ReplicaCheck: the state of all {Ranks.of(pl_module).world_size} ranks was identical "
-            f"at each of {self.checked} checks"
-        )
 
 
 def check_digests(digests: list[int], round: int) -> None:

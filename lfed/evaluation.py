@@ -120,6 +120,39 @@ class GlobalEvaluation(nn.Module):
 
 
 @torch.no_grad()
+def evaluate_split(net: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, ranks, reduce_sum: Callable[[Tensor], Tensor],
+                   batch_size: int, classification: bool) -> dict[str, float]:
+    """``{"test/loss", "test/acc"}`` of ``net`` on ``(x, y)``: each rank its contiguous share, sums reduced.
+
+    The per-example losses (:func:`per_example_loss`) and correct predictions are summed in
+    float64 batch after batch, then over the ranks (``reduce_sum``), so each example counts once;
+    a NaN loss stays NaN. Every rank must call it (a collective with several ranks).
+
+    Args:
+        ranks: The processes (:class:`lfed.distributed.Ranks`): this rank evaluates ``ranks.share(n)``.
+        reduce_sum: Sum of a tensor over the ranks (the identity with one).
+        batch_size: Examples per forward pass.
+        classification: Whether to count accuracy.
+    """
+    dtype = next(net.parameters()).dtype
+    sums = torch.zeros(3, dtype=torch.float64, device=x.device)  # loss sum, correct, examples
+    lo, hi = ranks.share(x.shape[0])
+    for start in range(lo, hi, batch_size):
+        xb, yb = x[start : min(start + batch_size, hi)], y[start : min(start + batch_size, hi)]
+        out = net(xb.to(dtype) if xb.is_floating_point() else xb)
+        if not classification:
+            yb = yb.to(out.dtype)
+        losses = per_example_loss(loss_fn, out, yb).double()
+        correct = (out.argmax(-1) == yb).double().sum() if classification else losses.new_zeros(())
+        sums += torch.stack([losses.sum(), correct, losses.new_tensor(float(losses.numel()))])
+    sums = reduce_sum(sums)
+    metrics = {"test/loss": float(sums[0] / sums[2])}
+    if classification:
+        metrics["test/acc"] = float(sums[1] / sums[2])
+    return metrics
+
+
+@torch.no_grad()
 def client_accuracies(net: nn.Module, data, rank: int, world_size: int, reduce_sum: Callable[[Tensor], Tensor],
                       chunk: int = 4096) -> Tensor | None:
     """Accuracy of the global model on each client's held-out split.

@@ -24,7 +24,7 @@ __all__ = [
     "ResumeWarning",
     "data_fingerprint",
     "tensor_bytes",
-    "module_fingerprint",
+    "run_fingerprint",
     "tensor_digest",
     "verify_fingerprint",
 ]
@@ -89,13 +89,13 @@ def _optimizer_summary(factory: Any) -> tuple[str, dict[str, Any]]:
     return f"{cls.__module__}.{cls.__qualname__}", hp
 
 
-def module_fingerprint(module: Any) -> dict[str, Any]:
-    """The fingerprint of a :class:`~lfed.module.FederatedModule`'s run.
+def run_fingerprint(module: Any, total_rounds: int | None = None, datamodule: Any = None) -> dict[str, Any]:
+    """The fingerprint of a run (:class:`~lfed.run.FederatedRun`).
 
     Structural keys (``composition.*``, ``model.*``, ``data.*``; see :data:`STRUCTURAL_PREFIXES`)
     identify the run; ``hparams.*`` keys are hyperparameters whose change is allowed with a
-    warning. ``data.*`` keys are present once the module is attached to a trainer with a
-    ``FederatedDataModule`` (fit, validate, test), and ``model.*`` keys once it has a net.
+    warning. ``data.*`` keys are present when its ``FederatedDataModule`` is given, ``model.*``
+    keys once it has a net, the rounds when a fraction schedule depends on them.
     """
     opt_name, opt_hp = _optimizer_summary(module.server_optimizer)
     plan = module.training_plan
@@ -127,7 +127,7 @@ def module_fingerprint(module: Any) -> dict[str, Any]:
         fp[f"hparams.server_optimizer.{k}"] = v
     for k, shape in module.store.describe().items():  # every declared tensor, by its owner's role
         fp[f"model.state.{k}"] = shape
-    total = module._total_rounds() if module._trainer is not None else None
+    total = total_rounds
     if total is not None and type(module.participation.fraction).__name__ != "ConstantFraction":
         fp["hparams.total_rounds (trainer.max_steps; the fraction schedule depends on it)"] = total
     if module.net is not None:
@@ -135,7 +135,7 @@ def module_fingerprint(module: Any) -> dict[str, Any]:
         fp["model.class"] = f"{net.__module__}.{net.__qualname__}"
         fp["model.num_params"] = module.layout.num_params
         fp["model.parameters"] = [f"{n}{list(s)}" for n, s in zip(module.layout.names, module.layout.shapes)]
-    dm = getattr(module.trainer, "datamodule", None) if module._trainer is not None else None
+    dm = datamodule
     if dm is not None and hasattr(dm, "build"):
         fp.update(data_fingerprint(dm))
     return fp

@@ -1,13 +1,13 @@
-"""``lfed grid --config base.yaml --sweep sweeps/x.yaml``: a W&B grid sweep run locally as one batched job.
+"""``lfed grid --config base.yaml --sweep sweeps/x.yaml``: a W&B grid sweep run locally as one Lightning job.
 
 Every point of the grid is built exactly as ``lfed fit --config base.yaml <its --key=value>``
-would build it (same parser, same seeding), then all the runs train together in a
-:class:`~lfed.group.RunGroup` (one engine call per lock-step round for the cohorts of all
-runs). Output, under ``<root>/grids/<sweep name>-<id>/`` (``<id>`` a hash of the runs'
-settings): ``group.json`` (the runs and their parameters), per run ``<name>/metrics.csv``,
-``<name>/checkpoints/last.pt`` and ``<name>/summary.json``, and ``summary.csv``, the table
-printed at the end (run, parameters, status, final and last-10% test accuracy).
-``--resume`` continues a killed group from each run's checkpoint. See docs/grids.md.
+would build it (same parser, same seeding); all the runs then train together as one
+:class:`~lfed.group.RunGroup` under one Lightning ``Trainer`` configured as ``lfed fit``'s (its
+``--trainer.*`` settings, callbacks, progress bar, atomic checkpoints, DDP). Output, under
+``<root>/grids/<sweep name>-<id>/`` (``<id>`` a hash of the runs' settings): ``group.json`` (the
+runs and their parameters), ``checkpoints/last.ckpt`` (the whole group; ``--ckpt_path last``
+resumes it exactly), per run ``<name>/metrics.csv`` (and its W&B run, in one W&B group) and
+``<name>/summary.json``, and ``summary.csv``, the table printed at the end. See docs/grids.md.
 """
 
 from __future__ import annotations
@@ -21,88 +21,127 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
+from lightning.pytorch import Trainer
 
 from lfed.atomic import write_atomically
-from lfed.cli import LfedCLI, wandb_logged_in
+from lfed.cli import LfedCLI, settings_of, wandb_logged_in
 from lfed.data.datamodule import FederatedDataModule
 from lfed.group import GroupMember, RunGroup, format_table
+from lfed.member_logs import MemberLoggers
 from lfed.module import FederatedModule
-from lfed.reporting import config_id, silence_library_noise
+from lfed.reporting import MetricsCSV, config_id, silence_library_noise
 from lfed.sweep import Sweep, load_sweep, member_name
 
-__all__ = ["build_members", "main", "run_grid"]
-
-#: ``trainer.precision`` values a group trains in, and their dtype.
-PRECISIONS = {"32-true": torch.float32, "32": torch.float32, "64-true": torch.float64, "64": torch.float64}
+__all__ = ["build_members", "main", "run_grid", "train_group"]
 
 
 class _MemberCLI(LfedCLI):
-    """``lfed fit``'s parsing, seeding and instantiation of model and data, without a Trainer or run directory."""
+    """``lfed fit``'s parsing, seeding and instantiation of model and data; a Trainer only when asked."""
+
+    def __init__(self, *args: Any, directory: Path | None = None, **kwargs: Any) -> None:
+        self.directory = directory
+        super().__init__(*args, **kwargs)
 
     def before_instantiate_classes(self) -> None:
         silence_library_noise()
+        if self.directory is not None:
+            self.run_dir = self.directory
+            self.config["trainer"]["default_root_dir"] = str(self.directory)
 
-    def instantiate_trainer(self, **kwargs: Any) -> None:
-        return None
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer | None:
+        return super().instantiate_trainer(**kwargs) if self.directory is not None else None
 
 
-def _member_cli(args: list[str]) -> _MemberCLI:
+def _member_cli(args: list[str], directory: Path | None = None) -> _MemberCLI:
     try:
-        return _MemberCLI(FederatedModule, FederatedDataModule, run=False, args=args, save_config_callback=None)
+        return _MemberCLI(FederatedModule, FederatedDataModule, run=False, args=args, save_config_callback=None,
+                          directory=directory)
     except SystemExit as stop:
         raise ValueError(f"grid: the arguments {' '.join(args)} do not parse (the parser's message is above): "
                          "an unknown sweep parameter, or a value of the wrong type") from stop
 
 
-def build_members(configs: list[str], sweep: Sweep, overrides: list[str] | None = None) -> tuple[list[GroupMember], torch.dtype]:
-    """One :class:`GroupMember` per grid point, built as ``lfed fit`` builds the run; and the group's dtype.
+def _point_args(configs: list[str], sweep: Sweep, point: dict, overrides: list[str] | None) -> list[str]:
+    base = [a for c in configs for a in ("--config", c)] if configs else list(sweep.base_args)
+    if not base:
+        raise ValueError("grid: no base config: give --config base.yaml (the sweep's command names none)")
+    return [*base, *Sweep.args_of(point), *(overrides or []), "--trainer.logger=false"]
+
+
+def build_members(configs: list[str], sweep: Sweep, overrides: list[str] | None = None) -> tuple[list[GroupMember], dict]:
+    """One :class:`GroupMember` per grid point, built as ``lfed fit`` builds the run; and their common trainer settings.
 
     Args:
         configs: Base ``--config`` files (the sweep's own ``command`` configs when empty).
         sweep: The grid (:func:`lfed.sweep.load_sweep`).
         overrides: ``--key=value`` arguments applied to every run (after the grid's).
+
+    Raises:
+        ValueError: If a point does not parse, or the points differ in their ``trainer`` settings
+            (the runs of a group share one Trainer: rounds, evaluation interval, precision).
     """
-    base = [a for c in configs for a in ("--config", c)] if configs else list(sweep.base_args)
-    if not base:
-        raise ValueError("grid: no base config: give --config base.yaml (the sweep's command names none)")
-    members, dtypes = [], {}
+    members, trainer = [], None
     for i, point in enumerate(sweep.points()):
-        args = [*base, *Sweep.args_of(point), *(overrides or []), "--trainer.logger=false"]
-        cli = _member_cli(args)
+        cli = _member_cli(_point_args(configs, sweep, point, overrides))
         cfg = cli.config
-        trainer = cfg.get("trainer") or {}
-        precision = str(trainer.get("precision") if trainer.get("precision") is not None else "32-true")
-        if precision not in PRECISIONS:
-            raise ValueError(f"trainer.precision: {precision!r} for grid point {point}; lfed grid trains in "
-                             f"{sorted(PRECISIONS)} (mixed precision is not supported in a group)")
-        max_steps = trainer.get("max_steps")
-        if max_steps is None or max_steps <= 0:
-            raise ValueError(f"trainer.max_steps: the rounds of grid point {point} must be > 0, got {max_steps}")
-        every = trainer.get("val_check_interval") or 10
-        if not isinstance(every, int) or every < 1:
-            raise ValueError(f"trainer.val_check_interval: a number of rounds >= 1 in lfed grid, got {every!r}")
-        name = member_name(i, point)
-        dtypes[name] = PRECISIONS[precision]
-        settings = cli._settings(cfg)
-        members.append(GroupMember(name, cli.model, cli.datamodule, dict(point), int(max_steps), int(every), settings))
-    if len(set(dtypes.values())) > 1:
-        raise ValueError(f"trainer.precision: the runs of a group train in one precision, got {dtypes}")
-    return members, next(iter(dtypes.values()))
+        settings = settings_of(cfg)
+        this = json.loads(json.dumps(cfg.get("trainer").as_dict() if hasattr(cfg.get("trainer"), "as_dict") else cfg.get("trainer"), default=str))
+        if trainer is None:
+            trainer = this
+        elif this != trainer:
+            differ = sorted(k for k in set(this) | set(trainer) if this.get(k) != trainer.get(k))
+            raise ValueError(f"trainer: grid point {point} sets {', '.join('trainer.' + k for k in differ)} otherwise than the "
+                             "first point; the runs of a grid share one Trainer (rounds, evaluation, precision): "
+                             "sweep these in separate grids")
+        members.append(GroupMember(member_name(i, point), cli.model, cli.datamodule, dict(point), settings))
+    return members, trainer or {}
+
+
+def train_group(members: list[GroupMember], *, rounds: int, evaluate_every: int | None = None, precision: str = "32-true",
+                loggers: bool = True, **trainer_kwargs: Any) -> tuple[RunGroup, Trainer]:
+    """Train ``members`` as one :class:`RunGroup` with a plain Trainer (the Python API of ``lfed grid``).
+
+    Args:
+        rounds: Rounds (``max_steps``); ``evaluate_every``: rounds between evaluations (default: the end only).
+        loggers: Route each member's metrics to its ``loggers`` (:class:`~lfed.member_logs.MemberLoggers`).
+        trainer_kwargs: Other ``Trainer`` arguments (default: CPU, no checkpoint, no progress bar).
+    """
+    group = RunGroup(members)
+    logger = MemberLoggers({m.name: m.loggers for m in members}) if loggers and any(m.loggers for m in members) else False
+    kwargs = dict(accelerator="cpu", devices=1, enable_checkpointing=False, enable_progress_bar=False,
+                  enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1)
+    kwargs.update(trainer_kwargs)
+    trainer = Trainer(max_steps=rounds, val_check_interval=evaluate_every or rounds, check_val_every_n_epoch=None,
+                      precision=precision, logger=logger, **kwargs)
+    trainer.fit(group, datamodule=group.datamodule)
+    return group, trainer
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lfed grid",
-        description="Run a W&B grid sweep locally as one batched job: all runs train together, one engine call per round.",
+        description="Run a W&B grid sweep locally as one Lightning job: all runs train together, one engine call per round.",
         epilog="Other --model.*/--data.*/--trainer.*/--seed_everything arguments apply to every run.",
     )
     p.add_argument("--config", action="append", default=[], help="Base config (repeatable; default: the sweep's command).")
     p.add_argument("--sweep", required=True, help="W&B sweep file of method: grid (sweeps/*.yaml).")
     p.add_argument("--root", default=None, help="Where grids/<name>-<id>/ goes (default: the current directory).")
-    p.add_argument("--resume", action="store_true", help="Continue the group from each run's last checkpoint.")
+    p.add_argument("--ckpt_path", default=None, help="'last' (this grid's last checkpoint) or a .ckpt file to resume from.")
     p.add_argument("--checkpoint_every", type=int, default=10, help="Rounds between checkpoints (0: none).")
     return p
+
+
+def _member_logs(members: list[GroupMember], directory: Path, wandb_group: str | None) -> None:
+    for m in members:
+        m.loggers = [MetricsCSV(directory / m.name)]
+        if wandb_group is not None:
+            import wandb
+
+            from lfed.reporting import QuietWandbLogger
+
+            run = wandb.init(project="lfed", group=wandb_group, name=m.name, dir=str(directory / m.name),
+                             config={**m.settings, "grid": m.params}, reinit="create_new")
+            m.loggers.append(QuietWandbLogger(experiment=run))
 
 
 def run_grid(argv: list[str] | None = None) -> tuple[RunGroup, Path]:
@@ -111,34 +150,62 @@ def run_grid(argv: list[str] | None = None) -> tuple[RunGroup, Path]:
     args, overrides = parser().parse_known_args(argv)
     bad = [a for a in overrides if not a.startswith(("--model", "--data", "--trainer", "--seed_everything"))]
     if bad:
-        raise ValueError(f"grid: unknown arguments {bad}; allowed: --config, --sweep, --root, --resume, --checkpoint_every "
+        raise ValueError(f"grid: unknown arguments {bad}; allowed: --config, --sweep, --root, --ckpt_path, --checkpoint_every "
                          "and --model.*/--data.*/--trainer.*/--seed_everything overrides for every run")
     if args.checkpoint_every < 0:
         raise ValueError(f"checkpoint_every: must be >= 0 rounds (0 turns it off), got {args.checkpoint_every}")
     sweep = load_sweep(args.sweep)
-    members, dtype = build_members(args.config, sweep, overrides)
+    members, _ = build_members(args.config, sweep, overrides)
     root = Path(args.root or os.getcwd())
     gid = config_id({"sweep": sweep.name, "members": [[m.name, m.settings] for m in members]})
     directory = root / "grids" / f"{sweep.name}-{gid}"
-    has_checkpoints = directory.is_dir() and any(directory.glob("*/checkpoints/last.pt"))
-    if has_checkpoints and not args.resume:
-        raise ValueError(f"grid: {directory} already holds checkpoints of this grid; pass --resume to continue it, "
+    last = directory / "checkpoints" / "last.ckpt"
+    ckpt = args.ckpt_path
+    if ckpt == "last":
+        ckpt = str(last) if last.is_file() else None
+        if ckpt is None:
+            print(f"lfed grid: ckpt_path 'last' found no checkpoint of this grid in {directory}; starting it", file=sys.stderr)
+    elif ckpt is None and last.is_file():
+        raise ValueError(f"grid: {directory} already holds a checkpoint of this grid; pass --ckpt_path last to resume it, "
                          "or remove the directory to start again")
-    manifest = json.dumps({"sweep": sweep.name, "configs": args.config, "overrides": overrides,
-                           "members": [{"name": m.name, "params": m.params} for m in members]}, indent=1, default=str)
-    write_atomically(directory / "group.json", lambda f: f.write(manifest.encode()))
+    # the Trainer: lfed fit's, from the first point's settings (they are the same for every point)
+    first = _member_cli(_point_args(args.config, sweep, sweep.points()[0], overrides) +
+                        [f"--checkpoint_every={args.checkpoint_every}"], directory=directory)
+    members[0] = GroupMember(members[0].name, first.model, first.datamodule, members[0].params, members[0].settings)
+    trainer = first.trainer
     wandb_group = None
-    mode = os.environ.get("WANDB_MODE", "").strip().lower()
-    if mode != "disabled":
+    if os.environ.get("WANDB_MODE", "").strip().lower() != "disabled":
         wandb_group = f"{sweep.name}-{gid}"
         if not wandb_logged_in():
             os.environ.setdefault("WANDB_MODE", "offline")
-    group = RunGroup(members, directory, checkpoint_every=args.checkpoint_every, dtype=dtype, wandb_group=wandb_group)
-    print(f"lfed grid: {len(members)} runs of {sweep.name} in {directory}")
-    rows = group.fit(resume=args.resume)
-    table = format_table(rows)
-    print(table)
-    chosen = [r for r in rows if r.get("val_last10pct_acc") is not None and r["status"] == "done"]
+    if trainer.is_global_zero:
+        manifest = json.dumps({"sweep": sweep.name, "configs": args.config, "overrides": overrides,
+                               "members": [{"name": m.name, "params": m.params} for m in members]}, indent=1, default=str)
+        write_atomically(directory / "group.json", lambda f: f.write(manifest.encode()))
+        _member_logs(members, directory, wandb_group)
+        trainer.loggers = [MemberLoggers({m.name: m.loggers for m in members}, str(directory))]
+    group = RunGroup(members)
+    if trainer.is_global_zero:
+        print(f"lfed grid: {len(members)} runs of {sweep.name} in {directory}")
+    trainer.fit(group, datamodule=group.datamodule, ckpt_path=ckpt)
+    if trainer.is_global_zero:
+        _write_results(group, directory)
+    return group, directory
+
+
+def _write_results(group: RunGroup, directory: Path) -> None:
+    for m in group.members:
+        body = json.dumps({"name": m.name, "params": m.params, "status": m.status, "error": m.error,
+                           "rounds_done": m.round, **m.summary}, indent=1, default=str).encode()
+        write_atomically(directory / m.name / "summary.json", lambda f, body=body: f.write(body))
+        for logger in m.loggers:
+            experiment = getattr(logger, "_experiment", None)
+            if experiment is not None and hasattr(experiment, "finish"):
+                experiment.summary.update({**m.summary, "status": m.status})
+                experiment.finish(exit_code=0 if m.status != "diverged" else 1)
+    rows = group.table_rows()
+    print(format_table(rows))
+    chosen = [r for r in rows if r.get("val_last10pct_acc") is not None and r["status"] != "diverged"]
     if chosen:  # the choice a protocol makes: on the validation split, never on the test set
         best = max(chosen, key=lambda r: r["val_last10pct_acc"])
         print(f"lfed grid: best on the validation split (last-10% accuracy {best['val_last10pct_acc']:.4f}): {best['member']}")
@@ -147,7 +214,6 @@ def run_grid(argv: list[str] | None = None) -> tuple[RunGroup, Path]:
     writer.writeheader()
     writer.writerows(rows)
     write_atomically(directory / "summary.csv", lambda f: f.write(buf.getvalue().encode()))
-    return group, directory
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -155,5 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run_grid(sys.argv[2:] if argv is None else argv)
     except ValueError as e:
+        if os.environ.get("LFED_DEBUG"):
+            raise
         print(f"lfed grid: error: {e}", file=sys.stderr)
         raise SystemExit(2) from e

@@ -68,7 +68,7 @@ def run_name(algorithm: Any, dataset: Any, cid: str) -> str:
     """``<algorithm>-<dataset>-<config id>``, with characters unsafe in a file name replaced."""
 
     def clean(v: Any) -> str:
-        return re.sub(r"[^A-Za-z0-9_.]+", "_", str(v)).strip("_") or "run"
+        return re.sub(r"[^A-Za-z0-9_.+]+", "_", str(v)).strip("_") or "run"
 
     return f"{clean(algorithm)}-{clean(dataset)}-{cid}"
 

@@ -13,7 +13,7 @@ never allocates, saves or checks them itself; :class:`StateStore` does, for ever
 * a load-state-dict hook refuses a checkpoint whose state has other shapes, naming the tensor
   and both shapes,
 * :meth:`StateStore.describe` lists every tensor with its shape for the run fingerprint
-  (:func:`lfed.checkpoint.module_fingerprint`), so no name is written out anywhere else.
+  (:func:`lfed.fingerprint.run_fingerprint`), so no name is written out anywhere else.
 
 :class:`ModuleStateStore` keeps each tensor as a buffer of the component that declared it, so it
 sits in the Lightning module's ``state_dict`` (``objective.control``, ...) and in every

@@ -86,3 +86,14 @@ class DropoutMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+
+class RaiseInRound(Callback):
+    """Stop the process's work in round ``round`` with an error (after the checkpoint before it), as a kill would."""
+
+    def __init__(self, round: int) -> None:
+        self.round = round
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step == self.round:
+            raise RuntimeError(f"killed in round {self.round}")

@@ -239,7 +239,7 @@ trainer:
       init_args: {{dirpath: {tmp_path / 'ckpt'}, every_n_train_steps: 2, save_top_k: -1, filename: "r{{step}}", auto_insert_metric_name: false}}
     - class_path: lightning.pytorch.callbacks.ModelCheckpoint
       init_args: {{dirpath: {tmp_path / 'ckpt'}, filename: end, save_on_train_epoch_end: true}}
-    - class_path: lfed.distributed.ReplicaCheck
+    - class_path: lfed.ddp.ReplicaCheck
 """
     )
     env = {**os.environ, "WANDB_MODE": "disabled"}
@@ -309,9 +309,9 @@ def test_two_processes_give_the_one_process_run_and_resume_on_one(case, launcher
     one = _one_process(tmp_path, extra, "one")
     one_state = {k: v.cpu() for k, v in one.model.state_dict().items()}
     worst = _assert_same_state(ddp["state_dict"], one_state, f"{case}: 2 processes vs 1")
-    assert [r for r, _ in ddp["lfed"]["eval_history"]] == [2, 4]
-    assert ddp["lfed"]["eval_history"] == one.model.eval_history  # test accuracy: exact counts
-    assert ddp["lfed"]["comm"] == one.model.comm.state_dict()
+    assert [r for r, _ in ddp["lfed"]["runs"][0]["eval_history"]] == [2, 4]
+    assert ddp["lfed"]["runs"][0]["eval_history"] == one.model.eval_history  # test accuracy: exact counts
+    assert ddp["lfed"]["runs"][0]["comm"] == one.model.comm.state_dict()
     for saved, live in zip(ddp["optimizer_states"], [o.state_dict() for o in one.trainer.optimizers]):
         for key, state in saved["state"].items():
             _assert_same_state(state, live["state"][key], f"{case}: server optimizer state")

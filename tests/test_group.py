@@ -13,8 +13,10 @@ from conftest import REPO
 from lfed.cli import LfedCLI
 from lfed.data.datamodule import FederatedDataModule
 from lfed.engine import CohortTrainer, StepRule, batch_schedule
-from lfed.grid import build_members, run_grid
-from lfed.group import GroupMember, RunGroup, concat_rules, rule_signature, stack_schedules
+from lightning.pytorch import Callback
+
+from lfed.grid import build_members, run_grid, train_group
+from lfed.group import GroupMember, concat_rules, rule_signature, stack_schedules
 from lfed.models import MLP
 from lfed.module import FederatedModule
 from lfed.sweep import Sweep, load_sweep
@@ -39,17 +41,18 @@ def alone(configs, point, overrides, tmp_path):
     return cli.model.layout.module_vector(cli.model.net).detach(), cli.model
 
 
-def grouped(configs, parameters, overrides, directory=None):
-    members, dtype = build_members(configs, Sweep("t", parameters), overrides)
-    group = RunGroup(members, directory, dtype=dtype, log=None, checkpoint_every=0 if directory is None else 2)
-    group.fit()
+def grouped(configs, parameters, overrides, root=None, **kwargs):
+    """The grid trained as one RunGroup under a plain Trainer (lfed.grid.train_group)."""
+    members, trainer = build_members(configs, Sweep("t", parameters), overrides)
+    group, _ = train_group(members, rounds=trainer["max_steps"], evaluate_every=trainer["val_check_interval"],
+                           precision=trainer["precision"], default_root_dir=root, **kwargs)
     return group
 
 
 def assert_members_equal_alone(configs, parameters, overrides, tmp_path, merged_calls_per_round=None):
-    group = grouped(configs, parameters, overrides)
+    group = grouped(configs, parameters, overrides, tmp_path / "group")
     for m in group.members:
-        assert m.status == "done", (m.name, m.error)
+        assert m.status == "running", (m.name, m.error)
         w_alone, module = alone(configs, m.params, overrides, tmp_path)
         w = m.module.layout.module_vector(m.module.net).detach()
         assert w.dtype == torch.float64
@@ -57,10 +60,11 @@ def assert_members_equal_alone(configs, parameters, overrides, tmp_path, merged_
         assert m.module.eval_history == module.eval_history, m.name
         assert m.module.val_history == module.val_history, m.name
         assert m.module.comm.uploads == module.comm.uploads
+        assert m.summary == module.final_summary, m.name
         for key in ("final/test_acc_last10pct", "final/val_acc_last10pct"):
             assert m.summary.get(key) == module.final_summary.get(key), (m.name, key)
     if merged_calls_per_round is not None:  # the rows really were trained together
-        assert group.engine_calls == merged_calls_per_round * group.members[0].rounds
+        assert group.engine_calls == merged_calls_per_round * group.members[0].round
     return group
 
 
@@ -83,7 +87,8 @@ def test_members_with_a_validation_split_report_it_as_the_run_alone(tmp_path):
         assert 0.0 < m.summary["final/val_acc_last10pct"] <= 1.0
     rows = group.table_rows()
     assert [r["val_last10pct_acc"] for r in rows] == [m.summary["final/val_acc_last10pct"] for m in group.members]
-    assert "val_last10pct_acc" not in grouped([config("quickstart.yaml")], {"model.client_lr": [0.05]}, ROUNDS).table_rows()[0]
+    assert "val_last10pct_acc" not in grouped([config("quickstart.yaml")], {"model.client_lr": [0.05]}, ROUNDS,
+                                              tmp_path / "g2").table_rows()[0]
 
 
 def test_scaffold_grid_equals_each_run_alone(tmp_path):
@@ -121,58 +126,86 @@ def test_members_that_mix_algorithms_equal_each_run_alone(tmp_path):
         merged_calls_per_round=4)
 
 
+def sweep_file(tmp_path, parameters):
+    p = tmp_path / "s.yaml"
+    p.write_text("name: lr\nmethod: grid\nparameters:\n" + "".join(f"  {k}:\n    values: {v}\n" for k, v in parameters.items()))
+    return str(p)
+
+
 def test_a_diverging_member_stops_alone(tmp_path):
-    group = grouped([config("quickstart.yaml")], {"model.client_lr": [0.05, 1e300]}, ROUNDS, tmp_path / "g")
+    group, directory = run_grid(["--config", config("quickstart.yaml"), "--sweep",
+                                 sweep_file(tmp_path, {"model.client_lr": [0.05, 1e300]}), "--root", str(tmp_path), *ROUNDS])
     ok, bad = group.members
     assert bad.status == "diverged" and "NaN or Inf" in bad.error and bad.round < 4
-    assert ok.status == "done" and ok.round == 4
+    assert ok.status == "running" and ok.round == 4
     w_alone, _ = alone([config("quickstart.yaml")], ok.params, ROUNDS, tmp_path)
     assert torch.equal(ok.module.layout.module_vector(ok.module.net).detach(), w_alone)
-    summary = (tmp_path / "g" / bad.name / "summary.json").read_text()
+    summary = (directory / bad.name / "summary.json").read_text()
     assert '"status": "diverged"' in summary
+    assert "run/diverged" in (directory / bad.name / "metrics.csv").read_text()
 
 
-def test_group_resume_after_a_kill_is_exact(tmp_path):
-    configs, params = [config("scaffold_digits.yaml")], {"model.client_lr": [0.05, 0.1]}
-    overrides = ["--trainer.max_steps=5", "--trainer.val_check_interval=2", "--data.validation_fraction=0.2", *F64]
-    whole = grouped(configs, params, overrides, tmp_path / "whole")
-    members, dtype = build_members(configs, Sweep("t", params), overrides)
-    killed = RunGroup(members, tmp_path / "kill", dtype=dtype, log=None, checkpoint_every=2)
-    killed.setup()
-    killed._open_logs()
-    for _ in range(3):  # checkpoints after round 2; round 3 is lost with the process
-        killed.step()
-    members, dtype = build_members(configs, Sweep("t", params), overrides)
-    resumed = RunGroup(members, tmp_path / "kill", dtype=dtype, log=None, checkpoint_every=2)
-    resumed.fit(resume=True)
+def test_group_killed_mid_run_resumes_from_its_ckpt_exactly(tmp_path):
+    """A grid killed in round 3 (after the checkpoint of round 2) resumes with --ckpt_path last to the
+    uninterrupted grid's results, per member, bit for bit."""
+    params = {"model.client_lr": [0.05, 0.1]}
+    common = ["--config", config("scaffold_digits.yaml"), "--trainer.max_steps=5", "--trainer.val_check_interval=2",
+              "--data.validation_fraction=0.2", "--checkpoint_every=2", "--trainer.enable_progress_bar=false", *F64]
+    (tmp_path / "w").mkdir()
+    whole, _ = run_grid([*common, "--sweep", sweep_file(tmp_path / "w", params), "--root", str(tmp_path / "w")])
+    kill = tmp_path / "k"
+    kill.mkdir()
+    sweep = sweep_file(kill, params)
+    with pytest.raises(RuntimeError, match="killed in round 3"):
+        run_grid([*common, "--sweep", sweep, "--root", str(kill),
+                  '--trainer.callbacks+={"class_path": "resume_helpers.RaiseInRound", "init_args": {"round": 3}}'])
+    with pytest.raises(ValueError, match="--ckpt_path last"):  # the same grid again: refused unless resumed
+        run_grid([*common, "--sweep", sweep, "--root", str(kill)])
+    resumed, directory = run_grid([*common, "--sweep", sweep, "--root", str(kill), "--ckpt_path", "last"])
     for a, b in zip(whole.members, resumed.members):
-        assert b.status == "done" and b.round == 5
+        assert b.status == "running" and b.round == 5
         assert torch.equal(a.module.layout.module_vector(a.module.net), b.module.layout.module_vector(b.module.net))
         assert torch.equal(a.module.objective.state("control"), b.module.objective.state("control"))
         assert a.module.eval_history == b.module.eval_history
         assert a.module.val_history == b.module.val_history and len(b.module.val_history) == 3
         assert a.summary == b.summary
         assert a.module.comm.uploads == b.module.comm.uploads
+        rounds = [line.split(",")[0] for line in (directory / b.name / "metrics.csv").read_text().splitlines()[1:]]
+        assert rounds.count("4") >= 1  # the resumed rounds were logged to the member's own metrics.csv
 
 
 def test_lfed_grid_command_writes_each_run_and_the_table(tmp_path, capsys):
-    sweep = tmp_path / "s.yaml"
-    sweep.write_text("name: lr\nmethod: grid\nparameters:\n  model.client_lr:\n    values: [0.05, 0.1]\n")
-    group, directory = run_grid(["--config", config("quickstart.yaml"), "--sweep", str(sweep), "--root", str(tmp_path),
+    sweep = sweep_file(tmp_path, {"model.client_lr": [0.05, 0.1]})
+    group, directory = run_grid(["--config", config("quickstart.yaml"), "--sweep", sweep, "--root", str(tmp_path),
                                  "--trainer.max_steps=3", "--trainer.val_check_interval=3"])
     out = capsys.readouterr().out
     assert "last10pct_acc" in out and "00-client_lr=0.05" in out and "01-client_lr=0.1" in out
+    assert (directory / "checkpoints" / "last.ckpt").is_file()
     for m in group.members:
         assert (directory / m.name / "metrics.csv").is_file()
-        assert (directory / m.name / "checkpoints" / "last.pt").is_file()
         assert (directory / m.name / "summary.json").is_file()
     assert (directory / "summary.csv").read_text().count("\n") == 3
-    with pytest.raises(ValueError, match="--resume"):  # the same grid again: refused unless resumed
-        run_grid(["--config", config("quickstart.yaml"), "--sweep", str(sweep), "--root", str(tmp_path),
-                  "--trainer.max_steps=3", "--trainer.val_check_interval=3"])
-    group, _ = run_grid(["--config", config("quickstart.yaml"), "--sweep", str(sweep), "--root", str(tmp_path),
-                         "--trainer.max_steps=3", "--trainer.val_check_interval=3", "--resume"])
-    assert all(m.status == "done" and m.round == 3 for m in group.members)
+    group, _ = run_grid(["--config", config("quickstart.yaml"), "--sweep", sweep, "--root", str(tmp_path),
+                         "--trainer.max_steps=3", "--trainer.val_check_interval=3", "--ckpt_path", "last"])
+    assert all(m.status == "running" and m.round == 3 for m in group.members)
+
+
+class SeesEveryMember(Callback):
+    """A user's callback: records, after each round, every member's round record."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.seen.append({run.name: run.last_round.round for run in pl_module.runs})
+
+
+def test_a_callback_sees_every_members_rounds(tmp_path):
+    seen = SeesEveryMember()
+    grouped([config("quickstart.yaml")], {"model.client_lr": [0.05, 0.1, 0.2]}, ["--trainer.max_steps=3", *F64],
+            tmp_path, callbacks=[seen])
+    names = ["00-client_lr=0.05", "01-client_lr=0.1", "02-client_lr=0.2"]
+    assert seen.seen == [dict.fromkeys(names, r) for r in range(3)]
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -208,29 +241,30 @@ def test_an_unknown_parameter_is_refused_before_training():
         build_members([config("quickstart.yaml")], Sweep("t", {"model.client_learning_rate": [0.1]}), [])
 
 
-def test_members_with_different_models_are_refused():
-    members, dtype = build_members([config("quickstart.yaml")], Sweep("t", {"model.net.init_args.hidden": ["[200, 200]", "[100]"]}),
-                                   ["--trainer.max_steps=2"])
+def test_members_with_different_models_are_refused(tmp_path):
+    members, _ = build_members([config("quickstart.yaml")], Sweep("t", {"model.net.init_args.hidden": ["[200, 200]", "[100]"]}),
+                               ["--trainer.max_steps=2"])
     with pytest.raises(ValueError, match="another model"):
-        RunGroup(members, log=None).setup()
+        train_group(members, rounds=1, default_root_dir=tmp_path)
 
 
-def test_members_with_different_datasets_are_refused():
+def test_members_with_different_datasets_are_refused(tmp_path):
     def member(name, seed):
         g = torch.Generator().manual_seed(seed)
         x, y = torch.randn(60, 4, generator=g), torch.randint(0, 3, (60,), generator=g)
         dm = FederatedDataModule.from_tensors(x, y, x[:10], y[:10], num_clients=3, partition="iid")
-        return GroupMember(name, FederatedModule(net=MLP(in_features=4, hidden=(), num_classes=3)), dm, rounds=1)
+        return GroupMember(name, FederatedModule(net=MLP(in_features=4, hidden=(), num_classes=3)), dm)
 
     with pytest.raises(ValueError, match="another dataset"):
-        RunGroup([member("a", 0), member("b", 1)], log=None).setup()
+        train_group([member("a", 0), member("b", 1)], rounds=1, default_root_dir=tmp_path)
 
 
-def test_precisions_must_agree_and_be_supported():
-    with pytest.raises(ValueError, match="one precision"):
+def test_trainer_settings_must_agree():
+    """The runs of a grid share one Trainer: a sweep of its settings (precision, rounds) is refused, naming them."""
+    with pytest.raises(ValueError, match="trainer.precision.*share one Trainer"):
         build_members([config("quickstart.yaml")], Sweep("t", {"trainer.precision": ["32-true", "64-true"]}), [])
-    with pytest.raises(ValueError, match="mixed precision"):
-        build_members([config("quickstart.yaml")], Sweep("t", {"trainer.precision": ["bf16-mixed"]}), [])
+    with pytest.raises(ValueError, match="trainer.max_steps.*share one Trainer"):
+        build_members([config("quickstart.yaml")], Sweep("t", {"trainer.max_steps": [2, 3]}), [])
 
 
 # ----------------------------------------------------------------------------- engine rows of several runs

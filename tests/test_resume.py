@@ -83,11 +83,11 @@ def run_state(cli) -> dict:
     """Everything a run's continuation depends on, as comparable values."""
     module = cli.model
     state = {f"module.{k}": v for k, v in module.state_dict().items()}
-    opt = cli.trainer.optimizers[0].state_dict()
-    for pid, s in opt["state"].items():
-        for k, v in s.items():
-            state[f"optimizer.{pid}.{k}"] = v
-    state["optimizer.param_groups"] = [{k: v for k, v in g.items() if k != "params"} for g in opt["param_groups"]]
+    for i, opt in enumerate(cli.trainer.optimizers[0].state_dict()["runs"]):  # every run's server optimizer
+        for pid, s in opt["state"].items():
+            for k, v in s.items():
+                state[f"optimizer{i}.{pid}.{k}"] = v
+        state[f"optimizer{i}.param_groups"] = [{k: v for k, v in g.items() if k != "params"} for g in opt["param_groups"]]
     state["comm"] = module.comm.state_dict()
     state["eval_history"] = list(module.eval_history)
     state["global_step"] = cli.trainer.global_step
@@ -153,7 +153,7 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path, algorithm):
     last = checkpoint_dir(kill_dir / "run") / "last.ckpt"
     saved = load(last)
     assert saved["global_step"] == ROUNDS // 2  # round 3 ran but was lost with the process
-    assert saved["lfed"]["fingerprint"]["composition.algorithm"] == algorithm
+    assert saved["lfed"]["runs"][0]["fingerprint"]["composition.algorithm"] == algorithm
 
     resumed = fit(config, "--ckpt_path", "last", "--trainer.callbacks+=resume_helpers.RoundLog")
     assert Path(resumed.trainer.ckpt_path) == last

@@ -77,17 +77,52 @@ class FederatedData:
             raise ValueError(f"{what} needs class labels, but the targets are floating (regression); "
                              "use it with integer class labels, or leave it out for regression")
 
-    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> FederatedData:
-        """A copy on ``device``; floating inputs (and regression targets) cast to ``dtype`` if given."""
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None,
+           converted: dict | None = None) -> FederatedData:
+        """A copy on ``device``; floating inputs (and regression targets) cast to ``dtype`` if given.
+
+        ``converted``: the copies of tensors other data already made (keyed by the tensor's id), so
+        runs that share a dataset share its copy on the device (trained in one engine call).
+        """
+        converted = {} if converted is None else converted
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)
             if isinstance(v, Tensor):
-                v = v.to(device)
-                if dtype is not None and f.name in ("train_x", "test_x", "train_y", "test_y") and v.is_floating_point():
-                    v = v.to(dtype)
+                key = (id(v), f.name in ("train_x", "test_x", "train_y", "test_y"))
+                if key not in converted:
+                    w = v.to(device)
+                    if dtype is not None and key[1] and w.is_floating_point():
+                        w = w.to(dtype)
+                    converted[key] = w
+                v = converted[key]
             out[f.name] = v
         return FederatedData(**out)
+
+
+def evaluation_ticks() -> DataLoader:
+    """The evaluation loader: one item, so the validation (test) step runs once per evaluation and rank.
+
+    The module evaluates the test set, the validation split and the clients' held-out splits from
+    the tensors on the device, each rank its share (:func:`lfed.evaluation.evaluate_split`).
+    """
+    return DataLoader(TensorDataset(torch.zeros(1)), batch_size=1)
+
+
+def share_datasets(datamodules) -> None:
+    """Load each dataset once for modules that partition the same one (the runs of a grid)."""
+    loaded: dict[tuple, DatasetTensors] = {}
+    for dm in datamodules:
+        key = dm.dataset_key() if hasattr(dm, "dataset_key") else None
+        if key is not None and dm.data is not None:  # built already (the Trainer's own data module)
+            loaded.setdefault(key, dm._load())
+    for dm in datamodules:
+        key = dm.dataset_key() if hasattr(dm, "dataset_key") else None
+        if key is None or dm.data is not None or len(datamodules) == 1:
+            continue
+        if key not in loaded:
+            loaded[key] = dm._load()
+        dm.use_dataset(loaded[key])
 
 
 class RoundsLoader:
@@ -295,7 +330,17 @@ class FederatedDataModule(LightningDataModule):
         return cls(dataset="custom", train=(train_x, train_y), test=(test_x, test_y), **kwargs)
 
     # ------------------------------------------------------------------ building
+    def dataset_key(self) -> tuple | None:
+        """What identifies the loaded dataset (None for tensors of the user's): modules with one key share a load."""
+        return None if self._user_train is not None else (self.dataset, str(self.data_dir), self.download)
+
+    def use_dataset(self, loaded: DatasetTensors) -> None:
+        """Partition ``loaded`` (the dataset another module of the same :meth:`dataset_key` loaded) instead of loading it."""
+        self._loaded = loaded
+
     def _load(self) -> DatasetTensors:
+        if getattr(self, "_loaded", None) is not None:
+            return self._loaded
         if self._user_train is None:
             return load_dataset(self.dataset, self.data_dir, self.download)
         tx, ty = _as_tensors(self._user_train, "train")
@@ -326,7 +371,7 @@ class FederatedDataModule(LightningDataModule):
         """Load, validate and partition the data (idempotent)."""
         if self.data is not None:
             return self.data
-        ds = self._load()
+        ds = self._loaded = self._load()
         regression = ds.num_classes is None
         if regression:
             if self.partition != "iid":
@@ -395,33 +440,12 @@ class FederatedDataModule(LightningDataModule):
         trainer = self.trainer
         return RoundsLoader(rounds, (lambda: trainer.global_step) if trainer is not None else (lambda: 0))
 
-    def _world_size(self) -> int:
-        return int(getattr(self.trainer, "world_size", 1) or 1) if self.trainer is not None else 1
-
-    def _eval_loader(self, x: Tensor, y: Tensor) -> DataLoader:
-        examples = TensorDataset(x, y)
-        if self._world_size() > 1:
-            # Each rank evaluates its share, no item twice (Lightning's default
-            # DistributedSampler pads with repeats); the module all-reduces the sums.
-            from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-
-            share = UnrepeatedDistributedSampler(examples, num_replicas=self._world_size(), rank=self.trainer.global_rank, shuffle=False)
-            return DataLoader(examples, batch_size=self.eval_batch_size, sampler=share)
-        return DataLoader(examples, batch_size=self.eval_batch_size, shuffle=False)
-
-    def _test_loader(self) -> DataLoader:
-        d = self.build()
-        return self._eval_loader(d.test_x, d.test_y)
-
-    def val_dataloader(self) -> DataLoader | list[DataLoader]:
-        """The global test set; with a validation split, ``[validation set, test set]``."""
-        d = self.build()
-        if d.has_validation:
-            return [self._eval_loader(d.train_x[d.val_index], d.train_y[d.val_index]), self._test_loader()]
-        return self._test_loader()
+    def val_dataloader(self) -> DataLoader:
+        """One item per evaluation: the module evaluates its runs' data itself (:meth:`lfed.run.FederatedRun.evaluate`)."""
+        return evaluation_ticks()
 
     def test_dataloader(self) -> DataLoader:
-        return self._test_loader()
+        return evaluation_ticks()
 
     def state_dict(self) -> dict:
         """What the clients' data is, for checkpoints: sizes, seed, partition and its fingerprint."""

@@ -1,0 +1,272 @@
+"""The one Lightning driver: one training step is one lock-step round of every run (SPEC §1).
+
+:class:`FederatedDriver` trains :class:`~lfed.run.FederatedRun` objects under Lightning's
+``Trainer``: a single run (:class:`lfed.module.FederatedModule`) is a driver of one run, a grid
+(:class:`lfed.group.RunGroup`, ``lfed grid``) a driver of many. Each ``training_step`` prepares
+every running run's round, trains all their cohorts in as few engine calls as is exact
+(:func:`lfed.lockstep.train_together`, split over the ranks under DDP), and finishes each run's
+round with its own rows; the server optimizers are stepped inside the round and Lightning's one
+optimizer (:class:`RunOptimizers`) counts the round, so ``global_step == round`` and
+``max_steps``, ``val_check_interval``, checkpoints, callbacks, loggers and the progress bar all
+count rounds. Evaluation runs in the validation (test) loop, whose loader yields one item per
+evaluation (:class:`lfed.data.datamodule.FederatedDataModule`). A run of a grid logs its metrics as
+``<name>/<metric>``, which :class:`lfed.member_logs.MemberLoggers` routes to that run's own logs.
+
+Divergence (NaN or Inf) stops a run: alone, the error ends the fit; in a grid the run stops and
+the others go on (``run/diverged``), and the fit stops when none is left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch import nn
+
+from lfed.algorithms import CompositionWarning
+from lfed.ddp import prepare_strategy
+from lfed.distributed import Ranks
+from lfed.evaluation import check_trainer_schedule, request_final_evaluation
+from lfed.fingerprint import run_fingerprint, verify_fingerprint
+from lfed.lockstep import train_together
+from lfed.run import FederatedRun
+
+__all__ = ["FederatedDriver", "RunOptimizers"]
+
+
+class RunOptimizers(torch.optim.Optimizer):
+    """The runs' server optimizers as the one optimizer Lightning sees.
+
+    Each run steps its own optimizer inside its round (:meth:`lfed.run.FederatedRun.server_step`);
+    this optimizer's ``step`` does nothing and is called once per round, so Lightning counts
+    rounds. Its state dict holds every run's optimizer state (exact resume).
+    """
+
+    def __init__(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        self.optimizers = list(optimizers)
+        super().__init__([p for o in self.optimizers for g in o.param_groups for p in g["params"]], {})
+
+    def step(self, closure: Any = None) -> Any:
+        """The round's tick: Lightning's closure runs (its ``on_before_optimizer_step`` hooks), nothing is stepped."""
+        return closure() if closure is not None else None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"runs": [o.state_dict() for o in self.optimizers]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        states = state_dict["runs"]
+        if len(states) != len(self.optimizers):
+            raise ValueError(f"checkpoint: it holds the server optimizers of {len(states)} runs, this job has "
+                             f"{len(self.optimizers)}")
+        for o, s in zip(self.optimizers, states):
+            o.load_state_dict(s)
+
+
+class FederatedDriver(LightningModule):
+    """Federated training of one run or of many in lock-step (module docstring).
+
+    A driver of one run reads as that run: ``module.net``, ``module.comm``, ``module.eval_history``
+    ... are the run's.
+
+    Args:
+        runs: The runs (names unique; '' for a run alone).
+        datamodules: Each run's :class:`~lfed.data.datamodule.FederatedDataModule`; None: the trainer's.
+    """
+
+    def __init__(self, runs: Sequence[FederatedRun], datamodules: Sequence[Any] | None = None) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.runs = nn.ModuleList(runs)
+        self.member_datamodules = list(datamodules) if datamodules is not None else None
+        self.engine_calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            runs = self.__dict__.get("_modules", {}).get("runs")
+            if runs is not None and len(runs) == 1 and not name.startswith("__"):
+                return getattr(runs[0], name)
+            raise
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the driver trains several runs (their metrics are logged as ``<name>/<metric>``)."""
+        return len(self.runs) > 1
+
+    def _prefix(self, run: FederatedRun) -> str:
+        return f"{run.name}/" if self.grouped else ""
+
+    # ------------------------------------------------------------------ set-up
+    def _datamodules(self) -> list[Any]:
+        if self.member_datamodules is not None:
+            return self.member_datamodules
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if dm is None or not hasattr(dm, "build"):
+            raise ValueError("FederatedModule needs a FederatedDataModule: trainer.fit(module, datamodule=FederatedDataModule(...))")
+        return [dm]
+
+    def setup(self, stage: str) -> None:
+        """Build every run's data (one load of a dataset they share), default net and state."""
+        from lfed.data.datamodule import share_datasets
+
+        datamodules = self._datamodules()
+        share_datasets(datamodules)
+        for run, dm in zip(self.runs, datamodules):
+            run.datamodule = dm
+            run.setup(dm.build(), self.trainer.default_root_dir)
+        if self.grouped:
+            from lfed.group import check_same_model_and_data
+
+            check_same_model_and_data(self.runs)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return RunOptimizers([run.server_optimizer([p for p in run.net.parameters() if p.requires_grad])
+                              for run in self.runs])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.runs[0].net(x)
+
+    def _device_data(self) -> None:
+        """Every run's data on the module's device and dtype (tensors they share converted once)."""
+        if all(run.data is not None and run.data.train_x.device == self.device for run in self.runs):
+            return
+        converted: dict[int, torch.Tensor] = {}
+        for run in self.runs:
+            dtype = next(run.net.parameters()).dtype
+            run.data = run.datamodule.build().to(self.device, dtype, converted)
+
+    def on_fit_start(self) -> None:
+        from lfed.reporting import describe_optimizer
+
+        prepare_strategy(self.trainer)
+        check_trainer_schedule(self.trainer)
+        self._device_data()
+        for run in self.runs:
+            for message in run.start(run.data, self._total_rounds()):  # settings that make no sense together
+                rank_zero_warn(self._prefix(run) + message, category=CompositionWarning)
+        run, d = self.runs[0], self.runs[0].data
+        backend = run.engine.resolve_backend(d.train_x, d.train_y)
+        what = f"{len(self.runs)} runs of " if self.grouped else ""
+        rank_zero_info(
+            f"lfed: {what}{run.label} on {d.num_clients} clients, {run.layout.num_params:,} parameters, backend={backend}, "
+            + ", ".join(f"{k}={v}" for k, v in run.composition.items())
+            + f", server_optimizer={describe_optimizer(run.server_optimizer)}"
+        )
+
+    # ------------------------------------------------------------------ one round of every run
+    def _total_rounds(self) -> int | None:
+        ms = getattr(self.trainer, "max_steps", -1)
+        return ms if ms and ms > 0 else None
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        """One federated round (SPEC §1) of every running run, their cohorts trained together."""
+        r, ranks, total = int(self.global_step), Ranks.of(self), self._total_rounds()
+        self._device_data()
+        tick = self.optimizers()
+        todo = []
+        for run, optimizer in zip(self.runs, tick.optimizer.optimizers):
+            if not run.running:
+                continue
+            try:
+                prepared = run.prepare(r, total)
+            except FloatingPointError as e:
+                self._stop(run, e)
+                continue
+            if prepared.skipped:
+                self._finish(run, prepared, None, optimizer, ranks)
+            else:
+                todo.append((run, prepared, optimizer))
+        results, calls = train_together([(run, p) for run, p, _ in todo], ranks) if todo else ([], 0)
+        self.engine_calls += calls
+        for (run, prepared, optimizer), result in zip(todo, results):
+            self._finish(run, prepared, result, optimizer, ranks)
+        tick.step()  # counts the round: global_step == rounds done
+
+    def _finish(self, run: FederatedRun, prepared: Any, result: Any, optimizer: Any, ranks: Ranks) -> None:
+        try:
+            metrics, messages = run.finish(prepared, result, optimizer, ranks)
+        except FloatingPointError as e:
+            self._stop(run, e)
+            return
+        p = self._prefix(run)
+        for message in messages:
+            rank_zero_warn(p + message)
+        loss = metrics.pop("train/loss", None)
+        if loss is not None:
+            self.log(p + "train/loss", loss, prog_bar=not self.grouped)
+        self.log_dict({p + k: v for k, v in metrics.items()})
+
+    def _stop(self, run: FederatedRun, error: FloatingPointError) -> None:
+        """A run diverged: alone, the error ends the fit; in a grid the run stops and the others go on."""
+        if not self.grouped:
+            raise error
+        rank_zero_warn(f"lfed: {run.name} stopped at round {int(self.global_step)}: {error}")
+        self.log(self._prefix(run) + "run/diverged", run.diverged(error)["run/diverged"])
+        if not any(r.running for r in self.runs):
+            self.trainer.should_stop = True
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        request_final_evaluation(self.trainer)  # the last round is always evaluated
+
+    # ------------------------------------------------------------------ evaluation (SPEC §9)
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._evaluate(record=not self.trainer.sanity_checking)
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._evaluate(record=False)
+
+    def _evaluate(self, record: bool) -> None:
+        self._device_data()
+        ranks = Ranks.of(self)
+        strategy = self.trainer.strategy
+        reduce = (lambda t: strategy.reduce(t, reduce_op="sum")) if ranks.distributed else (lambda t: t)
+        for run in self.runs:
+            if run.status == "diverged":
+                continue
+            metrics, per_client = run.evaluate(ranks, reduce, int(getattr(run.datamodule, "eval_batch_size", 2048)))
+            if record:
+                run.record_evaluation(int(self.global_step), metrics, per_client)
+            p = self._prefix(run)
+            for key, value in metrics.items():
+                self.log(p + key, value, prog_bar=key == "test/acc" and not self.grouped)
+
+    def client_accuracy(self) -> torch.Tensor | None:
+        """Accuracy of the (first) run's global model on each client's held-out split (clients with one)."""
+        self._device_data()
+        per_client = self.runs[0].client_accuracy()
+        return None if per_client is None else per_client[~torch.isnan(per_client)]
+
+    # ------------------------------------------------------------------ end of run, checkpoints
+    def on_train_end(self) -> None:
+        for run in self.runs:
+            summary = run.summary() if run.status != "diverged" else {}
+            if summary:
+                for logger in self.loggers:
+                    logger.log_metrics({self._prefix(run) + k: v for k, v in summary.items()}, step=int(self.global_step))
+            if not self.grouped:
+                rank_zero_info("lfed: " + ", ".join(f"{k}={v:.4g}" for k, v in summary.items()))
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        total = self._total_rounds()
+        checkpoint["lfed"] = {"runs": [{**run.extra_state(), "fingerprint": run_fingerprint(run, total, run.datamodule)}
+                                       for run in self.runs]}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse a checkpoint of another run (lfed.fingerprint.verify_fingerprint), then restore."""
+        states = (checkpoint.get("lfed") or {}).get("runs")
+        if states is None or len(states) != len(self.runs):
+            found = "no lfed run" if states is None else f"{len(states)} runs"
+            raise ValueError(f"checkpoint: it holds {found}, this job has {len(self.runs)}; resume it with the "
+                             "configuration (and sweep) it was written by")
+        total = self._total_rounds() if self._trainer is not None else None
+        for run, state in zip(self.runs, states):
+            verify_fingerprint(state.get("fingerprint"), run_fingerprint(run, total, run.datamodule))
+            run.load_extra_state(state)

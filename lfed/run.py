@@ -1,0 +1,305 @@
+"""One federated run, with no Lightning in it: its model, components, round, evaluation, summary and state.
+
+A :class:`FederatedRun` is the whole life of one run (SPEC §1, §9): set-up from the data
+(:meth:`~FederatedRun.setup`), its round in two halves around the engine
+(:meth:`~FederatedRun.prepare` and :meth:`~FederatedRun.finish`, which hold the after-round
+bookkeeping: client buffers, ``bmta_local``, communication), its evaluation
+(:meth:`~FederatedRun.evaluate`), the end-of-run summary (:meth:`~FederatedRun.summary`) and the
+state a checkpoint carries beside its tensors (:meth:`~FederatedRun.extra_state`, with the
+run's fingerprint). It is an ``nn.Module`` whose submodules are the global model ``net`` and the
+components by role, so its declared state is in its state dict.
+
+The one driver, :class:`lfed.driver.FederatedDriver` (a LightningModule), trains one run
+(:class:`lfed.module.FederatedModule`) or many in lock-step (:class:`lfed.group.RunGroup`, ``lfed
+grid``) through these methods only; nothing here is written twice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lfed import algorithms
+from lfed.client_state import ClientStateStore
+from lfed.communication import CommunicationMeter, check_accuracy_targets
+from lfed.distributed import Ranks
+from lfed.engine import CohortResult, CohortTrainer, as_per_example_loss
+from lfed.evaluation import (
+    BestMeanAccuracy,
+    check_task,
+    client_accuracies,
+    evaluate_split,
+    is_classification,
+    local_accuracy,
+    worst_share_mean,
+)
+from lfed.params import ParamLayout
+from lfed.server.optimizers import apply_pseudo_gradient
+from lfed.round import Algorithm, LocalTraining, PreparedRound, finish_round, prepare_round, setup_state
+
+__all__ = ["FederatedRun", "default_net"]
+
+
+def default_net(data) -> nn.Module:
+    """lfed's MLP 2NN sized from the data (the model when none is given)."""
+    from lfed.models import MLP
+
+    outputs = data.num_classes if data.num_classes is not None else math.prod(data.train_y.shape[1:])
+    return MLP(in_features=math.prod(data.train_x.shape[1:]), num_classes=outputs)
+
+
+class FederatedRun(nn.Module):
+    """One federated run (module docstring).
+
+    Args:
+        components: The round's components (:class:`lfed.round.Algorithm`).
+        training_plan: How clients train (:class:`lfed.round.LocalTraining`).
+        server_optimizer: ``params -> torch.optim.Optimizer`` on the pseudo-gradient ``-Δ``.
+        net: The global model (None: :func:`default_net` at :meth:`setup`).
+        loss: The client loss (None: cross-entropy).
+        backend, chunk_size: The engine's (:class:`~lfed.engine.CohortTrainer`).
+        seed: Seed of every draw of the run.
+        accuracy_targets: Test accuracies for the "rounds (uploads) to reach" report.
+        store: Where per-client state lives (:class:`~lfed.client_state.ClientStateStore`).
+        algorithm: The preset's name; ``explicit``: the roles the user set (composition checks).
+        name: The run's name in a group ('' for a run alone).
+    """
+
+    def __init__(self, components: Algorithm, training_plan: LocalTraining, server_optimizer: Callable, *,
+                 net: nn.Module | None = None, loss: nn.Module | None = None, backend: str = "auto",
+                 chunk_size: int | None = None, seed: int = 0, accuracy_targets: list[float] | None = None,
+                 store: ClientStateStore | None = None, algorithm: str = "fedavg", explicit: frozenset = frozenset(),
+                 name: str = "") -> None:
+        super().__init__()
+        for role, component in components.roles().items():  # submodules: their state is in the state dict
+            if any(m is component for m in self._modules.values()):  # one component in two roles (FedDyn): once
+                object.__setattr__(self, role, component)
+            else:
+                setattr(self, role, component)
+        self.components, self.training_plan, self.server_optimizer = components, training_plan, server_optimizer
+        self.net, self.loss, self.loss_fn = net, loss, as_per_example_loss(loss)
+        self.backend, self.chunk_size, self.seed = backend, chunk_size, seed
+        self.accuracy_targets = check_accuracy_targets(accuracy_targets)
+        self.store = store if store is not None else ClientStateStore("device", None)
+        self.algorithm, self.explicit, self.name = algorithm, set(explicit), name
+        self.layout = ParamLayout.from_module(net) if net is not None else None
+        self.engine: CohortTrainer | None = None
+        self.data = None  # the federated data on the device (:meth:`device_data`)
+        self.datamodule = None
+        self.comm = CommunicationMeter()
+        self.eval_history: list[tuple[int, float]] = []
+        self.val_history: list[tuple[int, float]] = []
+        self.bmta = BestMeanAccuracy()
+        self.status, self.error = "running", None
+        self.rounds_done = 0
+        self.final_summary: dict[str, float] = {}
+        self.last_round = None  # the RoundRecord of the last round trained (callbacks read it)
+
+    # ------------------------------------------------------------------ what it is
+    @property
+    def composition(self) -> dict[str, Any]:
+        """The names of the round's components (logs, the fingerprint, composition checks)."""
+        c = self.components
+        return {"objective": c.objective.name, "weighting": c.weighting.name, "partial_work": c.weighting.partial_work,
+                "aggregation": c.combination.name, "compression": c.channel.sparsity, "sampler": c.sampler.name,
+                "fraction": c.participation.fraction}
+
+    @property
+    def label(self) -> str:
+        """The preset and the user's own components: ``fedavg+FedNova`` (:func:`lfed.algorithms.composition_label`)."""
+        paths = [f"{type(c).__module__}.{type(c).__qualname__}" for c in self.components.roles().values()]
+        return algorithms.composition_label(self.algorithm, paths)
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self, data, default_root_dir: str | Path | None = None) -> None:
+        """Build the default net if none was given and allocate every component's state for the data's clients."""
+        if self.net is None:
+            self.net = default_net(data)
+        self.layout = ParamLayout.from_module(self.net)
+        check_task(self.net, data, self.loss)  # the net's output against the classes / targets, before round 0
+        if self.store.placement == "disk" and self.store.directory is None:
+            self.store.directory = Path(default_root_dir or ".") / (f"client_state-{self.name}" if self.name else "client_state")
+        like = next(self.net.parameters()).detach()
+        setup_state(self.components, self.store, data.client_sizes, self.layout.num_params, like)
+        self.engine = CohortTrainer(self.net, self.loss, self.backend, self.chunk_size)
+
+    def start(self, data, total_rounds: int | None) -> list[str]:
+        """Checks before round 0 (``data``: on the device); the composition warnings to show."""
+        self.data = data
+        if self.loss is None and data.task == "regression":
+            raise ValueError("loss: the default (cross-entropy) needs class labels, but the targets are floating "
+                             "(regression); give a regression loss, e.g. loss=torch.nn.MSELoss()")
+        names = self.composition
+        if names["weighting"] == "dwfed":
+            data.require_labels("weighting='dwfed' (label-count weights)")
+        stragglers = self.participation.stragglers
+        return list(algorithms.validate_composition(
+            names, self.explicit, p_inactive=stragglers.p_inactive, p_incomplete=stragglers.p_incomplete,
+            mu=getattr(self.objective, "mu", None), efl_lambda=getattr(self.objective, "lam", None),
+            num_clients=data.num_clients, total_rounds=total_rounds,
+        ))
+
+    # ------------------------------------------------------------------ one round
+    @property
+    def running(self) -> bool:
+        """Whether the run trains on (not diverged)."""
+        return self.status == "running"
+
+    def prepare(self, round: int, total_rounds: int | None) -> PreparedRound:
+        """The round up to its local training (:func:`lfed.round.prepare_round`)."""
+        return prepare_round(self.components, self.layout.module_vector(self.net), self.data, self.training_plan,
+                             self.engine, round=round, seed=self.seed, total_rounds=total_rounds, sizes=self.layout.sizes)
+
+    def server_step(self, optimizer: torch.optim.Optimizer) -> Callable[[Tensor], Tensor]:
+        """``Δ -> w'``: ``optimizer`` steps once on the pseudo-gradient ``-Δ`` (SPEC §4.1); the new flat weights."""
+        trainable = [p for p in self.net.parameters() if p.requires_grad]
+
+        def step(delta: Tensor) -> Tensor:
+            optimizer.zero_grad(set_to_none=True)
+            apply_pseudo_gradient(optimizer, trainable, delta)
+            optimizer.zero_grad(set_to_none=True)
+            return self.layout.module_vector(self.net)
+
+        return step
+
+    def finish(self, prepared: PreparedRound, result: CohortResult | None, optimizer: torch.optim.Optimizer,
+               ranks: Ranks) -> tuple[dict[str, float], list[str]]:
+        """The rest of the round from the engine's ``result``; its metrics and its warnings.
+
+        A skipped round (no client's work counts) steps the optimizer with no gradient (the round
+        counter only). Raises ``FloatingPointError`` if the round produced NaN or Inf.
+        """
+        rec = prepared.record
+        r = rec.round
+        if prepared.skipped:
+            self.bmta.add_round(rec.cohort.clients, None)
+            optimizer.zero_grad(set_to_none=True)
+            optimizer.step()  # no gradients: advances the round counter only
+            self.last_round = rec
+            self.rounds_done = r + 1
+            # the cohort was sampled and sent the model, but nobody's upload counts
+            return ({"round/skipped": 1.0, **self.comm.record(0, bits_down=rec.bits_down)},
+                    [f"round {r}: no client's work counts (all inactive or dropped); the round is skipped"])
+        _, rec = finish_round(self.components, prepared, result, self.engine, server_step=self.server_step(optimizer),
+                              ranks=ranks)
+        self.last_round = rec
+        self.rounds_done = r + 1
+        if rec.result.buffers is not None:
+            self._aggregate_buffers(rec.result.buffers, rec.weights)
+        local = None  # bmta_local (SPEC §9): the counting participants' w_k_end on their own held-out splits
+        counting, clients, d = rec.cohort.counting, rec.cohort.clients, self.data
+        if is_classification(d.train_y):
+            local = local_accuracy(self.net, self.layout, rec.result.weights[counting], d, clients[counting])
+        metrics = rec.metrics()
+        local_mean = self.bmta.add_round(clients, local)
+        if local_mean is not None:
+            metrics["client/local_acc_mean"] = local_mean
+        metrics.update(self.comm.record(rec.uploads, bits_up=rec.bits_up, bits_down=rec.bits_down))
+        return metrics, [f"round {r}: {m}" for m in rec.warnings]
+
+    def diverged(self, error: Exception) -> dict[str, float]:
+        """Stop the run (NaN or Inf); the metric that records it."""
+        self.status, self.error = "diverged", str(error)
+        return {"run/diverged": 1.0}
+
+    def _aggregate_buffers(self, buffers: dict[str, Tensor], weights: Tensor) -> None:
+        """Average floating buffers (BatchNorm running stats) with the normalised weights."""
+        own = dict(self.net.named_buffers())
+        a = weights / weights.sum()
+        for name, stacked in buffers.items():
+            if stacked.is_floating_point():
+                own[name].copy_(torch.einsum("k,k...->...", a.to(stacked.dtype), stacked))
+            else:
+                own[name].copy_(stacked.max(0).values)
+
+    # ------------------------------------------------------------------ evaluation (SPEC §9)
+    def client_accuracy(self, ranks: Ranks | None = None, reduce_sum: Callable[[Tensor], Tensor] | None = None) -> Tensor | None:
+        """``[N]`` accuracy of the global model on each client's held-out split (NaN without one); None if none has one."""
+        ranks = ranks or Ranks()
+        return client_accuracies(self.net, self.data, ranks.rank, ranks.world_size, reduce_sum or (lambda t: t))
+
+    def evaluate(self, ranks: Ranks, reduce_sum: Callable[[Tensor], Tensor], batch_size: int = 2048) -> tuple[dict[str, float], Tensor | None]:
+        """The global model on the test set, the server's validation split and the clients' held-out splits.
+
+        Each rank evaluates its share, the sums are reduced over the ranks (``reduce_sum``), so every
+        example counts once. Returns the metrics and the per-client accuracies (for :meth:`record_evaluation`).
+        """
+        d = self.data
+        classification = is_classification(d.test_y)
+        metrics = evaluate_split(self.net, self.loss_fn, d.test_x, d.test_y, ranks, reduce_sum, batch_size, classification)
+        if d.has_validation:  # the server's validation split (data.validation_fraction)
+            val = evaluate_split(self.net, self.loss_fn, d.train_x[d.val_index], d.train_y[d.val_index], ranks,
+                                 reduce_sum, batch_size, classification)
+            metrics.update({k.replace("test/", "val/"): v for k, v in val.items()})
+        per_client = self.client_accuracy(ranks, reduce_sum)
+        if per_client is not None:
+            client = per_client[~torch.isnan(per_client)]
+            metrics["client/acc_mean"] = float(client.mean())
+            metrics["client/acc_worst10"] = worst_share_mean(client, 0.1)
+        return metrics, per_client
+
+    def record_evaluation(self, rounds_done: int, metrics: dict[str, float], per_client: Tensor | None) -> None:
+        """Keep an evaluation of training (histories, accuracy targets, ``bmta_global``)."""
+        if "val/acc" in metrics:
+            self.val_history.append((rounds_done, metrics["val/acc"]))
+        acc = metrics.get("test/acc")
+        if acc is not None:
+            self.eval_history.append((rounds_done, acc))
+            self.comm.log_accuracy(acc)
+            if per_client is not None:
+                self.bmta.add_evaluation(per_client)
+
+    # ------------------------------------------------------------------ end of run
+    def last_rounds_accuracy(self, share: float = 0.1, split: str = "test") -> float | None:
+        """Mean accuracy over the evaluations in the last ``share`` of rounds (IGFL's figure).
+
+        ``split``: ``test`` (the global test set) or ``val`` (the server's validation split).
+        """
+        history = {"test": self.eval_history, "val": self.val_history}[split]
+        if not history:
+            return None
+        last = history[-1][0]
+        cutoff = last - max(1, math.ceil(share * last))
+        accs = [a for r, a in history if r > cutoff]
+        return sum(accs) / len(accs)
+
+    def summary(self) -> dict[str, float]:
+        """The end-of-run figures (``final/*``); also kept as :attr:`final_summary`."""
+        out: dict[str, float] = {}
+        for key, split in (("final/test_acc_last10pct", "test"), ("final/val_acc_last10pct", "val")):
+            value = self.last_rounds_accuracy(split=split)
+            if value is not None:
+                out[key] = value
+        if self.eval_history:
+            out["final/test_acc"] = self.eval_history[-1][1]
+        for target in self.accuracy_targets:
+            hit = self.comm.rounds_to_reach(target)
+            if hit is not None:
+                out[f"final/rounds_to_{target:g}"] = hit[0]
+                out[f"final/uploads_to_{target:g}"] = hit[1]
+        out["final/uploads_total"] = self.comm.uploads
+        out.update(self.bmta.summary())
+        self.final_summary = out
+        return out
+
+    # ------------------------------------------------------------------ checkpoint state
+    def extra_state(self) -> dict[str, Any]:
+        """What a checkpoint carries beside the tensors: counters, histories, status."""
+        return {"comm": self.comm.state_dict(), "eval_history": list(self.eval_history),
+                "val_history": list(self.val_history), "bmta": self.bmta.state_dict(),
+                "status": self.status, "error": self.error, "name": self.name, "rounds_done": self.rounds_done}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`extra_state`."""
+        self.comm.load_state_dict(state["comm"])
+        self.eval_history = [tuple(x) for x in state["eval_history"]]
+        self.val_history = [tuple(x) for x in state.get("val_history", [])]
+        if "bmta" in state:
+            self.bmta.load_state_dict(state["bmta"])
+        self.status, self.error = state.get("status", "running"), state.get("error")
+        self.rounds_done = int(state.get("rounds_done", 0))
