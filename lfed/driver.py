@@ -121,7 +121,7 @@ class FederatedDriver(LightningModule):
         share_datasets(datamodules)
         for run, dm in zip(self.runs, datamodules):
             run.datamodule = dm
-            run.setup(dm.build(), self.trainer.default_root_dir)
+            run.setup(dm.build(), self.trainer.default_root_dir, self.trainer.precision_plugin.convert_module)
         if self.grouped:
             from lfed.group import check_same_model_and_data
 

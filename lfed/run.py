@@ -116,10 +116,17 @@ class FederatedRun(nn.Module):
         return algorithms.composition_label(self.algorithm, paths)
 
     # ------------------------------------------------------------------ set-up
-    def setup(self, data, default_root_dir: str | Path | None = None) -> None:
-        """Build the default net if none was given and allocate every component's state for the data's clients."""
+    def setup(self, data, default_root_dir: str | Path | None = None,
+              convert: Callable[[nn.Module], nn.Module] | None = None) -> None:
+        """Build the default net if none was given and allocate every component's state for the data's clients.
+
+        ``convert``: puts the net in the run's precision first (Lightning's ``precision_plugin.convert_module``),
+        so state is allocated, and a checkpoint restored, in that precision.
+        """
         if self.net is None:
             self.net = default_net(data)
+        if convert is not None:
+            self.net = convert(self.net)
         self.layout = ParamLayout.from_module(self.net)
         check_task(self.net, data, self.loss)  # the net's output against the classes / targets, before round 0
         if self.store.placement == "disk" and self.store.directory is None:
