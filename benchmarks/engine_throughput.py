@@ -17,8 +17,9 @@ the ratio ``lfed / plain`` per repeat, reported as the median over repeats.
     python benchmarks/engine_throughput.py --models mlp --cohorts 10 --repeats 3
     python benchmarks/engine_throughput.py --compare-engine /tmp/engine_before.py   # before/after column
 
-``--compare-engine FILE`` loads another ``engine.py`` (e.g. ``git show HEAD~3:lfed/engine.py``)
-and times its CohortTrainer too, as ``old-vmap`` / ``old-loop``.
+``--compare-engine FILE`` loads another ``engine.py`` (e.g. ``git show 2cdf1bd:lfed/engine.py``: a one-file
+engine, as lfed's was before ``lfed/engine/`` became a package) and times its CohortTrainer too, as
+``old-vmap`` / ``old-loop``.
 """
 
 from __future__ import annotations

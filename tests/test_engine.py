@@ -50,7 +50,7 @@ def test_backends_agree_in_float64_with_uneven_clients(make_net, shape):
 
 @pytest.mark.parametrize("rule", [StepRule(), StepRule(grad_scale=1.5, decay=0.01)], ids=["plain", "corrected"])
 def test_backends_agree_past_the_loop_backends_gather_of_32_steps(rule):
-    # the loop backend gathers 32 steps' batches at once (engine._LOOP_GATHER_STEPS): budgets of 0, 1, 31,
+    # the loop backend gathers 32 steps' batches at once (lfed.engine.loop._LOOP_GATHER_STEPS): budgets of 0, 1, 31,
     # 32, 33 and 70 steps cross that boundary, with a partial batch every 3rd step (n = 5, B = 2)
     torch.manual_seed(0)
     net = MLP(in_features=6, hidden=(5,), num_classes=3).double()

@@ -1,0 +1,117 @@
+"""The ``loop`` backend: one client after another with ordinary autograd.
+
+For models that cannot be vmapped (BatchNorm with running statistics, cuDNN RNNs): the loop
+backend trains a private copy of ``net`` whose parameters point at each client's row of the
+cohort's ``[K, P]`` weights, and returns each client's buffers when the model has running
+statistics (:func:`has_running_stats`).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor, nn
+
+from lfed.engine.losses import per_example_mean
+from lfed.engine.result import CohortResult
+from lfed.engine.rule import _apply_step_, _is_plain
+
+
+def has_running_stats(net: nn.Module) -> bool:
+    """Whether ``net`` holds BatchNorm running statistics (which vmap cannot update)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats for m in net.modules())
+
+
+#: The loop backend gathers this many steps' mini-batches at once (fewer small indexing operations per step).
+_LOOP_GATHER_STEPS = 32
+
+
+class LoopBackend:
+    """The loop backend (a part of :class:`~lfed.engine.CohortTrainer`).
+
+    Uses the trainer's ``net``, ``loss_fn``, ``layout``, ``_buffers()`` and ``_work`` (the
+    private copy of ``net``, made on first use).
+    """
+
+    def _work_net(self) -> nn.Module:
+        """The loop backend's copy of ``net`` (same device and dtype), made on first use.
+
+        Its trainable parameters are pointed at rows of the cohort's ``[K, P]`` weights, so a
+        local step is an ordinary forward and backward through the module (no
+        ``functional_call`` swap per step) and an in-place update of that row.
+        """
+        like = next(self.net.parameters())
+        work = self._work
+        if work is None or (w := next(work.parameters())).device != like.device or w.dtype != like.dtype:
+            work = copy.deepcopy(self.net)
+            for p in work.parameters():
+                p.requires_grad_(False)
+            self._work = work
+        work.train(self.net.training)
+        return work
+
+    def _train_loop(self, w_start, data_x, data_y, index, positions, valid, steps, rule, lr) -> CohortResult:
+        """One client after another with ordinary autograd through a private copy of ``net``."""
+        K, T = index.shape[0], positions.shape[1]
+        work = self._work_net()
+        own = dict(work.named_parameters())
+        params = [own[n] for n in self.layout.names]
+        work_buffers = dict(work.named_buffers())
+        base_buffers = self._buffers()
+        track = has_running_stats(self.net)
+        with torch.no_grad():
+            for name, b in base_buffers.items():
+                work_buffers[name].copy_(b)
+        W = w_start.expand(K, -1).clone() if w_start.dim() == 1 else w_start.clone()
+        rates = lr.tolist() if isinstance(lr, Tensor) else [lr] * K
+        counts = valid.sum(-1).cpu().tolist() if T else [[] for _ in range(K)]  # valid examples lead each batch
+        B = positions.shape[2] if positions.dim() == 3 else 0
+        ex = index.gather(1, positions.reshape(K, T * B)).view(K, T, B) if T else positions
+        plain = _is_plain(rule)
+        term = rule.loss_term
+        losses, client_buffers = torch.zeros(K, dtype=W.dtype, device=W.device), []
+        try:
+            for k in range(K):
+                s_k = int(steps[k])
+                rows = self.layout.unflatten(W[k])
+                for p, name in zip(params, self.layout.names):
+                    p.data = rows[name]  # the module now computes with client k's weights, in place
+                    p.requires_grad_(True)
+                if track and k > 0:
+                    with torch.no_grad():
+                        for name, b in base_buffers.items():
+                            work_buffers[name].copy_(b)
+                rule_k = None if plain else rule.select(k, K)
+                aux_k = None if term is None else term.client(k)
+                weights_k = [rows[name] for name in self.layout.names]  # the parameters' storage, for in-place steps
+                loss_sum = W.new_zeros(())
+                for t in range(s_k):
+                    if t % _LOOP_GATHER_STEPS == 0:  # the next steps' batches in one gather ([steps, B, ...])
+                        xs, ys = data_x[ex[k, t : t + _LOOP_GATHER_STEPS]], data_y[ex[k, t : t + _LOOP_GATHER_STEPS]]
+                    c, i = counts[k][t], t % _LOOP_GATHER_STEPS  # step t uses the first c (valid) rows of its batch
+                    x_t, y_t = (xs[i], ys[i]) if c == B else (xs[i, :c], ys[i, :c])
+                    if term is None:
+                        loss = self.loss_fn(work(x_t), y_t).mean()
+                    else:
+                        out = work(x_t)
+                        per_example = per_example_mean(self.loss_fn(out, y_t))
+                        loss = (per_example + term.fn(dict(zip(self.layout.names, params)), out, x_t, y_t, aux_k)).mean()
+                    grads = torch.autograd.grad(loss, params)
+                    with torch.no_grad():
+                        if plain:
+                            torch._foreach_add_(weights_k, list(grads), alpha=-rates[k])
+                        else:
+                            _apply_step_(W[k], torch.cat([g.reshape(-1) for g in grads]), rule_k, rates[k])
+                    loss_sum += loss.detach()
+                losses[k] = loss_sum / max(s_k, 1)
+                if track:
+                    client_buffers.append({n: work_buffers[n].clone() for n in base_buffers})
+        finally:
+            for p in params:  # let go of the cohort's weights
+                p.requires_grad_(False)
+                p.data = p.data.clone()
+        stacked = None
+        if track:
+            stacked = {n: torch.stack([b[n] for b in client_buffers]) for n in base_buffers}
+        return CohortResult(W, losses, stacked)

@@ -1,0 +1,127 @@
+"""The ``vmap`` backend: all K clients at once, one ``vmap(grad(loss))`` call per local step.
+
+The K clients' parameters are one ``[K, P]`` tensor; each local step runs over the stacked
+parameters and a gathered ``[K, B, ...]`` batch (recorded and replayed where it can be:
+:mod:`lfed.engine.recorded`). Clients that completed fewer steps (stragglers) drop out of the
+computation of later steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.func import functional_call
+
+from lfed.engine.losses import per_example_mean
+from lfed.engine.recorded import RecordedStep
+from lfed.engine.result import CohortResult
+from lfed.engine.rule import _is_plain, _pick_rows
+
+
+def _lr_runs(lr: Tensor) -> list[tuple[int, int, float]]:
+    """``[(start, stop, value)]``: the runs of equal values of a per-row learning rate ``[K]``."""
+    values = lr.tolist()
+    runs, start = [], 0
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[start]:
+            runs.append((start, i, values[start]))
+            start = i
+    return runs
+
+
+class VmapBackend(RecordedStep):
+    """The vmap backend (a part of :class:`~lfed.engine.CohortTrainer`).
+
+    Uses the trainer's ``net``, ``loss_fn``, ``layout``, ``_buffers()`` and ``_vmapped`` /
+    ``_vmapped_term`` (``vmap(grad_and_value(...))`` of the client losses below).
+    """
+
+    def _client_loss(
+        self, params: dict[str, Tensor], x: Tensor, y: Tensor, mask: Tensor, buffers: dict[str, Tensor]
+    ) -> Tensor:
+        out = functional_call(self.net, (params, buffers), (x,))
+        per_example = per_example_mean(self.loss_fn(out, y))
+        return (per_example * mask).sum() / mask.sum().clamp_min(1)
+
+    def _client_loss_with_term(
+        self, params: dict[str, Tensor], x: Tensor, y: Tensor, mask: Tensor, buffers: dict[str, Tensor],
+        term: Callable[..., Tensor], aux: Any,
+    ) -> Tensor:
+        out = functional_call(self.net, (params, buffers), (x,))
+        per_example = per_example_mean(self.loss_fn(out, y)) + term(params, out, x, y, aux)
+        return (per_example * mask).sum() / mask.sum().clamp_min(1)
+
+    def _train_vmap(self, w_start, data_x, data_y, index, positions, valid, steps, rule, lr) -> CohortResult:
+        """All K clients at once, one ``vmap(grad)`` call per local step.
+
+        Clients are ordered by steps done (most first), so the clients still active at step
+        ``t`` are a prefix of the cohort and every step reads and updates views of ``[K, P]``
+        in place: no per-step gather, scatter or new ``[K, P]`` tensor.
+        """
+        K, T = index.shape[0], positions.shape[1]
+        order = None
+        per_row = isinstance(lr, Tensor)
+        if per_row:  # most steps first, then rows of one learning rate together (contiguous runs)
+            key = torch.unique(lr, return_inverse=True)[1]
+            order = torch.sort(key, stable=True).indices
+            order = order[torch.sort(steps[order], descending=True, stable=True).indices]
+            if bool((order == torch.arange(K)).all()):
+                order = None
+        elif K > 1 and bool((steps[1:] > steps[:-1]).any()):
+            order = torch.sort(steps, descending=True, stable=True).indices
+        if order is not None:
+            steps = steps[order]
+            dev_order = order.to(index.device)
+            index, positions, valid = index[dev_order], positions[dev_order], valid[dev_order]
+            rule = rule.select(order.to(w_start.device), K)
+            if w_start.dim() == 2:
+                w_start = w_start[order.to(w_start.device)]
+            if per_row:
+                lr = lr[order]
+        runs = _lr_runs(lr) if per_row else [(0, K, lr)]
+        active = [int(a) for a in (steps[None, :] > torch.arange(T)[:, None]).sum(1)] if T else []
+        W = w_start.expand(K, -1).clone() if w_start.dim() == 1 else w_start.clone()
+        views = self.layout.unflatten(W)  # {name: [K, *shape]}, views of W
+        names = list(views)
+        loss_sum = torch.zeros(K, dtype=W.dtype, device=W.device)
+        buffers = self._buffers()
+        B = positions.shape[2] if positions.dim() == 3 else 0
+        ex = index.gather(1, positions.reshape(K, T * B)).view(K, T, B) if T else positions  # global example ids
+        mask_all = valid.to(W.dtype)
+        plain = _is_plain(rule)
+        term = rule.loss_term
+        for t in range(T):
+            n = active[t]
+            if n == 0:
+                break
+            ids = ex[:n, t]
+            params = {k: v[:n] for k, v in views.items()} if n < K else views
+            if term is None:
+                g, loss = self._step(params, data_x[ids], data_y[ids], mask_all[:n, t], buffers, n == K)
+            else:  # a loss term: the eager vmapped step (its function is not part of a recorded graph's key)
+                aux = term.aux if n == K else _pick_rows(term.aux, slice(0, n), K)
+                g, loss = self._vmapped_term(params, data_x[ids], data_y[ids], mask_all[:n, t], buffers, term.fn, aux)
+            if plain:
+                for a, b, lr_ in runs:  # one run of rows per learning rate (one run when lr is a float)
+                    if a >= n:
+                        break
+                    b = min(b, n)
+                    whole_run = a == 0 and b == n
+                    torch._foreach_add_([params[k] if whole_run else params[k][a:b] for k in names],
+                                        [g[k] if whole_run else g[k][a:b] for k in names], alpha=-lr_)
+            else:
+                d = (rule.select(slice(0, n), K) if n < K else rule).direction_(self.layout.flatten(g), W[:n])
+                for a, b, lr_ in runs:
+                    if a >= n:
+                        break
+                    b = min(b, n)
+                    W[a:b].add_(d[a:b], alpha=-lr_)
+            loss_sum[:n] += loss.detach()
+        loss = loss_sum / steps.clamp_min(1).to(W.device, W.dtype)
+        if order is not None:
+            inverse = torch.argsort(order).to(W.device)
+            W, loss = W[inverse], loss[inverse]
+        return CohortResult(W, loss)
