@@ -9,7 +9,7 @@ config (``configs/paper/igfl/cross_device_mnist.yaml``: 100 clients, C = 0.1, B 
 18 runs. Every repeat builds the 18 runs afresh (``lfed grid``'s own parsing) and times, in
 turn (interleaved):
 
-* ``group``: one :class:`lfed.group.RunGroup` of all 18 runs (one engine call per round);
+* ``group``: one :class:`lfed.group.RunGroup` of all 18 runs under one Trainer (one engine call per round);
 * ``one by one``: the same 18 runs one after another in this process, each a group of one
   (the same driver, so only the batching differs);
 * ``lfed fit``: the same 18 runs one after another through ``lfed fit``'s own path
@@ -38,8 +38,7 @@ import time
 import torch
 from quiet import wait_quiet  # benchmarks/ is on sys.path when run as a script
 
-from lfed.grid import build_members
-from lfed.group import RunGroup
+from lfed.grid import build_members, train_group
 from lfed.sweep import Sweep
 
 LRS = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3]
@@ -62,27 +61,28 @@ def sweep(a) -> Sweep:
 
 def run_group(a) -> tuple[float, float]:
     t0 = time.perf_counter()
-    members, dtype = build_members([a.config], sweep(a), overrides(a))
-    group = RunGroup(members, dtype=dtype, log=None, checkpoint_every=0)
-    group.setup()
+    members, trainer = build_members([a.config], sweep(a), overrides(a))
     t1 = time.perf_counter()
-    group.fit()
+    group, _ = train_group(members, **fit_args(trainer))  # set-up (data on the device, state) included
     t2 = time.perf_counter()
-    assert all(m.status == "done" for m in group.members), [(m.name, m.error) for m in group.members]
+    assert all(m.status == "running" and m.round == a.rounds for m in group.members), [(m.name, m.error) for m in group.members]
     return t2 - t1, t2 - t0
+
+
+def fit_args(trainer: dict) -> dict:
+    return {"rounds": trainer["max_steps"], "evaluate_every": trainer["val_check_interval"],
+            "precision": trainer.get("precision") or "32-true"}
 
 
 def run_one_by_one(a) -> tuple[float, float]:
     train = 0.0
     t0 = time.perf_counter()
-    members, dtype = build_members([a.config], sweep(a), overrides(a))
+    members, trainer = build_members([a.config], sweep(a), overrides(a))
     for m in members:
-        group = RunGroup([m], dtype=dtype, log=None, checkpoint_every=0)
-        group.setup()
         t = time.perf_counter()
-        group.fit()
+        train_group([m], **fit_args(trainer))
         train += time.perf_counter() - t
-        assert m.status == "done", m.error
+        assert m.status == "running" and m.round == a.rounds, m.error
     return train, time.perf_counter() - t0
 
 

@@ -331,26 +331,27 @@ class Runner:
         entry does not depend on whether it was trained alone or in a group beyond that round-off.
         Each run's ``seconds`` is the group's wall-clock divided by its members (``extra['group_size']``).
         """
-        from lfed.grid import build_members
-        from lfed.group import RunGroup
+        from lfed.grid import build_members, train_group
         from lfed.sweep import Sweep
 
         todo = [(n, c, o) for n, c, o in jobs if not self.is_cached(n, c, o)]
         if not todo:
             return 0
         start = time.time()
-        members, recorders, dtypes = [], [], set()
-        for name, configs, overrides in todo:
-            (member,), dtype = build_members([], Sweep(name, {}, base_args=self._args(configs, overrides)))
-            member.name = name
-            member.logger = _MemberRecorder(member)
+        members, recorders, trainers = [], [], []
+        for i, (name, configs, overrides) in enumerate(todo):
+            (member,), trainer = build_members([], Sweep(name, {}, base_args=self._args(configs, overrides)))
+            member.name = f"{i:03d}"  # a run's name in the group (the job's name may hold '/')
+            member.loggers = [_MemberRecorder(member)]
             members.append(member)
-            recorders.append(member.logger)
-            dtypes.add(dtype)
-        if len(dtypes) > 1:
-            raise ValueError(f"train_together: the runs must share one precision, got {dtypes}")
+            recorders.append(member.loggers[0])
+            trainers.append(trainer)
+        if any(t != trainers[0] for t in trainers):
+            raise ValueError("train_together: the runs must share their trainer settings (rounds, evaluation, precision)")
+        t = trainers[0]
         self.log(f"  training {len(members)} runs together (lfed.group.RunGroup)")
-        RunGroup(members, None, checkpoint_every=0, dtype=dtypes.pop(), log=None).fit()
+        train_group(members, rounds=t["max_steps"], evaluate_every=t["val_check_interval"],
+                    precision=t.get("precision") or "32-true")
         seconds = (time.time() - start) / len(members)
         for (name, configs, overrides), member, rec in zip(todo, members, recorders):
             extra: dict = {"group_size": len(members)}
@@ -378,7 +379,7 @@ class _MemberRecorder(Recorder):
         self.member = member
 
     def log_metrics(self, metrics: dict, step: int) -> None:
-        if "test/acc" in metrics:  # an evaluation, after member.round rounds (lfed.group.RunGroup.evaluate)
+        if "test/acc" in metrics:  # an evaluation, after member.round rounds
             self.record_evaluation(self.member.round, metrics, self.member.module.comm.uploads)
         else:
             self.record_round(metrics)

@@ -158,8 +158,8 @@ class AttentionHeatmap(Callback):
     """Heatmaps of IGFL-S attention (SPEC §4; 000 Algorithm 3 and Fig. 2).
 
     After every round that used attention the callback adds the round's ``α`` (from
-    ``module.last_attention``, rows = queries, columns = keys, labelled by
-    ``module.last_attention_clients``) to a running sum over client pairs. Every
+    the run's ``last_round.attention``, rows = queries, columns = keys, labelled by
+    its cohort's clients) to a running sum over client pairs. Every
     ``every_n_rounds`` rounds (and at the end of training) it draws
 
     * ``attention/last``: the matrix of the last round, over that round's counting clients, and
@@ -184,6 +184,7 @@ class AttentionHeatmap(Callback):
         average: Also draw the running mean over rounds.
         dirpath: Folder for the PNG files (always written when given).
         cmap: matplotlib colormap.
+        run: In a grid, the name of the run to draw (None: the first run).
 
     Raises:
         ValueError: If ``every_n_rounds`` is not an int >= 1.
@@ -197,8 +198,9 @@ class AttentionHeatmap(Callback):
     """
 
     def __init__(self, every_n_rounds: int = 50, average: bool = True, dirpath: str | None = None,
-                 cmap: str = "viridis") -> None:
+                 cmap: str = "viridis", run: str | None = None) -> None:
         self.every_n_rounds = _check_every(every_n_rounds)
+        self.run = run
         self.average = bool(average)
         self.dirpath = dirpath
         self.cmap = cmap
@@ -263,13 +265,14 @@ class AttentionHeatmap(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         finished = int(trainer.global_step) - 1  # the round that just ran
-        result = getattr(pl_module, "last_attention", None)
-        if result is None or getattr(pl_module, "last_attention_round", None) != finished:
-            if not self._warned and getattr(pl_module, "composition", {}).get("aggregation", "mean") == "mean":
+        run = _watched_run(pl_module, self.run)
+        rec = run.last_round
+        if rec is None or rec.attention is None or rec.round != finished:
+            if not self._warned and run.composition.get("aggregation", "mean") == "mean":
                 rank_zero_warn("AttentionHeatmap: the module's aggregation is 'mean' (no attention); no heatmaps")
                 self._warned = True
             return
-        self.add(result, pl_module.last_attention_clients, _num_clients(pl_module))
+        self.add(rec.attention, rec.cohort.clients, int(run.data.num_clients))
         if (finished + 1) % self.every_n_rounds == 0:
             self.draw(trainer, pl_module)
 
@@ -284,18 +287,19 @@ class AttentionHeatmap(Callback):
         if not trainer.is_global_zero:
             return []
         images: list[tuple[str, str, Any]] = []
-        result = pl_module.last_attention
+        rec = _watched_run(pl_module, self.run).last_round
+        result = rec.attention
         query = result.query
         kept = (result.mask.detach().cpu().numpy().astype(bool) if result.mask is not None
                 else np.ones(result.matrix.shape[1], dtype=bool))
-        ids = pl_module.last_attention_clients.detach().cpu().numpy()[kept].tolist()
+        ids = rec.cohort.clients.detach().cpu().numpy()[kept].tolist()
         matrix = result.matrix.detach().double().cpu().numpy()
         one_row = _one_row(result)
         matrix = matrix[:, kept] if one_row else matrix[np.ix_(kept, kept)]
         rows = {"global": ["mean Δ"], "time": ["own previous Δ"]}.get(query, []) if one_row else [str(i) for i in ids]
         row_title = {"self": "query: client Δ", "global": "query", "time": "query: client's previous Δ"}[query]
         # titles count rounds as the file names do: "round 20" is the 20th round (global step 20)
-        done = getattr(pl_module, "last_attention_round", step - 1) + 1
+        done = rec.round + 1
         fig = render_attention(
             matrix, rows, [str(i) for i in ids],
             f"{query}-attention, round {done} (entropy {float(result.entropy):.3f} nats)",
@@ -332,17 +336,21 @@ class AttentionHeatmap(Callback):
         self.query, self.rounds_seen = state_dict["query"], state_dict["rounds_seen"]
 
 
-def _num_clients(pl_module: LightningModule) -> int:
-    fed = getattr(pl_module, "fed", None)
-    if fed is None:
-        raise ValueError("AttentionHeatmap: cannot tell the number of clients of the module")
-    return int(fed.num_clients)
+def _watched_run(pl_module: LightningModule, name: str | None):
+    """The run a callback watches: the one named ``name`` of the module's runs (None: the first)."""
+    runs = list(pl_module.runs)
+    if name is None:
+        return runs[0]
+    for run in runs:
+        if run.name == name:
+            return run
+    raise ValueError(f"run: no run named {name!r}; the runs are {[r.name for r in runs]}")
 
 
 class CommunicationCost(Callback):
     """Per-round communication record as a table (SPEC §5 uploads, SPEC §7 bits).
 
-    After each round it reads ``module.comm`` (:class:`~lfed.communication.CommunicationMeter`)
+    After each round it reads the run's ``comm`` (:class:`~lfed.communication.CommunicationMeter`)
     and keeps one row: ``round, uploads, uploads_total, bits_up, bits_down, bits_up_total,
     bits_down_total, megabytes_total`` (bits up + down, in 10^6 bytes). At the end of training
     (and every ``every_n_rounds`` rounds, if given) it writes ``communication.csv`` under
@@ -353,6 +361,7 @@ class CommunicationCost(Callback):
         every_n_rounds: Also write/log the table every this many rounds (None: at the end only).
         dirpath: Folder of the CSV file.
         key: W&B table key.
+        run: In a grid, the name of the run to record (None: the first run).
 
     Raises:
         ValueError: If ``every_n_rounds`` is given and not an int >= 1.
@@ -362,8 +371,9 @@ class CommunicationCost(Callback):
                "bits_down_total", "megabytes_total"]
 
     def __init__(self, every_n_rounds: int | None = None, dirpath: str | None = None,
-                 key: str = "comm/table") -> None:
+                 key: str = "comm/table", run: str | None = None) -> None:
         self.every_n_rounds = None if every_n_rounds is None else _check_every(every_n_rounds)
+        self.run = run
         self.dirpath = dirpath
         self.key = key
         self.rows: list[list[float]] = []
@@ -375,7 +385,7 @@ class CommunicationCost(Callback):
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        comm = pl_module.comm
+        comm = _watched_run(pl_module, self.run).comm
         if self.rows and self.rows[-1][0] == comm.rounds:
             return
         self.rows.append([

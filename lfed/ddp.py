@@ -56,6 +56,7 @@ class ReplicaCheck(Callback):
             return
         ranks = Ranks.of(pl_module)
         optimizers = [getattr(o, "optimizer", o) for o in trainer.optimizers]
+        optimizers = [inner for o in optimizers for inner in getattr(o, "optimizers", [o])]  # each run's (lfed.driver)
         digest = torch.tensor([state_digest(pl_module, optimizers)], dtype=torch.long, device=pl_module.device)
         check_digests(ranks.all_gather(digest).reshape(-1).tolist(), trainer.global_step)
         self.checked += 1

@@ -96,6 +96,19 @@ class FederatedDriver(LightningModule):
                 return getattr(runs[0], name)
             raise
 
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """A group's state: ``runs.<i>.net.*``, ...; one run's reads as the run's (``net.*``, ``objective.*``)."""
+        return self.runs[0].state_dict(*args, **kwargs) if len(self.runs) == 1 else super().state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        target = self.runs[0] if len(self.runs) == 1 else super()
+        return target.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    @property
+    def server_optimizers(self) -> list[torch.optim.Optimizer]:
+        """Each run's server optimizer, in the runs' order (once the Trainer has made them)."""
+        return list(self.trainer.optimizers[0].optimizers)
+
     @property
     def grouped(self) -> bool:
         """Whether the driver trains several runs (their metrics are logged as ``<name>/<metric>``)."""

@@ -39,8 +39,8 @@ from lfed.evaluation import (
     worst_share_mean,
 )
 from lfed.params import ParamLayout
-from lfed.server.optimizers import apply_pseudo_gradient
 from lfed.round import Algorithm, LocalTraining, PreparedRound, finish_round, prepare_round, setup_state
+from lfed.server.optimizers import apply_pseudo_gradient
 
 __all__ = ["FederatedRun", "default_net"]
 

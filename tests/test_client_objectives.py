@@ -114,7 +114,7 @@ class Recorder(Callback):
         module.participation.stragglers.draw = recording_draw
 
     def _snapshot(self, module):
-        state = {name: b.detach().clone() for name, b in module.named_buffers()}
+        state = {name: b.detach().clone() for name, b in module.runs[0].named_buffers()}
         state["w"] = flat_weights(module).detach().clone()
         self.states.append(state)
 
@@ -479,7 +479,8 @@ def test_checkpoint_with_state_for_other_clients_or_model_is_refused(objective, 
             part.pop("fingerprint", None)
             if isinstance(part.get("lfed"), dict):
                 part["lfed"].pop("fingerprint", None)
-    ckpt.get("lfed", {}).pop("fingerprint", None)
+    for run in ckpt.get("lfed", {}).get("runs", []):
+        run.pop("fingerprint", None)
     torch.save(ckpt, tmp_path / "bare.ckpt")
     message = rf"{buffer} has shape {saved} in the checkpoint but {now} in this run".replace("(", r"\(").replace(")", r"\)")
     module, dm = other()

@@ -113,7 +113,7 @@ def test_regression_keeps_float_targets_trains_with_mse_and_logs_the_loss_only()
     metrics = trainer.callback_metrics
     assert "test/acc" not in metrics and "client/acc_mean" not in metrics
     with torch.no_grad():
-        d64 = m.fed
+        d64 = m.data
         want = ((m.net(d64.test_x) - d64.test_y) ** 2).mean().item()  # by hand: mean squared error
     assert float(metrics["test/loss"]) == pytest.approx(want, rel=1e-5)
     start = ((d.test_y - 0.0) ** 2).mean().item()  # an untrained model is far worse
@@ -299,7 +299,7 @@ def test_bmta_is_logged_at_the_end_of_a_run():
 
     class Spy(Callback):
         def on_validation_epoch_end(self, trainer, pl_module):
-            acc = pl_module._client_accuracies()
+            acc = pl_module.runs[0].client_accuracy()
             seen.append(float(acc[pl_module.bmta.last_cohort].nanmean()))
 
     run_rounds(m, FederatedDataModule(dataset="digits", num_clients=6, partition="iid"), 4, evaluate_every=2,

@@ -9,12 +9,11 @@ lfed.group's docstring), so these tests run with one.
 import pytest
 import torch
 from conftest import REPO
+from lightning.pytorch import Callback
 
 from lfed.cli import LfedCLI
 from lfed.data.datamodule import FederatedDataModule
 from lfed.engine import CohortTrainer, StepRule, batch_schedule
-from lightning.pytorch import Callback
-
 from lfed.grid import build_members, run_grid, train_group
 from lfed.group import GroupMember, concat_rules, rule_signature, stack_schedules
 from lfed.models import MLP

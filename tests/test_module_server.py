@@ -139,7 +139,7 @@ def test_attention_of_identical_client_updates_is_the_plain_mean(backend, query)
         w = w + _updates(w, x, y, groups[:1], 1.0)[0]
     assert torch.allclose(flat_weights(modules["mean"]), w, atol=1e-13, rtol=0)
     assert torch.allclose(flat_weights(modules[query]), w, atol=1e-13, rtol=0)
-    att = modules[query].last_attention
+    att = modules[query].last_round.attention
     assert torch.allclose(att.weights, torch.full((3,), 1 / 3, dtype=F64), atol=1e-15, rtol=0)
     assert att.query == query and float(att.entropy) == pytest.approx(math.log(3), abs=1e-12)
 
@@ -157,7 +157,7 @@ def test_time_attention_first_round_is_the_plain_mean_exactly(backend):
     w0 = _vec(_net())
     expected = w0 + _updates(w0, x, y, groups, 1.0).mean(0)
     assert torch.allclose(flat_weights(time), expected, atol=1e-14, rtol=0)
-    assert time.last_attention.weights.tolist() == [1 / 3] * 3
+    assert time.last_round.attention.weights.tolist() == [1 / 3] * 3
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -178,9 +178,9 @@ def test_time_attention_softmax_two_rounds_by_hand(backend):
     w2 = w1 + (alpha[:, None] * d1).sum(0)
 
     assert torch.allclose(flat_weights(m), w2, atol=1e-12, rtol=0)
-    order = m.last_attention_clients.tolist()
-    assert torch.allclose(m.last_attention.weights, alpha[order], atol=1e-12, rtol=0)
-    assert abs(float(m.last_attention.weights.sum()) - 1) < 1e-14  # sums to 1 (SPEC §4)
+    order = m.last_round.cohort.clients.tolist()
+    assert torch.allclose(m.last_round.attention.weights, alpha[order], atol=1e-12, rtol=0)
+    assert abs(float(m.last_round.attention.weights.sum()) - 1) < 1e-14  # sums to 1 (SPEC §4)
     assert (alpha - 1 / 3).abs().max() > 0.05  # not the plain mean, so the test can tell them apart
     spread = (own.max() - own.min()).item()
     assert float(m.last_round.attention.logit_spread) == pytest.approx(spread, abs=1e-12)
@@ -207,8 +207,8 @@ def test_time_attention_two_rounds_by_hand(backend):
     w2 = w1 + (alpha[:, None] * d1).sum(0)  # not renormalised (SPEC §4)
 
     assert torch.allclose(flat_weights(m), w2, atol=1e-12, rtol=0)
-    order = m.last_attention_clients.tolist()
-    assert torch.allclose(m.last_attention.weights, alpha[order], atol=1e-12, rtol=0)
+    order = m.last_round.cohort.clients.tolist()
+    assert torch.allclose(m.last_round.attention.weights, alpha[order], atol=1e-12, rtol=0)
     # the hand weights really are not the plain mean, so this test can tell the two apart
     assert (alpha - 1 / 3).abs().max() > 0.05 and abs(float(alpha.sum()) - 1) > 1e-3
     assert (flat_weights(m) - (w1 + d1.mean(0))).abs().max() > 1e-3
@@ -357,7 +357,7 @@ def test_server_optimizer_from_a_config_through_the_cli(tmp_path, server, cls, c
         "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false",
         "--trainer.limit_val_batches", "0",
     ])
-    optimizer = cli.trainer.optimizers[0]
+    optimizer = cli.model.server_optimizers[0]
     assert type(optimizer) is cls
     for key, value in check.items():
         got = optimizer.param_groups[0][key]
@@ -528,7 +528,7 @@ class Snapshot(Callback):
         self.round, self.before, self.after = round_, None, None
 
     def _state(self, trainer, module):
-        opt = trainer.optimizers[0].state_dict()
+        opt = module.server_optimizers[0].state_dict()
         return ({k: v.clone() for k, v in module.state_dict().items()},
                 {k: {n: (t.clone() if torch.is_tensor(t) else t) for n, t in s.items()} for k, s in opt["state"].items()},
                 dict(module.comm.state_dict()), trainer.global_step)
@@ -639,7 +639,7 @@ def test_server_configs_compose_what_their_names_say_and_run(stem, tmp_path, dat
     c = m.composition
     assert (m.objective.name, c["weighting"], c["partial_work"], c["aggregation"], c["compression"]) == (
         objective, weighting, partial, aggregation, compression)
-    optimizer = cli.trainer.optimizers[0]
+    optimizer = cli.model.server_optimizers[0]
     assert type(optimizer) is server
     group = optimizer.param_groups[0]
     if name == "fedavgm":

@@ -49,7 +49,7 @@ def test_runs_trained_together_record_what_the_runs_alone_record(tmp_path):
             assert hg["uploads"] == ha["uploads"]
             for key in ("acc", "val_acc", "client_acc"):  # Lightning's logged metrics are float32 tensors
                 assert hg[key] == pytest.approx(ha[key], rel=1e-6), (name, key)
-        assert g.summary.keys() - a.summary.keys() == {"final/test_acc"}  # the group's summary adds the last accuracy
+        assert g.summary.keys() == a.summary.keys()  # one summary, whatever drives the run
         assert g.summary["final/test_acc"] == pytest.approx(a.history[-1]["acc"], rel=1e-6)
         for key, value in a.summary.items():
             assert g.summary[key] == pytest.approx(value, abs=1e-12), (name, key)

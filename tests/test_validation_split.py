@@ -60,7 +60,7 @@ def test_val_and_test_accuracy_are_each_their_own_set_by_hand():
 
     class Spy(Callback):
         def on_validation_end(self, trainer, pl_module):  # after the module's epoch-end logging
-            d = pl_module._device_data()
+            d = pl_module.runs[0].data
             with torch.no_grad():
                 def acc(x, y):
                     return float((pl_module.net(x.to(torch.float64)).argmax(-1) == y).double().mean())
