@@ -18,8 +18,9 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from lfed.data.datasets import DatasetTensors, load_dataset, validate_labels
+from lfed.data.datasets import DATASETS, load_dataset
 from lfed.data.partition import _flatten, holdout_split_flat, label_counts_flat, pack_flat, partition, validation_split
+from lfed.data.tensors import DatasetTensors, validate_labels
 
 
 @dataclass
@@ -281,11 +282,8 @@ class FederatedDataModule(LightningDataModule):
         self._user_test = test
         self._user_num_classes = num_classes
         self.data: FederatedData | None = None
-        if train is None:
-            from lfed.data.datasets import DATASETS
-
-            if dataset not in DATASETS:
-                raise ValueError(f"dataset: {dataset!r} is not one of {DATASETS}")
+        if train is None and dataset not in DATASETS:
+            raise ValueError(f"dataset: {dataset!r} is not one of {DATASETS}")
 
     @classmethod
     def from_tensors(
