@@ -272,6 +272,18 @@ def test_a_run_prints_no_library_noise_and_counts_rounds(tmp_path):
     assert list(tmp_path.glob("runs/*/version_0/wandb/offline-run-*"))  # W&B still on by default
 
 
+def test_fit_draws_the_round_bar_without_validation_bars_and_validate_keeps_its_bar(tmp_path):
+    fit = lfed_subprocess(tmp_path, "fit", "--config", str(QUICK), "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
+                          env={"WANDB_MODE": "disabled"})
+    lines = (fit.stdout + fit.stderr).replace("\r", "\n").splitlines()
+    rounds = [ln for ln in lines if ln.startswith("Round")]
+    assert any("4/4" in ln and "test/acc=" in ln for ln in rounds), lines  # the round bar, with the evaluations' accuracy
+    assert not [ln for ln in lines if "Validation" in ln or "Sanity" in ln], lines
+    [ckpt] = tmp_path.glob("runs/*/version_0/checkpoints/last.ckpt")
+    val = lfed_subprocess(tmp_path, "validate", "--ckpt_path", str(ckpt), env={"WANDB_MODE": "disabled"})
+    assert "Validation DataLoader 0" in val.stdout + val.stderr  # lfed validate keeps its bar
+
+
 # ----------------------------------------------------------------------------- private Lightning APIs lfed relies on
 
 
