@@ -16,7 +16,12 @@ Defaults that make a federated run read well:
 * Validation counts rounds (``val_check_interval`` rounds, no per-epoch check, no sanity check), the
   progress bar counts rounds, and the end of ``fit`` prints the evaluations as a table.
 * Weights & Biases logging, online when the user is logged in, offline otherwise; ``WANDB_MODE=disabled``
-  turns W&B off (the metrics CSV is still written).
+  turns W&B off (the metrics CSV is still written). The loggers' run config (W&B's config, a
+  ``CSVLogger``'s ``hparams.yaml``) holds the run's settings under their config names
+  (``model.seed``, ``data.seed``, ``seed_everything``, :func:`lfed.reporting.flat_settings`), in
+  place of Lightning's merge of the module's and the datamodule's hyperparameters
+  (``trainer.enable_autolog_hparams`` is off), which refuses a run whose ``model.seed`` and
+  ``data.seed`` differ.
 * One way to set the server optimizer, ``--model.server_optimizer``: Lightning's ``--optimizer`` and
   ``--lr_scheduler`` are refused with a message naming it.
 * Short class names of lfed's models (``--model.net MLP``) mean :mod:`lfed.models`' classes, and
@@ -48,6 +53,7 @@ from lfed.reporting import (
     RoundProgressBar,
     RoundTable,
     config_id,
+    flat_settings,
     latest_checkpoint,
     run_directory,
     run_name,
@@ -182,13 +188,20 @@ def _refused_in_args(args: list[str]) -> str | None:
 
 
 class RunConfig(Callback):
-    """Stores the run's ``model``, ``data`` and ``seed_everything`` settings in every checkpoint.
+    """The run's ``model``, ``data`` and ``seed_everything`` settings: in every checkpoint and in the loggers.
 
     ``lfed validate|test --ckpt_path X`` rebuilds the model and data from them (no config needed).
+    At setup every logger gets them as hyperparameters under their config names
+    (``model.seed``, ``data.seed``: :func:`lfed.reporting.flat_settings`).
     """
 
     def __init__(self, settings: dict[str, Any]) -> None:
         self.settings = settings
+
+    def setup(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        params = flat_settings(self.settings)
+        for logger in trainer.loggers:
+            logger.log_hyperparams(params)
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         checkpoint[CONFIG_KEY] = self.settings
@@ -232,6 +245,7 @@ class LfedCLI(LightningCLI):
                 "trainer.logger": default_logger(),
                 "trainer.log_every_n_steps": 1,
                 "trainer.enable_model_summary": False,
+                "trainer.enable_autolog_hparams": False,  # RunConfig logs the settings under their own names
             }
         )
 

@@ -43,6 +43,7 @@ __all__ = [
     "RoundTable",
     "config_id",
     "describe_optimizer",
+    "flat_settings",
     "latest_checkpoint",
     "run_directory",
     "run_name",
@@ -105,6 +106,26 @@ def latest_checkpoint(config_dir: Path) -> Path | None:
     found = [p / "checkpoints" / "last.ckpt" for _, p in _versions(config_dir)]
     found = [p for p in found if p.is_file()]
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def flat_settings(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A run's settings under their config names, for a logger's run config (W&B, ``hparams.yaml``).
+
+    Nested mappings become dotted keys, so the model's and the data's settings of the same name
+    stay apart (and match the names a W&B sweep gives its parameters):
+
+    >>> flat_settings({"model": {"seed": 1, "net": {"class_path": "lfed.models.MLP"}}, "data": {"seed": 0},
+    ...                "seed_everything": 0})
+    {'model.seed': 1, 'model.net.class_path': 'lfed.models.MLP', 'data.seed': 0, 'seed_everything': 0}
+    """
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flat_settings(value, name + "."))
+        else:
+            out[name] = value
+    return out
 
 
 def describe_optimizer(factory: Any) -> str:

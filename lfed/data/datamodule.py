@@ -265,7 +265,11 @@ class FederatedDataModule(LightningDataModule):
             raise ValueError(f"eval_batch_size: must be >= 1, got {eval_batch_size}")
         if (train is None) != (test is None):
             raise ValueError("train/test: give both your own train and test data, or neither (and a dataset name)")
-        self.save_hyperparameters(ignore=["train", "test"])
+        # Kept in checkpoints, not handed to the loggers: Lightning would merge them with the
+        # module's hyperparameters and refuse the run when a key of both differs (``seed``: the
+        # module's is the seed of sampling and batches, this one the partition's). ``lfed fit``
+        # logs the run's settings under their own names (``model.seed``, ``data.seed``).
+        self.save_hyperparameters(ignore=["train", "test"], logger=False)
         self.dataset = dataset
         self.data_dir = data_dir
         self.download = download
