@@ -92,7 +92,12 @@ def test_an_optimizer_in_a_config_file_is_refused_too(tmp_path, capsys):
     assert "--model.server_optimizer" in capsys.readouterr().err
 
 
-def test_the_fit_summary_line_shows_the_server_optimizer(tmp_path, caplog):
+def test_the_fit_summary_line_shows_the_server_optimizer(tmp_path, caplog, monkeypatch):
+    # Lightning's logger does not propagate to the root logger (caplog's) when the root had no
+    # handler at import time: then listen on it directly
+    lightning_log = logging.getLogger("lightning.pytorch")
+    if not lightning_log.propagate:
+        monkeypatch.setattr(lightning_log, "handlers", [*lightning_log.handlers, caplog.handler])
     with caplog.at_level(logging.INFO):
         quick(tmp_path, "--trainer.logger", "false", "--model.server_optimizer", "lfed.server.optimizers.FedAdam",
               "--model.server_optimizer.lr", "0.01", rounds=1)
