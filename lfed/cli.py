@@ -16,11 +16,23 @@ Defaults that make a federated run read well:
 * Validation counts rounds (``val_check_interval`` rounds, no per-epoch check, no sanity check), the
   progress bar counts rounds, and the end of ``fit`` prints the evaluations as a table.
 * Weights & Biases logging, online when the user is logged in, offline otherwise; ``WANDB_MODE=disabled``
-  turns W&B off (the metrics CSV is still written).
+  turns W&B off (the metrics CSV is still written). The loggers' run config (W&B's config, a
+  ``CSVLogger``'s ``hparams.yaml``) holds the run's settings under their config names
+  (``model.seed``, ``data.seed``, ``seed_everything``, :func:`lfed.reporting.flat_settings`), in
+  place of Lightning's merge of the module's and the datamodule's hyperparameters
+  (``trainer.enable_autolog_hparams`` is off), which refuses a run whose ``model.seed`` and
+  ``data.seed`` differ.
 * One way to set the server optimizer, ``--model.server_optimizer``: Lightning's ``--optimizer`` and
   ``--lr_scheduler`` are refused with a message naming it.
 * Short class names of lfed's models (``--model.net MLP``) mean :mod:`lfed.models`' classes, and
   ``--help`` lists at most a few of the hundreds of torch subclasses a type accepts.
+* A mistake in the configuration is one line, ``lfed fit: error: <argument>: <what is allowed>``,
+  and exit status 2 (:func:`main`): the parser's errors, and a ``ValueError``, ``TypeError`` or
+  ``FileNotFoundError`` (what lfed's checks raise) from building the model, data and trainer or
+  from setting up the run before its first round (data loading, ``setup``, ``on_fit_start``,
+  checkpoint checks). An error once the first round has started, or any other exception, keeps
+  its traceback; ``LFED_DEBUG=1`` shows the traceback of every error. :func:`run_cli` (the
+  Python API) raises every exception as it is.
 """
 
 from __future__ import annotations
@@ -28,7 +40,9 @@ from __future__ import annotations
 import json
 import netrc
 import os
+import re
 import sys
+from argparse import ArgumentError
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +63,7 @@ from lfed.reporting import (
     RoundProgressBar,
     RoundTable,
     config_id,
+    flat_settings,
     latest_checkpoint,
     run_directory,
     run_name,
@@ -62,6 +77,12 @@ CONFIG_KEY = "lfed_config"
 
 #: Environment variable through which DDP worker processes find their rank 0's run directory.
 RUN_DIR_ENV = "LFED_RUN_DIR"
+
+#: Environment variable that makes ``lfed`` show the traceback of a configuration error.
+DEBUG_ENV = "LFED_DEBUG"
+
+#: What a mistake in the configuration raises before the run's first round (lfed's checks).
+CONFIG_ERRORS = (ValueError, TypeError, FileNotFoundError)
 
 
 def wandb_logged_in() -> bool:
@@ -179,17 +200,109 @@ def _refused_in_args(args: list[str]) -> str | None:
     return None
 
 
+# --------------------------------------------------------------------------- configuration errors
+
+
+class ConfigError(Exception):
+    """A mistake in a run's configuration, found before its first round; its message is one line.
+
+    :class:`LfedCLI` raises it with ``config_errors=True`` (the ``lfed`` console script), with
+    the original exception as its ``__cause__``.
+    """
+
+
+class FirstStep(Callback):
+    """Notes when the run's first step starts: a round (``fit``) or an evaluation batch.
+
+    An exception before it is raised while the run is being set up (its configuration); one
+    after it, by the run itself.
+    """
+
+    def __init__(self) -> None:
+        self.started = False
+
+    def _start(self, *args: Any, **kwargs: Any) -> None:
+        self.started = True
+
+    on_train_batch_start = on_validation_batch_start = on_test_batch_start = on_predict_batch_start = _start
+
+
+_CLASS = re.compile(r"<class '(?:builtins\.)?([\w.]+)'>")
+
+
+def _type_names(text: str) -> str:
+    """``"[<class 'torch.nn.modules.module.Module'>, <class 'NoneType'>]"`` -> ``"torch.nn.modules.module.Module or null"``."""
+    names = ["null" if n == "NoneType" else n for n in _CLASS.findall(text)]
+    return " or ".join(names)
+
+
+def _parser_key_message(key: str, body: list[str]) -> str:
+    """One line from jsonargparse's ``Parser key "K": ...`` message: the key, what is allowed, what was given."""
+    text = "\n".join(body)
+    given = re.search(r"(?:Given value|Got value): (.*)", text)
+    literal = re.search(r"Expected a typing\.Literal\[(.*)\]", text)
+    expected = None
+    if literal:
+        expected = f"one of {literal.group(1)}"
+    elif "Subtypes:" in text:
+        expected = _type_names(text.split("Subtypes:", 1)[1].splitlines()[0])
+    elif m := re.search(r"Expected a (<class '[^']+'>)", text):
+        expected = _type_names(m.group(1))
+    reasons: list[str] = []
+    if "Errors:" in text:
+        for line in text.split("Errors:", 1)[1].splitlines():
+            line = line.strip()
+            if line.startswith(("Given value", "Subtypes:")):
+                break
+            if line.startswith("- "):
+                reasons.append(line[2:])
+            elif line and reasons:
+                reasons[-1] = f"{reasons[-1]} {line}"
+        reasons = [r for r in reasons if not re.fullmatch(r"Expected a <class 'NoneType'>", r)]
+    if expected is None or given is None:
+        return f"{key}: " + " ".join(line.strip() for line in body if line.strip())
+    tail = f" ({'; '.join(reasons)})" if reasons else ""
+    return f"{key}: expected {expected}, got {given.group(1).strip()}{tail}"
+
+
+def one_line(message: str) -> str:
+    """An error message as one line (jsonargparse's ``Parser key`` messages: key, allowed, given).
+
+    >>> one_line('Parser key "model.client_lr":\\n  Expected a <class ' + "'float'>. Got value: abc")
+    'model.client_lr: expected float, got abc'
+    >>> one_line("ckpt_path: x.ckpt does not match this configuration:\\n  data.seed: checkpoint 0, this run 1")
+    'ckpt_path: x.ckpt does not match this configuration: data.seed: checkpoint 0, this run 1'
+    """
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    if not lines:
+        return str(message).strip() or "(no message)"
+    m = re.match(r'Parser key "([^"]+)":\s*(.*)', lines[0])
+    if m:
+        return _parser_key_message(m.group(1), [m.group(2), *lines[1:]])
+    out = lines[0]
+    for line in lines[1:]:
+        out += (" " if out.endswith(":") else "; ") + line
+    return out
+
+
 # --------------------------------------------------------------------------- the CLI
 
 
 class RunConfig(Callback):
-    """Stores the run's ``model``, ``data`` and ``seed_everything`` settings in every checkpoint.
+    """The run's ``model``, ``data`` and ``seed_everything`` settings: in every checkpoint and in the loggers.
 
     ``lfed validate|test --ckpt_path X`` rebuilds the model and data from them (no config needed).
+    At setup every logger gets them as hyperparameters under their config names
+    (``model.seed``, ``data.seed``: :func:`lfed.reporting.flat_settings`).
     """
 
     def __init__(self, settings: dict[str, Any]) -> None:
         self.settings = settings
+
+    def setup(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        params = flat_settings(self.settings)
+        for logger in trainer.loggers:
+            logger.log_hyperparams(params)
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         checkpoint[CONFIG_KEY] = self.settings
@@ -212,12 +325,38 @@ class LfedCLI(LightningCLI):
 
     Lightning's ``--optimizer``/``--lr_scheduler`` are off (``auto_configure_optimizers=False``)
     and refused; the help lists subclasses briefly (:class:`LfedHelpFormatter`).
+
+    Args:
+        config_errors: Raise a mistake in the configuration as a :class:`ConfigError` with a
+            one-line message: the parser's errors (the parser then raises instead of printing
+            its usage and exiting), and a ``ValueError``, ``TypeError`` or ``FileNotFoundError``
+            raised before the run's first step (:data:`CONFIG_ERRORS`, :class:`FirstStep`).
+            Other exceptions, and any after the first step, are raised as they are.
     """
 
-    def __init__(self, *args: Any, auto_configure_optimizers: bool = False, parser_kwargs: dict | None = None, **kwargs: Any) -> None:
-        short = {"formatter_class": LfedHelpFormatter}
+    def __init__(
+        self,
+        *args: Any,
+        auto_configure_optimizers: bool = False,
+        parser_kwargs: dict | None = None,
+        config_errors: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        short: dict[str, Any] = {"formatter_class": LfedHelpFormatter}
+        if config_errors:
+            short["exit_on_error"] = False
         parser_kwargs = {**short, **{s: dict(short) for s in SUBCOMMANDS}, **(parser_kwargs or {})}
-        super().__init__(*args, auto_configure_optimizers=auto_configure_optimizers, parser_kwargs=parser_kwargs, **kwargs)
+        self.first_step = FirstStep()
+        try:
+            super().__init__(*args, auto_configure_optimizers=auto_configure_optimizers, parser_kwargs=parser_kwargs, **kwargs)
+        except ArgumentError as err:
+            if not config_errors:
+                raise
+            raise ConfigError(one_line(str(err))) from err
+        except CONFIG_ERRORS as err:
+            if not config_errors or self.first_step.started:
+                raise
+            raise ConfigError(one_line(str(err))) from err
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
@@ -238,6 +377,7 @@ class LfedCLI(LightningCLI):
                 "trainer.logger": default_logger(),
                 "trainer.log_every_n_steps": 1,
                 "trainer.enable_model_summary": False,
+                "trainer.enable_autolog_hparams": False,  # RunConfig logs the settings under their own names
             }
         )
 
@@ -384,6 +524,7 @@ class LfedCLI(LightningCLI):
         if not any(isinstance(c, RoundTable) for c in callbacks):
             callbacks.append(RoundTable())
         callbacks.append(RunConfig(getattr(self, "run_settings", None) or self._settings(self._subconfig())))
+        callbacks.append(self.first_step)
         kwargs.setdefault("callbacks", callbacks)
         logger = trainer_config.get("logger")
         loggers = [] if logger in (None, False) else list(logger) if isinstance(logger, list) else [logger]
@@ -401,14 +542,34 @@ def run_cli(args: list[str] | None = None) -> LfedCLI:
     return LfedCLI(FederatedModule, FederatedDataModule, save_config_kwargs={"overwrite": True}, args=args)
 
 
+def _prog(args: list[str]) -> str:
+    """``lfed fit`` (the subcommand of ``args``), or ``lfed`` without one."""
+    sub = next((a for a in args if a in SUBCOMMANDS), None)
+    return f"lfed {sub}" if sub else "lfed"
+
+
 def main() -> None:
-    """Entry point of the ``lfed`` console script (``lfed grid`` is :mod:`lfed.grid`)."""
+    """Entry point of the ``lfed`` console script (``lfed grid`` is :mod:`lfed.grid`).
+
+    A mistake in the configuration (:class:`ConfigError`) is printed as one line,
+    ``lfed fit: error: <message>``, on stderr, and the exit status is 2; with ``LFED_DEBUG=1``
+    every error shows its traceback (the parser's too: ``JSONARGPARSE_DEBUG``).
+    """
     if sys.argv[1:2] == ["grid"]:
         from lfed.grid import main as grid_main
 
         grid_main(sys.argv[2:])
         return
-    run_cli()  # LightningCLI reads sys.argv itself
+    if os.environ.get(DEBUG_ENV, "").strip() not in ("", "0"):
+        os.environ.setdefault("JSONARGPARSE_DEBUG", "true")  # the parser raises instead of printing its usage
+        run_cli()
+        return
+    silence_library_noise()
+    try:
+        LfedCLI(FederatedModule, FederatedDataModule, save_config_kwargs={"overwrite": True}, config_errors=True)
+    except ConfigError as err:
+        print(f"{_prog(sys.argv[1:])}: error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":  # pragma: no cover

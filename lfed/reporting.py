@@ -9,7 +9,8 @@
   row per round, one column per metric (next to W&B, whose files are binary).
 * :class:`RoundTable`: the evaluations of the run (round, test accuracy, test loss, client accuracy
   mean and worst 10%) as a table in the terminal at the end of ``fit``.
-* :class:`RoundProgressBar`: a progress bar that counts rounds (``Round 37/100``), not "Epoch 0".
+* :class:`RoundProgressBar`: a progress bar that counts rounds (``Round 37/100``), not "Epoch 0",
+  with no validation bars between its lines during ``fit``.
 * :class:`QuietWandbLogger` and :func:`silence_library_noise`: the W&B logger without the
   warning Lightning's ``anonymous=None`` causes, and narrow filters for library messages that
   are not the user's problem (a deprecation inside Lightning, Lightning's advertising tips).
@@ -30,7 +31,9 @@ from typing import Any
 
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 
 __all__ = [
@@ -40,6 +43,7 @@ __all__ = [
     "RoundTable",
     "config_id",
     "describe_optimizer",
+    "flat_settings",
     "latest_checkpoint",
     "run_directory",
     "run_name",
@@ -102,6 +106,26 @@ def latest_checkpoint(config_dir: Path) -> Path | None:
     found = [p / "checkpoints" / "last.ckpt" for _, p in _versions(config_dir)]
     found = [p for p in found if p.is_file()]
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def flat_settings(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A run's settings under their config names, for a logger's run config (W&B, ``hparams.yaml``).
+
+    Nested mappings become dotted keys, so the model's and the data's settings of the same name
+    stay apart (and match the names a W&B sweep gives its parameters):
+
+    >>> flat_settings({"model": {"seed": 1, "net": {"class_path": "lfed.models.MLP"}}, "data": {"seed": 0},
+    ...                "seed_everything": 0})
+    {'model.seed': 1, 'model.net.class_path': 'lfed.models.MLP', 'data.seed': 0, 'seed_everything': 0}
+    """
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flat_settings(value, name + "."))
+        else:
+            out[name] = value
+    return out
 
 
 def describe_optimizer(factory: Any) -> str:
@@ -274,11 +298,22 @@ class RoundProgressBar(TQDMProgressBar):
     """Lightning's tqdm progress bar counting rounds: ``Round 37/100``, not ``Epoch 0``.
 
     The bar's position is ``global_step`` (rounds done, also after a resume) and its total
-    is ``trainer.max_steps``.
+    is ``trainer.max_steps``. During ``fit`` it draws no bar for the evaluations of the global
+    model (nor for a sanity check): they take a moment each and their "Validation DataLoader 0"
+    lines would interleave with the round bar, whose postfix shows the evaluation's
+    ``test/acc``. ``lfed validate``/``lfed test`` keep their bar.
     """
 
     def _rounds_total(self, trainer: Trainer) -> int | None:
         return trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+
+    def init_sanity_tqdm(self) -> Tqdm:
+        return Tqdm(disable=True)  # Lightning's own stand-in for a bar that is not drawn
+
+    def init_validation_tqdm(self) -> Tqdm:
+        if self.trainer.state.fn == TrainerFn.FITTING:
+            return Tqdm(disable=True)
+        return super().init_validation_tqdm()
 
     def init_train_tqdm(self):
         bar = super().init_train_tqdm()

@@ -13,15 +13,9 @@ import pytest
 import torch
 from conftest import DATA_DIR, REQUIRE_DATA, missing_data_outcome
 
-from lfed.data.datasets import (
-    DATASETS,
-    DatasetTensors,
-    load_dataset,
-    resolve_cache_dir,
-    resolve_data_dir,
-    validate_labels,
-)
+from lfed.data.datasets import DATASETS, load_dataset, resolve_data_dir
 from lfed.data.leaf import ALL_LETTERS
+from lfed.data.tensors import DatasetTensors, resolve_cache_dir, validate_labels
 
 DATA = Path(os.environ["LFED_TEST_DATA"]) if "LFED_TEST_DATA" in os.environ else DATA_DIR  # LFED_DATA_DIR's default
 # skipped without the real datasets, except under LFED_REQUIRE_DATA=1 (CI), where they run and fail

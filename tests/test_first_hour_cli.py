@@ -91,13 +91,16 @@ def test_an_optimizer_in_a_config_file_is_refused_too(tmp_path, capsys):
     assert "--model.server_optimizer" in capsys.readouterr().err
 
 
-def test_the_fit_summary_line_shows_the_server_optimizer(tmp_path, monkeypatch):
-    # read from the call itself: Lightning's loggers may or may not propagate to caplog, by import order
-    lines = []
-    monkeypatch.setattr("lfed.driver.rank_zero_info", lambda message, *a, **k: lines.append(message))
-    quick(tmp_path, "--trainer.logger", "false", "--model.server_optimizer", "lfed.server.optimizers.FedAdam",
-          "--model.server_optimizer.lr", "0.01", rounds=1)
-    [line] = [m for m in lines if m.startswith("lfed: fedavg on")]
+def test_the_fit_summary_line_shows_the_server_optimizer(tmp_path, caplog, monkeypatch):
+    # Lightning's logger does not propagate to the root logger (caplog's) when the root had no
+    # handler at import time: then listen on it directly
+    lightning_log = logging.getLogger("lightning.pytorch")
+    if not lightning_log.propagate:
+        monkeypatch.setattr(lightning_log, "handlers", [*lightning_log.handlers, caplog.handler])
+    with caplog.at_level(logging.INFO):
+        quick(tmp_path, "--trainer.logger", "false", "--model.server_optimizer", "lfed.server.optimizers.FedAdam",
+              "--model.server_optimizer.lr", "0.01", rounds=1)
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("lfed: fedavg on")]
     assert "server_optimizer=FedAdam(lr=0.01" in line, line
 
 
@@ -271,6 +274,18 @@ def test_a_run_prints_no_library_noise_and_counts_rounds(tmp_path):
         assert noise not in text, text
     assert "Round" in text and "Epoch 0" not in text, text
     assert list(tmp_path.glob("runs/*/version_0/wandb/offline-run-*"))  # W&B still on by default
+
+
+def test_fit_draws_the_round_bar_without_validation_bars_and_validate_keeps_its_bar(tmp_path):
+    fit = lfed_subprocess(tmp_path, "fit", "--config", str(QUICK), "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
+                          env={"WANDB_MODE": "disabled"})
+    lines = (fit.stdout + fit.stderr).replace("\r", "\n").splitlines()
+    rounds = [ln for ln in lines if ln.startswith("Round")]
+    assert any("4/4" in ln and "test/acc=" in ln for ln in rounds), lines  # the round bar, with the evaluations' accuracy
+    assert not [ln for ln in lines if "Validation" in ln or "Sanity" in ln], lines
+    [ckpt] = tmp_path.glob("runs/*/version_0/checkpoints/last.ckpt")
+    val = lfed_subprocess(tmp_path, "validate", "--ckpt_path", str(ckpt), env={"WANDB_MODE": "disabled"})
+    assert "Validation DataLoader 0" in val.stdout + val.stderr  # lfed validate keeps its bar
 
 
 # ----------------------------------------------------------------------------- private Lightning APIs lfed relies on

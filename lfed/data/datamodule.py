@@ -18,8 +18,9 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from lfed.data.datasets import DatasetTensors, load_dataset, validate_labels
+from lfed.data.datasets import DATASETS, load_dataset
 from lfed.data.partition import _flatten, holdout_split_flat, label_counts_flat, pack_flat, partition, validation_split
+from lfed.data.tensors import DatasetTensors, validate_labels
 
 
 @dataclass
@@ -299,7 +300,11 @@ class FederatedDataModule(LightningDataModule):
             raise ValueError(f"eval_batch_size: must be >= 1, got {eval_batch_size}")
         if (train is None) != (test is None):
             raise ValueError("train/test: give both your own train and test data, or neither (and a dataset name)")
-        self.save_hyperparameters(ignore=["train", "test"])
+        # Kept in checkpoints, not handed to the loggers: Lightning would merge them with the
+        # module's hyperparameters and refuse the run when a key of both differs (``seed``: the
+        # module's is the seed of sampling and batches, this one the partition's). ``lfed fit``
+        # logs the run's settings under their own names (``model.seed``, ``data.seed``).
+        self.save_hyperparameters(ignore=["train", "test"], logger=False)
         self.dataset = dataset
         self.data_dir = data_dir
         self.download = download
@@ -316,11 +321,8 @@ class FederatedDataModule(LightningDataModule):
         self._user_test = test
         self._user_num_classes = num_classes
         self.data: FederatedData | None = None
-        if train is None:
-            from lfed.data.datasets import DATASETS
-
-            if dataset not in DATASETS:
-                raise ValueError(f"dataset: {dataset!r} is not one of {DATASETS}")
+        if train is None and dataset not in DATASETS:
+            raise ValueError(f"dataset: {dataset!r} is not one of {DATASETS}")
 
     @classmethod
     def from_tensors(

@@ -1,6 +1,6 @@
 """Benchmark datasets as in-memory tensors (SPEC §8).
 
-Every loader returns a :class:`DatasetTensors`: the whole train and test split
+Every loader returns a :class:`~lfed.data.tensors.DatasetTensors`: the whole train and test split
 as tensors, ready to be moved to the device once (DESIGN.md, "The cohort trains
 at once, on the device"). Pixel values are ``float32`` scaled to ``[0, 1]``
 (``x / 255``; ``x / 16`` for the 8x8 digits) with no mean/std standardisation,
@@ -18,7 +18,7 @@ Datasets (:data:`DATASETS`):
   ``mnist/*.gz`` (``fashion_mnist/*.gz``). torchvision reads only decompressed
   files, so ``.gz`` files are decompressed once (with torchvision's own
   ``extract_archive``) into a torchvision root in the cache directory
-  (:func:`resolve_cache_dir`), keyed by the source files' path, size and
+  (:func:`lfed.data.tensors.resolve_cache_dir`), keyed by the source files' path, size and
   modification time, and written atomically.
 - ``cifar10``, ``cifar100``: ``torchvision.datasets.CIFAR10`` / ``CIFAR100``
   with root = the data directory (``cifar-10-batches-py/`` etc.).
@@ -31,27 +31,20 @@ Datasets (:data:`DATASETS`):
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
-import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import Tensor
 
-from lfed.atomic import write_atomically
+from lfed.data import leaf
+from lfed.data.tensors import DatasetTensors, resolve_cache_dir, source_key
 
 __all__ = [
     "DATASETS",
     "NUM_CLASSES",
-    "DatasetTensors",
     "load_dataset",
-    "resolve_cache_dir",
     "resolve_data_dir",
-    "validate_labels",
 ]
 
 #: Names accepted by :func:`load_dataset`.
@@ -70,75 +63,6 @@ _IDX_NAMES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
               "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 # name -> (torchvision class name, lfed shared-layout folder)
 _IDX_DATASETS = {"mnist": ("MNIST", "mnist"), "fashion_mnist": ("FashionMNIST", "fashion_mnist")}
-_CACHE_VERSION = "1"
-
-
-@dataclass
-class DatasetTensors:
-    """A dataset's train and test splits as tensors.
-
-    Attributes:
-        name: Dataset name (one of :data:`DATASETS` or a user's name).
-        train_x: Training inputs: ``float32 [n, C, H, W]`` images, or ``long [n, 80]``
-            character indices for Shakespeare.
-        train_y: Training labels, ``long [n]`` in ``[0, num_classes)``.
-        test_x: Test inputs, same layout as ``train_x``.
-        test_y: Test labels, ``long [m]``.
-        num_classes: Number of classes ``C``; None for regression (floating targets).
-        train_groups: ``long [n]`` natural client id (LEAF writer / role) of each
-            training example, or ``None`` when the dataset has no natural partition.
-        test_groups: ``long [m]`` natural client id of each test example, or ``None``.
-    """
-
-    name: str
-    train_x: Tensor
-    train_y: Tensor
-    test_x: Tensor
-    test_y: Tensor
-    num_classes: int | None
-    train_groups: Tensor | None = None
-    test_groups: Tensor | None = None
-
-    def __post_init__(self) -> None:
-        for split in ("train", "test"):
-            x, y = getattr(self, f"{split}_x"), getattr(self, f"{split}_y")
-            groups = getattr(self, f"{split}_groups")
-            if x.shape[0] != y.shape[0]:
-                raise ValueError(f"{self.name}: {split}_x has {x.shape[0]} examples but {split}_y has {y.shape[0]}")
-            if groups is not None and groups.shape != y.shape:
-                raise ValueError(f"{self.name}: {split}_groups has shape {tuple(groups.shape)}, "
-                                 f"expected {tuple(y.shape)} like {split}_y")
-            if self.num_classes is not None:  # None: regression targets (floating)
-                validate_labels(y, self.num_classes, f"{self.name} {split}")
-            elif not y.dtype.is_floating_point:
-                raise ValueError(f"{self.name}: num_classes is None (regression) but {split}_y is {y.dtype}, not floating")
-
-
-def validate_labels(y: Tensor, num_classes: int, where: str) -> None:
-    """Check that every label is an integer in ``[0, num_classes)``.
-
-    Args:
-        y: Label tensor of any shape and integer dtype.
-        num_classes: Number of classes ``C >= 1``.
-        where: What the labels are (e.g. ``"mnist train"``), named in the error.
-
-    Raises:
-        ValueError: If ``num_classes < 1``, ``y`` is not an integer tensor, or a
-            label is ``< 0`` or ``>= num_classes`` (the message names ``where``
-            and the first bad label).
-    """
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-        raise ValueError(f"{where}: num_classes must be an int >= 1, got {num_classes!r}")
-    if not isinstance(y, Tensor) or y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
-        kind = y.dtype if isinstance(y, Tensor) else type(y).__name__
-        raise ValueError(f"{where}: labels must be an integer tensor, got {kind}")
-    if y.numel() == 0:
-        return
-    bad = (y < 0) | (y >= num_classes)
-    if bool(bad.any()):
-        first = int(y[bad].flatten()[0])
-        raise ValueError(f"{where}: label {first} is outside [0, {num_classes}) "
-                         f"({int(bad.sum())} bad label(s); num_classes={num_classes})")
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path:
@@ -153,53 +77,6 @@ def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path:
     if data_dir is None or str(data_dir) == "":
         data_dir = os.environ.get("LFED_DATA_DIR") or "~/.cache/lfed"
     return Path(data_dir).expanduser()
-
-
-def resolve_cache_dir() -> Path:
-    """Where decoded datasets are cached: ``$LFED_CACHE_DIR``, else ``~/.cache/lfed/cache``.
-
-    Returns:
-        The cache directory as an expanded ``Path`` (created on first write).
-    """
-    return Path(os.environ.get("LFED_CACHE_DIR") or "~/.cache/lfed/cache").expanduser()
-
-
-def _source_key(tag: str, sources: list[Path]) -> str:
-    """Cache key from the resolved path, size and mtime of every source file."""
-    h = hashlib.sha256(f"{tag}/{_CACHE_VERSION}".encode())
-    for p in sorted(Path(s).resolve() for s in sources):
-        st = p.stat()
-        h.update(f"\n{p}|{st.st_size}|{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:16]
-
-
-def cached_tensors(tag: str, sources: list[Path], build: Callable[[], dict]) -> dict:
-    """Return ``build()``, cached with ``torch.save`` under :func:`resolve_cache_dir`.
-
-    The cache file is keyed by ``tag`` and the path, size and mtime of ``sources``,
-    written atomically; an unreadable cache file is rebuilt, and a cache directory
-    that cannot be written only costs a warning.
-
-    Args:
-        tag: Short name of what is cached (e.g. ``"femnist"``).
-        sources: Files the result is decoded from.
-        build: Decodes the sources into a dict of tensors (and plain Python values).
-
-    Returns:
-        The dict, from the cache when possible.
-    """
-    path = resolve_cache_dir() / f"{tag}-{_source_key(tag, sources)}.pt"
-    if path.is_file():
-        try:
-            return torch.load(path, weights_only=True)
-        except Exception:  # noqa: BLE001 - a damaged cache file is rebuilt below
-            pass
-    obj = build()
-    try:
-        write_atomically(path, lambda fh: torch.save(obj, fh), mode=0o644)
-    except OSError as err:
-        warnings.warn(f"could not write dataset cache {path}: {err}", stacklevel=2)
-    return obj
 
 
 def load_dataset(
@@ -235,8 +112,6 @@ def load_dataset(
         return _load_cifar(name, root, download)
     if name == "emnist":
         return _load_emnist(root, download, emnist_split)
-    from lfed.data import leaf  # local import: leaf imports this module
-
     return leaf.load_femnist(root) if name == "femnist" else leaf.load_shakespeare(root)
 
 
@@ -285,7 +160,7 @@ def _decompress_to_cache(name: str, tv_name: str, gz_files: list[Path]) -> Path:
     """Decompress the four ``.gz`` files into a torchvision root in the cache; return the root."""
     from torchvision.datasets.utils import extract_archive
 
-    root = resolve_cache_dir() / "torchvision" / f"{name}-{_source_key(name, gz_files)}"
+    root = resolve_cache_dir() / "torchvision" / f"{name}-{source_key(name, gz_files)}"
     raw = root / tv_name / "raw"
     if all((raw / f.name[:-3]).is_file() for f in gz_files):
         return root

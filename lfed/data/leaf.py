@@ -25,7 +25,7 @@ Shakespeare (next-character prediction): ``x`` is an 80-character string and
 vocabulary :data:`ALL_LETTERS` (``x``: ``long [n, 80]``, ``y``: ``long [n]``,
 80 classes). A character outside the vocabulary is a ``ValueError``.
 
-Decoded FEMNIST tensors are cached (see :func:`lfed.data.datasets.cached_tensors`):
+Decoded FEMNIST tensors are cached (see :func:`lfed.data.tensors.cached_tensors`):
 parsing its JSON takes about 3 s, loading the cache about 0.05 s. Shakespeare
 parses in about 0.1 s and is not cached.
 """
@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lfed.data.datasets import DatasetTensors, cached_tensors
+from lfed.data.tensors import DatasetTensors, cached_tensors
 
 __all__ = ["ALL_LETTERS", "find_leaf_files", "load_femnist", "load_shakespeare", "read_leaf_json"]
 

@@ -20,7 +20,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from lfed.data.datasets import validate_labels
+from lfed.data.tensors import validate_labels
 
 __all__ = [
     "PARTITIONS", "classes_partition", "dirichlet_partition", "holdout_split", "iid_partition", "label_counts",

@@ -1,0 +1,162 @@
+"""A mistake in the configuration is one line on stderr, ``lfed fit: error: ...``, and exit status 2.
+
+Most runs call the console script's entry point, :func:`lfed.cli.main`, with ``sys.argv``
+patched (fast); two run ``python -m lfed.cli`` as a user's terminal does (the traceback, or
+not). ``run_cli`` (the Python API) keeps raising the exceptions themselves: tests/test_cli.py
+and tests/test_first_hour_cli.py check that.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from lightning.pytorch import Callback
+
+from lfed.cli import ConfigError, FirstStep, main, one_line, run_cli
+
+QUICK = REPO / "configs" / "quickstart.yaml"
+
+
+def base(tmp_path: Path, sub: str = "fit") -> list[str]:
+    return [sub, "--config", str(QUICK), "--trainer.max_steps", "1", "--trainer.enable_progress_bar", "false",
+            "--trainer.default_root_dir", str(tmp_path)]
+
+
+def run_main(monkeypatch, capsys, args: list[str]) -> tuple[int | str | None, str]:
+    """``lfed <args>`` through :func:`lfed.cli.main`: its exit status and stderr."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.delenv("LFED_DEBUG", raising=False)
+    monkeypatch.setattr(sys, "argv", ["lfed", *args])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main()
+    return info.value.code, capsys.readouterr().err
+
+
+def last_line(text: str) -> str:
+    return [ln for ln in text.splitlines() if ln.strip()][-1]
+
+
+def garbage_checkpoint(tmp_path: Path) -> Path:
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(b"this is not a checkpoint\n" * 10)
+    return bad
+
+
+#: (the arguments after the quickstart's, words the error line must have): one bad value each.
+BAD = {
+    "fraction": (["--model.fraction=0"], ["fraction", "(0, 1]", "0.0"]),
+    "client_lr": (["--model.client_lr=-0.1"], ["client_lr", "> 0", "-0.1"]),
+    "batch_size": (["--model.batch_size=0"], ["batch_size", ">= 1", "got 0"]),
+    "rho": (["--data.rho=-1"], ["rho", "> 0", "-1"]),  # refused while the data is split, in trainer.fit
+    "dataset": (["--data.dataset=mnits"], ["dataset", "'mnits'", "'mnist'"]),
+    "mu": (["--model.algorithm=fedprox", "--model.mu=-0.5"], ["mu", ">= 0", "-0.5"]),
+    "num_clients": (["--data.num_clients=0"], ["num_clients", ">= 1", "got 0"]),
+    "class_path": (["--model.net", "not.a.Module"], ["model.net", "Module", "not.a.Module", "No module named 'not'"]),
+    "data_dir": (["--data.dataset", "mnist", "--data.data_dir", "/nonexistent/lfed-data"],
+                 ["data_dir", "/nonexistent/lfed-data", "train-images-idx3-ubyte.gz"]),
+    "ckpt_path": (["--ckpt_path", "{bad}"], ["ckpt_path", "bad.ckpt", "not an lfed checkpoint"]),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_a_bad_value_is_one_line_naming_the_argument_and_exit_status_2(name, tmp_path, monkeypatch, capsys):
+    extra, words = BAD[name]
+    extra = [a.format(bad=garbage_checkpoint(tmp_path)) for a in extra]
+    code, err = run_main(monkeypatch, capsys, [*base(tmp_path), *extra])
+    line = last_line(err)
+    assert code == 2, err
+    assert line.startswith("lfed fit: error: "), err
+    for word in words:
+        assert word in line, (word, line)
+    assert "Traceback" not in err and "usage:" not in err, err
+
+
+def test_parser_errors_are_one_line_too(tmp_path, monkeypatch, capsys):
+    code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--model.client_lr", "abc"])
+    assert code == 2 and err.strip() == "lfed fit: error: model.client_lr: expected float, got abc", err
+    code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--model.algorithm", "fedsgd"])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert last_line(err).startswith("lfed fit: error: model.algorithm: expected one of 'fedavg'") and "got fedsgd" in err
+    code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--optimizer", "torch.optim.Adam"])
+    assert code == 2 and last_line(err).startswith("lfed fit: error: --optimizer") and "--model.server_optimizer" in err
+    code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--model.net", "lfed.models.MLP", "--model.net.bogus", "3"])
+    assert code == 2 and "model.net" in last_line(err) and "Option 'bogus' is not accepted" in last_line(err), err
+    code, err = run_main(monkeypatch, capsys, ["--model.client_lr", "0.1"])  # no subcommand
+    assert code == 2 and last_line(err).startswith("lfed: error: ") and "fit" in last_line(err), err
+
+
+def test_validate_and_test_name_their_subcommand(tmp_path, monkeypatch, capsys):
+    bad = garbage_checkpoint(tmp_path)
+    for sub in ("validate", "test"):
+        code, err = run_main(monkeypatch, capsys, [*base(tmp_path, sub)[:1], "--ckpt_path", str(bad),
+                                                   "--trainer.default_root_dir", str(tmp_path)])
+        assert code == 2 and last_line(err).startswith(f"lfed {sub}: error: ckpt_path: "), err
+        assert "Traceback" not in err
+
+
+def test_a_checkpoint_of_another_configuration_is_one_line(tmp_path, monkeypatch, capsys):
+    trained = run_cli([*base(tmp_path / "a"), "--trainer.max_steps", "2", "--trainer.logger", "false"])
+    ckpt = Path(trained.trainer.checkpoint_callback.dirpath) / "last.ckpt"
+    code, err = run_main(monkeypatch, capsys, [*base(tmp_path / "b"), "--trainer.max_steps", "3", "--data.num_clients", "12",
+                                               "--ckpt_path", str(ckpt)])
+    line = last_line(err)
+    assert code == 2 and line.startswith("lfed fit: error: ") and "does not match this configuration" in line, err
+    assert "data.num_clients: checkpoint 20, this run 12" in line, line  # the message's list of differences, on its line
+
+
+class FailInRound(Callback):
+    """Raises a ValueError in round 0 (a run's own error, not the configuration's)."""
+
+    def on_train_batch_end(self, *args, **kwargs):
+        raise ValueError("lr: a value error raised while training")
+
+
+def test_an_error_once_the_first_round_started_keeps_its_traceback(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setattr(sys, "argv", ["lfed", *base(tmp_path), "--trainer.callbacks+=test_cli_errors.FailInRound"])
+    with pytest.raises(ValueError, match="raised while training"):
+        main()
+
+
+def test_first_step_notes_the_first_step_only():
+    watch = FirstStep()
+    assert not watch.started
+    watch.on_train_batch_start(None, None, None, 0)
+    assert watch.started
+
+
+def test_run_cli_raises_the_error_itself(tmp_path):
+    with pytest.raises(ValueError, match="fraction must be in") as info:
+        run_cli([*base(tmp_path), "--model.fraction=0", "--trainer.logger", "false"])
+    assert not isinstance(info.value, ConfigError)
+
+
+def test_one_line_keeps_a_message_of_one_line_and_joins_the_others():
+    assert one_line("fraction must be in (0, 1], got 0.0") == "fraction must be in (0, 1], got 0.0"
+    assert one_line("a: first\n\n  b: second\n  c: third") == "a: first; b: second; c: third"
+
+
+def lfed_terminal(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB", "LFED_DEBUG", "JSONARGPARSE"))}
+    environ.update({"PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", **(env or {})})
+    return subprocess.run([sys.executable, "-m", "lfed.cli", *args], cwd=tmp_path, env=environ, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_the_terminal_shows_one_line_and_lfed_debug_the_traceback(tmp_path):
+    args = [*base(tmp_path), "--model.fraction=0"]
+    plain = lfed_terminal(tmp_path, *args)
+    assert plain.returncode == 2, plain.stderr
+    assert last_line(plain.stderr) == "lfed fit: error: fraction must be in (0, 1], got 0.0"
+    assert "Traceback" not in plain.stderr
+    debug = lfed_terminal(tmp_path, *args, env={"LFED_DEBUG": "1"})
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
+    assert last_line(debug.stderr) == "ValueError: fraction must be in (0, 1], got 0.0"
+    parser = lfed_terminal(tmp_path, *base(tmp_path), "--model.client_lr", "abc", env={"LFED_DEBUG": "1"})
+    assert "Traceback (most recent call last)" in parser.stderr and "model.client_lr" in parser.stderr
