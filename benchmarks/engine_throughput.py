@@ -35,10 +35,9 @@ import sys
 import time
 from datetime import datetime, timezone
 
+import lfed  # noqa: F401  (first: lfed sets its OpenMP defaults before torch loads; the plain loop shares them)
 import torch
 import torch.nn.functional as F
-
-import lfed  # noqa: F401  (first: lfed sets its OpenMP defaults before torch loads; the plain loop shares them)
 from lfed.engine import CohortTrainer, StepRule, batch_schedule
 from lfed.models import MLP, McMahanCIFARCNN
 from lfed.params import ParamLayout

@@ -42,8 +42,8 @@ def main() -> None:
     a = p.parse_args()
     imports = time.perf_counter() - T0
     print(f"imports: {imports:.2f} s")
-    print("| config | backend | s/round (median) | min | data+setup s |")
-    print("|---|---|---|---|---|")
+    print(f"| config | backend | s/round (median) | min | data+setup s |")
+    print(f"|---|---|---|---|---|")
     for backend in a.backends:
         t = time.perf_counter()
         cli = LfedCLI(

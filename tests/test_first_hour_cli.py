@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import inspect
+import logging
 import os
 import subprocess
 import sys
