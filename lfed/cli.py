@@ -549,17 +549,12 @@ def _prog(args: list[str]) -> str:
 
 
 def main() -> None:
-    """Entry point of the ``lfed`` console script (``lfed grid`` is :mod:`lfed.grid`).
+    """``lfed fit|validate|test`` (the ``lfed`` command, :func:`lfed.entry.main`, sends ``lfed grid`` to :mod:`lfed.grid`).
 
     A mistake in the configuration (:class:`ConfigError`) is printed as one line,
     ``lfed fit: error: <message>``, on stderr, and the exit status is 2; with ``LFED_DEBUG=1``
     every error shows its traceback (the parser's too: ``JSONARGPARSE_DEBUG``).
     """
-    if sys.argv[1:2] == ["grid"]:
-        from lfed.grid import main as grid_main
-
-        grid_main(sys.argv[2:])
-        return
     if os.environ.get(DEBUG_ENV, "").strip() not in ("", "0"):
         os.environ.setdefault("JSONARGPARSE_DEBUG", "true")  # the parser raises instead of printing its usage
         run_cli()

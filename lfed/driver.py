@@ -135,10 +135,6 @@ class FederatedDriver(LightningModule):
         for run, dm in zip(self.runs, datamodules):
             run.datamodule = dm
             run.setup(dm.build(), self.trainer.default_root_dir, self.trainer.precision_plugin.convert_module)
-        if self.grouped:
-            from lfed.group import check_same_model_and_data
-
-            check_same_model_and_data(self.runs)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return RunOptimizers([run.server_optimizer([p for p in run.net.parameters() if p.requires_grad])

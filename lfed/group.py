@@ -99,6 +99,10 @@ class RunGroup(FederatedDriver):
     def grouped(self) -> bool:
         return True  # even a group of one logs as <name>/<metric>
 
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        check_same_model_and_data(self.runs)
+
     @property
     def datamodule(self):
         """The data module the Trainer is given (the first member's: its loaders count rounds and evaluations)."""

@@ -317,7 +317,7 @@ def test_per_row_engine_arguments_give_each_row_its_alone_result(backend):
 def test_the_lfed_entry_point_runs_grid_and_reports_bad_input_in_one_line(tmp_path, monkeypatch, capsys):
     import sys
 
-    from lfed.cli import main
+    from lfed.entry import main
 
     sweep = write(tmp_path, "method: bayes\nparameters:\n  model.client_lr:\n    values: [0.1]\n")
     monkeypatch.setattr(sys, "argv", ["lfed", "grid", "--config", config("quickstart.yaml"), "--sweep", str(sweep)])
