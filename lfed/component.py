@@ -22,12 +22,13 @@ writes its state only through :meth:`Component.state`, :meth:`Component.rows` an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
-from lfed.state import ModuleStateStore, StateSpec, StateStore
+from lfed.state import GLOBAL, ModuleStateStore, StateSpec, StateStore
 
 __all__ = ["Cohort", "Component", "LocalWork"]
 
@@ -47,6 +48,8 @@ class Cohort:
         previous_update: ``[K, P]`` each client's update from the last round it took part in
             (zeros if none), when a component uses history.
         global_change: ``[P]`` ``w^r - w^{r-1}`` (zeros in round 0), with history.
+        start_loss: ``[K]`` each client's mean training loss under the round's starting model
+            ``F_k(w)``, when a component asks for it (``needs_start_loss``; q-FFL's weights).
     """
 
     round: int
@@ -58,6 +61,7 @@ class Cohort:
     counting: Tensor | None = None
     previous_update: Tensor | None = None
     global_change: Tensor | None = None
+    start_loss: Tensor | None = None
 
     @property
     def active(self) -> Tensor:
@@ -70,7 +74,8 @@ class LocalWork:
     """Where and how the cohort trained, for a client rule that needs more than the final weights.
 
     EFL computes its Fisher reports from it (:mod:`lfed.client.fisher`), split over the ranks
-    like training and seeded by ``(seed, round)``.
+    like training and seeded by ``(seed, round)``; Ditto trains each client's personal model
+    with :meth:`train`.
 
     Attributes:
         engine: The :class:`~lfed.engine.CohortTrainer` of the model.
@@ -78,6 +83,9 @@ class LocalWork:
         data_x, data_y: The pooled training tensors on the device.
         index: ``[K, max_n]`` positions of each cohort client's examples in ``data_x``.
         seed, round: Seed and round of every random draw.
+        num_examples: ``[K]`` the clients' sizes; ``steps_done``: ``[K]`` their local steps this round.
+        lr: The round's client learning rate; ``batch_size``: its mini-batch size (None: full batch).
+        plan: The run's training plan (:class:`lfed.round.LocalTraining`: lr, batch size, epochs or steps).
     """
 
     engine: Any
@@ -87,6 +95,35 @@ class LocalWork:
     index: Tensor
     seed: int
     round: int
+    num_examples: Tensor | None = None
+    steps_done: Tensor | None = None
+    lr: float | None = None
+    batch_size: int | None = None
+    plan: Any = None
+
+    def train(self, w_start: Tensor, rule: Any = None, *, steps: Tensor | None = None, lr: float | None = None,
+              stream: str = "extra") -> Any:
+        """A second local training of the cohort, split over the ranks like the round's own.
+
+        Args:
+            w_start: ``[P]`` or ``[K, P]`` per-client start weights (a personal model ``v_k``).
+            rule: Its :class:`~lfed.engine.StepRule` (None: plain SGD).
+            steps: ``[K]`` local steps (default: the steps each client did this round).
+            lr: Learning rate (default: the round's).
+            stream: The name of its batch stream: batches drawn from ``(seed, round, stream)``,
+                independent of the round's own.
+
+        Returns:
+            The :class:`~lfed.engine.CohortResult` of every cohort client (the same on every rank).
+        """
+        from lfed.distributed import TrainJob, train_cohort
+        from lfed.engine import StepRule
+        from lfed.rng import round_generator
+
+        job = TrainJob(w_start, self.data_x, self.data_y, self.index, self.num_examples,
+                       self.steps_done if steps is None else steps, rule or StepRule(),
+                       self.lr if lr is None else lr, self.batch_size, round_generator(self.seed, self.round, stream))
+        return train_cohort(self.engine, self.ranks, job)
 
 
 class Component(nn.Module):
@@ -101,6 +138,8 @@ class Component(nn.Module):
     name: str = "component"
     #: Whether the component reads :attr:`Cohort.previous_update` / :attr:`Cohort.global_change`.
     uses_history: bool = False
+    #: Whether the component reads :attr:`Cohort.start_loss` (each client's loss under the round's model).
+    needs_start_loss: bool = False
 
     def state_specs(self) -> list[StateSpec]:
         """The tensors this component keeps between rounds (none by default)."""
@@ -118,7 +157,11 @@ class Component(nn.Module):
     def setup_state(self, store: StateStore, num_examples: Tensor, num_params: int, like: Tensor) -> None:
         """Allocate the declared state in ``store`` (called once the data and model are known)."""
         self._store = store
-        store.allocate(self, self.state_specs(), num_examples, num_params, like)
+        specs = self.state_specs()
+        starts = [StateSpec(f"{s.name}_started", shape=(), init=0.0, dtype=torch.bool) for s in specs if s.init == GLOBAL]
+        specs = [replace(s, init=0.0) if s.init == GLOBAL else s for s in specs]
+        store.allocate(self, specs + starts, num_examples, num_params, like)
+        self._starts_global = {s.name[: -len("_started")] for s in starts}
 
     def _the_store(self) -> StateStore:
         store = self.__dict__.get("_store")
@@ -134,13 +177,28 @@ class Component(nn.Module):
         """Replace server tensor ``name`` in place."""
         self._the_store().set(self, name, value)
 
-    def rows(self, name: str, clients: Tensor) -> Tensor:
-        """The rows of ``clients`` of per-client tensor ``name``."""
-        return self._the_store().rows(self, name, clients)
+    def rows(self, name: str, clients: Tensor, first: Tensor | None = None) -> Tensor:
+        """The rows of ``clients`` of per-client tensor ``name``.
+
+        For state declared with ``init="global"`` (:data:`lfed.state.GLOBAL`), ``first`` is the
+        value of a client that has no row yet (the round's global model ``w``: ``[P]``, or ``[K, P]``).
+        """
+        store = self._the_store()
+        rows = store.rows(self, name, clients)
+        if name not in self.__dict__.get("_starts_global", ()):
+            return rows
+        if first is None:
+            raise ValueError(f"{type(self).__name__}: state {name!r} starts as the global model (StateSpec init='global'); "
+                             f"read it with self.rows({name!r}, clients, first=w)")
+        started = store.rows(self, f"{name}_started", clients).to(rows.device)
+        return torch.where(started.view(-1, *[1] * (rows.dim() - 1)), rows, first.to(rows.dtype).expand_as(rows))
 
     def write_rows(self, name: str, clients: Tensor, values: Tensor, mask: Tensor | None = None) -> None:
         """Write rows of per-client tensor ``name``; with ``mask`` only the selected clients' rows."""
-        self._the_store().write_rows(self, name, clients, values, mask)
+        store = self._the_store()
+        store.write_rows(self, name, clients, values, mask)
+        if name in self.__dict__.get("_starts_global", ()):
+            store.write_rows(self, f"{name}_started", clients, torch.ones(clients.numel(), dtype=torch.bool), mask)
 
 
 def standalone_store() -> StateStore:

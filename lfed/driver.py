@@ -185,7 +185,7 @@ class FederatedDriver(LightningModule):
             if not run.running:
                 continue
             try:
-                prepared = run.prepare(r, total)
+                prepared = run.prepare(r, total, ranks)
             except FloatingPointError as e:
                 self._stop(run, e)
                 continue

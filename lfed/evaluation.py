@@ -153,6 +153,34 @@ def evaluate_split(net: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, ranks,
 
 
 @torch.no_grad()
+def client_losses(engine, w: Tensor, data_x: Tensor, data_y: Tensor, index: Tensor, num_examples: Tensor, ranks,
+                  chunk: int = 4096) -> Tensor:
+    """``[K]`` each client's mean loss ``F_k(w)`` over its training examples under the flat weights ``w``.
+
+    Each rank evaluates a contiguous share of the cohort's examples; the per-client sums are
+    all-reduced (``ranks``), so every rank returns the same losses. q-FFL's weights read them
+    (:attr:`lfed.component.Cohort.start_loss`).
+    """
+    from torch.func import functional_call
+
+    K, m = index.shape
+    device = index.device
+    valid = torch.arange(m, device=device)[None, :] < num_examples.to(device)[:, None]
+    owner = torch.arange(K, device=device)[:, None].expand_as(valid)[valid]
+    idx = index[valid]
+    params = engine.layout.unflatten(w)
+    buffers = dict(engine.net.named_buffers())
+    sums = torch.zeros(K, dtype=torch.float64, device=w.device)
+    lo, hi = ranks.share(idx.numel())
+    for a in range(lo, hi, chunk):
+        sl = slice(a, min(a + chunk, hi))
+        out = functional_call(engine.net, (params, buffers), (data_x[idx[sl]],))
+        losses = per_example_loss(engine.loss_fn, out, data_y[idx[sl]]).double()
+        sums.index_add_(0, owner[sl].to(sums.device), losses)
+    return ranks.all_reduce_sum(sums) / num_examples.to(sums.device, torch.float64).clamp_min(1)
+
+
+@torch.no_grad()
 def client_accuracies(net: nn.Module, data, rank: int, world_size: int, reduce_sum: Callable[[Tensor], Tensor],
                       chunk: int = 4096) -> Tensor | None:
     """Accuracy of the global model on each client's held-out split.

@@ -36,6 +36,7 @@ from lfed.client.objectives import ClientRule
 from lfed.component import Cohort, Component, LocalWork
 from lfed.distributed import Ranks, TrainJob, train_cohort
 from lfed.engine import CohortResult, CohortTrainer, steps_per_epoch
+from lfed.evaluation import client_losses
 from lfed.participation import Participation
 from lfed.rng import round_generator, seeded_global_rng
 from lfed.sampling import ClientSampler
@@ -223,6 +224,7 @@ class PreparedRound:
             round is skipped (``record.skipped``: no client's work counts).
         seed: The run's seed (every draw of the round is seeded by ``(seed, round)``).
         sizes: Numbers of entries of the model's tensors (the channel compresses per tensor).
+        training: The run's training plan (lr, batch size, budget), for :class:`~lfed.component.LocalWork`.
     """
 
     record: RoundRecord
@@ -230,6 +232,7 @@ class PreparedRound:
     job: TrainJob | None
     seed: int
     sizes: list[int]
+    training: LocalTraining | None = None
 
     @property
     def skipped(self) -> bool:
@@ -250,15 +253,21 @@ def prepare_round(
     steps_done: Tensor | None = None,
     total_rounds: int | None = None,
     sizes: list[int] | None = None,
+    ranks: Ranks | None = None,
 ) -> PreparedRound:
     """The first half of :func:`run_round`: cohort, aggregation weights, step rule and training job.
 
     Arguments as :func:`run_round`. The components' state that the step rule reads is read here;
-    nothing is written until :func:`finish_round`.
+    nothing is written until :func:`finish_round`. When a component asks for it
+    (``needs_start_loss``), each cohort client's loss under ``w`` is computed first
+    (:attr:`~lfed.component.Cohort.start_loss`, split over the ``ranks``).
     """
     sizes = sizes if sizes is not None else engine.layout.sizes
     cohort = draw_cohort(algorithm, data, training, round, seed, total_rounds, clients, steps_done)
     clients, n_k = cohort.clients, cohort.num_examples
+    if any(c.needs_start_loss for c in algorithm.roles().values()):
+        cohort.start_loss = client_losses(engine, w, data.train_x, data.train_y, data.client_index[clients], n_k,
+                                          ranks or Ranks())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DegenerateWeightsWarning)
         weights = algorithm.weighting.weights(cohort, data.label_counts[clients], data.label_counts.sum(0))
@@ -268,7 +277,7 @@ def prepare_round(
     record.bits_down = clients.numel() * bits
     if not bool(cohort.counting.any()):
         record.skipped = True
-        return PreparedRound(record, w, None, seed, sizes)
+        return PreparedRound(record, w, None, seed, sizes, training)
 
     if algorithm.history is not None:
         algorithm.history.fill(cohort)
@@ -280,7 +289,7 @@ def prepare_round(
         rule = replace(rule, loss_term=term)
     job = TrainJob(w, data.train_x, data.train_y, data.client_index[clients], n_k, cohort.steps_done, rule, lr,
                    training.batch_size, round_generator(seed, round, "batches"))
-    return PreparedRound(record, w, job, seed, sizes)
+    return PreparedRound(record, w, job, seed, sizes, training)
 
 
 def finish_round(
@@ -313,7 +322,8 @@ def finish_round(
     updates = result.weights - w
     check_finite(updates, r, clients, "client updates")
 
-    local = LocalWork(engine, ranks, job.data_x, job.data_y, job.index, prepared.seed, r)
+    local = LocalWork(engine, ranks, job.data_x, job.data_y, job.index, prepared.seed, r, job.num_examples,
+                      job.steps_done, lr, job.batch_size, prepared.training)
     algorithm.objective.after_local(cohort, w, result.weights, lr, local)
 
     sent = algorithm.channel.upstream(updates, cohort, sizes)
@@ -371,7 +381,7 @@ def run_round(
     """
     ranks = ranks or Ranks()
     prepared = prepare_round(algorithm, w, data, training, engine, round=round, seed=seed, clients=clients,
-                             steps_done=steps_done, total_rounds=total_rounds, sizes=sizes)
+                             steps_done=steps_done, total_rounds=total_rounds, sizes=sizes, ranks=ranks)
     if prepared.skipped:
         return w, prepared.record
     with seeded_global_rng(seed, round, "dropout", w.device):  # a model's own randomness (dropout)

@@ -157,10 +157,11 @@ class FederatedRun(nn.Module):
         """Whether the run trains on (not diverged)."""
         return self.status == "running"
 
-    def prepare(self, round: int, total_rounds: int | None) -> PreparedRound:
+    def prepare(self, round: int, total_rounds: int | None, ranks: Ranks | None = None) -> PreparedRound:
         """The round up to its local training (:func:`lfed.round.prepare_round`)."""
         return prepare_round(self.components, self.layout.module_vector(self.net), self.data, self.training_plan,
-                             self.engine, round=round, seed=self.seed, total_rounds=total_rounds, sizes=self.layout.sizes)
+                             self.engine, round=round, seed=self.seed, total_rounds=total_rounds, sizes=self.layout.sizes,
+                             ranks=ranks)
 
     def server_step(self, optimizer: torch.optim.Optimizer) -> Callable[[Tensor], Tensor]:
         """``Δ -> w'``: ``optimizer`` steps once on the pseudo-gradient ``-Δ`` (SPEC §4.1); the new flat weights."""

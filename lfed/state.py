@@ -33,7 +33,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["StateSpec", "StateStore", "ModuleStateStore", "check_state_shapes", "state_shape_errors", "state_shape_error"]
+#: ``StateSpec(init=GLOBAL)``: a client's row starts as the round's global model at its first participation.
+GLOBAL = "global"
+
+__all__ = ["GLOBAL", "StateSpec", "StateStore", "ModuleStateStore", "check_state_shapes", "state_shape_errors", "state_shape_error"]
 
 
 @dataclass(frozen=True)
@@ -45,15 +48,17 @@ class StateSpec:
         shape: Shape of one client's row (per-client) or of the server tensor; ``"P"`` stands for
             the number of trainable parameters. ``("P",)`` is a flat vector like the model.
         per_client: Whether there is one row per client (``[N, *shape]``).
-        init: Initial value: a number for a constant, or a callable
-            ``(num_examples [N]) -> Tensor`` of the full shape (AdaFL's ``n_k / n``).
+        init: Initial value: a number for a constant, a callable ``(num_examples [N]) -> Tensor``
+            of the full shape (AdaFL's ``n_k / n``), or ``"global"`` (:data:`GLOBAL`): a client's
+            row is the round's global model until it is first written (a personal model, MOON's
+            previous model; read with ``Component.rows(name, clients, first=w)``).
         dtype: A fixed dtype (e.g. ``torch.float64`` for scores), or None for the model's dtype.
     """
 
     name: str
     shape: tuple[int | str, ...] = ("P",)
     per_client: bool = True
-    init: float | Callable[[Tensor], Tensor] = 0.0
+    init: float | str | Callable[[Tensor], Tensor] = 0.0
     dtype: torch.dtype | None = None
 
     def full_shape(self, num_clients: int, num_params: int) -> tuple[int, ...]:

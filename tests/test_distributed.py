@@ -312,7 +312,7 @@ def test_two_processes_give_the_one_process_run_and_resume_on_one(case, launcher
     assert [r for r, _ in ddp["lfed"]["runs"][0]["eval_history"]] == [2, 4]
     assert ddp["lfed"]["runs"][0]["eval_history"] == one.model.eval_history  # test accuracy: exact counts
     assert ddp["lfed"]["runs"][0]["comm"] == one.model.comm.state_dict()
-    for saved, live in zip(ddp["optimizer_states"], [o.state_dict() for o in one.trainer.optimizers]):
+    for saved, live in zip(ddp["optimizer_states"][0]["runs"], [o.state_dict() for o in one.model.server_optimizers]):
         for key, state in saved["state"].items():
             _assert_same_state(state, live["state"][key], f"{case}: server optimizer state")
 
@@ -341,3 +341,37 @@ def test_two_processes_with_rows_off_the_device_give_the_one_process_device_run(
     if placement == "disk":  # each rank made its files under <default_root_dir>/client_state; they went with it
         dirs = [d for d in tmp_path.rglob("client_state") if d.is_dir()]
         assert dirs and not [f for d in dirs for f in d.rglob("*.rows")], dirs
+
+
+def test_a_grid_on_two_processes_equals_the_grid_on_one(tmp_path):
+    """``lfed grid --trainer.strategy ddp --trainer.devices 2``: the union of the runs' cohorts (FedAvg and
+    SCAFFOLD, two learning rates: two engine calls a round) split over the ranks, the ranks identical after
+    every round (ReplicaCheck), and every run's state, evaluations and counters those of the grid on one process."""
+    from lfed.grid import run_grid
+
+    repo = Path(__file__).resolve().parents[1]
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("name: g\nmethod: grid\nparameters:\n  model.algorithm:\n    values: [fedavg, scaffold]\n"
+                     "  model.client_lr:\n    values: [0.05, 0.1]\n")
+    common = ["--config", str(repo / "configs" / "quickstart.yaml"), "--sweep", str(sweep), "--trainer.max_steps=4",
+              "--trainer.val_check_interval=2", "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false",
+              "--checkpoint_every=2"]
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, "-m", "lfed", "grid", *common, "--root", str(tmp_path / "ddp"), "--trainer.strategy=ddp",
+           "--trainer.devices=2", "--trainer.callbacks+=lfed.ddp.ReplicaCheck"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "ReplicaCheck: the state of all 2 ranks was identical at each of 4 checks" in proc.stdout
+    one, _ = run_grid([*common, "--root", str(tmp_path / "one"), "--trainer.devices=1"])
+    [ddp_ckpt] = (tmp_path / "ddp").glob("grids/*/checkpoints/last.ckpt")
+    [one_ckpt] = (tmp_path / "one").glob("grids/*/checkpoints/last.ckpt")
+    ddp, single = (torch.load(p, map_location="cpu", weights_only=False) for p in (ddp_ckpt, one_ckpt))
+    assert ddp["global_step"] == single["global_step"] == 4
+    assert sum(k.endswith("net.net.0.weight") for k in ddp["state_dict"]) == 4  # four runs in one checkpoint
+    worst = _assert_same_state(ddp["state_dict"], single["state_dict"], "grid: 2 processes vs 1")
+    for a, b in zip(ddp["lfed"]["runs"], single["lfed"]["runs"]):
+        assert a["name"] == b["name"]
+        assert a["eval_history"] == b["eval_history"] and [r for r, _ in a["eval_history"]] == [2, 4]
+        assert a["comm"] == b["comm"]
+    print(f"grid: max |difference| over the runs' state = {worst:g}")

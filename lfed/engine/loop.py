@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from lfed.engine.losses import per_example_mean
 from lfed.engine.result import CohortResult
 from lfed.engine.rule import _apply_step_, _is_plain
+from lfed.engine.term import TermModel
 
 
 def has_running_stats(net: nn.Module) -> bool:
@@ -94,9 +95,15 @@ class LoopBackend:
                     if term is None:
                         loss = self.loss_fn(work(x_t), y_t).mean()
                     else:
-                        out = work(x_t)
-                        per_example = per_example_mean(self.loss_fn(out, y_t))
-                        loss = (per_example + term.fn(dict(zip(self.layout.names, params)), out, x_t, y_t, aux_k)).mean()
+                        named = dict(zip(self.layout.names, params))
+                        if term.wants_model:  # the term reads a representation or runs the net with other rows
+                            model = TermModel(work, self.layout, work_buffers, term.layer)
+                            out, model.features = model.forward(named, x_t)
+                            extra = term.fn(named, out, x_t, y_t, aux_k, model)
+                        else:
+                            out = work(x_t)
+                            extra = term.fn(named, out, x_t, y_t, aux_k)
+                        loss = (per_example_mean(self.loss_fn(out, y_t)) + extra).mean()
                     grads = torch.autograd.grad(loss, params)
                     with torch.no_grad():
                         if plain:

@@ -24,14 +24,34 @@ class LossTerm:
     mean, under ``vmap`` (the vmap backend) or per client (the loop backend), so ``g`` in the
     step rule is the gradient of the changed loss.
 
+    A function of six arguments, ``fn(params, out, x, y, aux, model)``, also gets the net
+    (:class:`lfed.engine.term.TermModel`): ``model.features`` is the current model's output of
+    ``layer`` on the batch (e.g. the penultimate layer, MOON's representation), and
+    ``model.represent(row, x)`` / ``model(row, x)`` run the same net with another flat ``[P]``
+    parameter row (the global model, the client's previous model: rows of ``aux``).
+
     Attributes:
         fn: The term, written for one client (no cohort dimension).
         aux: A tensor or a dict of tensors, each ``[K, ...]``: per-client inputs of ``fn`` (e.g.
             the start weights, or another model's parameters); None if ``fn`` needs none.
+        layer: The name of the submodule whose output ``model.features`` is (``"net.3"``); None: none.
     """
 
     fn: Callable[..., Tensor]
     aux: Tensor | dict[str, Tensor] | None = None
+    layer: str | None = None
+
+    @property
+    def wants_model(self) -> bool:
+        """Whether ``fn`` takes the sixth argument ``model``."""
+        import inspect
+
+        try:
+            params = inspect.signature(self.fn).parameters.values()
+        except (TypeError, ValueError):
+            return False
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return len(positional) >= 6 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
     def select(self, rows: Tensor | int | slice, num_clients: int) -> LossTerm:
         """The term of a subset of the K clients: the rows of ``aux``."""

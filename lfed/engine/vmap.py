@@ -8,7 +8,6 @@ computation of later steps.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,7 +17,8 @@ from torch.func import functional_call
 from lfed.engine.losses import per_example_mean
 from lfed.engine.recorded import RecordedStep
 from lfed.engine.result import CohortResult
-from lfed.engine.rule import _is_plain, _pick_rows
+from lfed.engine.rule import LossTerm, _is_plain, _pick_rows
+from lfed.engine.term import TermModel
 
 
 def _lr_runs(lr: Tensor) -> list[tuple[int, int, float]]:
@@ -48,10 +48,16 @@ class VmapBackend(RecordedStep):
 
     def _client_loss_with_term(
         self, params: dict[str, Tensor], x: Tensor, y: Tensor, mask: Tensor, buffers: dict[str, Tensor],
-        term: Callable[..., Tensor], aux: Any,
+        term: LossTerm, aux: Any,
     ) -> Tensor:
-        out = functional_call(self.net, (params, buffers), (x,))
-        per_example = per_example_mean(self.loss_fn(out, y)) + term(params, out, x, y, aux)
+        if term.wants_model:  # the term reads a representation or runs the net with other rows
+            model = TermModel(self.net, self.layout, buffers, term.layer)
+            out, model.features = model.forward(params, x)
+            extra = term.fn(params, out, x, y, aux, model)
+        else:
+            out = functional_call(self.net, (params, buffers), (x,))
+            extra = term.fn(params, out, x, y, aux)
+        per_example = per_example_mean(self.loss_fn(out, y)) + extra
         return (per_example * mask).sum() / mask.sum().clamp_min(1)
 
     def _train_vmap(self, w_start, data_x, data_y, index, positions, valid, steps, rule, lr) -> CohortResult:
@@ -103,7 +109,7 @@ class VmapBackend(RecordedStep):
                 g, loss = self._step(params, data_x[ids], data_y[ids], mask_all[:n, t], buffers, n == K)
             else:  # a loss term: the eager vmapped step (its function is not part of a recorded graph's key)
                 aux = term.aux if n == K else _pick_rows(term.aux, slice(0, n), K)
-                g, loss = self._vmapped_term(params, data_x[ids], data_y[ids], mask_all[:n, t], buffers, term.fn, aux)
+                g, loss = self._vmapped_term(params, data_x[ids], data_y[ids], mask_all[:n, t], buffers, term, aux)
             if plain:
                 for a, b, lr_ in runs:  # one run of rows per learning rate (one run when lr is a float)
                     if a >= n:

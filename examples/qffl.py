@@ -1,0 +1,42 @@
+"""q-FedAvg (Li, Sanjabi, Beirami, Smith 2020, "Fair Resource Allocation in Federated Learning",
+Algorithm 2) as a user's own server combination, outside lfed.
+
+With each cohort client's loss under the round's model ``F_k(w^t)`` (the round computes it when a
+component sets ``needs_start_loss``: :attr:`lfed.component.Cohort.start_loss`) and its update
+``u_k = w̄_k − w^t``, so ``Δw_k = L(w^t − w̄_k) = −L u_k``:
+
+    Δ_k = F_k^q Δw_k,   h_k = q F_k^{q−1} ||Δw_k||² + L F_k^q,   w^{t+1} = w^t − Σ_k Δ_k / Σ_k h_k
+
+over the clients whose work counts. ``L`` is the Lipschitz estimate (the paper sets ``L = 1/η``).
+q = 0 is FedAvg with uniform weights and a step of ``Σ u_k / K``.
+
+    model:
+      aggregation: {class_path: qffl.QFedAvg, init_args: {q: 1.0, lipschitz: 20.0}}
+"""
+
+from __future__ import annotations
+
+from lfed.server.combination import ServerCombination
+
+
+class QFedAvg(ServerCombination):
+    name = "qffl"
+    needs_start_loss = True
+
+    def __init__(self, q: float = 1.0, lipschitz: float = 10.0) -> None:
+        super().__init__()
+        if not q >= 0 or not lipschitz > 0:
+            raise ValueError(f"q: must be >= 0 and lipschitz: > 0, got q={q}, lipschitz={lipschitz}")
+        self.q, self.lipschitz = float(q), float(lipschitz)
+
+    def hparams(self) -> dict:
+        return {"q": self.q, "lipschitz": self.lipschitz}
+
+    def combine(self, updates, weights, cohort):
+        counted = cohort.counting
+        u = updates[counted]
+        F = cohort.start_loss[counted].to(u.dtype)
+        dw = -self.lipschitz * u  # Δw_k = L(w^t − w̄_k)
+        Fq = F.pow(self.q)
+        h = self.q * F.pow(self.q - 1) * dw.square().sum(1) + self.lipschitz * Fq if self.q > 0 else self.lipschitz * Fq
+        return -(Fq[:, None] * dw).sum(0) / h.sum(), None
