@@ -207,7 +207,8 @@ class TrainJob:
 
     def train(self, engine: CohortTrainer, rows: Tensor | None = None) -> CohortResult:
         """``engine.train`` of this job (its ``rows`` only, when given)."""
-        return engine.train(*self.args(), rows=rows, schedule=self.schedule)
+        kwargs = {k: v for k, v in (("rows", rows), ("schedule", self.schedule)) if v is not None}
+        return engine.train(*self.args(), **kwargs)
 
 
 def train_share(engine: CohortTrainer, ranks: Ranks, job: TrainJob) -> tuple[list[Tensor], CohortResult]:
@@ -224,7 +225,7 @@ def train_share(engine: CohortTrainer, ranks: Ranks, job: TrainJob) -> tuple[lis
     if has_running_stats(engine.net):  # the loop backend returns every buffer per client
         buffers = {n: b.new_zeros((0, *b.shape)) for n, b in engine.net.named_buffers()}
     w_start = job.w_start
-    return parts, CohortResult(w_start.new_zeros(0, w_start.shape[0]), w_start.new_zeros(0), buffers)
+    return parts, CohortResult(w_start.new_zeros(0, w_start.shape[-1]), w_start.new_zeros(0), buffers)
 
 
 def train_cohort(engine: CohortTrainer, ranks: Ranks, job: TrainJob) -> CohortResult:
@@ -239,7 +240,7 @@ def train_cohort(engine: CohortTrainer, ranks: Ranks, job: TrainJob) -> CohortRe
     if not ranks.distributed:
         return job.train(engine)
     parts, local = train_share(engine, ranks, job)
-    P = job.w_start.shape[0]
+    P = job.w_start.shape[-1]
     packed = gather_rows(ranks, torch.cat([local.weights, local.loss.to(local.weights.dtype)[:, None]], 1), parts)
     buffers = None
     if local.buffers is not None:
