@@ -1,15 +1,44 @@
 """lfed: federated learning on PyTorch Lightning.
 
 ``FederatedModule`` runs one federated round per training step; ``FederatedDataModule``
-splits a dataset over simulated clients; ``CohortTrainer`` trains a cohort at once.
+splits a dataset over simulated clients; ``CohortTrainer`` trains a cohort at once;
+``FederatedRun`` is one run with no Lightning in it, ``RunGroup`` many runs in lock-step.
+
+The names are imported when first used, so ``import lfed.round`` (a round as a function) or
+``import lfed.run`` loads no Lightning.
 """
 
-from lfed.data.datamodule import FederatedDataModule
-from lfed.engine import CohortTrainer, StepRule
-from lfed.module import FederatedModule
-from lfed.reporting import silence_library_noise as _silence_library_noise
+from __future__ import annotations
 
-_silence_library_noise()  # narrow filters for Lightning-internal messages (lfed.reporting)
+import importlib
+from typing import Any
 
-__all__ = ["CohortTrainer", "FederatedDataModule", "FederatedModule", "StepRule"]
-__version__ = "0.1.0"
+#: Public names and the modules that define them (imported on first use).
+_LAZY = {
+    "CohortTrainer": "lfed.engine",
+    "StepRule": "lfed.engine",
+    "FederatedRun": "lfed.run",
+    "FederatedDataModule": "lfed.data.datamodule",
+    "FederatedModule": "lfed.module",
+    "RunGroup": "lfed.group",
+}
+_LIGHTNING = {"FederatedDataModule", "FederatedModule", "RunGroup"}
+
+__all__ = sorted(_LAZY)
+__version__ = "0.3.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'lfed' has no attribute {name!r}")
+    if name in _LIGHTNING:  # narrow filters for Lightning-internal messages (lfed.reporting), once Lightning is used
+        from lfed.reporting import silence_library_noise
+
+        silence_library_noise()
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

@@ -191,81 +191,37 @@ class CompositionWarning(UserWarning):
     """A composition of lfed's pieces that runs but does not do what its settings suggest."""
 
 
-def validate_composition(
-    cfg: dict[str, Any],
-    explicit: set[str] | frozenset[str] = frozenset(),
-    *,
-    p_inactive: float = 0.0,
-    p_incomplete: float = 0.0,
-    mu: float | None = None,
-    efl_lambda: float | None = None,
-    num_clients: int | None = None,
-    total_rounds: int | None = None,
-) -> list[str]:
-    """Check a resolved composition (:func:`resolve`'s output) for settings that make no sense.
+def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozenset(), *,
+                         num_clients: int | None = None, total_rounds: int | None = None) -> list[str]:
+    """Every component's own check of the run's composition (:meth:`lfed.component.Component.composition_warnings`).
 
     Every piece composes with every other (DESIGN.md), but some combinations silently do
-    nothing or something else than their names say. This is the one place that knows them.
+    nothing or something else than their names say; each component knows its own (a component
+    of the user's too), so no list here names them.
 
     Args:
-        cfg: The resolved composition (objective, weighting, partial_work, aggregation,
-            compression, sampler, fraction as a :class:`~lfed.sampling.FractionSchedule` or number).
-        explicit: The keys of ``cfg`` the user set (a preset's own choices are not questioned).
-        p_inactive: Probability that a sampled client does no work (SPEC §6).
-        p_incomplete: Probability that a sampled client stops early.
-        mu: FedProx coefficient (checked with ``objective="prox"``).
-        efl_lambda: EFL coefficient λ (checked with ``objective="efl"``).
-        num_clients: ``N``, when known (enables the participation check).
-        total_rounds: Rounds of the run, when known (enables the participation check).
+        algorithm: The run's components (:class:`lfed.round.Algorithm`).
+        explicit: The roles the user set (a preset's own choices are not questioned).
+        num_clients: ``N``, when known; ``total_rounds``: the run's rounds, when known (with both,
+            the checks see every round's cohort size).
 
     Returns:
         The warnings, one sentence each (the caller emits them as :class:`CompositionWarning`).
-
-    Raises:
-        ValueError: If no client could ever do any work (``p_inactive = 1``).
     """
-    from lfed.sampling import as_schedule, cohort_size
+    from lfed.component import CompositionContext
+    from lfed.sampling import cohort_size
 
-    out: list[str] = []
-    if p_inactive >= 1.0:
-        raise ValueError("p_inactive: 1.0 makes every sampled client inactive, so no round ever changes the model; use < 1")
-    q = cfg.get("compression")
-    if q is not None and float(q) >= 1.0:
-        out.append(
-            "compression=1.0 keeps every entry but ternary compression is not the identity: each entry "
-            "becomes ±mean|x| of its tensor (SPEC §7); set compression: false for dense updates (null keeps the preset's q)"
-        )
-    if cfg.get("partial_work") in ("scale", "drop") and "partial_work" in explicit and p_incomplete <= 0.0:
-        out.append(
-            f"partial_work={cfg['partial_work']!r} only changes how incomplete clients count, but "
-            "p_incomplete=0 makes every active client complete its budget: it is the same as 'keep' "
-            "(set p_incomplete > 0 for a straggler model)"
-        )
-    if cfg.get("aggregation", "mean") in ("self", "global", "time"):
-        ignored = [k for k in ("weighting",) if k in explicit]
-        if cfg.get("partial_work") == "scale" and "partial_work" in explicit:
-            ignored.append("partial_work='scale'")
-        if ignored:
-            out.append(
-                f"aggregation={cfg['aggregation']!r} (IGFL-S attention) weighs updates by attention, so "
-                f"{', '.join(ignored)} has no effect (only which clients count matters); use aggregation='mean'"
-            )
-    if cfg.get("objective") == "prox" and mu is not None and mu == 0:
-        out.append("objective='prox' with mu=0 is plain local SGD (FedAvg)")
-    if cfg.get("objective") == "efl" and efl_lambda is not None and efl_lambda == 0:
-        out.append("objective='efl' with efl_lambda=0 is plain local SGD, yet every client still computes a Fisher report")
+    participation = algorithm.participation
+    sizes = None
     if num_clients is not None and total_rounds is not None and total_rounds > 0:
-        schedule = as_schedule(cfg["fraction"])
-        sizes = [cohort_size(schedule(r, total_rounds), num_clients) for r in range(total_rounds)]
-        if cfg.get("sampler") == "attention" and min(sizes) == num_clients:
-            out.append("sampler='attention' with every client sampled every round: the AdaFL scores change nothing")
-        if cfg.get("aggregation") == "time":
-            per_client = sum(sizes) / num_clients
-            if per_client < 2:
-                out.append(
-                    f"aggregation='time' uses each client's previous update as its query, but {total_rounds} rounds "
-                    f"of {min(sizes)}-{max(sizes)} of {num_clients} clients give each client {per_client:.2g} "
-                    "participations on average: a first participation has a zero query (weight 1/|S|), so time "
-                    "attention is mostly the plain mean; run more rounds or sample more clients"
-                )
+        sizes = [cohort_size(participation.fraction(r, total_rounds), num_clients) for r in range(total_rounds)]
+    roles = algorithm.roles()
+    context = CompositionContext(frozenset(explicit), participation.stragglers.p_inactive,
+                                 participation.stragglers.p_incomplete, num_clients, total_rounds, sizes, roles)
+    out: list[str] = []
+    seen: set[int] = set()
+    for component in roles.values():
+        if id(component) not in seen:
+            seen.add(id(component))
+            out.extend(component.composition_warnings(context))
     return out

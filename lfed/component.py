@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from lfed.state import GLOBAL, ModuleStateStore, StateSpec, StateStore
 
-__all__ = ["Cohort", "Component", "LocalWork"]
+__all__ = ["Cohort", "Component", "CompositionContext", "LocalWork"]
 
 
 @dataclass
@@ -126,6 +126,27 @@ class LocalWork:
         return train_cohort(self.engine, self.ranks, job)
 
 
+@dataclass
+class CompositionContext:
+    """What a component's composition check sees (:meth:`Component.composition_warnings`).
+
+    Attributes:
+        explicit: The roles the user set (a preset's own choices are not questioned).
+        p_inactive, p_incomplete: The straggler model's probabilities (SPEC §6).
+        num_clients: ``N``; ``total_rounds``: the run's rounds (None when unknown).
+        cohort_sizes: ``K_t`` of every round, when ``N`` and the rounds are known.
+        components: Every component of the run by role.
+    """
+
+    explicit: frozenset
+    p_inactive: float = 0.0
+    p_incomplete: float = 0.0
+    num_clients: int | None = None
+    total_rounds: int | None = None
+    cohort_sizes: list[int] | None = None
+    components: dict[str, Any] | None = None
+
+
 class Component(nn.Module):
     """Base of the pieces of a round: a name, hyper-parameters, declared state.
 
@@ -152,6 +173,14 @@ class Component(nn.Module):
     def structure(self) -> dict[str, Any]:
         """Settings that make another algorithm (none by default); a change refuses a resume."""
         return {}
+
+    def composition_warnings(self, context: CompositionContext) -> list[str]:
+        """Settings of the run that make this component do nothing, or something else than its name says.
+
+        One sentence each; the run shows them as :class:`lfed.algorithms.CompositionWarning` before
+        round 0. Raise ``ValueError`` for a setting that cannot run. None by default.
+        """
+        return []
 
     # ---------------------------------------------------------------- state through the store
     def setup_state(self, store: StateStore, num_examples: Tensor, num_params: int, like: Tensor) -> None:

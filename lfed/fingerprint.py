@@ -12,11 +12,12 @@ part (this module imports neither).
 from __future__ import annotations
 
 import hashlib
+import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 __all__ = [
@@ -28,6 +29,13 @@ __all__ = [
     "tensor_digest",
     "verify_fingerprint",
 ]
+
+
+def rank_zero_warn(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warn in the first process only (as Lightning's ``rank_zero_warn``, without importing Lightning)."""
+    rank = next((os.environ[k] for k in ("RANK", "LOCAL_RANK", "SLURM_PROCID") if os.environ.get(k)), "0")
+    if int(rank) == 0:
+        warnings.warn(message, category, stacklevel=3)
 
 
 def tensor_bytes(t: Tensor) -> bytes:

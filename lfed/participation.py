@@ -30,6 +30,8 @@ class Participation(Component):
 
     def __init__(self, fraction: float | FractionSchedule = 0.1, p_inactive: float = 0.0, p_incomplete: float = 0.0) -> None:
         super().__init__()
+        if p_inactive >= 1.0:
+            raise ValueError("p_inactive: 1.0 makes every sampled client inactive, so no round ever changes the model; use < 1")
         self.fraction = as_schedule(fraction)
         self.stragglers = Stragglers(p_inactive, p_incomplete)
 

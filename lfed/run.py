@@ -141,15 +141,10 @@ class FederatedRun(nn.Module):
         if self.loss is None and data.task == "regression":
             raise ValueError("loss: the default (cross-entropy) needs class labels, but the targets are floating "
                              "(regression); give a regression loss, e.g. loss=torch.nn.MSELoss()")
-        names = self.composition
-        if names["weighting"] == "dwfed":
+        if self.composition["weighting"] == "dwfed":
             data.require_labels("weighting='dwfed' (label-count weights)")
-        stragglers = self.participation.stragglers
-        return list(algorithms.validate_composition(
-            names, self.explicit, p_inactive=stragglers.p_inactive, p_incomplete=stragglers.p_incomplete,
-            mu=getattr(self.objective, "mu", None), efl_lambda=getattr(self.objective, "lam", None),
-            num_clients=data.num_clients, total_rounds=total_rounds,
-        ))
+        return algorithms.validate_composition(self.components, self.explicit, num_clients=data.num_clients,
+                                               total_rounds=total_rounds)
 
     # ------------------------------------------------------------------ one round
     @property

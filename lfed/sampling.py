@@ -376,6 +376,12 @@ class AttentionSampler(ClientSampler):
     scores: Tensor
     name = "attention"
 
+    def composition_warnings(self, context) -> list[str]:
+        sizes = context.cohort_sizes
+        if sizes and min(sizes) == context.num_clients:
+            return ["sampler='attention' with every client sampled every round: the AdaFL scores change nothing"]
+        return []
+
     def __init__(self, alpha: float = 0.9) -> None:
         super().__init__()
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (0.0 <= alpha < 1.0):

@@ -177,8 +177,11 @@ def test_lfed_grid_command_writes_each_run_and_the_table(tmp_path, capsys):
     sweep = sweep_file(tmp_path, {"model.client_lr": [0.05, 0.1]})
     group, directory = run_grid(["--config", config("quickstart.yaml"), "--sweep", sweep, "--root", str(tmp_path),
                                  "--trainer.max_steps=3", "--trainer.val_check_interval=3"])
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert "last10pct_acc" in out and "00-client_lr=0.05" in out and "01-client_lr=0.1" in out
+    assert "Round" in out and "3/3" in out  # lfed fit's round bar
+    assert "Validation DataLoader" not in out + captured.err
     assert (directory / "checkpoints" / "last.ckpt").is_file()
     for m in group.members:
         assert (directory / m.name / "metrics.csv").is_file()

@@ -422,8 +422,8 @@ def test_install_atomic_io_leaves_a_users_checkpoint_io_alone():
 
 def _warnings_for(algorithm: str, num_clients: int = 100, total_rounds: int = 500, **explicit) -> list[str]:
     params = {k: explicit.pop(k) for k in ("p_inactive", "p_incomplete", "mu", "efl_lambda") if k in explicit}
-    cfg = algorithms.resolve(algorithm, **explicit)
-    return algorithms.validate_composition(cfg, set(explicit), num_clients=num_clients, total_rounds=total_rounds, **params)
+    components = algorithms.build(algorithms.resolve(algorithm, **explicit), **params)
+    return algorithms.validate_composition(components, set(explicit), num_clients=num_clients, total_rounds=total_rounds)
 
 
 @pytest.mark.parametrize("algorithm", sorted(algorithms.PRESETS))

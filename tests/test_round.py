@@ -93,3 +93,13 @@ def test_the_sampler_and_straggler_model_draw_when_nothing_is_given():
     assert rec.cohort.clients.numel() == 2 and rec.cohort.steps_done.tolist() == [2, 2]
     _, again = run_round(alg, W_INIT, data, plan, engine, round=3, seed=7)
     assert torch.equal(rec.cohort.clients, again.cohort.clients)  # (seed, round) fixes the draw
+
+
+def test_a_round_and_a_run_import_no_lightning():
+    """The round as a function (lfed.round) and a run without a driver (lfed.run) load no Lightning."""
+    import subprocess
+    import sys
+
+    code = "import sys, lfed.round, lfed.run; print(sorted(m for m in sys.modules if m.split('.')[0] == 'lightning'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

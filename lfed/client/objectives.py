@@ -43,7 +43,7 @@ from lfed.rng import round_generator, seeded_global_rng
 from lfed.state import StateSpec, check_state_shapes
 from lfed.validation import integer, number
 
-__all__ = ["OBJECTIVES", "ClientRule", "Cohort", "EFL", "IGFL", "LocalObjective", "Plain", "Prox", "Scaffold",
+__all__ = ["OBJECTIVES", "ClientRule", "Cohort", "EFL", "IGFL", "Plain", "Prox", "Scaffold",
            "build_objective", "check_state_shapes"]
 
 OBJECTIVES = ("plain", "prox", "scaffold", "igfl", "efl")
@@ -93,10 +93,6 @@ class ClientRule(Component):
         return self.uses_history
 
 
-#: The name of the base class before client rules became components.
-LocalObjective = ClientRule
-
-
 def _check_coefficient(name: str, value: float) -> float:
     return number(name, value, at_least=0)
 
@@ -121,6 +117,9 @@ class Prox(ClientRule):
     def __init__(self, mu: float = 0.01) -> None:
         super().__init__()
         self.mu = _check_coefficient("mu", mu)
+
+    def composition_warnings(self, context) -> list[str]:
+        return ["objective='prox' with mu=0 is plain local SGD (FedAvg)"] if self.mu == 0 else []
 
     def hparams(self) -> dict:
         return {"mu": self.mu}
@@ -193,6 +192,11 @@ class EFL(ClientRule):
         super().__init__()
         self.lam = _check_coefficient("efl_lambda", lam)
         self.fisher_samples = _check_fisher_samples(fisher_samples)
+
+    def composition_warnings(self, context) -> list[str]:
+        if self.lam == 0:
+            return ["objective='efl' with efl_lambda=0 is plain local SGD, yet every client still computes a Fisher report"]
+        return []
 
     def hparams(self) -> dict:
         return {"lam": self.lam, "fisher_samples": self.fisher_samples}

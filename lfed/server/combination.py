@@ -68,6 +68,26 @@ class IGFLAttention(ServerCombination):
     def name(self) -> str:  # the config name of the preset string (aggregation: self|global|time)
         return self.query
 
+    def composition_warnings(self, context) -> list[str]:
+        out = []
+        ignored = [k for k in ("weighting",) if k in context.explicit]
+        weighting = (context.components or {}).get("weighting")
+        if getattr(weighting, "partial_work", None) == "scale" and "partial_work" in context.explicit:
+            ignored.append("partial_work='scale'")
+        if ignored:
+            out.append(f"aggregation={self.query!r} (IGFL-S attention) weighs updates by attention, so "
+                       f"{', '.join(ignored)} has no effect (only which clients count matters); use aggregation='mean'")
+        sizes, N = context.cohort_sizes, context.num_clients
+        if self.query == "time" and sizes:
+            per_client = sum(sizes) / N
+            if per_client < 2:
+                out.append(
+                    f"aggregation='time' uses each client's previous update as its query, but {context.total_rounds} rounds "
+                    f"of {min(sizes)}-{max(sizes)} of {N} clients give each client {per_client:.2g} "
+                    "participations on average: a first participation has a zero query (weight 1/|S|), so time "
+                    "attention is mostly the plain mean; run more rounds or sample more clients")
+        return out
+
     def hparams(self) -> dict:
         return {"temperature": self.temperature}
 

@@ -40,6 +40,13 @@ class AggregationWeights(Component):
     def structure(self) -> dict:
         return {"partial_work": self.partial_work}
 
+    def composition_warnings(self, context) -> list[str]:
+        if self.partial_work in ("scale", "drop") and "partial_work" in context.explicit and context.p_incomplete <= 0.0:
+            return [f"partial_work={self.partial_work!r} only changes how incomplete clients count, but "
+                    "p_incomplete=0 makes every active client complete its budget: it is the same as 'keep' "
+                    "(set p_incomplete > 0 for a straggler model)"]
+        return []
+
     def counting(self, cohort: Cohort) -> Tensor:
         """``[K]`` bool: the clients whose work counts this round."""
         return counting_mask(cohort.steps_done, cohort.step_budget, self.partial_work)
