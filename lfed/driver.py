@@ -263,6 +263,15 @@ class FederatedDriver(LightningModule):
             if not self.grouped:
                 rank_zero_info("lfed: " + ", ".join(f"{k}={v:.4g}" for k, v in summary.items()))
 
+    def on_fit_end(self) -> None:
+        """A run that trained every round is ``done`` (also when a resume found nothing left to train)."""
+        total = self._total_rounds()
+        for run in self.runs:
+            if run.status == "running" and total is not None and run.rounds_done >= total:
+                run.status = "done"
+                if not run.final_summary:
+                    run.summary()
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         total = self._total_rounds()
         checkpoint["lfed"] = {"runs": [{**run.extra_state(), "fingerprint": run_fingerprint(run, total, run.datamodule)}

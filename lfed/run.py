@@ -149,8 +149,8 @@ class FederatedRun(nn.Module):
     # ------------------------------------------------------------------ one round
     @property
     def running(self) -> bool:
-        """Whether the run trains on (not diverged)."""
-        return self.status == "running"
+        """Whether the run trains on: not ``diverged`` (``done`` after its last round, which more rounds may follow)."""
+        return self.status != "diverged"
 
     def prepare(self, round: int, total_rounds: int | None, ranks: Ranks | None = None) -> PreparedRound:
         """The round up to its local training (:func:`lfed.round.prepare_round`)."""

@@ -51,7 +51,7 @@ def grouped(configs, parameters, overrides, root=None, **kwargs):
 def assert_members_equal_alone(configs, parameters, overrides, tmp_path, merged_calls_per_round=None):
     group = grouped(configs, parameters, overrides, tmp_path / "group")
     for m in group.members:
-        assert m.status == "running", (m.name, m.error)
+        assert m.status == "done", (m.name, m.error)
         w_alone, module = alone(configs, m.params, overrides, tmp_path)
         w = m.module.layout.module_vector(m.module.net).detach()
         assert w.dtype == torch.float64
@@ -136,7 +136,7 @@ def test_a_diverging_member_stops_alone(tmp_path):
                                  sweep_file(tmp_path, {"model.client_lr": [0.05, 1e300]}), "--root", str(tmp_path), *ROUNDS])
     ok, bad = group.members
     assert bad.status == "diverged" and "NaN or Inf" in bad.error and bad.round < 4
-    assert ok.status == "running" and ok.round == 4
+    assert ok.status == "done" and ok.round == 4
     w_alone, _ = alone([config("quickstart.yaml")], ok.params, ROUNDS, tmp_path)
     assert torch.equal(ok.module.layout.module_vector(ok.module.net).detach(), w_alone)
     summary = (directory / bad.name / "summary.json").read_text()
@@ -162,7 +162,7 @@ def test_group_killed_mid_run_resumes_from_its_ckpt_exactly(tmp_path):
         run_grid([*common, "--sweep", sweep, "--root", str(kill)])
     resumed, directory = run_grid([*common, "--sweep", sweep, "--root", str(kill), "--ckpt_path", "last"])
     for a, b in zip(whole.members, resumed.members):
-        assert b.status == "running" and b.round == 5
+        assert b.status == "done" and b.round == 5
         assert torch.equal(a.module.layout.module_vector(a.module.net), b.module.layout.module_vector(b.module.net))
         assert torch.equal(a.module.objective.state("control"), b.module.objective.state("control"))
         assert a.module.eval_history == b.module.eval_history
@@ -189,7 +189,7 @@ def test_lfed_grid_command_writes_each_run_and_the_table(tmp_path, capsys):
     assert (directory / "summary.csv").read_text().count("\n") == 3
     group, _ = run_grid(["--config", config("quickstart.yaml"), "--sweep", sweep, "--root", str(tmp_path),
                          "--trainer.max_steps=3", "--trainer.val_check_interval=3", "--ckpt_path", "last"])
-    assert all(m.status == "running" and m.round == 3 for m in group.members)
+    assert all(m.status == "done" and m.round == 3 for m in group.members)
 
 
 class SeesEveryMember(Callback):
