@@ -83,6 +83,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "efl": {"objective": "efl", "partial_work": "scale", "compression": 0.1},
     # Acar et al. 2021 (SPEC §2 feddyn): one file, lfed/client/feddyn.py (client rule + server combination)
     "feddyn": {"objective": "lfed.client.feddyn.FedDyn"},
+    # McMahan et al. 2018 (SPEC §10): Poisson sampling, uniform weights, clip + noise + fixed denominator;
+    # set its noise, clip and budget with aggregation: {class_path: lfed.privacy.DPFedAvg, init_args: {...}}
+    "dp_fedavg": {"sampler": "poisson", "weighting": "uniform", "aggregation": "lfed.privacy.dp_fedavg.DPFedAvg"},
+    # the same with Reddi et al.'s FedAdam server (DP-FedAdam: the server optimizer is post-processing)
+    "dp_fedadam": {"sampler": "poisson", "weighting": "uniform", "aggregation": "lfed.privacy.dp_fedavg.DPFedAvg",
+                   "server_optimizer": _server("FedAdam", lr=0.01, tau=0.01)},
 }
 
 #: The preset names, as a ``Literal`` so configs and ``--help`` list and check them.
@@ -140,6 +146,10 @@ def build(cfg: dict[str, Any], *, mu: float = 0.01, efl_lambda: float = 0.1, fis
         combination = own
     elif isinstance(comb, ServerCombination):
         combination = comb
+    elif isinstance(comb, str) and "." in comb:  # a preset's component by class path (DP-FedAvg)
+        from lfed.component import load_class
+
+        combination = load_class(comb, ServerCombination, "aggregation")()
     else:
         combination = build_combination(comb, attention_temperature, time_weights)
     q = cfg["compression"]
@@ -193,7 +203,8 @@ class CompositionWarning(UserWarning):
 
 def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozenset(), *,
                          num_clients: int | None = None, total_rounds: int | None = None) -> list[str]:
-    """Every component's own check of the run's composition (:meth:`lfed.component.Component.composition_warnings`).
+    """Every component's own preparation and check of the run's composition (:meth:`lfed.component.Component.prepare_run`,
+    :meth:`~lfed.component.Component.composition_warnings`).
 
     Every piece composes with every other (DESIGN.md), but some combinations silently do
     nothing or something else than their names say; each component knows its own (a component
@@ -218,10 +229,7 @@ def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozen
     roles = algorithm.roles()
     context = CompositionContext(frozenset(explicit), participation.stragglers.p_inactive,
                                  participation.stragglers.p_incomplete, num_clients, total_rounds, sizes, roles)
-    out: list[str] = []
-    seen: set[int] = set()
-    for component in roles.values():
-        if id(component) not in seen:
-            seen.add(id(component))
-            out.extend(component.composition_warnings(context))
-    return out
+    unique = list({id(c): c for c in roles.values()}.values())
+    for component in unique:  # before round 0: refuse what cannot run, derive settings
+        component.prepare_run(context)
+    return [message for component in unique for message in component.composition_warnings(context)]

@@ -50,6 +50,8 @@ class Cohort:
         global_change: ``[P]`` ``w^r - w^{r-1}`` (zeros in round 0), with history.
         start_loss: ``[K]`` each client's mean training loss under the round's starting model
             ``F_k(w)``, when a component asks for it (``needs_start_loss``; q-FFL's weights).
+        expected_size: The planned cohort size ``K_t`` of the round (``m = qN`` under Poisson sampling).
+        seed: The run's seed: a component's own random stream is ``lfed.rng.round_generator(seed, round, name)``.
     """
 
     round: int
@@ -62,6 +64,8 @@ class Cohort:
     previous_update: Tensor | None = None
     global_change: Tensor | None = None
     start_loss: Tensor | None = None
+    expected_size: float | None = None
+    seed: int = 0
 
     @property
     def active(self) -> Tensor:
@@ -172,6 +176,13 @@ class Component(nn.Module):
 
     def structure(self) -> dict[str, Any]:
         """Settings that make another algorithm (none by default); a change refuses a resume."""
+        return {}
+
+    def prepare_run(self, context: CompositionContext) -> None:
+        """Before round 0, with the run's composition: refuse what cannot run, derive settings (DP's calibration)."""
+
+    def report(self, cohort: Cohort) -> dict[str, float]:
+        """Scalars of this round to log, after the server step (none by default; DP's ``privacy/epsilon``)."""
         return {}
 
     def composition_warnings(self, context: CompositionContext) -> list[str]:

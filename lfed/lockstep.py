@@ -97,7 +97,7 @@ def _has_dropout(net: nn.Module) -> bool:
 
 def _batch_width(job) -> int:
     """``B'`` of the job's batch schedule (:func:`lfed.engine.batch_schedule`)."""
-    max_n = int(job.num_examples.max())
+    max_n = int(job.num_examples.max()) if job.num_examples.numel() else 0
     return max_n if job.batch_size is None else min(int(job.batch_size), max_n)
 
 

@@ -43,7 +43,7 @@ class FederatedModule(FederatedDriver):
         net: The global model (any ``nn.Module``). None builds lfed's MLP 2NN sized from the data.
         algorithm: Preset name (:data:`lfed.algorithms.PRESETS`): fedavg, fedavgm, fedadam, fedyogi,
             fedadagrad, fedprox, scaffold, igfl, igfl_c, igfl_s, igfl_s_self, igfl_s_global,
-            igfl_s_time, dwfed, adafl, adafl_scaffold, adafl_fedprox, efl, feddyn.
+            igfl_s_time, dwfed, adafl, adafl_scaffold, adafl_fedprox, efl, feddyn, dp_fedavg, dp_fedadam.
         objective: Client rule (SPEC §2): plain, prox, scaffold, igfl, efl, or a ``ClientRule``.
         mu: FedProx proximal coefficient.
         efl_lambda: EFL elastic coefficient λ.
@@ -56,7 +56,7 @@ class FederatedModule(FederatedDriver):
         time_weights: Time attention's weights (SPEC §4): softmax (default) or diagonal (literal).
         compression: Sparsity q in (0, 1] of ternary compression with residuals (SPEC §7), or a
             ``Channel``; None takes the preset's choice (off for all but ``efl``); False: dense.
-        sampler: Client sampler (SPEC §5): uniform, attention (AdaFL), or a ``ClientSampler``.
+        sampler: Client sampler (SPEC §5): uniform, attention (AdaFL), poisson (SPEC §10, DP), or a ``ClientSampler``.
         sampler_alpha: AdaFL score decay α in [0, 1).
         fraction: Participation fraction C in (0, 1], or a schedule (lfed.sampling.StepwiseFraction ...).
         p_inactive: Probability that a sampled client does no work (SPEC §6).
@@ -91,7 +91,7 @@ class FederatedModule(FederatedDriver):
         attention_temperature: float = 1.0,
         time_weights: Literal["softmax", "diagonal"] = "softmax",
         compression: float | bool | Channel | None = None,
-        sampler: Literal["uniform", "attention"] | ClientSampler | None = None,
+        sampler: Literal["uniform", "attention", "poisson"] | ClientSampler | None = None,
         sampler_alpha: float = 0.9,
         fraction: float | FractionSchedule | None = None,
         p_inactive: float = 0.0,

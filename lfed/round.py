@@ -197,8 +197,8 @@ def draw_cohort(algorithm: Algorithm, data: Any, training: LocalTraining, round:
     """The round's cohort: given, or drawn by the sampler and the straggler model from ``seed``."""
     N = data.num_clients
     device = data.client_sizes.device
+    k = algorithm.participation.cohort_size(round, total_rounds, N)
     if clients is None:
-        k = algorithm.participation.cohort_size(round, total_rounds, N)
         clients, _ = algorithm.sampler.sample(round, k, round_generator(seed, round, "sample"))
     clients = clients.to(device)
     n_k = data.client_sizes[clients]
@@ -206,7 +206,7 @@ def draw_cohort(algorithm: Algorithm, data: Any, training: LocalTraining, round:
     if steps_done is None:
         steps_done = algorithm.participation.steps(budget, round_generator(seed, round, "stragglers"))
     steps_done = steps_done.to(device=device, dtype=budget.dtype)
-    return Cohort(round, clients, n_k, budget, steps_done, N)
+    return Cohort(round, clients, n_k, budget, steps_done, N, expected_size=float(k), seed=seed)
 
 
 @dataclass
@@ -275,7 +275,7 @@ def prepare_round(
     record = RoundRecord(round, cohort, weights, warnings=[str(x.message) for x in caught])
     bits = algorithm.channel.bits(sizes)
     record.bits_down = clients.numel() * bits
-    if not bool(cohort.counting.any()):
+    if not bool(cohort.counting.any()) and not algorithm.combination.releases_every_round:
         record.skipped = True
         return PreparedRound(record, w, None, seed, sizes, training)
 
@@ -340,6 +340,8 @@ def finish_round(
     if algorithm.history is not None:
         algorithm.history.record(cohort, updates, w, w_new)
     algorithm.sampler.observe(cohort, result.weights, w_new)
+    for component in {id(c): c for c in algorithm.roles().values()}.values():  # what the components report
+        record.extra.update(component.report(cohort))
     return w_new, record
 
 

@@ -196,7 +196,7 @@ class FederatedRun(nn.Module):
             self._aggregate_buffers(rec.result.buffers, rec.weights)
         local = None  # bmta_local (SPEC §9): the counting participants' w_k_end on their own held-out splits
         counting, clients, d = rec.cohort.counting, rec.cohort.clients, self.data
-        if is_classification(d.train_y):
+        if is_classification(d.train_y) and bool(counting.any()):
             local = local_accuracy(self.net, self.layout, rec.result.weights[counting], d, clients[counting])
         metrics = rec.metrics()
         local_mean = self.bmta.add_round(clients, local)

@@ -24,7 +24,7 @@ from lfed.state import StateSpec
 from lfed.stragglers import Stragglers
 
 __all__ = [
-    "SAMPLERS", "AttentionSampler", "ClientSampler", "CommunicationMeter", "ConstantFraction",
+    "SAMPLERS", "AttentionSampler", "PoissonSampler", "ClientSampler", "CommunicationMeter", "ConstantFraction",
     "ExplicitFraction", "FractionSchedule", "StepwiseFraction", "Stragglers", "UniformSampler",
     "as_schedule", "cohort_size", "round_half_up", "rounds_to_reach",
 ]  # fmt: skip
@@ -351,6 +351,23 @@ class UniformSampler(ClientSampler):
         return ids.sort().values, p
 
 
+class PoissonSampler(ClientSampler):
+    """Each client independently with probability ``q = K_t / N`` (SPEC §10): a cohort of random size, ``K_t`` expected.
+
+    The sampling DP-FedAvg's accountant assumes (:mod:`lfed.privacy`); ``K_t`` is the participation's
+    planned cohort (``fraction``). A round may draw no client.
+    """
+
+    name = "poisson"
+
+    def sample(self, round: int, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        self._check_k(k)
+        q = k / self.num_clients
+        draws = torch.rand(self.num_clients, generator=generator, device=generator.device, dtype=torch.float64)
+        ids = torch.nonzero(draws < q).flatten()
+        return ids, torch.full((self.num_clients,), q, dtype=torch.float64, device=generator.device)
+
+
 class AttentionSampler(ClientSampler):
     """AdaFL attention-based client sampling (003 Algorithm 1; SPEC §5).
 
@@ -478,4 +495,5 @@ class AttentionSampler(ClientSampler):
 torch.serialization.add_safe_globals([ConstantFraction, StepwiseFraction, ExplicitFraction])
 
 #: Samplers by config name.
-SAMPLERS: dict[str, type[ClientSampler]] = {"uniform": UniformSampler, "attention": AttentionSampler}
+SAMPLERS: dict[str, type[ClientSampler]] = {"uniform": UniformSampler, "attention": AttentionSampler,
+                                            "poisson": PoissonSampler}

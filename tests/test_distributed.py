@@ -208,6 +208,11 @@ CASES = {
     "igfl": ["--model.algorithm", "igfl", "--model.backend", "loop"],
     # Fisher reports split and gathered, compression residuals, T/s weights, an inactive client
     "efl": ["--model.algorithm", "efl", "--model.p_inactive", "0.25", "--model.fisher_samples", "8"],
+    # DP-FedAvg: Poisson cohorts split over the ranks, clipping on the gathered rows, the server noise from one
+    # seeded stream (the same on every rank), adaptive clipping, the accountant in the checkpoint
+    "dp": ["--model.algorithm", "dp_fedavg", "--model.aggregation", "lfed.privacy.DPFedAvg",
+           "--model.aggregation.init_args.noise_multiplier", "1.0", "--model.aggregation.init_args.clip", "0.5",
+           "--model.aggregation.init_args.target_quantile", "0.5"],
 }
 
 
@@ -294,7 +299,8 @@ def _assert_same_state(a: dict, b: dict, what: str) -> float:
 
 
 @pytest.mark.parametrize(
-    "case, launcher", [("fedavg", "lightning"), ("scaffold", "lightning"), ("igfl", "torchrun"), ("efl", "torchrun")]
+    "case, launcher",
+    [("fedavg", "lightning"), ("scaffold", "lightning"), ("igfl", "torchrun"), ("efl", "torchrun"), ("dp", "lightning")]
 )
 def test_two_processes_give_the_one_process_run_and_resume_on_one(case, launcher, tmp_path):
     extra = CASES[case]

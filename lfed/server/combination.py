@@ -28,6 +28,8 @@ class ServerCombination(Component):
     """
 
     name = "mean"
+    #: Whether a round with no counting client still runs this combination (DP-FedAvg releases its noise).
+    releases_every_round: bool = False
 
     def combine(self, updates: Tensor, weights: Tensor, cohort: Cohort) -> tuple[Tensor, AttentionResult | None]:
         """``Δ`` from ``updates [K, P]`` and ``weights [K]`` (0 for clients whose work does not count)."""

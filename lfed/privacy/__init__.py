@@ -1,0 +1,15 @@
+"""Client-level differential privacy (SPEC §10): DP-FedAvg with a fixed denominator, adaptive clipping and an accountant.
+
+* :mod:`lfed.privacy.clipping`: per-client L2 clipping of the cohort's ``[K, P]`` updates at once;
+* :mod:`lfed.privacy.accountant`: the privacy ledger of a run (``dp-accounting``'s RDP accountant);
+* :mod:`lfed.privacy.dp_fedavg`: :class:`DPFedAvg`, the server combination (clip, noise, fixed denominator,
+  adaptive clipping, local DP), with Poisson sampling (:class:`lfed.sampling.PoissonSampler`).
+
+docs/privacy.md states the formulas and the accountant's assumptions.
+"""
+
+from lfed.privacy.accountant import PrivacyAccountant
+from lfed.privacy.clipping import clip_rows
+from lfed.privacy.dp_fedavg import DPFedAvg
+
+__all__ = ["DPFedAvg", "PrivacyAccountant", "clip_rows"]

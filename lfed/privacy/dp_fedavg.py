@@ -1,0 +1,208 @@
+"""DP-FedAvg: client-level differential privacy as a server combination (SPEC §10).
+
+McMahan, Ramage, Talwar, Zhang 2018 (Algorithm 1, the fixed-denominator estimator) with adaptive
+clipping (Andrew, Thakkar, McMahan, Ramaswamy 2021, geometric update) and, for comparison, local
+DP. Every counting client's update is clipped to L2 norm ``C`` (all ``[K, P]`` rows at once),
+the clipped updates are summed, Gaussian noise ``N(0, z²C² I)`` is added once on the server (a
+seeded stream, the same on every rank) and the sum is divided by the expected cohort ``m = qN``:
+
+    Δ = (Σ_{k∈S} Δ_k · min(1, C / ‖Δ_k‖) + N(0, z²C² I)) / m
+
+With Poisson sampling (:class:`lfed.sampling.PoissonSampler`, rate ``q = m / N``) a round is the
+sampled Gaussian mechanism; :class:`lfed.privacy.accountant.PrivacyAccountant` composes the rounds
+and the round logs ``privacy/epsilon`` at ``δ`` (default ``1/N^1.1``). A round with no counting
+client still releases its noise (never skipped: skipping would reveal that nobody took part).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from lfed.privacy.accountant import ACCOUNTANTS, PrivacyAccountant, calibrate_noise
+from lfed.privacy.clipping import clip_rows
+from lfed.rng import round_generator
+from lfed.server.combination import ServerCombination
+from lfed.state import StateSpec
+
+__all__ = ["DPFedAvg"]
+
+
+def _number(name: str, value: Any, *, at_least: float | None = None, above: float | None = None,
+            below: float | None = None, allow_inf: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    ok = ok and (allow_inf or math.isfinite(value))
+    ok = ok and (at_least is None or value >= at_least) and (above is None or value > above) and (below is None or value < below)
+    if not ok:
+        bounds = [f">= {at_least}" if at_least is not None else "", f"> {above}" if above is not None else "",
+                  f"< {below}" if below is not None else ""]
+        raise ValueError(f"{name}: must be a number {' and '.join(b for b in bounds if b)}, got {value!r}")
+    return float(value)
+
+
+class DPFedAvg(ServerCombination):
+    """DP-FedAvg (module docstring).
+
+    Args:
+        noise_multiplier: ``z >= 0`` (0: no noise); None with ``target_epsilon``: calibrated before round 0.
+        clip: The clipping norm ``C > 0`` (``inf``: no clipping, only with ``z = 0``); with
+            ``target_quantile``, the initial ``C_0`` of adaptive clipping.
+        target_epsilon: A privacy budget: ``z`` is the smallest that keeps ``ε(δ)`` within it after
+            the run's rounds (``trainer.max_steps``).
+        delta: ``δ`` in (0, 1) (default ``1/N^1.1``).
+        target_quantile: ``γ`` in (0, 1): adaptive clipping to that quantile of the update norms (None: fixed ``C``).
+        clip_lr: ``η_C > 0``, the geometric step of adaptive clipping.
+        count_noise: ``σ_b >= 0``, the noise of the clipped-count query (default ``m / 20``).
+        local_noise: ``σ_l >= 0``: each client adds ``N(0, σ_l² C² I)`` to its clipped update (local DP; then ``z = 0``).
+        accountant: ``rdp`` (default) or ``pld`` (dp-accounting's).
+    """
+
+    name = "dp"
+    releases_every_round = True
+
+    def __init__(self, noise_multiplier: float | None = 1.0, clip: float = 1.0, target_epsilon: float | None = None,
+                 delta: float | None = None, target_quantile: float | None = None, clip_lr: float = 0.2,
+                 count_noise: float | None = None, local_noise: float = 0.0, accountant: str = "rdp") -> None:
+        super().__init__()
+        if target_epsilon is not None:
+            _number("target_epsilon", target_epsilon, above=0)
+            if noise_multiplier is not None:
+                raise ValueError("noise_multiplier: give it or target_epsilon (a budget the noise is calibrated to), "
+                                 f"not both; got noise_multiplier={noise_multiplier}, target_epsilon={target_epsilon}")
+        elif noise_multiplier is None:
+            raise ValueError("noise_multiplier: give a noise multiplier z >= 0, or target_epsilon to calibrate it")
+        else:
+            _number("noise_multiplier", noise_multiplier, at_least=0)
+        self.clip0 = _number("clip", clip, above=0, allow_inf=True)
+        if delta is not None:
+            _number("delta", delta, above=0, below=1)
+        if target_quantile is not None:
+            _number("target_quantile", target_quantile, above=0, below=1)
+            if math.isinf(self.clip0):
+                raise ValueError("clip: adaptive clipping (target_quantile) starts from a finite clip C_0 > 0, got inf")
+        _number("clip_lr", clip_lr, above=0)
+        if count_noise is not None:
+            _number("count_noise", count_noise, at_least=0)
+        self.local_noise = _number("local_noise", local_noise, at_least=0)
+        if accountant not in ACCOUNTANTS:
+            raise ValueError(f"accountant: {accountant!r} is not one of {ACCOUNTANTS}")
+        z = 0.0 if noise_multiplier is None else float(noise_multiplier)
+        if self.local_noise > 0 and (z > 0 or target_epsilon is not None):
+            raise ValueError("local_noise: local DP adds each client's own noise and no server noise; "
+                             f"set noise_multiplier: 0 (got {noise_multiplier}) and no target_epsilon")
+        if math.isinf(self.clip0) and (z > 0 or target_epsilon is not None or self.local_noise > 0):
+            raise ValueError("clip: noise is scaled by the clip norm, so an infinite clip (no clipping) gives unbounded "
+                             "sensitivity; give a finite clip > 0 with noise")
+        self.noise_multiplier, self.target_epsilon, self.delta = z, target_epsilon, delta
+        self.target_quantile, self.clip_lr, self.count_noise = target_quantile, float(clip_lr), count_noise
+        self.accountant = PrivacyAccountant(accountant)
+        self.update_multiplier = z  # z_Δ: the updates' share of z under adaptive clipping (prepare_run)
+        self._report: dict[str, float] = {}
+
+    def hparams(self) -> dict:
+        return {"noise_multiplier": self.noise_multiplier, "clip": self.clip0, "target_epsilon": self.target_epsilon,
+                "delta": self.delta, "target_quantile": self.target_quantile, "clip_lr": self.clip_lr,
+                "count_noise": self.count_noise, "local_noise": self.local_noise, "accountant": self.accountant.kind}
+
+    def state_specs(self) -> list[StateSpec]:
+        return [StateSpec("clip", shape=(), per_client=False, init=self.clip0, dtype=torch.float64)]
+
+    # ------------------------------------------------------------------ before round 0
+    def prepare_run(self, context) -> None:
+        """Refuse what the accountant cannot account for; fix δ; calibrate ``z``; split ``z`` for adaptive clipping."""
+        roles = context.components or {}
+        sampler, weighting, channel = roles.get("sampler"), roles.get("weighting"), roles.get("channel")
+        if sampler is not None and getattr(sampler, "name", None) != "poisson":
+            raise ValueError(f"sampler: DP-FedAvg's accountant assumes Poisson sampling (each client independently "
+                             f"with probability q), got {getattr(sampler, 'name', sampler)!r}; use sampler: poisson "
+                             "(an accountant for fixed-size or attention sampling is not implemented)")
+        if weighting is not None and getattr(weighting, "name", None) != "uniform":
+            raise ValueError(f"weighting: DP-FedAvg weighs every counting client by 1/m (bounded sensitivity C/m); "
+                             f"{getattr(weighting, 'name', weighting)!r} weights are unbounded without a cap; use weighting: uniform")
+        if channel is not None and getattr(channel, "name", "dense") != "dense":
+            raise ValueError("compression: DP-FedAvg clips each update before any compression, and ternary compression "
+                             "with residuals feeds earlier rounds' updates into later ones (unbounded sensitivity); "
+                             "use compression: false with DP")
+        N = context.num_clients
+        if N is None:
+            return
+        if self.delta is None:
+            self.delta = 1.0 / N ** 1.1
+        sizes = context.cohort_sizes or []
+        m = sum(sizes) / len(sizes) if sizes else None
+        if self.target_quantile is not None:
+            if self.count_noise is None:
+                self.count_noise = (m or 1.0) / 20
+        if self.target_epsilon is not None:
+            if not sizes:
+                raise ValueError("target_epsilon: calibrating the noise needs the run's rounds (trainer.max_steps > 0)")
+            rates = [k / N for k in sizes]
+            self.noise_multiplier = calibrate_noise(self.target_epsilon, self.delta, rates, self.accountant.kind)
+        self.update_multiplier = self._update_multiplier()
+
+    def _update_multiplier(self) -> float:
+        """``z_Δ = (z⁻² - (2σ_b)⁻²)^(-1/2)`` with adaptive clipping (the count query takes its share), else ``z``."""
+        z = self.noise_multiplier
+        if self.target_quantile is None or z == 0:
+            return z
+        two_sb = 2 * float(self.count_noise)
+        if two_sb <= z:
+            raise ValueError(f"count_noise: adaptive clipping needs 2·count_noise > noise_multiplier to keep the total "
+                             f"multiplier z = {z:.4g}; got count_noise = {self.count_noise:.4g}")
+        return (z ** -2 - two_sb ** -2) ** -0.5
+
+    def composition_warnings(self, context) -> list[str]:
+        if self.noise_multiplier == 0 and self.local_noise == 0:
+            return ["DP-FedAvg with noise_multiplier=0 and no local noise gives no privacy (ε = inf): it only clips"]
+        return []
+
+    # ------------------------------------------------------------------ one round
+    def combine(self, updates, weights, cohort):
+        K, P = updates.shape
+        counting = cohort.counting.to(updates.device)
+        m = float(cohort.expected_size)
+        C = float(self.state("clip"))
+        u = torch.where(counting[:, None], updates, torch.zeros((), dtype=updates.dtype, device=updates.device))
+        clipped, norms = clip_rows(u, C)
+        g = round_generator(cohort.seed, cohort.round, "dp-noise")
+        if self.local_noise > 0:  # local DP: each counting client's own noise, before upload
+            own = torch.randn(K, P, generator=g, dtype=updates.dtype).to(updates.device)
+            clipped = torch.where(counting[:, None], clipped + self.local_noise * C * own, clipped)
+        a = torch.where(counting, torch.full((K,), 1.0 / m, dtype=torch.float64, device=updates.device),
+                        torch.zeros((), dtype=torch.float64, device=updates.device))
+        delta = a.to(updates.dtype) @ clipped  # Σ Δ̃_k / m, as FedAvg's weighted mean computes it
+        report = {"privacy/clip": C, "privacy/clients": float(counting.sum()),
+                  "privacy/clipped_fraction": float((norms[counting] > C).double().mean()) if bool(counting.any()) else 0.0}
+        if self.target_quantile is not None:  # Andrew et al.: the noised count of clients under the bound
+            below = float(((norms <= C) & counting).sum())
+            noisy = below + float(self.count_noise) * float(torch.randn((), generator=g, dtype=torch.float64))
+            C_next = C * math.exp(-self.clip_lr * (noisy / m - self.target_quantile))
+            self.set_state("clip", torch.tensor(C_next, dtype=torch.float64, device=self.state("clip").device))
+            report["privacy/clip_next"] = C_next
+        if self.update_multiplier > 0:
+            noise = torch.randn(P, generator=g, dtype=updates.dtype).to(updates.device)
+            delta = delta + (self.update_multiplier * C / m) * noise
+        q = m / cohort.num_clients
+        if self.local_noise > 0:  # each client's release is its own Gaussian mechanism (counted as if in every round)
+            self.accountant.step(1.0, self.local_noise)
+        else:
+            self.accountant.step(q, self.noise_multiplier)
+        report["privacy/epsilon"] = self.accountant.epsilon(self.delta) if self.delta is not None else math.inf
+        report["privacy/noise_multiplier"] = self.noise_multiplier
+        self._report = report
+        return delta, None
+
+    def report(self, cohort) -> dict[str, float]:
+        return dict(self._report)
+
+    # ------------------------------------------------------------------ checkpoint
+    def get_extra_state(self) -> dict[str, Any]:
+        return {"accountant": self.accountant.state_dict(), "noise_multiplier": self.noise_multiplier,
+                "delta": self.delta, "count_noise": self.count_noise}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        self.accountant.load_state_dict(state["accountant"])
+        self.noise_multiplier, self.delta, self.count_noise = state["noise_multiplier"], state["delta"], state["count_noise"]
+        self.update_multiplier = self._update_multiplier()

@@ -1,0 +1,220 @@
+"""Client-level differential privacy (lfed.privacy, SPEC §10): clipping, noise, the fixed denominator, adaptive
+clipping, the accountant, exact resume and FedAvg as the noiseless limit, each against a hand computation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import flat_weights, run_rounds
+
+from lfed.component import Cohort, standalone_store
+from lfed.data.datamodule import FederatedDataModule
+from lfed.data.datasets import load_dataset
+from lfed.models import MLP
+from lfed.module import FederatedModule
+from lfed.privacy import DPFedAvg, PrivacyAccountant, clip_rows
+from lfed.privacy.accountant import calibrate_noise, epsilon
+
+BACKENDS = ["vmap", "loop"]
+
+
+def test_clip_rows_by_hand():
+    updates = torch.tensor([[3.0, 4.0], [0.3, 0.4], [0.0, 0.0]], dtype=torch.float64)
+    clipped, norms = clip_rows(updates, 1.0)
+    assert norms.tolist() == [5.0, 0.5, 0.0]
+    torch.testing.assert_close(clipped, torch.tensor([[0.6, 0.8], [0.3, 0.4], [0.0, 0.0]], dtype=torch.float64),
+                               atol=1e-15, rtol=0)  # above C scaled to norm C, below and zero unchanged
+    assert torch.equal(clip_rows(updates, math.inf)[0], updates)
+
+
+def _dp(P: int, N: int = 10, **kwargs) -> DPFedAvg:
+    dp = DPFedAvg(**kwargs)
+    dp.delta = 1e-5
+    dp.setup_state(standalone_store(), torch.ones(N), P, torch.zeros(1, dtype=torch.float64))
+    dp.update_multiplier = dp._update_multiplier()
+    return dp
+
+
+def _cohort(r: int, K: int, m: float, N: int = 10, counting=None) -> Cohort:
+    c = Cohort(r, torch.arange(K), torch.ones(K), torch.ones(K), torch.ones(K), N, expected_size=m, seed=7)
+    c.counting = torch.ones(K, dtype=torch.bool) if counting is None else torch.tensor(counting)
+    return c
+
+
+def test_the_fixed_denominator_by_hand():
+    """z = 0: Δ = Σ clip(Δ_k) / m with m the expected cohort (4), not the 3 that took part; a non-counting row adds 0."""
+    dp = _dp(2, noise_multiplier=0.0, clip=1.0)
+    updates = torch.tensor([[3.0, 4.0], [0.3, 0.4], [-0.5, 0.0], [100.0, 100.0]], dtype=torch.float64)
+    delta, _ = dp.combine(updates, torch.full((4,), 0.25), _cohort(0, 4, 4.0, counting=[True, True, True, False]))
+    expected = torch.tensor([0.6 + 0.3 - 0.5, 0.8 + 0.4 + 0.0], dtype=torch.float64) / 4
+    torch.testing.assert_close(delta, expected, atol=1e-15, rtol=0)
+
+
+def test_the_noise_has_standard_deviation_z_c_over_m():
+    """Zero updates: Δ·m/C is the noise; its standard deviation is z (a 10% error in the scale fails the bound)."""
+    z, C, m, P = 1.3, 0.5, 4.0, 20000
+    dp = _dp(P, noise_multiplier=z, clip=C)
+    draws = torch.cat([dp.combine(torch.zeros(3, P, dtype=torch.float64), None, _cohort(r, 3, m))[0] for r in range(3)])
+    scaled = draws * m / C
+    assert abs(float(scaled.std()) / z - 1) < 0.03  # 60,000 draws: the estimate's error is ~0.3%
+    assert abs(float(scaled.mean())) < 0.05
+    again = _dp(P, noise_multiplier=z, clip=C).combine(torch.zeros(3, P, dtype=torch.float64), None, _cohort(0, 3, m))[0]
+    assert torch.equal(again, draws[:P])  # a seeded stream: (seed, round) gives the same noise on every rank
+
+
+def test_adaptive_clipping_three_rounds_by_hand():
+    """C_{t+1} = C_t exp(-η_C (b̄ - γ)), b̄ = (number of counting clients with ‖Δ_k‖ ≤ C_t) / m (count noise 0)."""
+    dp = _dp(2, noise_multiplier=0.0, clip=1.0, target_quantile=0.5, clip_lr=0.2, count_noise=0.0)
+    norms = [[0.5, 2.0, 3.0], [0.5, 0.6, 3.0], [0.1, 0.2, 0.3]]
+    C, m = 1.0, 3.0
+    for r, row in enumerate(norms):
+        updates = torch.tensor([[n, 0.0] for n in row], dtype=torch.float64)
+        dp.combine(updates, None, _cohort(r, 3, m))
+        b = sum(n <= C for n in row) / m
+        C = C * math.exp(-0.2 * (b - 0.5))
+        assert float(dp.state("clip")) == pytest.approx(C, rel=1e-15, abs=0)
+    assert dp.report(None)["privacy/clip_next"] == pytest.approx(C, rel=1e-15)
+
+
+def test_adaptive_clipping_splits_the_noise_multiplier():
+    dp = _dp(2, noise_multiplier=1.0, clip=1.0, target_quantile=0.5, count_noise=1.0)
+    assert dp.update_multiplier == pytest.approx((1 - 1 / 4) ** -0.5, rel=1e-15)  # (z⁻² - (2σ_b)⁻²)^(-1/2)
+    with pytest.raises(ValueError, match="count_noise: adaptive clipping needs 2·count_noise > noise_multiplier"):
+        _dp(2, noise_multiplier=1.0, clip=1.0, target_quantile=0.5, count_noise=0.5)
+
+
+def _digits(num_clients: int = 10) -> FederatedDataModule:
+    ds = load_dataset("digits")
+    return FederatedDataModule.from_tensors(ds.train_x, ds.train_y, ds.test_x, ds.test_y, num_clients=num_clients,
+                                            partition="dirichlet", rho=0.5, seed=0)
+
+
+def _module(backend: str = "vmap", **kwargs) -> FederatedModule:
+    torch.manual_seed(0)
+    args = dict(fraction=1.0, client_lr=0.05, batch_size=10, local_steps=3, backend=backend, seed=0)
+    args.update(kwargs)
+    return FederatedModule(MLP(64, [16], 10), **args)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_no_noise_and_no_clip_is_fedavg_with_uniform_weights_bit_for_bit(backend):
+    dp = _module(backend, algorithm="dp_fedavg", aggregation=DPFedAvg(noise_multiplier=0.0, clip=math.inf))
+    with pytest.warns(UserWarning, match="gives no privacy"):
+        run_rounds(dp, _digits(), 3)
+    plain = _module(backend, algorithm="fedavg", weighting="uniform")
+    run_rounds(plain, _digits(), 3)
+    assert torch.equal(flat_weights(dp), flat_weights(plain))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_epsilon_after_t_rounds_is_the_librarys_and_opacus_agrees(backend):
+    import dp_accounting
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    z, q, T, N = 1.1, 0.3, 5, 10
+    m = _module(backend, algorithm="dp_fedavg", fraction=q, aggregation=DPFedAvg(noise_multiplier=z, clip=0.5))
+    run_rounds(m, _digits(N), T)
+    delta = 1 / N ** 1.1
+    library = rdp_privacy_accountant.RdpAccountant()
+    library.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), T)
+    assert m.last_round.extra["privacy/epsilon"] == library.get_epsilon(delta)
+    assert m.combination.accountant.rounds == T
+    from opacus.accountants import RDPAccountant
+
+    opacus = RDPAccountant()
+    for _ in range(T):
+        opacus.step(noise_multiplier=z, sample_rate=q)
+    assert m.last_round.extra["privacy/epsilon"] == pytest.approx(opacus.get_epsilon(delta), rel=0.01)
+
+
+def test_rounds_with_no_client_still_release_their_noise():
+    """Poisson sampling at q = 0.1 of 10 clients: some rounds draw nobody; they still add noise (never skipped)."""
+    m = _module(algorithm="dp_fedavg", fraction=0.1, aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5))
+    sizes = []
+
+    class Sizes(__import__("lightning.pytorch").pytorch.Callback):
+        def on_train_batch_end(self, trainer, module, *args):
+            sizes.append((module.last_round.cohort.clients.numel(), module.last_round.skipped))
+
+    before = flat_weights(m).clone()
+    run_rounds(m, _digits(), 8, callbacks=[Sizes()])
+    assert any(k == 0 for k, _ in sizes) and not any(skipped for _, skipped in sizes)
+    assert m.combination.accountant.rounds == 8 and not torch.equal(flat_weights(m), before)
+
+
+def test_resume_restores_the_accountant_exactly(tmp_path):
+    from lightning.pytorch import Trainer
+
+    def fit(rounds, ckpt=None):
+        m = _module(algorithm="dp_fedavg", fraction=0.3,
+                    aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5, target_quantile=0.5, count_noise=1.0))
+        t = Trainer(max_steps=rounds, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                    enable_checkpointing=False, num_sanity_val_steps=0, precision="64-true", limit_val_batches=0)
+        t.fit(m, datamodule=_digits(), ckpt_path=ckpt)
+        return m, t
+
+    whole, _ = fit(4)
+    half, t = fit(2)
+    t.save_checkpoint(tmp_path / "r2.ckpt")
+    resumed, _ = fit(4, tmp_path / "r2.ckpt")
+    assert torch.equal(flat_weights(resumed), flat_weights(whole))
+    assert resumed.combination.accountant.state_dict() == whole.combination.accountant.state_dict()
+    assert resumed.last_round.extra["privacy/epsilon"] == whole.last_round.extra["privacy/epsilon"]
+    assert float(resumed.combination.state("clip")) == float(whole.combination.state("clip"))
+
+
+def test_calibration_finds_the_smallest_noise_for_a_budget():
+    z = calibrate_noise(4.0, 1e-5, [0.1] * 100)
+    assert epsilon({(0.1, z): 100}, 1e-5) <= 4.0 < epsilon({(0.1, z * 0.99): 100}, 1e-5)
+    m = _module(algorithm="dp_fedavg", fraction=0.3, aggregation=DPFedAvg(noise_multiplier=None, target_epsilon=8.0, clip=0.5))
+    run_rounds(m, _digits(), 3)
+    assert m.last_round.extra["privacy/epsilon"] <= 8.0
+    assert m.combination.noise_multiplier == pytest.approx(calibrate_noise(8.0, 1 / 10 ** 1.1, [0.3] * 3), rel=1e-12)
+
+
+def test_the_accountant_state_round_trips():
+    a = PrivacyAccountant()
+    for _ in range(3):
+        a.step(0.1, 1.0)
+    a.step(0.2, 1.0)
+    b = PrivacyAccountant()
+    b.load_state_dict(a.state_dict())
+    assert b.events == a.events and b.epsilon(1e-5) == a.epsilon(1e-5)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(noise_multiplier=-1.0), "noise_multiplier: must be a number >= 0"),
+    (dict(clip=0.0), "clip: must be a number > 0"),
+    (dict(delta=1.0), r"delta: must be a number > 0 and < 1"),
+    (dict(noise_multiplier=1.0, target_epsilon=2.0), "give it or target_epsilon"),
+    (dict(clip=math.inf), "infinite clip"),
+    (dict(noise_multiplier=1.0, local_noise=1.0), "local DP adds each client's own noise and no server noise"),
+])
+def test_bad_settings_are_refused_naming_the_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DPFedAvg(**kwargs)
+
+
+@pytest.mark.parametrize("settings, match", [
+    (dict(sampler="uniform"), "sampler: DP-FedAvg's accountant assumes Poisson sampling"),
+    (dict(weighting="size"), "weighting: DP-FedAvg weighs every counting client by 1/m"),
+    (dict(compression=0.5), "compression: DP-FedAvg clips each update before any compression"),
+])
+def test_compositions_the_accountant_cannot_account_for_are_refused_before_round_0(settings, match):
+    m = _module(algorithm="dp_fedavg", aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5), **settings)
+    before = flat_weights(m).clone()
+    with pytest.raises(ValueError, match=match):
+        run_rounds(m, _digits(), 2)
+    assert torch.equal(flat_weights(m), before)
+
+
+def test_an_unreachable_budget_is_refused_before_round_0():
+    # RDP's conversion to (ε, δ) costs at least log(1/δ)/(α_max - 1) ≈ 0.015 at δ = 1e-10, whatever the noise
+    m = _module(algorithm="dp_fedavg", fraction=1.0,
+                aggregation=DPFedAvg(noise_multiplier=None, target_epsilon=1e-3, delta=1e-10, clip=0.5))
+    before = flat_weights(m).clone()
+    with pytest.raises(ValueError, match="target_epsilon: 0.001 cannot be reached in 2 rounds"):
+        run_rounds(m, _digits(), 2)
+    assert torch.equal(flat_weights(m), before)
