@@ -164,15 +164,20 @@ class DPFedAvg(ServerCombination):
         counting = cohort.counting.to(updates.device)
         m = float(cohort.expected_size)
         C = float(self.state("clip"))
-        u = torch.where(counting[:, None], updates, torch.zeros((), dtype=updates.dtype, device=updates.device))
-        clipped, norms = clip_rows(u, C)
-        g = round_generator(cohort.seed, cohort.round, "dp-noise")
-        if self.local_noise > 0:  # local DP: each counting client's own noise, before upload
-            own = torch.randn(K, P, generator=g, dtype=updates.dtype).to(updates.device)
-            clipped = torch.where(counting[:, None], clipped + self.local_noise * C * own, clipped)
+        norms = torch.linalg.vector_norm(updates, dim=1)
+        # Σ_k Δ_k · min(1, C/‖Δ_k‖) / m as one weighted sum of the rows (no clipped copy of [K, P]); a client
+        # whose work does not count weighs 0; with C = inf the weights are FedAvg's uniform 1/m
         a = torch.where(counting, torch.full((K,), 1.0 / m, dtype=torch.float64, device=updates.device),
                         torch.zeros((), dtype=torch.float64, device=updates.device))
-        delta = a.to(updates.dtype) @ clipped  # Σ Δ̃_k / m, as FedAvg's weighted mean computes it
+        if not math.isinf(C):
+            a = a * torch.clamp(C / norms.double().clamp_min(torch.finfo(torch.float64).tiny), max=1.0)
+        g = round_generator(cohort.seed, cohort.round, "dp-noise")
+        if self.local_noise > 0:  # local DP: each counting client's own noise, added to its clipped update before upload
+            clipped, _ = clip_rows(updates, C)
+            own = torch.randn(K, P, generator=g, dtype=updates.dtype).to(updates.device)
+            delta = torch.where(counting, 1.0 / m, 0.0).to(updates.dtype) @ (clipped + self.local_noise * C * own)
+        else:
+            delta = a.to(updates.dtype) @ updates
         report = {"privacy/clip": C, "privacy/clients": float(counting.sum()),
                   "privacy/clipped_fraction": float((norms[counting] > C).double().mean()) if bool(counting.any()) else 0.0}
         if self.target_quantile is not None:  # Andrew et al.: the noised count of clients under the bound
