@@ -264,5 +264,15 @@ class RoundCheckpoint(ModelCheckpoint):
         self._save_topk_checkpoint(trainer, candidates)
         self._save_last_checkpoint(trainer, candidates)
 
+    def save_now(self, trainer: Any) -> None:
+        """Write ``last.ckpt`` now (a run that stops before ``max_steps``: DP's privacy budget)."""
+        if trainer.global_step == self._last_global_step_saved:
+            return
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
+            candidates = self._monitor_candidates(trainer)
+            self._save_topk_checkpoint(trainer, candidates)
+            self._save_last_checkpoint(trainer, candidates)
+
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """Never save on an exception (the last good checkpoint stays as it is)."""

@@ -181,6 +181,14 @@ class Component(nn.Module):
     def prepare_run(self, context: CompositionContext) -> None:
         """Before round 0, with the run's composition: refuse what cannot run, derive settings (DP's calibration)."""
 
+    def stop_before(self, round: int, cohort_size: int, num_clients: int) -> str | None:
+        """A reason the run must stop before ``round`` (of planned cohort ``cohort_size`` of ``num_clients``), or None.
+
+        The run then stops after the round before, with its final evaluation and a checkpoint (DP's
+        privacy budget: the next round would spend more than ``target_epsilon``).
+        """
+        return None
+
     def report(self, cohort: Cohort) -> dict[str, float]:
         """Scalars of this round to log, after the server step (none by default; DP's ``privacy/epsilon``)."""
         return {}

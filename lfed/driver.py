@@ -198,6 +198,13 @@ class FederatedDriver(LightningModule):
         for (run, prepared, optimizer), result in zip(todo, results):
             self._finish(run, prepared, result, optimizer, ranks)
         tick.step()  # counts the round: global_step == rounds done
+        for run in self.runs:  # a component may forbid the next round (DP's budget): the run stops here
+            reason = run.stop_reason(r + 1, total) if run.running else None
+            if reason:
+                run.status, run.error = "stopped", reason
+                rank_zero_info(f"lfed: {self._prefix(run)}{reason}")
+        if any(run.status == "stopped" for run in self.runs) and not any(run.running for run in self.runs):
+            self.trainer.should_stop = True  # Lightning evaluates once more; on_train_end writes the checkpoint
 
     def _finish(self, run: FederatedRun, prepared: Any, result: Any, optimizer: Any, ranks: Ranks) -> None:
         try:
@@ -255,6 +262,10 @@ class FederatedDriver(LightningModule):
 
     # ------------------------------------------------------------------ end of run, checkpoints
     def on_train_end(self) -> None:
+        if self.runs and not any(run.running for run in self.runs) and any(run.status == "stopped" for run in self.runs):
+            for callback in self.trainer.checkpoint_callbacks:  # stopped before max_steps: a checkpoint of where it stopped
+                if hasattr(callback, "save_now"):
+                    callback.save_now(self.trainer)
         for run in self.runs:
             summary = run.summary() if run.status != "diverged" else {}
             if summary:

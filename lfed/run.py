@@ -149,8 +149,18 @@ class FederatedRun(nn.Module):
     # ------------------------------------------------------------------ one round
     @property
     def running(self) -> bool:
-        """Whether the run trains on: not ``diverged`` (``done`` after its last round, which more rounds may follow)."""
-        return self.status != "diverged"
+        """Whether the run trains on: not ``diverged`` or ``stopped`` (``done`` after its last round, which more may follow)."""
+        return self.status not in ("diverged", "stopped")
+
+    def stop_reason(self, round: int, total_rounds: int | None) -> str | None:
+        """Why the run must not train round ``round`` (a component's :meth:`~lfed.component.Component.stop_before`:
+        DP's privacy budget), or None."""
+        k = self.participation.cohort_size(round, total_rounds, self.data.num_clients)
+        for component in {id(c): c for c in self.components.roles().values()}.values():
+            reason = component.stop_before(round, k, self.data.num_clients)
+            if reason:
+                return reason
+        return None
 
     def prepare(self, round: int, total_rounds: int | None, ranks: Ranks | None = None) -> PreparedRound:
         """The round up to its local training (:func:`lfed.round.prepare_round`)."""

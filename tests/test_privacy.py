@@ -188,7 +188,7 @@ def test_the_accountant_state_round_trips():
     (dict(noise_multiplier=-1.0), "noise_multiplier: must be a number >= 0"),
     (dict(clip=0.0), "clip: must be a number > 0"),
     (dict(delta=1.0), r"delta: must be a number > 0 and < 1"),
-    (dict(noise_multiplier=1.0, target_epsilon=2.0), "give it or target_epsilon"),
+    (dict(noise_multiplier=None), "give a noise multiplier z >= 0, or target_epsilon"),
     (dict(clip=math.inf), "infinite clip"),
     (dict(noise_multiplier=1.0, local_noise=1.0), "local DP adds each client's own noise and no server noise"),
 ])
@@ -218,3 +218,25 @@ def test_an_unreachable_budget_is_refused_before_round_0():
     with pytest.raises(ValueError, match="target_epsilon: 0.001 cannot be reached in 2 rounds"):
         run_rounds(m, _digits(), 2)
     assert torch.equal(flat_weights(m), before)
+
+
+def test_a_budget_stops_the_run_before_a_round_would_spend_more_with_its_evaluation_and_a_checkpoint(tmp_path):
+    from lightning.pytorch import Trainer
+
+    from lfed.checkpoint import RoundCheckpoint
+
+    delta = 1 / 10 ** 1.1
+    e3, e4 = epsilon({(0.3, 1.0): 3}, delta), epsilon({(0.3, 1.0): 4}, delta)
+    budget = (e3 + e4) / 2  # rounds 1-3 fit in it, round 4 would not
+    m = _module(algorithm="dp_fedavg", fraction=0.3,
+                aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5, target_epsilon=budget))
+    t = Trainer(max_steps=10, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                num_sanity_val_steps=0, val_check_interval=10, check_val_every_n_epoch=None,
+                callbacks=[RoundCheckpoint(dirpath=tmp_path, every_n_train_steps=10)])
+    t.fit(m, datamodule=_digits())
+    assert t.global_step == 3 and m.combination.accountant.rounds == 3
+    assert m.runs[0].status == "stopped" and "privacy budget: round 3 would spend" in m.runs[0].error
+    assert m.last_round.extra["privacy/epsilon"] == e3 <= budget
+    assert [r for r, _ in m.eval_history] == [3]  # the final evaluation of where it stopped
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    assert saved["global_step"] == 3 and saved["lfed"]["runs"][0]["status"] == "stopped"

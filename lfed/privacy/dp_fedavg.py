@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from lfed.privacy.accountant import ACCOUNTANTS, PrivacyAccountant, calibrate_noise
+from lfed.privacy.accountant import ACCOUNTANTS, PrivacyAccountant, calibrate_noise, epsilon
 from lfed.privacy.clipping import clip_rows
 from lfed.rng import round_generator
 from lfed.server.combination import ServerCombination
@@ -49,8 +49,9 @@ class DPFedAvg(ServerCombination):
         noise_multiplier: ``z >= 0`` (0: no noise); None with ``target_epsilon``: calibrated before round 0.
         clip: The clipping norm ``C > 0`` (``inf``: no clipping, only with ``z = 0``); with
             ``target_quantile``, the initial ``C_0`` of adaptive clipping.
-        target_epsilon: A privacy budget: ``z`` is the smallest that keeps ``ε(δ)`` within it after
-            the run's rounds (``trainer.max_steps``).
+        target_epsilon: A privacy budget. The run stops (with its final evaluation and a checkpoint)
+            before a round that would spend more; with ``noise_multiplier: null``, ``z`` is first
+            calibrated to the smallest that keeps ``ε(δ)`` within it after the run's rounds (``trainer.max_steps``).
         delta: ``δ`` in (0, 1) (default ``1/N^1.1``).
         target_quantile: ``γ`` in (0, 1): adaptive clipping to that quantile of the update norms (None: fixed ``C``).
         clip_lr: ``η_C > 0``, the geometric step of adaptive clipping.
@@ -69,8 +70,7 @@ class DPFedAvg(ServerCombination):
         if target_epsilon is not None:
             _number("target_epsilon", target_epsilon, above=0)
             if noise_multiplier is not None:
-                raise ValueError("noise_multiplier: give it or target_epsilon (a budget the noise is calibrated to), "
-                                 f"not both; got noise_multiplier={noise_multiplier}, target_epsilon={target_epsilon}")
+                _number("noise_multiplier", noise_multiplier, at_least=0)
         elif noise_multiplier is None:
             raise ValueError("noise_multiplier: give a noise multiplier z >= 0, or target_epsilon to calibrate it")
         else:
@@ -96,6 +96,7 @@ class DPFedAvg(ServerCombination):
             raise ValueError("clip: noise is scaled by the clip norm, so an infinite clip (no clipping) gives unbounded "
                              "sensitivity; give a finite clip > 0 with noise")
         self.noise_multiplier, self.target_epsilon, self.delta = z, target_epsilon, delta
+        self._calibrate = noise_multiplier is None  # a budget and no multiplier: calibrate it; with both, the budget is a cap
         self.target_quantile, self.clip_lr, self.count_noise = target_quantile, float(clip_lr), count_noise
         self.accountant = PrivacyAccountant(accountant)
         self.update_multiplier = z  # z_Δ: the updates' share of z under adaptive clipping (prepare_run)
@@ -135,7 +136,7 @@ class DPFedAvg(ServerCombination):
         if self.target_quantile is not None:
             if self.count_noise is None:
                 self.count_noise = (m or 1.0) / 20
-        if self.target_epsilon is not None:
+        if self.target_epsilon is not None and self._calibrate:
             if not sizes:
                 raise ValueError("target_epsilon: calibrating the noise needs the run's rounds (trainer.max_steps > 0)")
             rates = [k / N for k in sizes]
@@ -152,6 +153,21 @@ class DPFedAvg(ServerCombination):
             raise ValueError(f"count_noise: adaptive clipping needs 2·count_noise > noise_multiplier to keep the total "
                              f"multiplier z = {z:.4g}; got count_noise = {self.count_noise:.4g}")
         return (z ** -2 - two_sb ** -2) ** -0.5
+
+    def stop_before(self, round: int, cohort_size: int, num_clients: int) -> str | None:
+        """Stop before a round that would spend more than ``target_epsilon``."""
+        if self.target_epsilon is None or self.delta is None:
+            return None
+        q = 1.0 if self.local_noise > 0 else cohort_size / num_clients
+        z = self.local_noise if self.local_noise > 0 else self.noise_multiplier
+        events = dict(self.accountant.events)
+        events[(q, z)] = events.get((q, z), 0) + 1
+        after = epsilon(events, self.delta, self.accountant.kind)
+        if after <= self.target_epsilon:
+            return None
+        return (f"privacy budget: round {round} would spend ε = {after:.4g} > target_epsilon = {self.target_epsilon:g} "
+                f"(δ = {self.delta:.3g}); stopping after {self.accountant.rounds} rounds at ε = "
+                f"{self.accountant.epsilon(self.delta):.4g}")
 
     def composition_warnings(self, context) -> list[str]:
         if self.noise_multiplier == 0 and self.local_noise == 0:
