@@ -237,10 +237,9 @@ def train_cohort(engine: CohortTrainer, ranks: Ranks, job: TrainJob) -> CohortRe
     up to the round-off of running fewer clients per vmap call (bit for bit in lfed's tests;
     docs/distributed.md).
     """
-    if isinstance(job.index, Tensor) and job.index.shape[0] == 0:  # an empty cohort (Poisson sampling): nothing to train
-        w = job.w_start
-        return CohortResult(w.new_zeros(0, w.shape[-1]), w.new_zeros(0), None)
     if not ranks.distributed:
+        return job.train(engine)
+    if job.index.shape[0] == 0:  # an empty cohort (Poisson sampling): every rank knows it, no collective needed
         return job.train(engine)
     parts, local = train_share(engine, ranks, job)
     P = job.w_start.shape[-1]

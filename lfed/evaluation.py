@@ -1,9 +1,8 @@
-"""Evaluation of the global model (SPEC §9), with torchmetrics.
+"""Evaluation of the global model (SPEC §9).
 
-* :class:`GlobalEvaluation`: the test loss (mean per-example loss, whatever form the user's loss
-  takes) and, for classification, the test accuracy, accumulated over evaluation batches in
-  ``torchmetrics`` metrics and reduced over the ranks with the Lightning strategy's own
-  ``all_gather`` (each rank sees its own share of the test set, no item twice).
+* :func:`evaluate_split`: the test loss (mean per-example loss, whatever form the user's loss
+  takes) and, for classification, the test accuracy of a split, summed in float64 batch after
+  batch, each rank its contiguous share, the sums reduced over the ranks (no item twice).
 * :func:`client_accuracies`: the global model's accuracy on each client's held-out split.
 * :func:`local_accuracy` and :class:`BestMeanAccuracy`: BMTA (004 §5) in its two readings,
   ``bmta_global`` and ``bmta_local`` (SPEC §9).
@@ -23,7 +22,6 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
-from torchmetrics import MeanMetric
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -49,74 +47,6 @@ def per_example_loss(loss_fn: LossFn, out: Tensor, y: Tensor) -> Tensor:
     from lfed.engine import as_per_example_loss, per_example_mean
 
     return per_example_mean(as_per_example_loss(loss_fn)(out, y))
-
-
-def _strategy_gather(strategy) -> Callable:
-    """A torchmetrics ``dist_sync_fn`` that gathers a state with the Lightning strategy."""
-
-    def gather(tensor: Tensor, group=None) -> list[Tensor]:
-        return list(strategy.all_gather(tensor))
-
-    return gather
-
-
-class GlobalEvaluation(nn.Module):
-    """Test loss and accuracy of the global model over one evaluation (SPEC §9).
-
-    The metrics' states are not saved in checkpoints (an evaluation starts from zero).
-
-    Attributes:
-        loss: ``MeanMetric`` of the per-example loss (:func:`per_example_loss`).
-        accuracy: ``MeanMetric`` of per-example correctness (classification only).
-        batches: Batches added since the last :meth:`reset` on this rank.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        # float64 sums; a NaN loss stays NaN (torchmetrics would drop it with a warning)
-        self.loss = MeanMetric(nan_strategy="disable").set_dtype(torch.float64)
-        self.accuracy = MeanMetric(nan_strategy="disable").set_dtype(torch.float64)
-        self.batches = 0
-
-    def bind(self, strategy) -> None:
-        """Reduce over the ranks with ``strategy``'s collectives (call before :meth:`compute`)."""
-        distributed = int(getattr(strategy, "world_size", 1) or 1) > 1
-        for metric in (self.loss, self.accuracy):
-            metric.dist_sync_fn = _strategy_gather(strategy) if distributed else None
-            metric.distributed_available_fn = (lambda: True) if distributed else (lambda: False)
-
-    def reset(self) -> None:
-        """Start a new evaluation."""
-        self.loss.reset()
-        self.accuracy.reset()
-        self.batches = 0
-
-    @torch.no_grad()
-    def update(self, net: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor) -> None:
-        """Add one batch ``(x, y)`` evaluated with ``net`` and ``loss_fn`` (any form, :func:`per_example_loss`)."""
-        dtype = next(net.parameters()).dtype
-        x = x.to(dtype) if x.is_floating_point() else x
-        out = net(x)
-        classification = is_classification(y)
-        if not classification:
-            y = y.to(out.dtype)
-        self.batches += 1
-        losses = per_example_loss(loss_fn, out, y).double()
-        self.loss.update(losses)
-        if classification:
-            correct = (out.argmax(-1) == y).double()
-            self.accuracy.update(correct.reshape(-1))
-
-    def compute(self, classification: bool) -> dict[str, float]:
-        """``{"test/loss": ..., "test/acc": ...}`` over all ranks (accuracy for classification only).
-
-        Every rank must call it (it is a collective when there are several), also one that had
-        no batch (its share of the test set was empty).
-        """
-        out = {"test/loss": float(self.loss.compute())}
-        if classification:
-            out["test/acc"] = float(self.accuracy.compute())
-        return out
 
 
 @torch.no_grad()

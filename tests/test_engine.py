@@ -185,3 +185,14 @@ def test_chunked_training_equals_unchunked():
     a = tr.train(w0, X, Y, idx, sizes, steps, rule, 0.1, 2, torch.Generator().manual_seed(1))
     b = CohortTrainer(net, backend="vmap", chunk_size=3).train(w0, X, Y, idx, sizes, steps, rule, 0.1, 2, torch.Generator().manual_seed(1))
     assert torch.allclose(a.weights, b.weights, atol=1e-14, rtol=0)
+
+
+def test_an_empty_cohort_trains_nothing_and_returns_no_rows():
+    """Poisson sampling may draw nobody: the engine returns ``[0, P]`` weights and ``[0]`` losses (DP still adds noise)."""
+    net = MLP(in_features=4, hidden=(3,), num_classes=2).double()
+    tr = CohortTrainer(net)
+    P = tr.layout.num_params
+    res = tr.train(tr.layout.module_vector(net), torch.zeros(5, 4, dtype=torch.float64), torch.zeros(5, dtype=torch.long),
+                   torch.zeros(0, 3, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long),
+                   StepRule(), 0.1, 2, torch.Generator().manual_seed(0))
+    assert res.weights.shape == (0, P) and res.loss.shape == (0,)

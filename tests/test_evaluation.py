@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
 from lfed.data.datamodule import FederatedDataModule, RoundsLoader
-from lfed.evaluation import GlobalEvaluation, per_example_loss
+from lfed.evaluation import evaluate_split, per_example_loss
 from lfed.module import FederatedModule
 
 
@@ -75,19 +75,23 @@ def test_per_example_loss_of_a_reduced_function_by_hand():
         per_example_loss(lambda o, t: torch.zeros(2), out, y)
 
 
-def test_evaluation_uses_torchmetrics_and_adds_batches_exactly():
-    from torchmetrics import Metric
+def test_evaluation_adds_batches_exactly_and_each_example_once_over_the_ranks():
+    from lfed.distributed import Ranks
 
-    ev = GlobalEvaluation()
-    assert isinstance(ev.loss, Metric) and isinstance(ev.accuracy, Metric)
     net = _fixed_net()
-    x = torch.zeros(3, 2, dtype=torch.float64)
-    ev.update(net, F.cross_entropy, x[:2], torch.tensor([0, 1]))
-    ev.update(net, F.cross_entropy, x[2:], torch.tensor([1]))
-    got = ev.compute(classification=True)
-    assert got["test/loss"] == pytest.approx((math.log(4) + 2 * math.log(2)) / 3, rel=1e-12)
-    assert got["test/acc"] == pytest.approx(2 / 3, rel=1e-12)
-    assert ev.state_dict() == {}  # nothing of an evaluation goes into checkpoints
+    x, y = torch.zeros(3, 2, dtype=torch.float64), torch.tensor([0, 1, 1])
+    want_loss, want_acc = (math.log(4) + 2 * math.log(2)) / 3, 2 / 3
+    got = evaluate_split(net, F.cross_entropy, x, y, Ranks(), lambda t: t, 2, classification=True)  # batches of 2 + 1
+    assert got["test/loss"] == pytest.approx(want_loss, rel=1e-12)
+    assert got["test/acc"] == pytest.approx(want_acc, rel=1e-12)
+    # two ranks, each its contiguous share ([0, 1) and [1, 3)), reduced by summing the (loss, correct, count) sums
+    sums = []
+    for r in (0, 1):
+        evaluate_split(net, F.cross_entropy, x, y, Ranks(r, 2), lambda t: sums.append(t) or t, 2, classification=True)
+    total = sums[0] + sums[1]
+    assert sums[0][2] == 1 and sums[1][2] == 2  # each example on one rank only
+    assert float(total[0] / total[2]) == pytest.approx(want_loss, rel=1e-12)
+    assert float(total[1] / total[2]) == pytest.approx(want_acc, rel=1e-12)
 
 
 # ----------------------------------------------------------------------------- regression (item 5)

@@ -52,15 +52,19 @@ def test_the_fixed_denominator_by_hand():
     torch.testing.assert_close(delta, expected, atol=1e-15, rtol=0)
 
 
-def test_the_noise_has_standard_deviation_z_c_over_m():
-    """Zero updates: Δ·m/C is the noise; its standard deviation is z (a 10% error in the scale fails the bound)."""
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_the_noise_has_standard_deviation_z_c_over_m(adaptive):
+    """Zero updates: Δ·m/C is the noise; its standard deviation is z, or z_Δ = (z⁻² - (2σ_b)⁻²)^(-1/2) when the
+    count query of adaptive clipping takes its share (a 10% error in the scale fails the bound)."""
     z, C, m, P = 1.3, 0.5, 4.0, 20000
-    dp = _dp(P, noise_multiplier=z, clip=C)
+    extra = dict(target_quantile=0.5, count_noise=1.0, clip_lr=1e-12) if adaptive else {}  # C stays 0.5 to 1e-12
+    want = (z ** -2 - 2.0 ** -2) ** -0.5 if adaptive else z
+    dp = _dp(P, noise_multiplier=z, clip=C, **extra)
     draws = torch.cat([dp.combine(torch.zeros(3, P, dtype=torch.float64), None, _cohort(r, 3, m))[0] for r in range(3)])
     scaled = draws * m / C
-    assert abs(float(scaled.std()) / z - 1) < 0.03  # 60,000 draws: the estimate's error is ~0.3%
+    assert abs(float(scaled.std()) / want - 1) < 0.03  # 60,000 draws: the estimate's error is ~0.3%
     assert abs(float(scaled.mean())) < 0.05
-    again = _dp(P, noise_multiplier=z, clip=C).combine(torch.zeros(3, P, dtype=torch.float64), None, _cohort(0, 3, m))[0]
+    again = _dp(P, noise_multiplier=z, clip=C, **extra).combine(torch.zeros(3, P, dtype=torch.float64), None, _cohort(0, 3, m))[0]
     assert torch.equal(again, draws[:P])  # a seeded stream: (seed, round) gives the same noise on every rank
 
 
@@ -185,9 +189,10 @@ def test_the_accountant_state_round_trips():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(noise_multiplier=-1.0), "noise_multiplier: must be a number >= 0"),
-    (dict(clip=0.0), "clip: must be a number > 0"),
-    (dict(delta=1.0), r"delta: must be a number > 0 and < 1"),
+    (dict(noise_multiplier=-1.0), "noise_multiplier: must be a finite number >= 0"),
+    (dict(clip=0.0), r"clip: must be a finite number > 0 or inf \(no clipping\), got 0.0"),
+    (dict(clip=-math.inf), r"clip: must be a finite number > 0 or inf"),
+    (dict(delta=1.0), r"delta: must be a finite number in \(0, 1\), got 1.0"),
     (dict(noise_multiplier=None), "give a noise multiplier z >= 0, or target_epsilon"),
     (dict(clip=math.inf), "infinite clip"),
     (dict(noise_multiplier=1.0, local_noise=1.0), "local DP adds each client's own noise and no server noise"),

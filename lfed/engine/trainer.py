@@ -159,6 +159,8 @@ class CohortTrainer(VmapBackend, LoopBackend):
             The result of the trained rows, in the order of ``rows``.
         """
         K = index.shape[0]
+        if K == 0 and rows is None:  # an empty cohort (Poisson sampling may draw nobody): nothing to train
+            return CohortResult(w_start.new_zeros(0, self.layout.num_params), w_start.new_zeros(0), None)
         steps = steps_done.detach().cpu().long()
         if w_start.dim() == 2 and w_start.shape[0] != K:
             raise ValueError(f"w_start: {w_start.shape[0]} rows of start weights for a cohort of {K} clients")

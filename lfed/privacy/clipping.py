@@ -7,7 +7,14 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["clip_rows"]
+__all__ = ["clip_factors", "clip_rows"]
+
+
+def clip_factors(norms: Tensor, clip: float) -> Tensor:
+    """``min(1, C / ‖Δ_k‖)`` per row (1 for a zero row; all ones for ``C = inf``), in the norms' dtype."""
+    if math.isinf(float(clip)):
+        return torch.ones_like(norms)
+    return torch.clamp(float(clip) / norms.clamp_min(torch.finfo(norms.dtype).tiny), max=1.0)
 
 
 def clip_rows(updates: Tensor, clip: float | Tensor) -> tuple[Tensor, Tensor]:
@@ -17,8 +24,6 @@ def clip_rows(updates: Tensor, clip: float | Tensor) -> tuple[Tensor, Tensor]:
     unchanged (bit for bit); a zero row stays zero.
     """
     norms = torch.linalg.vector_norm(updates, dim=1)
-    c = float(clip)
-    if math.isinf(c):
+    if math.isinf(float(clip)):
         return updates, norms
-    scale = torch.clamp(c / norms.clamp_min(torch.finfo(norms.dtype).tiny), max=1.0)
-    return updates * scale[:, None], norms
+    return updates * clip_factors(norms, clip)[:, None], norms

@@ -22,24 +22,13 @@ from typing import Any
 import torch
 
 from lfed.privacy.accountant import ACCOUNTANTS, PrivacyAccountant, calibrate_noise, epsilon
-from lfed.privacy.clipping import clip_rows
+from lfed.privacy.clipping import clip_factors, clip_rows
 from lfed.rng import round_generator
 from lfed.server.combination import ServerCombination
 from lfed.state import StateSpec
+from lfed.validation import number
 
 __all__ = ["DPFedAvg"]
-
-
-def _number(name: str, value: Any, *, at_least: float | None = None, above: float | None = None,
-            below: float | None = None, allow_inf: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
-    ok = ok and (allow_inf or math.isfinite(value))
-    ok = ok and (at_least is None or value >= at_least) and (above is None or value > above) and (below is None or value < below)
-    if not ok:
-        bounds = [f">= {at_least}" if at_least is not None else "", f"> {above}" if above is not None else "",
-                  f"< {below}" if below is not None else ""]
-        raise ValueError(f"{name}: must be a number {' and '.join(b for b in bounds if b)}, got {value!r}")
-    return float(value)
 
 
 class DPFedAvg(ServerCombination):
@@ -68,24 +57,25 @@ class DPFedAvg(ServerCombination):
                  count_noise: float | None = None, local_noise: float = 0.0, accountant: str = "rdp") -> None:
         super().__init__()
         if target_epsilon is not None:
-            _number("target_epsilon", target_epsilon, above=0)
+            number("target_epsilon", target_epsilon, above=0)
             if noise_multiplier is not None:
-                _number("noise_multiplier", noise_multiplier, at_least=0)
+                number("noise_multiplier", noise_multiplier, at_least=0)
         elif noise_multiplier is None:
             raise ValueError("noise_multiplier: give a noise multiplier z >= 0, or target_epsilon to calibrate it")
         else:
-            _number("noise_multiplier", noise_multiplier, at_least=0)
-        self.clip0 = _number("clip", clip, above=0, allow_inf=True)
+            number("noise_multiplier", noise_multiplier, at_least=0)
+        is_inf = isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip == math.inf
+        self.clip0 = math.inf if is_inf else number("clip", clip, above=0, detail=" or inf (no clipping)")
         if delta is not None:
-            _number("delta", delta, above=0, below=1)
+            number("delta", delta, above=0, below=1)
         if target_quantile is not None:
-            _number("target_quantile", target_quantile, above=0, below=1)
+            number("target_quantile", target_quantile, above=0, below=1)
             if math.isinf(self.clip0):
                 raise ValueError("clip: adaptive clipping (target_quantile) starts from a finite clip C_0 > 0, got inf")
-        _number("clip_lr", clip_lr, above=0)
+        number("clip_lr", clip_lr, above=0)
         if count_noise is not None:
-            _number("count_noise", count_noise, at_least=0)
-        self.local_noise = _number("local_noise", local_noise, at_least=0)
+            number("count_noise", count_noise, at_least=0)
+        self.local_noise = number("local_noise", local_noise, at_least=0)
         if accountant not in ACCOUNTANTS:
             raise ValueError(f"accountant: {accountant!r} is not one of {ACCOUNTANTS}")
         z = 0.0 if noise_multiplier is None else float(noise_multiplier)
@@ -186,7 +176,7 @@ class DPFedAvg(ServerCombination):
         a = torch.where(counting, torch.full((K,), 1.0 / m, dtype=torch.float64, device=updates.device),
                         torch.zeros((), dtype=torch.float64, device=updates.device))
         if not math.isinf(C):
-            a = a * torch.clamp(C / norms.double().clamp_min(torch.finfo(torch.float64).tiny), max=1.0)
+            a = a * clip_factors(norms.double(), C)
         g = round_generator(cohort.seed, cohort.round, "dp-noise")
         if self.local_noise > 0:  # local DP: each counting client's own noise, added to its clipped update before upload
             clipped, _ = clip_rows(updates, C)

@@ -1,0 +1,45 @@
+"""The parts of a DP-FedAvg round, each timed alone (median of 7): the norm pass, the weighted sum, the noise, ε.
+
+    ../shared/tools/quiet-run python benchmarks/dp_parts.py
+
+The cohort of benchmarks/dp_cost.py: 100 updates of the MLP 2NN (199,210 parameters), float32.
+Prints the load average before and after.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import torch
+
+from lfed.privacy.accountant import _rdp_of_one_round, epsilon
+from lfed.privacy.clipping import clip_factors
+
+
+def median_seconds(f, n: int = 7) -> float:
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main() -> None:
+    print(f"load before {os.getloadavg()[0]:.2f}")
+    u = torch.randn(100, 199210)
+    g = torch.Generator().manual_seed(0)
+    a = torch.full((100,), 0.01, dtype=torch.float64)
+    print("norm pass + clip factors:", median_seconds(lambda: clip_factors(torch.linalg.vector_norm(u, dim=1).double(), 0.5)))
+    print("weighted sum (FedAvg's too):", median_seconds(lambda: a.float() @ u))
+    print("randn(P):", median_seconds(lambda: torch.randn(199210, generator=g)))
+    print("epsilon, cached RDP:", median_seconds(lambda: epsilon({(0.1, 1.0): 50}, 1e-5)))
+    print("RDP of a round from scratch:",
+          median_seconds(lambda: (_rdp_of_one_round.cache_clear(), epsilon({(0.1, 1.0): 50}, 1e-5)), n=3))
+    print(f"load after {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
