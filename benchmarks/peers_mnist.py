@@ -40,7 +40,8 @@ from quiet import wait_quiet  # noqa: E402  (benchmarks/ is on sys.path when run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOBS = {"lfed": "lfed_job.py", "lfed_loop": "lfed_job.py", "flower": "flower_job.py", "pfl": "pfl_job.py", "pfl_2proc": "pfl_job.py",
-        "plain_vmap": "plain_vmap_job.py", "plain_loop": "plain_loop_job.py"}  # plain_*: hand-written references
+        "plain_vmap": "plain_vmap_job.py", "plain_loop": "plain_loop_job.py",
+        "lfed_dp": "lfed_job.py", "pfl_dp": "pfl_job.py"}  # *_dp: DP-FedAvg with --dp-noise / --dp-clip  # plain_*: hand-written references
 
 
 def export(work: str, data_dir: str | None, clients: int, seed: int) -> None:
@@ -70,8 +71,12 @@ def run_job(framework: str, python: str, args: argparse.Namespace) -> dict:
     cmd = [python, os.path.join(HERE, "peers", JOBS[framework]), "--rounds", str(args.rounds), "--seed", str(args.seed)]
     if framework == "pfl_2proc":  # pfl's own multi-worker simulation: 2 processes under torchrun (1 thread each)
         cmd = [os.path.join(os.path.dirname(python), "torchrun"), "--standalone", "--nproc_per_node=2", *cmd[1:]]
+    if framework.endswith("_dp"):
+        cmd += ["--dp-noise", str(args.dp_noise), "--dp-clip", str(args.dp_clip)]
+        cmd += ["--dp-delta", str(args.dp_delta)] if args.dp_delta is not None else []
     if framework.startswith("lfed"):
-        cmd += ["--partition", os.path.join(args.work, "partition.npy")]
+        cmd += ["--partition", os.path.join(args.work, "partition.npy"), "--clients", str(args.clients),
+                "--fraction", str(args.cohort / args.clients)]
         if args.data_dir:
             cmd += ["--data-dir", args.data_dir]
         if framework == "lfed_loop":
@@ -80,6 +85,10 @@ def run_job(framework: str, python: str, args: argparse.Namespace) -> dict:
             cmd += ["--backend", args.lfed_backend]
     else:
         cmd += ["--data", args.work]
+        if framework.startswith("pfl"):
+            cmd += ["--cohort", str(args.cohort)]
+        elif framework.startswith("plain"):
+            cmd += ["--per-round", str(args.cohort)]
     if framework == "flower":
         cmd += ["--cpus-per-client", str(args.flower_cpus)]
     env = dict(os.environ, WANDB_MODE="disabled", PYTHONPATH=os.path.join(HERE, "peers"))
@@ -106,6 +115,10 @@ def main() -> None:
     p.add_argument("--data-dir", default=None, help="MNIST folder for lfed (default $LFED_DATA_DIR)")
     p.add_argument("--rounds", type=int, default=50)
     p.add_argument("--clients", type=int, default=100)
+    p.add_argument("--cohort", type=int, default=10, help="clients per round (DP: the expected cohort qN of Poisson sampling)")
+    p.add_argument("--dp-noise", type=float, default=1.0, help="noise multiplier z of the *_dp jobs")
+    p.add_argument("--dp-clip", type=float, default=0.5, help="clip C of the *_dp jobs")
+    p.add_argument("--dp-delta", type=float, default=None, help="delta of the *_dp jobs (default 1/N^1.1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--frameworks", default="lfed,lfed_loop,flower,pfl,plain_vmap,plain_loop")
@@ -122,7 +135,7 @@ def main() -> None:
 
     export(args.work, args.data_dir, args.clients, args.seed)
     pythons = {"lfed": args.lfed_python, "lfed_loop": args.lfed_python, "flower": args.flower_python, "pfl": args.pfl_python,
-               "pfl_2proc": args.pfl_python,
+               "pfl_2proc": args.pfl_python, "lfed_dp": args.lfed_python, "pfl_dp": args.pfl_python,
                "plain_vmap": sys.executable, "plain_loop": sys.executable}
     frameworks = [f for f in args.frameworks.split(",") if f]
     missing = {f: "no interpreter given (--%s-python)" % f for f in frameworks if not pythons.get(f)}
@@ -141,9 +154,10 @@ def main() -> None:
             if "error" in res:
                 print(f"{f}: FAILED\n{res['error']}", flush=True)
             else:
+                eps = f" epsilon {res['epsilon']:.4f} (delta {res['delta']:.3g})" if "epsilon" in res else ""
                 print(f"repeat {r} load {load:.2f}: {f:6s} total {res['total_s']:.2f}s (process {res['process_wall_s']:.2f}s) "
                       f"start-up {res['startup_s']:.2f}s steady {res['steady_round_s']:.3f}s/round "
-                      f"acc {res['test_acc']:.4f}", flush=True)
+                      f"acc {res['test_acc']:.4f}{eps}", flush=True)
     summary = {}
     for f, rs in runs.items():
         ok = [x for x in rs if "error" not in x]
@@ -153,7 +167,8 @@ def main() -> None:
         med = lambda key: statistics.median(x[key] for x in ok)  # noqa: E731
         summary[f] = {"process_wall_s": med("process_wall_s"), "total_s": med("total_s"), "startup_s": med("startup_s"),
                       "steady_round_s": med("steady_round_s"), "test_acc": med("test_acc"), "runs": len(ok),
-                      "version": ok[0].get("version"), "threads": ok[0].get("threads"), "torch": ok[0].get("torch")}
+                      "version": ok[0].get("version"), "threads": ok[0].get("threads"), "torch": ok[0].get("torch"),
+                      "epsilon": ok[0].get("epsilon"), "delta": ok[0].get("delta")}
     print("\n| framework | wall-clock, process (s) | start-up (s) | steady s/round | test acc | lfed / this, wall | lfed / this, s/round |")
     print("|---|---|---|---|---|---|---|")
     base = summary.get("lfed")

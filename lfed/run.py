@@ -133,7 +133,10 @@ class FederatedRun(nn.Module):
             self.store.directory = Path(default_root_dir or ".") / (f"client_state-{self.name}" if self.name else "client_state")
         like = next(self.net.parameters()).detach()
         setup_state(self.components, self.store, data.client_sizes, self.layout.num_params, like)
-        self.engine = CohortTrainer(self.net, self.loss, self.backend, self.chunk_size)
+        # a sampler of random cohort sizes (Poisson) gives a new shape almost every round: recording one graph per
+        # shape would cost more than its replays save (BENCHMARKS.md "DP beside pfl"), so its steps run eagerly
+        self.engine = CohortTrainer(self.net, self.loss, self.backend, self.chunk_size,
+                                    trace=self.components.sampler.fixed_size)
 
     def start(self, data, total_rounds: int | None) -> list[str]:
         """Checks before round 0 (``data``: on the device); the composition warnings to show."""

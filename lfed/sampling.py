@@ -279,6 +279,9 @@ class ClientSampler(Component):
 
     num_clients: int
     name = "uniform"
+    #: Whether every round's cohort has the planned size. A sampler of random cohort sizes (Poisson) sets False, and the
+    #: engine then runs its steps eagerly instead of recording one graph per shape (a new size almost every round).
+    fixed_size = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -359,6 +362,7 @@ class PoissonSampler(ClientSampler):
     """
 
     name = "poisson"
+    fixed_size = False
 
     def sample(self, round: int, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         self._check_k(k)

@@ -112,6 +112,16 @@ def test_no_noise_and_no_clip_is_fedavg_with_uniform_weights_bit_for_bit(backend
     assert torch.equal(flat_weights(dp), flat_weights(plain))
 
 
+def test_poisson_cohorts_run_eagerly_and_fixed_cohorts_are_recorded():
+    """A Poisson cohort has a new size almost every round: the engine does not record one graph per size."""
+    poisson = _module(algorithm="dp_fedavg", fraction=0.5, aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5))
+    run_rounds(poisson, _digits(), 2)
+    fixed = _module(algorithm="fedavg", fraction=0.5)
+    run_rounds(fixed, _digits(), 2)
+    assert poisson.engine.trace is False and poisson.engine._traced == {}
+    assert fixed.engine.trace is True and any(g is not None for g in fixed.engine._traced.values())
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_epsilon_after_t_rounds_is_the_librarys_and_opacus_agrees(backend):
     import dp_accounting

@@ -36,6 +36,9 @@ def main() -> None:
     p.add_argument("--profile", default=None, help="write a cProfile of the rounds to this file")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--model", choices=("mlp", "cnn"), default="mlp", help="the 2NN (default) or McMahan et al.'s MNIST CNN")
+    p.add_argument("--dp-noise", type=float, default=None, help="DP-FedAvg with this noise multiplier z (Poisson sampling)")
+    p.add_argument("--dp-clip", type=float, default=0.5, help="DP-FedAvg's clip C")
+    p.add_argument("--dp-delta", type=float, default=None, help="DP-FedAvg's delta (default 1/N^1.1)")
     args = p.parse_args()
 
     import torch
@@ -52,19 +55,29 @@ def main() -> None:
         dataset="mnist", data_dir=args.data_dir, num_clients=args.clients, partition="shards",
         shards_per_client=2, holdout_fraction=0.0, seed=args.seed, eval_batch_size=10000,
     )
+    dp = {}
+    if args.dp_noise is not None:  # DP-FedAvg (SPEC §10): Poisson sampling at q = fraction, uniform weights, m = qN
+        from lfed.privacy import DPFedAvg
+
+        dp = {"algorithm": "dp_fedavg", "aggregation": DPFedAvg(noise_multiplier=args.dp_noise, clip=args.dp_clip,
+                                                                 delta=args.dp_delta)}
     module = FederatedModule(
-        MLP(784, (200, 200), 10) if args.model == "mlp" else McMahanMNISTCNN(), algorithm="fedavg", fraction=args.fraction, client_lr=args.lr,
+        MLP(784, (200, 200), 10) if args.model == "mlp" else McMahanMNISTCNN(), **({"algorithm": "fedavg"} | dp),
+        fraction=args.fraction, client_lr=args.lr,
         batch_size=args.batch_size, local_epochs=args.epochs, backend=args.backend, seed=args.seed,
     )
     ends: list[float] = []
     marks: dict[str, float] = {}
+    clients: list[float] = []  # DP: the realised Poisson cohort of every round
 
     class Clock(Callback):
         def on_train_start(self, *a, **k) -> None:
             marks["train_start"] = time.perf_counter()
 
-        def on_train_batch_end(self, *a, **k) -> None:
+        def on_train_batch_end(self, trainer, *a, **k) -> None:
             ends.append(time.perf_counter())
+            if dp:
+                clients.append(float(trainer.callback_metrics["privacy/clients"]))
 
     trainer = Trainer(
         max_steps=args.rounds, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
@@ -92,10 +105,12 @@ def main() -> None:
         matches = bool(np.array_equal(part, d.client_index.numpy()))
     rounds = [b - a for a, b in zip([marks["train_start"]] + ends[:-1], ends)]
     print("RESULT " + json.dumps({
-        "framework": "lfed", "total_s": t_end - T_START, "import_s": t_import - T_START,
+        "framework": "lfed_dp" if dp else "lfed", "total_s": t_end - T_START, "import_s": t_import - T_START,
         "startup_s": marks["train_start"] - T_START, "eval_s": t_end - ends[-1],
         "round_s": rounds, "test_acc": acc, "backend": module.engine.backend, "partition_matches": matches,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
+        **({"epsilon": float(trainer.callback_metrics["privacy/epsilon"]), "delta": dp["aggregation"].delta,
+            "clients_per_round": [int(c) for c in clients]} if dp else {}),
     }))
 
 

@@ -80,6 +80,10 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=10)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dp-noise", type=float, default=None,
+                   help="central DP as pfl sets it up: GaussianMechanism (clip, z) from an RDP accountant, applied centrally")
+    p.add_argument("--dp-clip", type=float, default=0.5)
+    p.add_argument("--dp-delta", type=float, default=None, help="default 1/N^1.1, lfed's default")
     args = p.parse_args()
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
@@ -96,7 +100,19 @@ def main() -> None:
     net = PflMLP()
     model = PyTorchModel(model=net, local_optimizer_create=torch.optim.SGD,
                          central_optimizer=torch.optim.SGD([q for q in net.parameters() if q.requires_grad], lr=1.0))
-    backend = SimulatedBackend(training_data=train_data, val_data=None, postprocessors=[WeightByDatapoints()])
+    postprocessors, dp = [WeightByDatapoints()], {}
+    if args.dp_noise is not None:  # pfl's central DP: uniform weights, clip each user, noise N(0, (zC)^2) on the sum
+        from pfl.aggregate.weighting import WeightByUser
+        from pfl.privacy import CentrallyAppliedPrivacyMechanism, GaussianMechanism, RDPPrivacyAccountant
+
+        q = args.cohort / len(users)
+        delta = args.dp_delta if args.dp_delta is not None else len(users) ** -1.1
+        accountant = RDPPrivacyAccountant(num_compositions=args.rounds, sampling_probability=q, mechanism="gaussian",
+                                          noise_parameter=args.dp_noise, delta=delta)
+        mechanism = CentrallyAppliedPrivacyMechanism(GaussianMechanism.from_privacy_accountant(accountant, args.dp_clip))
+        postprocessors = [WeightByUser(), mechanism]
+        dp = {"epsilon": accountant.epsilon, "delta": delta}
+    backend = SimulatedBackend(training_data=train_data, val_data=None, postprocessors=postprocessors)
     clock = Clock()
     FederatedAveraging().run(
         algorithm_params=NNAlgorithmParams(central_num_iterations=args.rounds, evaluation_frequency=args.rounds,
@@ -112,7 +128,7 @@ def main() -> None:
     acc = test_accuracy(net, torch.from_numpy(a["test_x"]), torch.from_numpy(a["test_y"]).long())
     import pfl
 
-    report("pfl", T_START, clock.marks, acc, version=pfl.__version__)
+    report("pfl_dp" if dp else "pfl", T_START, clock.marks, acc, version=pfl.__version__, **dp)
 
 
 if __name__ == "__main__":
