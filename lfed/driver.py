@@ -199,7 +199,8 @@ class FederatedDriver(LightningModule):
             self._finish(run, prepared, result, optimizer, ranks)
         tick.step()  # counts the round: global_step == rounds done
         for run in self.runs:  # a component may forbid the next round (DP's budget): the run stops here
-            reason = run.stop_reason(r + 1, total) if run.running else None
+            last = total is not None and r + 1 >= total  # no round follows the last: nothing to forbid
+            reason = run.stop_reason(r + 1, total) if run.running and not last else None
             if reason:
                 run.status, run.error = "stopped", reason
                 rank_zero_info(f"lfed: {self._prefix(run)}{reason}")

@@ -225,6 +225,14 @@ def test_compositions_the_accountant_cannot_account_for_are_refused_before_round
     assert torch.equal(flat_weights(m), before)
 
 
+def test_a_calibrated_budget_runs_every_planned_round_and_ends_within_it():
+    m = _module(algorithm="dp_fedavg", fraction=0.3,
+                aggregation=DPFedAvg(noise_multiplier=None, target_epsilon=3.0, clip=0.5))
+    t = run_rounds(m, _digits(), 4)
+    assert t.global_step == 4 and m.runs[0].status == "done" and m.runs[0].error is None
+    assert m.last_round.extra["privacy/epsilon"] <= 3.0
+
+
 def test_an_unreachable_budget_is_refused_before_round_0():
     # RDP's conversion to (ε, δ) costs at least log(1/δ)/(α_max - 1) ≈ 0.015 at δ = 1e-10, whatever the noise
     m = _module(algorithm="dp_fedavg", fraction=1.0,
