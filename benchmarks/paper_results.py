@@ -172,7 +172,8 @@ class Recorder(Callback):
             self.entropy.append(float(metrics["attention/entropy"]))
         if "attention/weight_sum" in metrics:  # 1 for self/global; time-attention's server step size
             self.weight_sum.append(float(metrics["attention/weight_sum"]))
-        for key in ("round/amplification", "attention/logit_spread", "attention/mean_sq_norm", "efl/max_lr_lambda_u"):
+        for key in ("round/amplification", "attention/logit_spread", "attention/mean_sq_norm", "efl/max_lr_lambda_u",
+                    "privacy/epsilon", "privacy/noise_multiplier", "privacy/clip"):  # DP: final ε = privacy/epsilon_max
             if key in metrics:
                 self.per_round.setdefault(key, []).append(float(metrics[key]))
 
