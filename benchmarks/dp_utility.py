@@ -56,7 +56,7 @@ def main() -> None:
     ax.set_xticks(xs, [f"{x:g}" for x in xs])
     ax.set_xlabel("ε at δ = 1/N (100 rounds)")
     ax.set_ylabel("test accuracy, last 10% of rounds (%)")
-    ax.set_title("MNIST, 6,000 clients, Poisson q = 0.05, MLP 2NN", fontsize=9)
+    ax.set_title("MNIST, 6,000 clients, Poisson q = 0.02, MLP 784-100-10", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
