@@ -75,6 +75,25 @@ def lora_targets(net: nn.Module, target: Sequence[str]) -> list[str]:
     return matched
 
 
+def _trained_in_full(net: nn.Module, train: Sequence[str], adapted: list[str]) -> set[str]:
+    """The base's parameters matching a pattern of ``train`` (none of an adapted layer's)."""
+    if isinstance(train, str) or not isinstance(train, Sequence) or not all(isinstance(t, str) for t in train):
+        raise ValueError(f"train: a list of parameter-name patterns (fnmatch, e.g. ['fc.*']), got {train!r}")
+    names = [n for n, _ in net.named_parameters()]
+    out = set()
+    for pattern in train:
+        hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        if not hits:
+            raise ValueError(f"train: {pattern!r} matches no parameter of {type(net).__name__}; its parameters are: "
+                             + ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else ""))
+        clash = [n for n in hits if n.rsplit(".", 1)[0] in adapted]
+        if clash:
+            raise ValueError(f"train: {pattern!r} matches {clash[0]}, a weight of an adapted layer (its frozen W₀); "
+                             "leave the layer out of target to train it in full")
+        out.update(hits)
+    return out
+
+
 def _read_state(path: Path) -> dict[str, Tensor]:
     """A net's state dict from ``path``: a saved ``state_dict()``, or a Lightning/lfed checkpoint's ``net.*`` entries."""
     obj = torch.load(path, map_location="cpu", weights_only=False)  # the user's own file (a Lightning checkpoint holds more than tensors)
@@ -111,8 +130,27 @@ def load_base(net: nn.Module, path: str | Path) -> None:
         for what, items in (("missing", missing), ("unexpected", unexpected), ("shapes differ", shapes)):
             if items:
                 parts.append(f"{what}: {', '.join(items[:6])}" + (f", ... ({len(items)} in all)" if len(items) > 6 else ""))
-        raise ValueError(f"base_checkpoint: {path} does not fit {type(net).__name__}: " + "; ".join(parts))
+        label = getattr(net, "label", type(net).__name__)
+        raise ValueError(f"base_checkpoint: {path} does not fit {label}: " + "; ".join(parts))
     net.load_state_dict(given)
+
+
+class _BaseView:
+    """The base of an adapted net under its own (unadapted) state-dict names, for :func:`load_base`."""
+
+    def __init__(self, net: nn.Module, names: dict[str, str]) -> None:
+        self.net, self.names = net, names
+        self.label = type(net).__name__
+
+    def state_dict(self) -> dict[str, Tensor]:
+        own = self.net.state_dict()
+        return {k: own[v] for k, v in self.names.items()}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        own = self.net.state_dict()  # references to the net's tensors
+        with torch.no_grad():
+            for k, v in state.items():
+                own[self.names[k]].copy_(v)
 
 
 def _peft():
@@ -133,6 +171,10 @@ class LoRA(nn.Module):
         target: ``fnmatch`` patterns on ``net``'s module names; every ``nn.Linear`` layer matching one
             is adapted (``["*"]``: all of them).
         freeze_a: FFA-LoRA: keep ``A`` at its seeded initialisation (frozen), train ``B`` only.
+        train: ``fnmatch`` patterns on the base's parameter names (as in ``net.named_parameters()``
+            before adapting) left trainable in full beside the adapters, e.g. a new classifier head
+            (``["net.4.*"]``); they are client weights like the adapters. An adapted layer's own
+            weights cannot be listed (they are the frozen ``W₀``).
         seed: Seed of the ``A`` initialisation (Kaiming-uniform, as ``nn.Linear``'s weights; the same for
             every client and every run with this seed), independent of torch's global generator.
         base_checkpoint: A file holding the pretrained base: ``torch.save(net.state_dict(), path)``
@@ -140,7 +182,8 @@ class LoRA(nn.Module):
     """
 
     def __init__(self, net: nn.Module, rank: int = 4, alpha: float = 8.0, target: Sequence[str] = ("*",),
-                 freeze_a: bool = False, seed: int = 0, base_checkpoint: str | None = None) -> None:
+                 freeze_a: bool = False, seed: int = 0, base_checkpoint: str | None = None,
+                 train: Sequence[str] = ()) -> None:
         super().__init__()
         if not isinstance(net, nn.Module):
             raise ValueError(f"net: the base model must be an nn.Module, got {type(net).__name__}")
@@ -150,6 +193,7 @@ class LoRA(nn.Module):
         if not isinstance(freeze_a, bool):
             raise ValueError(f"freeze_a: true (FFA-LoRA) or false, got {freeze_a!r}")
         names = lora_targets(net, list(target))
+        full = _trained_in_full(net, train, names)
         modules = dict(net.named_modules())
         for name in names:
             layer = modules[name]
@@ -157,8 +201,13 @@ class LoRA(nn.Module):
             if rank > width:
                 raise ValueError(f"rank: {rank} is larger than layer {name!r} allows: min(in_features={layer.in_features}, "
                                  f"out_features={layer.out_features}) = {width}; choose rank <= {width} or leave the layer out of target")
-        if base_checkpoint is not None:
-            load_base(net, base_checkpoint)
+        if base_checkpoint is not None and not isinstance(base_checkpoint, (str, Path)):
+            raise ValueError(f"base_checkpoint: a file path or None, got {base_checkpoint!r}")
+        self._base_names = {k: k for k in net.state_dict()}  # the base's own names -> their names once adapted
+        for k in self._base_names:
+            layer, _, leaf = k.rpartition(".")
+            if layer in names:
+                self._base_names[k] = f"{layer}.base_layer.{leaf}"
         peft = _peft()
         config = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, bias="none", init_lora_weights=True,
                                  target_modules="^(?:" + "|".join(re.escape(n) for n in names) + ")$")
@@ -166,11 +215,27 @@ class LoRA(nn.Module):
             torch.manual_seed(seed)
             net = peft.inject_adapter_in_model(config, net, adapter_name=ADAPTER)
         for pname, p in net.named_parameters():
-            trains = ".lora_B." in pname or (".lora_A." in pname and not freeze_a)
+            trains = ".lora_B." in pname or (".lora_A." in pname and not freeze_a) or pname in full
             p.requires_grad_(trains)
         self.net = net
         self.rank, self.alpha, self.scaling = int(rank), float(alpha), float(alpha) / int(rank)
-        self.target, self.adapted, self.freeze_a = list(target), names, freeze_a
+        self.target, self.adapted, self.freeze_a, self.trained_in_full = list(target), names, freeze_a, sorted(full)
+        self.base_checkpoint = None if base_checkpoint is None else str(base_checkpoint)
+        self._base_loaded = base_checkpoint is None
+
+    def load_pretrained(self) -> None:
+        """Load ``base_checkpoint`` into the frozen base (once; a no-op without one).
+
+        lfed's run calls it at set-up, before its checks of the net and round 0
+        (:meth:`lfed.run.FederatedRun.setup`), so a config names a base file that exists only by
+        then (written by ``scripts/pretrain_shakespeare.py``); a file that does not fit the base
+        is refused there. Used outside a run, call it before the first forward pass.
+        """
+        if self._base_loaded:
+            return
+        base = _BaseView(self.net, self._base_names)
+        load_base(base, self.base_checkpoint)
+        self._base_loaded = True
 
     def adapters(self) -> dict[str, tuple[Tensor, Tensor]]:
         """``{layer name: (A [r, d_in], B [d_out, r])}`` of every adapted layer."""
@@ -187,6 +252,9 @@ class LoRA(nn.Module):
 
     def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         """The adapted net's output: every adapted layer computes ``W₀ x + b₀ + (α/r) B A x``."""
+        if not self._base_loaded:
+            raise RuntimeError(f"LoRA: base_checkpoint {self.base_checkpoint} is not loaded yet; call load_pretrained() first "
+                               "(lfed's run does at set-up)")
         return self.net(x, *args, **kwargs)
 
     def extra_repr(self) -> str:

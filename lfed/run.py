@@ -118,7 +118,8 @@ class FederatedRun(nn.Module):
     # ------------------------------------------------------------------ set-up
     def setup(self, data, default_root_dir: str | Path | None = None,
               convert: Callable[[nn.Module], nn.Module] | None = None) -> None:
-        """Build the default net if none was given and allocate every component's state for the data's clients.
+        """Build the default net if none was given, load a pretrained base (a submodule's ``load_pretrained()``,
+        :class:`lfed.adapters.LoRA`) and allocate every component's state for the data's clients.
 
         ``convert``: puts the net in the run's precision first (Lightning's ``precision_plugin.convert_module``),
         so state is allocated, and a checkpoint restored, in that precision.
@@ -127,6 +128,9 @@ class FederatedRun(nn.Module):
             self.net = default_net(data)
         if convert is not None:
             self.net = convert(self.net)
+        for module in self.net.modules():  # a pretrained base from its file (lfed.adapters.LoRA), before any check of the net
+            if callable(getattr(module, "load_pretrained", None)):
+                module.load_pretrained()
         self.layout = ParamLayout.from_module(self.net)
         check_task(self.net, data, self.loss)  # the net's output against the classes / targets, before round 0
         if self.store.placement == "disk" and self.store.directory is None:

@@ -103,17 +103,25 @@ def test_a_base_checkpoint_is_loaded_and_one_that_does_not_fit_is_refused(tmp_pa
     path = tmp_path / "base.pt"
     torch.save(pretrained.state_dict(), path)
     m = LoRA(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)), rank=1, base_checkpoint=str(path))
+    with pytest.raises(RuntimeError, match=r"base_checkpoint .*base.pt is not loaded yet; call load_pretrained\(\) first"):
+        m(torch.randn(1, 4))
+    m.load_pretrained()
     assert torch.equal(m.base_layer("0").weight, pretrained[0].weight) and torch.equal(m.base_layer("2").bias, pretrained[2].bias)
     x = torch.randn(5, 4)
     assert torch.equal(m(x), pretrained(x))
     with pytest.raises(ValueError, match=r"does not fit Sequential: shapes differ: 0.weight \(file \[3, 4\], model \[5, 4\]\)"):
-        LoRA(nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(3, 2)), rank=1, base_checkpoint=str(path))
+        LoRA(nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(3, 2)), rank=1, base_checkpoint=str(path)).load_pretrained()
     with pytest.raises(ValueError, match=r"missing: 4.weight, 4.bias"):
         load_base(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2), nn.ReLU(), nn.Linear(2, 2)), path)
     with pytest.raises(ValueError, match=r"unexpected: 2.weight, 2.bias"):
         load_base(nn.Sequential(nn.Linear(4, 3)), path)
     with pytest.raises(FileNotFoundError, match="base_checkpoint: no file at"):
-        LoRA(nn.Sequential(nn.Linear(4, 3)), rank=1, base_checkpoint=str(tmp_path / "nope.pt"))
+        LoRA(nn.Sequential(nn.Linear(4, 3)), rank=1, base_checkpoint=str(tmp_path / "nope.pt")).load_pretrained()
+    # an lfed checkpoint's global model ('net.*' entries) is a base too
+    torch.save({"state_dict": {f"net.{k}": v for k, v in pretrained.state_dict().items()}, "lfed": {}}, tmp_path / "run.ckpt")
+    m = LoRA(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)), rank=1, base_checkpoint=str(tmp_path / "run.ckpt"))
+    m.load_pretrained()
+    assert torch.equal(m(x), pretrained(x))
     torch.save([1, 2], tmp_path / "list.pt")
     with pytest.raises(ValueError, match="holds a list, not a state dict"):
         load_base(nn.Sequential(nn.Linear(4, 3)), tmp_path / "list.pt")
@@ -221,3 +229,35 @@ def test_resume_of_an_adapter_run_is_bit_identical(tmp_path, backend, freeze_a):
     assert all(v.shape[-1] == P for k, v in state.items() if k.startswith("objective.") and k.endswith(".rows"))
     got = run_state(fit(config, "--ckpt_path", str(middle)))
     assert_same_state(got, want)
+
+
+def test_train_leaves_base_parameters_trainable_in_full_and_refuses_an_adapted_layers_weight():
+    m = LoRA(nn.Sequential(nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 3)), rank=2, target=["0"], train=["2.*"])
+    layout = ParamLayout.from_module(m)
+    assert layout.names == ("net.0.lora_A.default.weight", "net.0.lora_B.default.weight", "net.2.weight", "net.2.bias")
+    assert layout.num_params == 16 + 12 + 18 + 3 and m.trained_in_full == ["2.bias", "2.weight"]
+    with pytest.raises(ValueError, match=r"train: '0.\*' matches 0.weight, a weight of an adapted layer"):
+        LoRA(nn.Sequential(nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 3)), rank=2, target=["0"], train=["0.*"])
+    with pytest.raises(ValueError, match=r"train: 'head.\*' matches no parameter of Sequential; its parameters are: 0.weight"):
+        LoRA(nn.Sequential(nn.Linear(8, 6)), rank=2, train=["head.*"])
+
+
+def test_a_run_loads_its_base_at_set_up_and_refuses_a_base_that_does_not_fit(tmp_path):
+    from lfed.models import MLP
+
+    torch.manual_seed(3)
+    pretrained = MLP(in_features=64, hidden=[16], num_classes=10)
+    path = tmp_path / "base.pt"
+    torch.save(pretrained.state_dict(), path)
+    net = {"class_path": "lfed.adapters.LoRA",
+           "init_args": {"net": {"class_path": "lfed.models.MLP", "init_args": {"in_features": 64, "hidden": [16], "num_classes": 10}},
+                         "rank": 2, "target": ["net.0"], "train": ["net.2.*"], "base_checkpoint": str(path)}}
+    cli = fit(write_config(tmp_path / "cfg.yaml", "fedavg", rounds=2, every=0, net=net))
+    lora = cli.model.net
+    assert cli.model.layout.num_params == 2 * 64 + 16 * 2 + 16 * 10 + 10
+    assert torch.equal(lora.base_layer("net.0").weight, pretrained.net[0].weight.double())  # loaded, untouched by 2 rounds
+    assert not torch.equal(lora.net.net[2].weight, pretrained.net[2].weight.double())  # the head trained
+    wrong = {**net, "init_args": {**net["init_args"], "net": {"class_path": "lfed.models.MLP",
+                                                              "init_args": {"in_features": 64, "hidden": [32], "num_classes": 10}}}}
+    with pytest.raises(ValueError, match=r"base_checkpoint: .*base.pt does not fit MLP: shapes differ: net.0.weight \(file \[16, 64\], model \[32, 64\]\)"):
+        fit(write_config(tmp_path / "wrong.yaml", "fedavg", rounds=2, every=0, net=wrong))
