@@ -259,5 +259,20 @@ def test_a_run_loads_its_base_at_set_up_and_refuses_a_base_that_does_not_fit(tmp
     assert not torch.equal(lora.net.net[2].weight, pretrained.net[2].weight.double())  # the head trained
     wrong = {**net, "init_args": {**net["init_args"], "net": {"class_path": "lfed.models.MLP",
                                                               "init_args": {"in_features": 64, "hidden": [32], "num_classes": 10}}}}
-    with pytest.raises(ValueError, match=r"base_checkpoint: .*base.pt does not fit MLP: shapes differ: net.0.weight \(file \[16, 64\], model \[32, 64\]\)"):
+    fits_not = r"base_checkpoint: .*base.pt does not fit MLP: shapes differ: net.0.weight \(file \[16, 64\], model \[32, 64\]\)"
+    with pytest.raises(ValueError, match=fits_not):
         fit(write_config(tmp_path / "wrong.yaml", "fedavg", rounds=2, every=0, net=wrong))
+
+
+@pytest.mark.usefixtures("one_thread")  # bit for bit needs one intra-op thread (tests/test_group.py)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_grid_of_adapter_runs_equals_each_run_alone(backend, tmp_path):
+    """Each adapter run is its own engine call (lfed.lockstep.engine_key): the runs' frozen parts may differ
+    (here FFA-LoRA's A, drawn from the seed of each run), and one product of the base over all rows rounds
+    differently from the products over each run's rows."""
+    from test_group import ROUNDS, assert_members_equal_alone, config
+
+    assert_members_equal_alone([config("lora_digits.yaml")],
+                               {"model.client_lr": [0.05, 0.1], "model.net.init_args.seed": [0, 1]},
+                               [*ROUNDS, f"--model.backend={backend}", "--model.net.init_args.freeze_a=true"], tmp_path,
+                               merged_calls_per_round=4)
