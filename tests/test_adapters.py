@@ -276,3 +276,61 @@ def test_a_grid_of_adapter_runs_equals_each_run_alone(backend, tmp_path):
                                {"model.client_lr": [0.05, 0.1], "model.net.init_args.seed": [0, 1]},
                                [*ROUNDS, f"--model.backend={backend}", "--model.net.init_args.freeze_a=true"], tmp_path,
                                merged_calls_per_round=4)
+
+
+# ----------------------------------------------------------------------------- the Shakespeare pipeline (real data)
+def _pretrain(args):
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("pretrain_shakespeare", REPO / "scripts" / "pretrain_shakespeare.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TINY = ["--d-model", "16", "--num-layers", "1", "--num-heads", "2", "--d-ff", "32", "--batch-size", "32",
+        "--max-examples", "200", "--epochs", "2"]
+
+
+def test_pretraining_uses_the_roles_that_are_not_clients_and_resumes_exactly_in_chunks(tmp_path, data_dir):
+    pretrain = _pretrain([])
+    from lfed.data.datasets import load_dataset
+
+    groups = load_dataset("shakespeare", data_dir).train_groups
+    public = pretrain.public_share(groups, 9)
+    ids = torch.unique(groups)
+    assert set(torch.unique(groups[public]).tolist()) == set(ids[9:].tolist())  # no client's role
+    with pytest.raises(ValueError, match=r"--clients: must be in \[1, 9\]"):
+        pretrain.public_share(groups, 10)
+    straight = tmp_path / "a" / "base.pt"
+    summary = pretrain.main(["--out", str(straight), "--data-dir", str(data_dir), *TINY])
+    assert summary["steps"] == 2 * 7 and summary["public_train_examples"] == 200
+    chunked = tmp_path / "b" / "base.pt"
+    calls = 0
+    while not chunked.exists():  # --minutes 0: one step per call, the state kept in base.pt.train.pt
+        pretrain.main(["--out", str(chunked), "--data-dir", str(data_dir), *TINY, "--minutes", "0"])
+        calls += 1
+    assert calls == 14 and not chunked.with_name("base.pt.train.pt").exists()
+    a, b = torch.load(straight), torch.load(chunked)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_lora_shakespeare_config_runs_over_a_pretrained_base(tmp_path, data_dir):
+    from conftest import REPO
+
+    pretrain = _pretrain([])
+    base = tmp_path / "base.pt"
+    pretrain.main(["--out", str(base), "--data-dir", str(data_dir), *TINY])
+    model = ["--model.net.init_args.net.init_args.d_model=16", "--model.net.init_args.net.init_args.num_layers=1",
+             "--model.net.init_args.net.init_args.num_heads=2", "--model.net.init_args.net.init_args.d_ff=32"]
+    cli = fit(REPO / "configs" / "lora_shakespeare.yaml", *model, f"--model.net.init_args.base_checkpoint={base}",
+              f"--data.data_dir={data_dir}", "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--model.local_steps=2",
+              "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--checkpoint_every=0",
+              f"--trainer.default_root_dir={tmp_path}")
+    lora = cli.model.net
+    pretrained = torch.load(base)
+    assert torch.equal(lora.base_layer("blocks.0.attn.qkv").weight.float(), pretrained["blocks.0.attn.qkv.weight"])
+    assert cli.model.layout.num_params == sum(p.numel() for n, p in lora.named_parameters() if ".lora_" in n)
+    assert len(cli.model.eval_history) == 1
