@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from lfed.validation import integer, number
 
-__all__ = ["LoRA", "load_base", "lora_targets"]
+__all__ = ["LoRA", "Pretrained", "load_base", "lora_targets"]
 
 #: peft's name for lfed's one adapter.
 ADAPTER = "default"
@@ -259,3 +259,51 @@ class LoRA(nn.Module):
 
     def extra_repr(self) -> str:
         return f"rank={self.rank}, alpha={self.alpha}, freeze_a={self.freeze_a}, adapted={self.adapted}"
+
+
+class Pretrained(nn.Module):
+    """``net`` with its weights from ``base_checkpoint``, the parameters matching ``freeze`` frozen (no adapters).
+
+    Full fine-tuning of a pretrained model (nothing frozen), or a frozen base under trainable parts
+    (``freeze: ["embedding.*", "blocks.*"]``). Like :class:`LoRA` the file is loaded at the run's set-up
+    (:meth:`load_pretrained`); a file that does not fit ``net`` is refused there.
+
+    Args:
+        net: The model (any ``nn.Module``).
+        base_checkpoint: ``torch.save(net.state_dict(), path)`` or an lfed checkpoint (its ``net.*`` entries).
+        freeze: ``fnmatch`` patterns on ``net``'s parameter names to freeze; each must match one.
+    """
+
+    def __init__(self, net: nn.Module, base_checkpoint: str, freeze: Sequence[str] = ()) -> None:
+        super().__init__()
+        if not isinstance(net, nn.Module):
+            raise ValueError(f"net: the model must be an nn.Module, got {type(net).__name__}")
+        if not isinstance(base_checkpoint, (str, Path)):
+            raise ValueError(f"base_checkpoint: a file path, got {base_checkpoint!r}")
+        if isinstance(freeze, str) or not isinstance(freeze, Sequence) or not all(isinstance(f, str) for f in freeze):
+            raise ValueError(f"freeze: a list of parameter-name patterns (fnmatch), got {freeze!r}")
+        names = [n for n, _ in net.named_parameters()]
+        frozen = set()
+        for pattern in freeze:
+            hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+            if not hits:
+                raise ValueError(f"freeze: {pattern!r} matches no parameter of {type(net).__name__}; its parameters are: "
+                                 + ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else ""))
+            frozen.update(hits)
+        for n, p in net.named_parameters():
+            p.requires_grad_(n not in frozen)
+        self.net, self.base_checkpoint, self.frozen = net, str(base_checkpoint), sorted(frozen)
+        self._base_loaded = False
+
+    def load_pretrained(self) -> None:
+        """Load ``base_checkpoint`` into ``net`` (once)."""
+        if not self._base_loaded:
+            load_base(self.net, self.base_checkpoint)
+            self._base_loaded = True
+
+    def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        """``net``'s output (after :meth:`load_pretrained`)."""
+        if not self._base_loaded:
+            raise RuntimeError(f"Pretrained: base_checkpoint {self.base_checkpoint} is not loaded yet; call load_pretrained() "
+                               "first (lfed's run does at set-up)")
+        return self.net(x, *args, **kwargs)

@@ -334,3 +334,25 @@ def test_lora_shakespeare_config_runs_over_a_pretrained_base(tmp_path, data_dir)
     assert torch.equal(lora.base_layer("blocks.0.attn.qkv").weight.float(), pretrained["blocks.0.attn.qkv.weight"])
     assert cli.model.layout.num_params == sum(p.numel() for n, p in lora.named_parameters() if ".lora_" in n)
     assert len(cli.model.eval_history) == 1
+
+
+def test_pretrained_loads_a_base_for_full_fine_tuning_or_under_frozen_parts(tmp_path):
+    from lfed.adapters import Pretrained
+
+    torch.manual_seed(0)
+    pretrained = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    path = tmp_path / "base.pt"
+    torch.save(pretrained.state_dict(), path)
+    full = Pretrained(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)), str(path))
+    with pytest.raises(RuntimeError, match="not loaded yet"):
+        full(torch.randn(1, 4))
+    full.load_pretrained()
+    x = torch.randn(5, 4)
+    assert torch.equal(full(x), pretrained(x))
+    assert ParamLayout.from_module(full).num_params == 4 * 3 + 3 + 3 * 2 + 2  # nothing frozen
+    head_only = Pretrained(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)), str(path), freeze=["0.*"])
+    assert ParamLayout.from_module(head_only).names == ("net.2.weight", "net.2.bias") and head_only.frozen == ["0.bias", "0.weight"]
+    with pytest.raises(ValueError, match=r"freeze: 'x\.\*' matches no parameter of Sequential"):
+        Pretrained(nn.Sequential(nn.Linear(4, 3)), str(path), freeze=["x.*"])
+    with pytest.raises(ValueError, match=r"does not fit Sequential: unexpected: 2.weight, 2.bias"):
+        Pretrained(nn.Sequential(nn.Linear(4, 3)), str(path)).load_pretrained()
