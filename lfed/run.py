@@ -33,6 +33,7 @@ from lfed.evaluation import (
     BestMeanAccuracy,
     check_task,
     client_accuracies,
+    client_evaluation,
     evaluate_split,
     is_classification,
     local_accuracy,
@@ -241,7 +242,8 @@ class FederatedRun(nn.Module):
         return client_accuracies(self.net, self.data, ranks.rank, ranks.world_size, reduce_sum or (lambda t: t))
 
     def evaluate(self, ranks: Ranks, reduce_sum: Callable[[Tensor], Tensor], batch_size: int = 2048) -> tuple[dict[str, float], Tensor | None]:
-        """The global model on the test set, the server's validation split and the clients' held-out splits.
+        """The global model on the test set, the server's validation split and the clients' held-out splits
+        (accuracy; with token inputs, a language model, also each client's perplexity ``exp(mean NLL)``).
 
         Each rank evaluates its share, the sums are reduced over the ranks (``reduce_sum``), so every
         example counts once. Returns the metrics and the per-client accuracies (for :meth:`record_evaluation`).
@@ -253,11 +255,17 @@ class FederatedRun(nn.Module):
             val = evaluate_split(self.net, self.loss_fn, d.train_x[d.val_index], d.train_y[d.val_index], ranks,
                                  reduce_sum, batch_size, classification)
             metrics.update({k.replace("test/", "val/"): v for k, v in val.items()})
-        per_client = self.client_accuracy(ranks, reduce_sum)
+        tokens = not (d.train_x.dtype.is_floating_point or d.train_x.dtype.is_complex)  # a language model: perplexity too
+        evaluated = client_evaluation(self.net, d, ranks.rank, ranks.world_size, reduce_sum, nll=tokens)
+        per_client = None if evaluated is None else evaluated[0]
         if per_client is not None:
             client = per_client[~torch.isnan(per_client)]
             metrics["client/acc_mean"] = float(client.mean())
             metrics["client/acc_worst10"] = worst_share_mean(client, 0.1)
+        if evaluated is not None and evaluated[1] is not None:  # SPEC §12: each client's perplexity exp(mean NLL)
+            perplexity = evaluated[1][~torch.isnan(evaluated[1])].exp()
+            metrics["client/perplexity_mean"] = float(perplexity.mean())
+            metrics["client/perplexity_worst10"] = -worst_share_mean(-perplexity, 0.1)  # the highest 10%
         return metrics, per_client
 
     def record_evaluation(self, rounds_done: int, metrics: dict[str, float], per_client: Tensor | None) -> None:

@@ -257,6 +257,7 @@ def test_a_run_loads_its_base_at_set_up_and_refuses_a_base_that_does_not_fit(tmp
     assert cli.model.layout.num_params == 2 * 64 + 16 * 2 + 16 * 10 + 10
     assert torch.equal(lora.base_layer("net.0").weight, pretrained.net[0].weight.double())  # loaded, untouched by 2 rounds
     assert not torch.equal(lora.net.net[2].weight, pretrained.net[2].weight.double())  # the head trained
+    assert "client/acc_mean" in cli.trainer.callback_metrics and "client/perplexity_mean" not in cli.trainer.callback_metrics
     wrong = {**net, "init_args": {**net["init_args"], "net": {"class_path": "lfed.models.MLP",
                                                               "init_args": {"in_features": 64, "hidden": [32], "num_classes": 10}}}}
     fits_not = r"base_checkpoint: .*base.pt does not fit MLP: shapes differ: net.0.weight \(file \[16, 64\], model \[32, 64\]\)"
@@ -334,6 +335,8 @@ def test_lora_shakespeare_config_runs_over_a_pretrained_base(tmp_path, data_dir)
     assert torch.equal(lora.base_layer("blocks.0.attn.qkv").weight.float(), pretrained["blocks.0.attn.qkv.weight"])
     assert cli.model.layout.num_params == sum(p.numel() for n, p in lora.named_parameters() if ".lora_" in n)
     assert len(cli.model.eval_history) == 1
+    logged = cli.trainer.callback_metrics  # token inputs: each role's perplexity on its held-out text too
+    assert float(logged["client/perplexity_worst10"]) >= float(logged["client/perplexity_mean"]) > 1
 
 
 def test_pretrained_loads_a_base_for_full_fine_tuning_or_under_frozen_parts(tmp_path):
