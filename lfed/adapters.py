@@ -33,8 +33,12 @@ Configured from YAML as a wrapper of any net::
           rank: 4
           alpha: 8
           target: ["net.*"]          # fnmatch patterns on the net's module names (nn.Linear layers)
+          train: []                  # base parameters trained in full beside the adapters (a head)
           freeze_a: false            # true: FFA-LoRA
-          base_checkpoint: base.pt   # the pretrained base (optional)
+          base_checkpoint: base.pt   # the pretrained base (optional), loaded at the run's set-up
+
+:class:`Pretrained` is the same without adapters: a pretrained net trained in full, or with some of
+its parameters frozen (full fine-tuning, the baseline of adapters).
 """
 
 from __future__ import annotations
