@@ -80,8 +80,9 @@ def test_p_counts_the_trainable_parameters_only():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("algorithm, extra", [("scaffold", {}), ("efl", {"compression": 0.3, "fisher_samples": 8})],
-                         ids=["scaffold", "efl-compressed"])
+@pytest.mark.parametrize("algorithm, extra", [("scaffold", {}), ("scaffold", {"client_state": "host"}),
+                                              ("efl", {"compression": 0.3, "fisher_samples": 8})],
+                         ids=["scaffold", "scaffold-host-rows", "efl-compressed"])
 def test_a_frozen_base_trains_as_constants_and_only_the_trainable_part_travels(backend, algorithm, extra):
     torch.manual_seed(0)
     net = HalfFrozenMLP().double()
