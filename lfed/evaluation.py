@@ -3,7 +3,8 @@
 * :func:`evaluate_split`: the test loss (mean per-example loss, whatever form the user's loss
   takes) and, for classification, the test accuracy of a split, summed in float64 batch after
   batch, each rank its contiguous share, the sums reduced over the ranks (no item twice).
-* :func:`client_accuracies`: the global model's accuracy on each client's held-out split.
+* :func:`client_accuracies`, :func:`client_evaluation`: the global model's accuracy (and NLL) on each
+  client's held-out split.
 * :func:`local_accuracy` and :class:`BestMeanAccuracy`: BMTA (004 §5) in its two readings,
   ``bmta_global`` and ``bmta_local`` (SPEC §9).
 * :func:`check_task`: the net's output against the data's task (number of classes, or the
@@ -21,6 +22,7 @@ import math
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
@@ -113,14 +115,24 @@ def client_losses(engine, w: Tensor, data_x: Tensor, data_y: Tensor, index: Tens
 @torch.no_grad()
 def client_accuracies(net: nn.Module, data, rank: int, world_size: int, reduce_sum: Callable[[Tensor], Tensor],
                       chunk: int = 4096) -> Tensor | None:
-    """Accuracy of the global model on each client's held-out split.
+    """Accuracy of the global model on each client's held-out split (:func:`client_evaluation`'s first half)."""
+    out = client_evaluation(net, data, rank, world_size, reduce_sum, chunk, nll=False)
+    return None if out is None else out[0]
+
+
+def client_evaluation(net: nn.Module, data, rank: int, world_size: int, reduce_sum: Callable[[Tensor], Tensor],
+                      chunk: int = 4096, nll: bool = True) -> tuple[Tensor, Tensor | None] | None:
+    """Accuracy and mean negative log-likelihood of the global model on each client's held-out split.
 
     Each rank predicts a contiguous share of the held-out examples; ``reduce_sum`` (the strategy's
-    ``reduce(..., reduce_op="sum")``) adds the per-client counts over the ranks.
+    ``reduce(..., reduce_op="sum")``) adds the per-client counts and sums over the ranks. The NLL is
+    the cross-entropy of the logits (``exp`` of it is the client's perplexity, SPEC §12), whatever
+    loss the clients train with (``nll=False``: not computed, None; the net's outputs must then be
+    logits over the classes only for the accuracy).
 
     Returns:
-        ``[N]`` accuracies, NaN for a client without a held-out split; None when no client has
-        one or the task is regression.
+        ``([N] accuracies, [N] mean NLL)``, NaN for a client without a held-out split; None when no
+        client has one or the task is regression.
     """
     if not is_classification(data.train_y):
         return None
@@ -133,16 +145,26 @@ def client_accuracies(net: nn.Module, data, rank: int, world_size: int, reduce_s
     owner = torch.arange(data.num_clients, device=device)[:, None].expand_as(valid)[valid]
     idx = data.holdout_index[valid]
     correct = torch.zeros(data.num_clients, device=device, dtype=torch.float64)
+    nll_sum = torch.zeros(data.num_clients, device=device, dtype=torch.float64) if nll else None
     n = idx.numel()
     start, stop = (n * rank) // world_size, (n * (rank + 1)) // world_size
     for lo in range(start, stop, chunk):
         sl = slice(lo, min(lo + chunk, stop))
-        pred = net(data.train_x[idx[sl]]).argmax(-1)
-        correct.index_add_(0, owner[sl], (pred == data.train_y[idx[sl]]).double())
+        logits = net(data.train_x[idx[sl]])
+        y = data.train_y[idx[sl]]
+        correct.index_add_(0, owner[sl], (logits.argmax(-1) == y).double())
+        if nll_sum is not None:
+            nll_sum.index_add_(0, owner[sl], F.cross_entropy(logits, y.long(), reduction="none").double())
     correct = reduce_sum(correct)
-    out = torch.full_like(correct, float("nan"))
-    out[has] = correct[has] / data.holdout_sizes[has].double()
-    return out
+    sizes = data.holdout_sizes[has].double()
+    acc = torch.full_like(correct, float("nan"))
+    acc[has] = correct[has] / sizes
+    mean_nll = None
+    if nll_sum is not None:
+        nll_sum = reduce_sum(nll_sum)
+        mean_nll = torch.full_like(nll_sum, float("nan"))
+        mean_nll[has] = nll_sum[has] / sizes
+    return acc, mean_nll
 
 
 def worst_share_mean(values: Tensor, share: float = 0.1) -> float:

@@ -103,7 +103,10 @@ def run_fingerprint(module: Any, total_rounds: int | None = None, datamodule: An
     Structural keys (``composition.*``, ``model.*``, ``data.*``; see :data:`STRUCTURAL_PREFIXES`)
     identify the run; ``hparams.*`` keys are hyperparameters whose change is allowed with a
     warning. ``data.*`` keys are present when its ``FederatedDataModule`` is given, ``model.*``
-    keys once it has a net, the rounds when a fraction schedule depends on them.
+    keys once it has a net, the rounds when a fraction schedule depends on them. A net with
+    frozen parameters (a frozen base, :mod:`lfed.adapters`) adds their names and shapes
+    (``model.frozen``) and a digest of their values (``model.frozen_digest``): a checkpoint made
+    over another base (another ``base_checkpoint``, another seed) is refused.
     """
     opt_name, opt_hp = _optimizer_summary(module.server_optimizer)
     plan = module.training_plan
@@ -143,6 +146,10 @@ def run_fingerprint(module: Any, total_rounds: int | None = None, datamodule: An
         fp["model.class"] = f"{net.__module__}.{net.__qualname__}"
         fp["model.num_params"] = module.layout.num_params
         fp["model.parameters"] = [f"{n}{list(s)}" for n, s in zip(module.layout.names, module.layout.shapes)]
+        frozen = [(n, p) for n, p in module.net.named_parameters() if not p.requires_grad]
+        if frozen:  # a frozen base: never trained, so a resume must start from the very same tensors
+            fp["model.frozen"] = [f"{n}{list(p.shape)}" for n, p in frozen]
+            fp["model.frozen_digest"] = tensor_digest(*(p for _, p in frozen))
     dm = datamodule
     if dm is not None and hasattr(dm, "build"):
         fp.update(data_fingerprint(dm))

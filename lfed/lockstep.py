@@ -105,7 +105,11 @@ def engine_key(run: Any, job: TrainJob) -> tuple:
     """Runs whose rows have equal keys train in one engine call (``run``: a :class:`~lfed.run.FederatedRun`)."""
     net = run.net
     sig = rule_signature(job.rule, job.w_start.dtype)
-    alone = sig is None or _has_dropout(net) or has_running_stats(net) or len(dict(net.named_buffers()))
+    # a frozen base (lfed.adapters) trains alone: the engine computes with one run's net, and the runs' bases
+    # (or FFA-LoRA's frozen A) may differ; and the base's product is one matrix product over all the call's rows,
+    # whose rounding depends on how many rows there are
+    frozen = any(not p.requires_grad for p in net.parameters())
+    alone = sig is None or _has_dropout(net) or has_running_stats(net) or len(dict(net.named_buffers())) or frozen
     return (id(run) if alone else None, sig, job.batch_size, _batch_width(job), id(job.data_x), run.backend,
             run.chunk_size, repr(run.loss))
 

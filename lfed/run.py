@@ -33,6 +33,7 @@ from lfed.evaluation import (
     BestMeanAccuracy,
     check_task,
     client_accuracies,
+    client_evaluation,
     evaluate_split,
     is_classification,
     local_accuracy,
@@ -118,7 +119,8 @@ class FederatedRun(nn.Module):
     # ------------------------------------------------------------------ set-up
     def setup(self, data, default_root_dir: str | Path | None = None,
               convert: Callable[[nn.Module], nn.Module] | None = None) -> None:
-        """Build the default net if none was given and allocate every component's state for the data's clients.
+        """Build the default net if none was given, load a pretrained base (a submodule's ``load_pretrained()``,
+        :class:`lfed.adapters.LoRA`) and allocate every component's state for the data's clients.
 
         ``convert``: puts the net in the run's precision first (Lightning's ``precision_plugin.convert_module``),
         so state is allocated, and a checkpoint restored, in that precision.
@@ -127,6 +129,9 @@ class FederatedRun(nn.Module):
             self.net = default_net(data)
         if convert is not None:
             self.net = convert(self.net)
+        for module in self.net.modules():  # a pretrained base from its file (lfed.adapters.LoRA), before any check of the net
+            if callable(getattr(module, "load_pretrained", None)):
+                module.load_pretrained()
         self.layout = ParamLayout.from_module(self.net)
         check_task(self.net, data, self.loss)  # the net's output against the classes / targets, before round 0
         if self.store.placement == "disk" and self.store.directory is None:
@@ -240,7 +245,8 @@ class FederatedRun(nn.Module):
         return client_accuracies(self.net, self.data, ranks.rank, ranks.world_size, reduce_sum or (lambda t: t))
 
     def evaluate(self, ranks: Ranks, reduce_sum: Callable[[Tensor], Tensor], batch_size: int = 2048) -> tuple[dict[str, float], Tensor | None]:
-        """The global model on the test set, the server's validation split and the clients' held-out splits.
+        """The global model on the test set, the server's validation split and the clients' held-out splits
+        (accuracy; with token inputs, a language model, also each client's perplexity ``exp(mean NLL)``).
 
         Each rank evaluates its share, the sums are reduced over the ranks (``reduce_sum``), so every
         example counts once. Returns the metrics and the per-client accuracies (for :meth:`record_evaluation`).
@@ -252,11 +258,17 @@ class FederatedRun(nn.Module):
             val = evaluate_split(self.net, self.loss_fn, d.train_x[d.val_index], d.train_y[d.val_index], ranks,
                                  reduce_sum, batch_size, classification)
             metrics.update({k.replace("test/", "val/"): v for k, v in val.items()})
-        per_client = self.client_accuracy(ranks, reduce_sum)
+        tokens = not (d.train_x.dtype.is_floating_point or d.train_x.dtype.is_complex)  # a language model: perplexity too
+        evaluated = client_evaluation(self.net, d, ranks.rank, ranks.world_size, reduce_sum, nll=tokens)
+        per_client = None if evaluated is None else evaluated[0]
         if per_client is not None:
             client = per_client[~torch.isnan(per_client)]
             metrics["client/acc_mean"] = float(client.mean())
             metrics["client/acc_worst10"] = worst_share_mean(client, 0.1)
+        if evaluated is not None and evaluated[1] is not None:  # SPEC §12: each client's perplexity exp(mean NLL)
+            perplexity = evaluated[1][~torch.isnan(evaluated[1])].exp()
+            metrics["client/perplexity_mean"] = float(perplexity.mean())
+            metrics["client/perplexity_worst10"] = -worst_share_mean(-perplexity, 0.1)  # the highest 10%
         return metrics, per_client
 
     def record_evaluation(self, rounds_done: int, metrics: dict[str, float], per_client: Tensor | None) -> None:

@@ -310,3 +310,35 @@ def test_bmta_is_logged_at_the_end_of_a_run():
                callbacks=[Spy()])
     assert m.final_summary["final/bmta_global"] == pytest.approx(max(seen))
     assert 0.0 < m.final_summary["final/bmta_local"] <= 1.0
+
+
+def test_client_evaluation_gives_each_clients_accuracy_and_mean_nll_by_hand():
+    """Logits from the last token: token 0 -> (0, 0), 1 -> (ln 3, 0), 2 -> (0, ln 3), i.e. probabilities
+    (1/2, 1/2), (3/4, 1/4), (1/4, 3/4). Client 0 holds out (token 1, class 0) and (token 2, class 0):
+    NLL ln(4/3) and ln 4, accuracy 1/2; client 1 holds out (token 0, class 1): NLL ln 2, accuracy 0 (a tie
+    picks class 0); client 2 holds out nothing."""
+    from types import SimpleNamespace
+
+    from lfed.evaluation import client_evaluation
+
+    class LastToken(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.tensor([[0.0, 0.0], [math.log(3), 0.0], [0.0, math.log(3)]], dtype=torch.float64)
+
+        def forward(self, x):
+            return self.table[x[:, -1]]
+
+    data = SimpleNamespace(
+        train_x=torch.tensor([[0, 1], [2, 2], [1, 0], [0, 0]]), train_y=torch.tensor([0, 0, 1, 1]), num_clients=3,
+        holdout_index=torch.tensor([[0, 1], [2, 0], [0, 0]]), holdout_sizes=torch.tensor([2, 1, 0]))
+    acc, nll = client_evaluation(LastToken(), data, 0, 1, lambda t: t)
+    torch.testing.assert_close(acc[:2], torch.tensor([0.5, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(nll[:2], torch.tensor([(math.log(4 / 3) + math.log(4)) / 2, math.log(2)], dtype=torch.float64))
+    assert torch.isnan(acc[2]) and torch.isnan(nll[2])
+    assert float(nll[0].exp()) == pytest.approx(math.sqrt(16 / 3))  # client 0's perplexity
+    # two ranks, each its contiguous share of the 3 held-out examples (1 and 2): their parts add up to the whole
+    halves = [client_evaluation(LastToken(), data, r, 2, lambda t: t) for r in (0, 1)]
+    torch.testing.assert_close(halves[0][1][:2] + halves[1][1][:2], nll[:2])
+    torch.testing.assert_close(halves[0][1][:2], torch.tensor([math.log(4 / 3) / 2, 0.0], dtype=torch.float64))
+    assert client_evaluation(LastToken(), data, 0, 1, lambda t: t, nll=False)[1] is None

@@ -14,6 +14,7 @@ from lfed.models import (
     MLP,
     MODELS,
     CharLSTM,
+    CharTransformer,
     LogisticRegression,
     McMahanCIFARCNN,
     McMahanMNISTCNN,
@@ -63,6 +64,12 @@ def n_params(model: nn.Module) -> int:
         (CharLSTM(unrolled=True), 819_920),
         # 160 + 4,640 + 1,290
         (SmallCNN(), 6_090),
+        # 2*80*128 + 4*(512 + 49,536 + 16,512 + 66,048 + 65,664) + 256 + 10,320
+        (CharTransformer(), 824_144),
+        # vocab 7, seq_len 6, width 8, 2 blocks, d_ff 16: embeddings 7*8 + 6*8, per block LayerNorms 32,
+        # qkv 8*24+24, proj 8*8+8, fc1 8*16+16, fc2 16*8+8; final LayerNorm 16, head 8*7+7
+        # = 56 + 48 + 2*(32 + 216 + 72 + 144 + 136) + 16 + 63 = 1,383
+        (CharTransformer(vocab_size=7, seq_len=6, d_model=8, num_layers=2, num_heads=2, d_ff=16), 1_383),
     ],
 )
 def test_parameter_counts(model: nn.Module, expected: int) -> None:
@@ -87,6 +94,7 @@ SPECS: dict[str, tuple[dict, tuple[int, ...], str]] = {
     "reddi_emnist_cnn": ({"dropout": False}, (1, 28, 28), "float"),
     "char_lstm": ({"vocab_size": 7, "embed_dim": 3, "hidden": 5, "unrolled": True}, (6,), "long"),
     "small_cnn": ({}, (1, 8, 8), "float"),
+    "char_transformer": ({"vocab_size": 7, "seq_len": 6, "d_model": 8, "num_layers": 2, "num_heads": 2, "d_ff": 16}, (6,), "long"),
 }
 
 OUT = {
@@ -97,6 +105,7 @@ OUT = {
     "reddi_emnist_cnn": 62,
     "char_lstm": 7,
     "small_cnn": 10,
+    "char_transformer": 7,
 }
 
 
@@ -329,8 +338,26 @@ def test_build_model_passes_kwargs() -> None:
         (lambda: ReddiEMNISTCNN(num_classes=True), "num_classes"),
         (lambda: CharLSTM(hidden=0), "hidden"),
         (lambda: SmallCNN(num_classes=-3), "num_classes"),
+        (lambda: CharTransformer(d_model=10, num_heads=4), "num_heads: must divide d_model"),
     ],
 )
 def test_invalid_args_raise(factory, arg: str) -> None:
     with pytest.raises(ValueError, match=arg):
         factory()
+
+
+def test_char_transformer_is_causal_and_reads_the_last_position() -> None:
+    torch.manual_seed(0)
+    m = CharTransformer(vocab_size=7, seq_len=6, d_model=8, num_layers=2, num_heads=2, d_ff=16).double()
+    x = torch.randint(0, 7, (3, 6))
+    every = m.forward_all(x)
+    assert every.shape == (3, 6, 7)
+    torch.testing.assert_close(m(x), every[:, -1], rtol=0, atol=1e-14)
+    changed = x.clone()
+    changed[:, 4] = (changed[:, 4] + 1) % 7  # a later character changes nothing before it
+    after = m.forward_all(changed)
+    torch.testing.assert_close(after[:, :4], every[:, :4], rtol=0, atol=1e-14)
+    assert not torch.allclose(after[:, 4], every[:, 4])
+    torch.testing.assert_close(m(x[:, :4]), every[:, 3], rtol=0, atol=1e-14)  # shorter inputs: the first positions
+    with pytest.raises(ValueError, match="longer than seq_len=6"):
+        m(torch.zeros(1, 7, dtype=torch.long))

@@ -38,14 +38,18 @@ class LoopBackend:
     def _work_net(self) -> nn.Module:
         """The loop backend's copy of ``net`` (same device and dtype), made on first use.
 
-        Its trainable parameters are pointed at rows of the cohort's ``[K, P]`` weights, so a
-        local step is an ordinary forward and backward through the module (no
+        Its trainable parameters are pointed at rows of the cohort's ``[K, P]`` weights (its frozen
+        parameters are ``net``'s own tensors, shared, not copied), so a local step is an ordinary forward and backward through the module (no
         ``functional_call`` swap per step) and an in-place update of that row.
         """
         like = next(self.net.parameters())
         work = self._work
         if work is None or (w := next(work.parameters())).device != like.device or w.dtype != like.dtype:
-            work = copy.deepcopy(self.net)
+            # the frozen parameters (a frozen base) are not copied: the copy shares them with ``net``, so
+            # the base is once on the device and a base loaded into ``net`` later is the one it computes with
+            trainable = set(self.layout.names)
+            shared = {id(p): p for n, p in self.net.named_parameters() if n not in trainable}
+            work = copy.deepcopy(self.net, memo=shared)
             for p in work.parameters():
                 p.requires_grad_(False)
             self._work = work
