@@ -266,6 +266,7 @@ class FederatedDriver(LightningModule):
             for callback in self.trainer.checkpoint_callbacks:  # stopped before max_steps: a checkpoint of where it stopped
                 if hasattr(callback, "save_now"):
                     callback.save_now(self.trainer)
+        self._save_histograms()
         for run in self.runs:
             summary = run.summary() if run.status != "diverged" else {}
             if summary:
@@ -273,6 +274,24 @@ class FederatedDriver(LightningModule):
                     logger.log_metrics({self._prefix(run) + k: v for k, v in summary.items()}, step=int(self.global_step))
             if not self.grouped:
                 rank_zero_info("lfed: " + ", ".join(f"{k}={v:.4g}" for k, v in summary.items()))
+
+    def _save_histograms(self) -> None:
+        """SPEC §11: each run's histogram of per-client accuracy at its last evaluation, ``personal_accuracy.png`` in the
+        run directory (``<name>_personal_accuracy.png`` in a grid), logged to W&B as ``personal/acc_histogram``."""
+        from pathlib import Path
+
+        from lightning.pytorch.loggers import WandbLogger
+
+        if self.trainer.global_rank != 0:
+            return
+        base = Path(self.trainer.log_dir or self.trainer.default_root_dir)
+        for run in self.runs:
+            path = run.accuracy_histogram(base / f"{run.name + '_' if run.name else ''}personal_accuracy.png")
+            if path is None:
+                continue
+            for logger in self.loggers:
+                if isinstance(logger, WandbLogger):
+                    logger.log_image(key=self._prefix(run) + "personal/acc_histogram", images=[str(path)])
 
     def on_fit_end(self) -> None:
         """A run that trained every round is ``done`` (also when a resume found nothing left to train)."""
