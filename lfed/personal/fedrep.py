@@ -34,17 +34,19 @@ class FedRep(LocalPartRule):
 
     Args:
         local: The head's parameter-name globs (None: the last layer).
-        body_epochs: ``τ_φ`` epochs of the body phase (``body_epochs · ceil(n_k / B)`` steps).
+        body_epochs: ``τ_φ`` epochs of the body phase (``body_epochs · ceil(n_k / B)`` steps); 1 when neither is given.
         body_steps: ``τ_φ`` as steps instead (then leave ``body_epochs`` None).
     """
 
     name = "fedrep"
 
-    def __init__(self, local: str | Sequence[str] | None = None, body_epochs: int | None = 1,
+    def __init__(self, local: str | Sequence[str] | None = None, body_epochs: int | None = None,
                  body_steps: int | None = None) -> None:
         super().__init__(local)
-        if (body_epochs is None) == (body_steps is None):
-            raise ValueError(f"body_epochs/body_steps: give exactly one, got body_epochs={body_epochs}, body_steps={body_steps}")
+        if body_epochs is not None and body_steps is not None:
+            raise ValueError(f"body_epochs/body_steps: give one of them, got body_epochs={body_epochs}, body_steps={body_steps}")
+        if body_steps is None and body_epochs is None:
+            body_epochs = 1
         if body_epochs is not None:
             integer("body_epochs", body_epochs, at_least=1, detail=" (FedRep's body epochs τ_φ)")
         if body_steps is not None:

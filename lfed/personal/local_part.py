@@ -53,24 +53,24 @@ class LocalPartRule(ClientRule):
             if not local or not all(isinstance(p, str) and p for p in local):
                 raise ValueError(f"local: give parameter-name patterns (non-empty strings), or None for the last layer; "
                                  f"got {local!r}")
-        self.local = local
+        self.local_patterns = local
         self.sharing: Sharing | None = None
 
     def hparams(self) -> dict:
         return {}
 
     def structure(self) -> dict:
-        return {"local": "last layer" if self.local is None else ",".join(self.local)}
+        return {"local": "last layer" if self.local_patterns is None else ",".join(self.local_patterns)}
 
     def local_names(self, net, layout) -> list[str]:
         """Names of the local parameters of ``net`` (the patterns resolved)."""
-        if self.local is None:
+        if self.local_patterns is None:
             return head_names(layout)
-        return list(Sharing.from_patterns(layout, self.local, "local").local_names)
+        return list(Sharing.from_patterns(layout, self.local_patterns, "local").local_names)
 
     def make_sharing(self, net, layout) -> Sharing:
-        if self.local is not None:
-            return Sharing.from_patterns(layout, self.local, "local")
+        if self.local_patterns is not None:
+            return Sharing.from_patterns(layout, self.local_patterns, "local")
         return Sharing(layout, self.local_names(net, layout))
 
     def _sharing(self) -> Sharing:
