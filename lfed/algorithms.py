@@ -94,6 +94,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "ditto": {"objective": "lfed.personal.ditto.Ditto"},
     "fedper": {"objective": "lfed.personal.fedper.FedPer"},
     "fedrep": {"objective": "lfed.personal.fedrep.FedRep"},
+    "fedbn": {"objective": "lfed.personal.fedbn.FedBN"},
 }
 
 #: The preset names, as a ``Literal`` so configs and ``--help`` list and check them.

@@ -90,6 +90,7 @@ class LocalWork:
         num_examples: ``[K]`` the clients' sizes; ``steps_done``: ``[K]`` their local steps this round.
         lr: The round's client learning rate; ``batch_size``: its mini-batch size (None: full batch).
         plan: The run's training plan (:class:`lfed.round.LocalTraining`: lr, batch size, epochs or steps).
+        buffers: ``{name: [K, ...]}`` the cohort's final buffers (loop backend, a net with running statistics), or None.
     """
 
     engine: Any
@@ -104,6 +105,7 @@ class LocalWork:
     lr: float | None = None
     batch_size: int | None = None
     plan: Any = None
+    buffers: dict[str, Tensor] | None = None
 
     def train(self, w_start: Tensor, rule: Any = None, *, steps: Tensor | None = None, lr: float | None = None,
               stream: str = "extra") -> Any:

@@ -303,7 +303,8 @@ def prepare_round(
         rule = replace(rule, loss_term=term)
     w_start = algorithm.objective.start_weights(cohort, w)  # [P], or [K, P] with local parts (SPEC §11)
     job = TrainJob(w_start, data.train_x, data.train_y, data.client_index[clients], n_k, cohort.steps_done, rule, lr,
-                   training.batch_size, round_generator(seed, round, "batches"))
+                   training.batch_size, round_generator(seed, round, "batches"),
+                   buffers=algorithm.objective.start_buffers(cohort))  # per-client running statistics (FedBN)
     return PreparedRound(record, w, job, seed, sizes, training)
 
 
@@ -337,7 +338,7 @@ def finish_round(
     check_finite(result.weights - job.w_start, r, clients, "client updates")
 
     local = LocalWork(engine, ranks, job.data_x, job.data_y, job.index, prepared.seed, r, job.num_examples,
-                      job.steps_done, lr, job.batch_size, prepared.training)
+                      job.steps_done, lr, job.batch_size, prepared.training, result.buffers)
     final = algorithm.objective.after_local(cohort, job.w_start, result.weights, lr, local)
     if final is not None:  # the rule's own final models (FedRep: the body trained after the head)
         check_finite(final - job.w_start, r, clients, "client updates")

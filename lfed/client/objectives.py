@@ -111,6 +111,11 @@ class ClientRule(Component):
         or None (default): every parameter is shared. Called once the net is known, before state is allocated."""
         return None
 
+    def start_buffers(self, cohort: Cohort) -> dict[str, Tensor] | None:
+        """``{name: [K, ...]}`` the cohort's own start values of some of the net's buffers (FedBN's running
+        statistics; the loop backend), or None (default): every client starts from the global model's."""
+        return None
+
     def start_weights(self, cohort: Cohort, w: Tensor) -> Tensor:
         """The cohort's start weights of local training: the global ``w [P]`` (default), or ``[K, P]`` per client
         (a rule with local parameters: the global shared part and each client's own local part)."""
