@@ -179,14 +179,14 @@ def check_task(net: nn.Module, data, loss=None) -> None:
     dimension must be the number of classes ``C`` (the other dimensions those of a label).
     Regression (with ``MSELoss``, ``L1Loss``, ``SmoothL1Loss``, ``HuberLoss``): one output per
     target value (``out.shape[1:] == y.shape[1:]``). With another loss nothing is checked (see
-    :func:`output_shape_is_known`). One example is run through the net.
+    :func:`output_shape_is_known`). Two examples are run through the net.
 
     Raises:
         ValueError: Naming the net's output shape and what the data needs.
     """
     if not output_shape_is_known(loss, is_classification(data.train_y)):
         return
-    x = data.train_x[:1]
+    x = data.train_x[:2]  # two: a norm layer without running statistics needs more than one value per channel
     dtype = next(net.parameters()).dtype
     x = x.to(dtype) if x.is_floating_point() else x
     was_training = net.training
