@@ -95,6 +95,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "fedper": {"objective": "lfed.personal.fedper.FedPer"},
     "fedrep": {"objective": "lfed.personal.fedrep.FedRep"},
     "fedbn": {"objective": "lfed.personal.fedbn.FedBN"},
+    "apfl": {"objective": "lfed.personal.apfl.APFL"},
 }
 
 #: The preset names, as a ``Literal`` so configs and ``--help`` list and check them.

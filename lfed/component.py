@@ -107,17 +107,19 @@ class LocalWork:
     plan: Any = None
     buffers: dict[str, Tensor] | None = None
 
-    def train(self, w_start: Tensor, rule: Any = None, *, steps: Tensor | None = None, lr: float | None = None,
-              stream: str = "extra") -> Any:
+    def train(self, w_start: Tensor, rule: Any = None, *, steps: Tensor | None = None, lr: float | Tensor | None = None,
+              stream: str = "extra", schedule: tuple[Tensor, Tensor] | None = None) -> Any:
         """A second local training of the cohort, split over the ranks like the round's own.
 
         Args:
             w_start: ``[P]`` or ``[K, P]`` per-client start weights (a personal model ``v_k``).
             rule: Its :class:`~lfed.engine.StepRule` (None: plain SGD).
             steps: ``[K]`` local steps (default: the steps each client did this round).
-            lr: Learning rate (default: the round's).
+            lr: Learning rate (default: the round's), or ``[K]`` one per row.
             stream: The name of its batch stream: batches drawn from ``(seed, round, stream)``,
                 independent of the round's own.
+            schedule: Given batches ``(positions, valid)``, each ``[K, T, B']`` (:func:`lfed.engine.batch_schedule`)
+                instead of the stream's (APFL replays the round's own batches step by step).
 
         Returns:
             The :class:`~lfed.engine.CohortResult` of every cohort client (the same on every rank).
@@ -128,7 +130,8 @@ class LocalWork:
 
         job = TrainJob(w_start, self.data_x, self.data_y, self.index, self.num_examples,
                        self.steps_done if steps is None else steps, rule or StepRule(),
-                       self.lr if lr is None else lr, self.batch_size, round_generator(self.seed, self.round, stream))
+                       self.lr if lr is None else lr, self.batch_size, round_generator(self.seed, self.round, stream),
+                       schedule)
         return train_cohort(self.engine, self.ranks, job)
 
 
