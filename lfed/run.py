@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from lfed import algorithms
+from lfed.client.objectives import ClientRule
 from lfed.client_state import ClientStateStore
 from lfed.communication import CommunicationMeter, check_accuracy_targets
 from lfed.distributed import Ranks
@@ -154,6 +155,10 @@ class FederatedRun(nn.Module):
         if self.loss is None and data.task == "regression":
             raise ValueError("loss: the default (cross-entropy) needs class labels, but the targets are floating "
                              "(regression); give a regression loss, e.g. loss=torch.nn.MSELoss()")
+        objective = self.components.objective
+        if objective.personalized and type(objective).personal_rows is ClientRule.personal_rows:
+            raise ValueError(f"objective: {type(objective).__name__} says it is personalized but does not say what a "
+                             "client's model is; define personal_rows(clients, w, local) -> [K, P] (docs/personalization.md)")
         if self.composition["weighting"] == "dwfed":
             data.require_labels("weighting='dwfed' (label-count weights)")
         return algorithms.validate_composition(self.components, self.explicit, num_clients=data.num_clients,
