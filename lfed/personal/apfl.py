@@ -1,4 +1,4 @@
-"""APFL (Deng, Kamani, Mahdavi 2020, "Adaptive Personalized Federated Learning", Algorithm 1 and Eq. 10; SPEC §11).
+"""APFL (Deng, Kamani, Mahdavi 2020, "Adaptive Personalized Federated Learning", Algorithm 1 and its update of α; SPEC §11).
 
 Every client keeps a personal model ``v_k`` and a mixing weight ``α_k ∈ [0, 1]``; its personalized
 model is ``v̄_k = α_k v_k + (1 − α_k) w``. At each local step on a batch ``ξ``, from the step's
@@ -6,7 +6,7 @@ values of ``w``, ``v_k`` and ``α_k`` (the paper's simultaneous update):
 
     w   ← w − η ∇F_k(w; ξ)
     v_k ← v_k − η ∇_v F_k(v̄_k; ξ) = v_k − η α_k ∇F_k(v̄_k; ξ)
-    α_k ← clip_[0,1](α_k − η_α ⟨v_k − w, ∇F_k(v̄_k; ξ)⟩)                          (Eq. 10)
+    α_k ← clip_[0,1](α_k − η_α ⟨v_k − w, ∇F_k(v̄_k; ξ)⟩)
 
 and the server aggregates ``w`` as FedAvg. ``w``'s steps do not depend on ``v`` or ``α`` (they are
 FedAvg's local SGD), but ``v`` and ``α`` need ``w`` at every step, so the cohort is replayed step by
