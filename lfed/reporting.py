@@ -239,7 +239,8 @@ class RoundTable(Callback):
 
     After every evaluation of the global model it records the number of rounds done
     (``global_step``) and the logged ``test/acc``, ``test/loss``, ``client/acc_mean`` and
-    ``client/acc_worst10`` (and ``personal/acc_mean``, ``personal/acc_worst10pct`` of a personalized method); the rows are part of the checkpoint, so a resumed run prints the
+    ``client/acc_worst10`` (and ``personal/acc_mean``, ``personal/acc_worst10pct`` of a personalized
+    method); the rows are part of the checkpoint, so a resumed run prints the
     whole history. At most ``max_rows`` rows are printed (evenly spaced, the last one always).
 
     Args:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import flat_weights, run_rounds
-from test_client_objectives import CLIENT_ROWS, X, Y, Recorder, toy_data
+from test_client_objectives import CLIENT_ROWS, Recorder, X, Y, toy_data
 from torch import nn
 from torch.func import functional_call
 
 from lfed.module import FederatedModule
-from lfed.personal.fedbn import FedBN
 
 TOL = dict(atol=1e-12, rtol=0)
 
