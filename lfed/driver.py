@@ -277,14 +277,16 @@ class FederatedDriver(LightningModule):
 
     def _save_histograms(self) -> None:
         """SPEC §11: each run's histogram of per-client accuracy at its last evaluation, ``personal_accuracy.png`` in the
-        run directory (``<name>_personal_accuracy.png`` in a grid), logged to W&B as ``personal/acc_histogram``."""
+        run directory (the trainer's ``log_dir``; ``<name>_personal_accuracy.png`` in a grid), logged to W&B as
+        ``personal/acc_histogram``. Nothing without a logger."""
         from pathlib import Path
 
         from lightning.pytorch.loggers import WandbLogger
 
-        if self.trainer.global_rank != 0:
+        log_dir = self.trainer.log_dir  # on every rank: log_dir broadcasts
+        if self.trainer.global_rank != 0 or log_dir is None:  # no logger, no run directory: no file
             return
-        base = Path(self.trainer.log_dir or self.trainer.default_root_dir)
+        base = Path(log_dir)
         for run in self.runs:
             path = run.accuracy_histogram(base / f"{run.name + '_' if run.name else ''}personal_accuracy.png")
             if path is None:

@@ -177,8 +177,20 @@ def test_fedavg_ft_bad_settings(kwargs, match):
 
 
 def test_fedavg_ft_in_a_run_logs_personal_accuracies_and_a_histogram(tmp_path):
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.loggers import CSVLogger
+
     dm = classification_data()
     m = classification_module(FedAvgFT(epochs=1))
-    trainer = run_rounds(m, dm, rounds=2, evaluate_every=2, default_root_dir=tmp_path)
+    trainer = Trainer(max_steps=2, accelerator="cpu", devices=1, logger=CSVLogger(tmp_path, name="run"),
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      num_sanity_val_steps=0, precision="64-true", check_val_every_n_epoch=None, val_check_interval=2,
+                      default_root_dir=tmp_path)
+    trainer.fit(m, datamodule=dm)
     assert {"personal/acc_mean", "personal/acc_worst10pct", "personal/acc_std"} <= set(trainer.logged_metrics)
-    assert (tmp_path / "personal_accuracy.png").stat().st_size > 1000
+    assert (tmp_path / "run" / "version_0" / "personal_accuracy.png").stat().st_size > 1000
+    header = (tmp_path / "run" / "version_0" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"personal/acc_mean", "global/acc_worst10pct", "global/acc_std"} <= set(header)
+    no_logger = classification_module(FedAvgFT(epochs=1))
+    run_rounds(no_logger, classification_data(), rounds=1, evaluate_every=1, default_root_dir=tmp_path / "quiet")
+    assert not list((tmp_path / "quiet").rglob("*.png"))  # no logger, no run directory: no file
