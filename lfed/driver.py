@@ -283,10 +283,11 @@ class FederatedDriver(LightningModule):
 
         from lightning.pytorch.loggers import WandbLogger
 
-        log_dir = self.trainer.log_dir  # on every rank: log_dir broadcasts
-        if self.trainer.global_rank != 0 or log_dir is None:  # no logger, no run directory: no file
+        if not self.trainer.loggers:  # no logger, no run directory: no file (the same on every rank)
             return
-        base = Path(log_dir)
+        base = Path(self.trainer.log_dir or self.trainer.default_root_dir)  # on every rank: log_dir broadcasts
+        if self.trainer.global_rank != 0:
+            return
         for run in self.runs:
             path = run.accuracy_histogram(base / f"{run.name + '_' if run.name else ''}personal_accuracy.png")
             if path is None:
