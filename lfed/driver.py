@@ -277,24 +277,29 @@ class FederatedDriver(LightningModule):
 
     def _save_histograms(self) -> None:
         """SPEC §11: each run's histogram of per-client accuracy at its last evaluation, ``personal_accuracy.png`` in the
-        run directory (the trainer's ``log_dir``; ``<name>_personal_accuracy.png`` in a grid), logged to W&B as
-        ``personal/acc_histogram``. Nothing without a logger."""
+        run directory (a grid: in each run's own directory), logged to W&B as ``personal/acc_histogram``. Rank 0
+        only, and nothing without a logger. No collective (a grid's loggers live on rank 0 alone)."""
         from pathlib import Path
 
         from lightning.pytorch.loggers import WandbLogger
 
-        if not self.trainer.loggers:  # no logger, no run directory: no file (the same on every rank)
+        from lfed.member_logs import MemberLoggers
+
+        if self.trainer.global_rank != 0 or not self.trainer.loggers:
             return
-        base = Path(self.trainer.log_dir or self.trainer.default_root_dir)  # on every rank: log_dir broadcasts
-        if self.trainer.global_rank != 0:
-            return
+        first = self.trainer.loggers[0]
+        base = Path(getattr(first, "log_dir", None) or first.save_dir or self.trainer.default_root_dir)
         for run in self.runs:
-            path = run.accuracy_histogram(base / f"{run.name + '_' if run.name else ''}personal_accuracy.png")
+            path = run.accuracy_histogram(base / run.name / "personal_accuracy.png" if run.name
+                                          else base / "personal_accuracy.png")
             if path is None:
                 continue
+            loggers = []
             for logger in self.loggers:
+                loggers += logger.members.get(run.name, []) if isinstance(logger, MemberLoggers) else [logger]
+            for logger in loggers:
                 if isinstance(logger, WandbLogger):
-                    logger.log_image(key=self._prefix(run) + "personal/acc_histogram", images=[str(path)])
+                    logger.log_image(key="personal/acc_histogram", images=[str(path)])
 
     def on_fit_end(self) -> None:
         """A run that trained every round is ``done`` (also when a resume found nothing left to train)."""
