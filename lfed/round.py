@@ -20,6 +20,12 @@ Order of a round (SPEC §1)::
     Δ            = channel.downstream(Δ)
     w'           = server_step(Δ)                  # §4.1 (w + Δ by default)
     history, sampler.observe(w_k_end, w')          # state that needs the new model
+
+With partial sharing (SPEC §11, :class:`lfed.personal.sharing.Sharing`, resolved by
+:meth:`Algorithm.attach`) each client starts from the global shared part and its own local part
+(``objective.start_weights``), and the channel, combination, server step, history and sampler see
+only the shared coordinates; the global model's local coordinates never move. ``after_local`` may
+return the clients' final models (FedRep's body phase).
 """
 
 from __future__ import annotations
@@ -335,15 +341,16 @@ def finish_round(
     clients = cohort.clients
     record.result, record.losses = result, result.loss
     check_finite(result.loss[:, None], r, clients, "training losses")
-    check_finite(result.weights - job.w_start, r, clients, "client updates")
+    updates = result.weights - job.w_start
+    check_finite(updates, r, clients, "client updates")
 
     local = LocalWork(engine, ranks, job.data_x, job.data_y, job.index, prepared.seed, r, job.num_examples,
                       job.steps_done, lr, job.batch_size, prepared.training, result.buffers)
     final = algorithm.objective.after_local(cohort, job.w_start, result.weights, lr, local)
     if final is not None:  # the rule's own final models (FedRep: the body trained after the head)
-        check_finite(final - job.w_start, r, clients, "client updates")
         result = record.result = replace(result, weights=final)
-    updates = result.weights - job.w_start
+        updates = final - job.w_start
+        check_finite(updates, r, clients, "client updates")
 
     sharing = algorithm.sharing
     if sharing is not None:  # SPEC §11: the local part never leaves the client
