@@ -187,11 +187,14 @@ def test_the_local_part_is_not_uploaded_nor_counted_in_bits():
     assert plain.last_round.bits_up == 3 * Dense().bits([2, 1]) > rec_round.bits_up
 
 
-def test_compression_and_server_optimizer_see_the_shared_part_only():
+@pytest.mark.parametrize("placement", ["device", "host", "disk"])
+def test_compression_and_server_optimizer_see_the_shared_part_only(placement, tmp_path):
     """Ternary compression keeps its residuals of the shared part ([N, P_s]); a server optimizer with momentum and
-    weight decay never moves the local coordinates of the global model."""
+    weight decay never moves the local coordinates of the global model; in every client-state placement."""
     opt = lambda params: torch.optim.SGD(params, lr=1.0, momentum=0.9, weight_decay=0.5)  # noqa: E731
-    m = toy_module(FedPer(local="bias"), "vmap", bias=True, compression=0.5, server_optimizer=opt)
+    extra = {"client_state_dir": str(tmp_path / "state")} if placement == "disk" else {}
+    m = toy_module(FedPer(local="bias"), "vmap", bias=True, compression=0.5, server_optimizer=opt,
+                   client_state=placement, **extra)
     with torch.no_grad():
         m.net.bias.fill_(0.25)
     run_rounds(m, toy_data(), rounds=3)
@@ -217,9 +220,14 @@ def resume_data():
 
 def resume_module(objective, placement, tmp_path, backend="vmap"):
     from lfed.module import FederatedModule
+    from lfed.personal.fedbn import FedBN
 
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+    if isinstance(objective, FedBN):  # normalization layers with running statistics: the loop backend
+        net = nn.Sequential(nn.Linear(4, 5), nn.BatchNorm1d(5), nn.Tanh(), nn.Linear(5, 3)).double()
+        backend = "loop"
+    else:
+        net = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
     kwargs = dict(objective=objective, fraction=0.3, p_incomplete=0.5, client_lr=0.1, batch_size=3, local_epochs=1,
                   backend=backend, seed=2, client_state=placement)
     if placement == "disk":
@@ -235,13 +243,16 @@ def trainer(root, rounds):
 
 
 def objectives():
+    from lfed.personal.apfl import APFL
     from lfed.personal.ditto import Ditto
+    from lfed.personal.fedbn import FedBN
 
-    return {"ditto": lambda: Ditto(lam=0.3), "fedper": lambda: FedPer(), "fedrep": lambda: FedRep(body_steps=2)}
+    return {"ditto": lambda: Ditto(lam=0.3), "fedper": lambda: FedPer(), "fedrep": lambda: FedRep(body_steps=2),
+            "apfl": lambda: APFL(alpha=0.3, alpha_lr=0.2), "fedbn": lambda: FedBN()}
 
 
 @pytest.mark.parametrize("first,then", [("device", "host"), ("host", "disk"), ("disk", "device")])
-@pytest.mark.parametrize("method", ["ditto", "fedper", "fedrep"])
+@pytest.mark.parametrize("method", ["ditto", "fedper", "fedrep", "apfl", "fedbn"])
 def test_resume_with_personal_state_is_bit_identical(method, first, then, tmp_path):
     make = objectives()[method]
     straight = resume_module(make(), "device", tmp_path)
@@ -261,4 +272,8 @@ def test_resume_with_personal_state_is_bit_identical(method, first, then, tmp_pa
         assert torch.equal(sa[key].cpu(), sb[key].cpu()), key
     clients = torch.arange(N)
     w = flat_weights(b)
-    assert torch.equal(straight.objective.personal_rows(clients, w, None), b.objective.personal_rows(clients, w, None))
+    mine, theirs = straight.objective.personal_rows(clients, w, None), b.objective.personal_rows(clients, w, None)
+    if isinstance(mine, tuple):  # FedBN: (rows, per-client statistics)
+        assert all(torch.equal(mine[1][k], theirs[1][k]) for k in mine[1])
+        mine, theirs = mine[0], theirs[0]
+    assert torch.equal(mine, theirs)
