@@ -89,6 +89,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # the same with Reddi et al.'s FedAdam server (DP-FedAdam: the server optimizer is post-processing)
     "dp_fedadam": {"sampler": "poisson", "weighting": "uniform", "aggregation": "lfed.privacy.dp_fedavg.DPFedAvg",
                    "server_optimizer": _server("FedAdam", lr=0.01, tau=0.01)},
+    # SPEC §11, personalized FL: one client rule per method (lfed/personal/), each with a personalized model per client
+    "fedavg_ft": {"objective": "lfed.personal.finetune.FedAvgFT"},
+    "ditto": {"objective": "lfed.personal.ditto.Ditto"},
+    "fedper": {"objective": "lfed.personal.fedper.FedPer"},
+    "fedrep": {"objective": "lfed.personal.fedrep.FedRep"},
+    "fedbn": {"objective": "lfed.personal.fedbn.FedBN"},
+    "apfl": {"objective": "lfed.personal.apfl.APFL"},
 }
 
 #: The preset names, as a ``Literal`` so configs and ``--help`` list and check them.

@@ -90,6 +90,7 @@ class LocalWork:
         num_examples: ``[K]`` the clients' sizes; ``steps_done``: ``[K]`` their local steps this round.
         lr: The round's client learning rate; ``batch_size``: its mini-batch size (None: full batch).
         plan: The run's training plan (:class:`lfed.round.LocalTraining`: lr, batch size, epochs or steps).
+        buffers: ``{name: [K, ...]}`` the cohort's final buffers (loop backend, a net with running statistics), or None.
     """
 
     engine: Any
@@ -104,18 +105,21 @@ class LocalWork:
     lr: float | None = None
     batch_size: int | None = None
     plan: Any = None
+    buffers: dict[str, Tensor] | None = None
 
-    def train(self, w_start: Tensor, rule: Any = None, *, steps: Tensor | None = None, lr: float | None = None,
-              stream: str = "extra") -> Any:
+    def train(self, w_start: Tensor, rule: Any = None, *, steps: Tensor | None = None, lr: float | Tensor | None = None,
+              stream: str = "extra", schedule: tuple[Tensor, Tensor] | None = None) -> Any:
         """A second local training of the cohort, split over the ranks like the round's own.
 
         Args:
             w_start: ``[P]`` or ``[K, P]`` per-client start weights (a personal model ``v_k``).
             rule: Its :class:`~lfed.engine.StepRule` (None: plain SGD).
             steps: ``[K]`` local steps (default: the steps each client did this round).
-            lr: Learning rate (default: the round's).
+            lr: Learning rate (default: the round's), or ``[K]`` one per row.
             stream: The name of its batch stream: batches drawn from ``(seed, round, stream)``,
                 independent of the round's own.
+            schedule: Given batches ``(positions, valid)``, each ``[K, T, B']`` (:func:`lfed.engine.batch_schedule`)
+                instead of the stream's (APFL replays the round's own batches step by step).
 
         Returns:
             The :class:`~lfed.engine.CohortResult` of every cohort client (the same on every rank).
@@ -126,7 +130,8 @@ class LocalWork:
 
         job = TrainJob(w_start, self.data_x, self.data_y, self.index, self.num_examples,
                        self.steps_done if steps is None else steps, rule or StepRule(),
-                       self.lr if lr is None else lr, self.batch_size, round_generator(self.seed, self.round, stream))
+                       self.lr if lr is None else lr, self.batch_size, round_generator(self.seed, self.round, stream),
+                       schedule)
         return train_cohort(self.engine, self.ranks, job)
 
 

@@ -200,14 +200,16 @@ class TrainJob:
     batch_size: int | None
     generator: torch.Generator | None
     schedule: tuple[Tensor, Tensor] | None = None  # given batches (the rows of several runs, lfed.lockstep)
+    buffers: dict[str, Tensor] | None = None  # per-row start buffers {name: [K, ...]} (FedBN's statistics, loop backend)
 
     def args(self) -> tuple:
-        """The positional arguments of :meth:`CohortTrainer.train` (``schedule`` is a keyword: :meth:`train`)."""
-        return tuple(getattr(self, f.name) for f in fields(self) if f.name != "schedule")
+        """The positional arguments of :meth:`CohortTrainer.train` (``schedule``, ``buffers`` are keywords: :meth:`train`)."""
+        return tuple(getattr(self, f.name) for f in fields(self) if f.name not in ("schedule", "buffers"))
 
     def train(self, engine: CohortTrainer, rows: Tensor | None = None) -> CohortResult:
         """``engine.train`` of this job (its ``rows`` only, when given)."""
-        kwargs = {k: v for k, v in (("rows", rows), ("schedule", self.schedule)) if v is not None}
+        kwargs = {k: v for k, v in (("rows", rows), ("schedule", self.schedule), ("buffers", self.buffers))
+                  if v is not None}
         return engine.train(*self.args(), **kwargs)
 
 

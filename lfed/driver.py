@@ -267,6 +267,7 @@ class FederatedDriver(LightningModule):
             for callback in self.trainer.checkpoint_callbacks:  # stopped before max_steps: a checkpoint of where it stopped
                 if hasattr(callback, "save_now"):
                     callback.save_now(self.trainer)
+        self._save_histograms()
         for run in self.runs:
             summary = run.summary() if run.status != "diverged" else {}
             if summary:
@@ -274,6 +275,32 @@ class FederatedDriver(LightningModule):
                     logger.log_metrics({self._prefix(run) + k: v for k, v in summary.items()}, step=int(self.global_step))
             if not self.grouped:
                 rank_zero_info("lfed: " + ", ".join(f"{k}={v:.4g}" for k, v in summary.items()))
+
+    def _save_histograms(self) -> None:
+        """SPEC §11: each run's histogram of per-client accuracy at its last evaluation, ``personal_accuracy.png`` in the
+        run directory (a grid: in each run's own directory), logged to W&B as ``personal/acc_histogram``. Rank 0
+        only, and nothing without a logger. No collective (a grid's loggers live on rank 0 alone)."""
+        from pathlib import Path
+
+        from lightning.pytorch.loggers import WandbLogger
+
+        from lfed.member_logs import MemberLoggers
+
+        if self.trainer.global_rank != 0 or not self.trainer.loggers:
+            return
+        first = self.trainer.loggers[0]
+        base = Path(getattr(first, "log_dir", None) or first.save_dir or self.trainer.default_root_dir)
+        for run in self.runs:
+            path = run.accuracy_histogram(base / run.name / "personal_accuracy.png" if run.name
+                                          else base / "personal_accuracy.png")
+            if path is None:
+                continue
+            loggers = []
+            for logger in self.loggers:
+                loggers += logger.members.get(run.name, []) if isinstance(logger, MemberLoggers) else [logger]
+            for logger in loggers:
+                if isinstance(logger, WandbLogger):
+                    logger.log_image(key="personal/acc_histogram", images=[str(path)])
 
     def on_fit_end(self) -> None:
         """A run that trained every round is ``done`` (also when a resume found nothing left to train)."""

@@ -201,14 +201,14 @@ def check_task(net: nn.Module, data, loss=None) -> None:
     dimension must be the number of classes ``C`` (the other dimensions those of a label).
     Regression (with ``MSELoss``, ``L1Loss``, ``SmoothL1Loss``, ``HuberLoss``): one output per
     target value (``out.shape[1:] == y.shape[1:]``). With another loss nothing is checked (see
-    :func:`output_shape_is_known`). One example is run through the net.
+    :func:`output_shape_is_known`). Two examples are run through the net.
 
     Raises:
         ValueError: Naming the net's output shape and what the data needs.
     """
     if not output_shape_is_known(loss, is_classification(data.train_y)):
         return
-    x = data.train_x[:1]
+    x = data.train_x[:2]  # two: a norm layer without running statistics needs more than one value per channel
     dtype = next(net.parameters()).dtype
     x = x.to(dtype) if x.is_floating_point() else x
     was_training = net.training
@@ -269,7 +269,8 @@ def request_final_evaluation(trainer) -> None:
 
 
 @torch.no_grad()
-def local_accuracy(net: nn.Module, layout, weights: Tensor, data, clients: Tensor, chunk: int = 64) -> Tensor:
+def local_accuracy(net: nn.Module, layout, weights: Tensor, data, clients: Tensor, chunk: int = 64,
+                   buffers: dict[str, Tensor] | None = None) -> Tensor:
     """Accuracy of each client's locally trained model ``w_k_end`` on its own held-out split.
 
     The cohort's ``[K, P]`` weights are evaluated together: the held-out examples of the K
@@ -282,6 +283,7 @@ def local_accuracy(net: nn.Module, layout, weights: Tensor, data, clients: Tenso
         weights: ``[K, P]`` final local weights.
         data: The :class:`~lfed.data.datamodule.FederatedData` on the device.
         clients: ``[K]`` client ids.
+        buffers: ``{name: [K, ...]}`` each client's own buffers (FedBN's running statistics); None: the net's.
 
     Returns:
         ``[K]`` accuracies, NaN for a client without a held-out split.
@@ -299,8 +301,10 @@ def local_accuracy(net: nn.Module, layout, weights: Tensor, data, clients: Tenso
     dtype = next(net.parameters()).dtype
     correct = torch.zeros(K, dtype=torch.float64, device=weights.device)
 
-    def predict(w: Tensor, x: Tensor) -> Tensor:
-        return functional_call(net, layout.unflatten(w), (x,)).argmax(-1)
+    own = dict(net.named_buffers())
+
+    def predict(w: Tensor, x: Tensor, b: dict[str, Tensor] | None = None) -> Tensor:
+        return functional_call(net, (layout.unflatten(w), own if b is None else {**own, **b}), (x,)).argmax(-1)
 
     was_training = net.training
     net.eval()
@@ -309,16 +313,49 @@ def local_accuracy(net: nn.Module, layout, weights: Tensor, data, clients: Tenso
             sl = slice(lo, min(lo + chunk, K))
             x = data.train_x[idx[sl]]
             x = x.to(dtype) if x.is_floating_point() else x
+            b = None if buffers is None else {n: t[sl] for n, t in buffers.items()}
             try:
-                pred = vmap(predict)(weights[sl], x)
+                pred = vmap(predict)(weights[sl], x) if b is None else vmap(predict)(weights[sl], x, b)
             except Exception:  # a net vmap cannot run: one client after another
-                pred = torch.stack([predict(w, xi) for w, xi in zip(weights[sl], x)])
+                pred = torch.stack([predict(w, x[i], None if b is None else {n: t[i] for n, t in b.items()})
+                                    for i, w in enumerate(weights[sl])])
             correct[sl] = ((pred == data.train_y[idx[sl]]) & valid[sl]).double().sum(1)
     finally:
         net.train(was_training)
     has = sizes > 0
     acc[has] = correct[has] / sizes[has].double()
     return acc
+
+
+def accuracy_summary(acc: Tensor, prefix: str) -> dict[str, float]:
+    """``{prefix}/acc_mean``, ``{prefix}/acc_worst10pct`` (mean of the worst ``ceil(0.1 n)``) and ``{prefix}/acc_std``
+    (population standard deviation, ``1/n``) of per-client accuracies ``acc`` (NaN entries left out)."""
+    acc = acc[~torch.isnan(acc)].double()
+    if acc.numel() == 0:
+        return {}
+    return {f"{prefix}/acc_mean": float(acc.mean()), f"{prefix}/acc_worst10pct": worst_share_mean(acc, 0.1),
+            f"{prefix}/acc_std": float(acc.std(correction=0))}
+
+
+def personal_accuracies(net: nn.Module, layout, data, clients: Tensor, rows_of: Callable, chunk: int = 256) -> Tensor:
+    """Accuracy of each client's own (personalized) model on its own held-out split (SPEC §11).
+
+    ``clients`` are taken ``chunk`` at a time: ``rows_of(chunk_clients)`` gives their ``[C, P]`` models
+    (or ``([C, P], {buffer: [C, ...]})`` with per-client buffers, FedBN's running statistics), which
+    :func:`local_accuracy` evaluates in one vmapped call; so at most ``[chunk, P]`` models exist at once.
+
+    Returns:
+        ``[S]`` accuracies of ``clients`` (NaN for a client without a held-out split).
+    """
+    out = torch.full((clients.numel(),), float("nan"), dtype=torch.float64, device=clients.device)
+    for lo in range(0, clients.numel(), chunk):
+        part = clients[lo : lo + chunk]
+        rows = rows_of(part)
+        buffers = None
+        if isinstance(rows, tuple):
+            rows, buffers = rows
+        out[lo : lo + part.numel()] = local_accuracy(net, layout, rows.detach(), data, part, buffers=buffers).to(out.device)
+    return out
 
 
 class BestMeanAccuracy:

@@ -33,7 +33,7 @@ def rule_signature(rule: StepRule, dtype: torch.dtype) -> tuple | None:
     a tensor in all, or the same float in all (a float decay is a fused multiply-add, a tensor
     decay is not, so they round differently). Rules with a loss term are not concatenated.
     """
-    if rule.loss_term is not None:
+    if rule.loss_term is not None or rule.grad_mask is not None:
         return None
     scale = rule.grad_scale
     if isinstance(scale, Tensor) and scale.dtype != dtype:

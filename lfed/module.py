@@ -75,6 +75,11 @@ class FederatedModule(FederatedDriver):
             ``device`` (dense ``[N, P]`` buffers), ``host`` (lazy rows in CPU memory) or ``disk``
             (lazy rows in a memory-mapped file). Results are the same; checkpoints move between them.
         client_state_dir: Directory of the ``disk`` files (None: ``<trainer.default_root_dir>/client_state``).
+        personal_clients: Clients scored at every evaluation on their own held-out splits by the global model
+            (``global/acc_*``) and, with a personalized objective, by their own models (``personal/acc_*``;
+            SPEC §11, docs/personalization.md): None, every client with a held-out split; a number, a seeded
+            sample of that many (the same at every evaluation).
+        personal_chunk: Clients whose personalized models are built and evaluated per vmapped call (bounds memory).
     """
 
     def __init__(
@@ -108,6 +113,8 @@ class FederatedModule(FederatedDriver):
         accuracy_targets: list[float] | None = None,
         client_state: Literal["device", "host", "disk"] = "device",
         client_state_dir: str | None = None,
+        personal_clients: int | None = None,
+        personal_chunk: int = 256,
     ) -> None:
         given = dict(objective=objective, weighting=weighting, partial_work=partial_work, aggregation=aggregation,
                      compression=compression, sampler=sampler, fraction=fraction, server_optimizer=server_optimizer)
@@ -133,6 +140,7 @@ class FederatedModule(FederatedDriver):
             net=net, loss=loss, backend=backend, chunk_size=chunk_size, seed=seed, accuracy_targets=accuracy_targets,
             store=ClientStateStore(client_state, client_state_dir), algorithm=algorithm,
             explicit=frozenset(k for k, v in given.items() if v is not None),
+            personal_clients=personal_clients, personal_chunk=personal_chunk,
         )
         super().__init__([run])
         objects = [k for k, v in given.items() if isinstance(v, nn.Module)]  # rebuilt from the config, not pickled

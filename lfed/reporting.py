@@ -56,6 +56,8 @@ TABLE_COLUMNS = (
     ("test/loss", "test loss"),
     ("client/acc_mean", "client acc mean"),
     ("client/acc_worst10", "client acc worst 10%"),
+    ("personal/acc_mean", "personal acc mean"),  # personalized methods only (SPEC §11)
+    ("personal/acc_worst10pct", "personal acc worst 10%"),
 )
 
 
@@ -237,7 +239,8 @@ class RoundTable(Callback):
 
     After every evaluation of the global model it records the number of rounds done
     (``global_step``) and the logged ``test/acc``, ``test/loss``, ``client/acc_mean`` and
-    ``client/acc_worst10``; the rows are part of the checkpoint, so a resumed run prints the
+    ``client/acc_worst10`` (and ``personal/acc_mean``, ``personal/acc_worst10pct`` of a personalized
+    method); the rows are part of the checkpoint, so a resumed run prints the
     whole history. At most ``max_rows`` rows are printed (evenly spaced, the last one always).
 
     Args:

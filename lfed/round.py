@@ -20,6 +20,12 @@ Order of a round (SPEC §1)::
     Δ            = channel.downstream(Δ)
     w'           = server_step(Δ)                  # §4.1 (w + Δ by default)
     history, sampler.observe(w_k_end, w')          # state that needs the new model
+
+With partial sharing (SPEC §11, :class:`lfed.personal.sharing.Sharing`, resolved by
+:meth:`Algorithm.attach`) each client starts from the global shared part and its own local part
+(``objective.start_weights``), and the channel, combination, server step, history and sampler see
+only the shared coordinates; the global model's local coordinates never move. ``after_local`` may
+return the clients' final models (FedRep's body phase).
 """
 
 from __future__ import annotations
@@ -85,10 +91,21 @@ class Algorithm:
     sampler: ClientSampler
     participation: Participation
     history: UpdateHistory | None = None
+    sharing: Any = None
 
     def __post_init__(self) -> None:
         if self.history is None and any(c.uses_history for c in self.roles().values()):
             self.history = UpdateHistory()
+
+    def attach(self, net, layout) -> None:
+        """Resolve the objective's partial sharing (:meth:`ClientRule.make_sharing`) for ``net``; before state is allocated.
+
+        With a :class:`~lfed.personal.sharing.Sharing`, the round uploads, compresses, counts bits for,
+        combines and server-steps only its shared coordinates; the objective keeps the local ones.
+        """
+        self.sharing = self.objective.make_sharing(net, layout)
+        if self.sharing is not None:
+            self.objective.sharing = self.sharing
 
     def roles(self) -> dict[str, Component]:
         """``{role: component}`` of every component (the history too when there is one)."""
@@ -273,6 +290,9 @@ def prepare_round(
         weights = algorithm.weighting.weights(cohort, data.label_counts[clients], data.label_counts.sum(0))
     cohort.counting = algorithm.weighting.counting(cohort)
     record = RoundRecord(round, cohort, weights, warnings=[str(x.message) for x in caught])
+    sharing = algorithm.sharing
+    if sharing is not None:  # only the shared part travels (SPEC §11)
+        sizes = sharing.shared_sizes
     bits = algorithm.channel.bits(sizes)
     record.bits_down = clients.numel() * bits
     if not bool(cohort.counting.any()) and not algorithm.combination.releases_every_round:
@@ -287,8 +307,10 @@ def prepare_round(
     term = algorithm.objective.loss_term(cohort, w)  # objectives that change the loss (MOON, Ditto)
     if term is not None:
         rule = replace(rule, loss_term=term)
-    job = TrainJob(w, data.train_x, data.train_y, data.client_index[clients], n_k, cohort.steps_done, rule, lr,
-                   training.batch_size, round_generator(seed, round, "batches"))
+    w_start = algorithm.objective.start_weights(cohort, w)  # [P], or [K, P] with local parts (SPEC §11)
+    job = TrainJob(w_start, data.train_x, data.train_y, data.client_index[clients], n_k, cohort.steps_done, rule, lr,
+                   training.batch_size, round_generator(seed, round, "batches"),
+                   buffers=algorithm.objective.start_buffers(cohort))  # per-client running statistics (FedBN)
     return PreparedRound(record, w, job, seed, sizes, training)
 
 
@@ -319,27 +341,42 @@ def finish_round(
     clients = cohort.clients
     record.result, record.losses = result, result.loss
     check_finite(result.loss[:, None], r, clients, "training losses")
-    updates = result.weights - w
+    updates = result.weights - job.w_start
     check_finite(updates, r, clients, "client updates")
 
     local = LocalWork(engine, ranks, job.data_x, job.data_y, job.index, prepared.seed, r, job.num_examples,
-                      job.steps_done, lr, job.batch_size, prepared.training)
-    algorithm.objective.after_local(cohort, w, result.weights, lr, local)
+                      job.steps_done, lr, job.batch_size, prepared.training, result.buffers)
+    final = algorithm.objective.after_local(cohort, job.w_start, result.weights, lr, local)
+    if final is not None:  # the rule's own final models (FedRep: the body trained after the head)
+        result = record.result = replace(result, weights=final)
+        updates = final - job.w_start
+        check_finite(updates, r, clients, "client updates")
 
+    sharing = algorithm.sharing
+    if sharing is not None:  # SPEC §11: the local part never leaves the client
+        sizes = sharing.shared_sizes
+        updates, w_up, ends = sharing.shared(updates), sharing.shared(w), sharing.shared(result.weights)
+    else:
+        w_up, ends = w, result.weights
     sent = algorithm.channel.upstream(updates, cohort, sizes)
     delta, record.attention = algorithm.combination.combine(sent, record.weights, cohort)
     delta = algorithm.channel.downstream(delta, sizes)
     check_finite(delta, r, clients, "the aggregated update")
     record.delta = delta
-    amplification = server_amplification(delta, updates, job.rule, lr, cohort, record.weights)
+    amplification = None if sharing is not None else server_amplification(delta, updates, job.rule, lr, cohort,
+                                                                           record.weights)
     if amplification is not None:
         record.extra["round/amplification"] = amplification
     record.bits_up = record.uploads * algorithm.channel.bits(sizes)
-    w_new = server_step(delta) if server_step is not None else w + delta
+    full = delta if sharing is None else sharing.expand_shared(delta)
+    w_new = server_step(full) if server_step is not None else w + full
+    if sharing is not None:
+        w_new = sharing.keep_local(w_new, w)  # not server-optimized either (a decay or momentum would move it)
     check_finite(w_new, r, clients, "the global model")
+    w_new_up = w_new if sharing is None else sharing.shared(w_new)
     if algorithm.history is not None:
-        algorithm.history.record(cohort, updates, w, w_new)
-    algorithm.sampler.observe(cohort, result.weights, w_new)
+        algorithm.history.record(cohort, updates, w_up, w_new_up)
+    algorithm.sampler.observe(cohort, ends, w_new_up)
     for component in {id(c): c for c in algorithm.roles().values()}.values():  # what the components report
         record.extra.update(component.report(cohort))
     return w_new, record
@@ -398,7 +435,7 @@ def gradient_displacement(updates: Tensor, rule, lr: float, steps_done: Tensor) 
     ``Δ_k = -lr γ Σ_t g_t - lr T s``, so ``-lr Σ_t g_t = (Δ_k + lr T s) / γ``. None where this
     cannot be read off the update: a rule with a decay (FedProx, EFL) or a loss term.
     """
-    if rule.decay is not None or rule.loss_term is not None:
+    if rule.decay is not None or rule.loss_term is not None or rule.grad_mask is not None:
         return None
     out = updates
     if rule.shift is not None:
@@ -430,12 +467,21 @@ def server_amplification(delta: Tensor, updates: Tensor, rule, lr: float, cohort
 
 
 def setup_state(algorithm: Algorithm, store, num_examples: Tensor, num_params: int, like: Tensor) -> None:
-    """Allocate every component's declared state in ``store`` (each component once)."""
+    """Allocate every component's declared state in ``store`` (each component once).
+
+    With partial sharing (:attr:`Algorithm.sharing`, SPEC §11) a component's ``"P"`` is the number of
+    coordinates it handles: the shared ones (``P_s``) for every role but the objective, the local
+    ones (``P_l``) for the objective, whose rows hold each client's local part.
+    """
     seen: set[int] = set()
+    sharing = algorithm.sharing
     for role, component in algorithm.roles().items():
         if id(component) in seen:
             continue
         seen.add(id(component))
         if hasattr(store, "register_owner"):
             store.register_owner(role, component)
-        component.setup_state(store, num_examples, num_params, like)
+        P = num_params
+        if sharing is not None:
+            P = sharing.num_local if component is algorithm.objective else sharing.num_shared
+        component.setup_state(store, num_examples, P, like)

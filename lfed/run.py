@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from lfed import algorithms
+from lfed.client.objectives import ClientRule
 from lfed.client_state import ClientStateStore
 from lfed.communication import CommunicationMeter, check_accuracy_targets
 from lfed.distributed import Ranks
@@ -69,14 +70,26 @@ class FederatedRun(nn.Module):
         store: Where per-client state lives (:class:`~lfed.client_state.ClientStateStore`).
         algorithm: The preset's name; ``explicit``: the roles the user set (composition checks).
         name: The run's name in a group ('' for a run alone).
+        personal_clients: Clients whose personalized and global models each evaluation scores on their own
+            held-out splits (SPEC §11): None, all clients with a held-out split; a number, a seeded sample of
+            that many of them (the same sample at every evaluation).
+        personal_chunk: Clients evaluated (and fine-tuned, FedAvg-FT) per vmapped call; bounds the memory
+            of the ``[chunk, P]`` personalized models.
     """
 
     def __init__(self, components: Algorithm, training_plan: LocalTraining, server_optimizer: Callable, *,
                  net: nn.Module | None = None, loss: nn.Module | None = None, backend: str = "auto",
                  chunk_size: int | None = None, seed: int = 0, accuracy_targets: list[float] | None = None,
                  store: ClientStateStore | None = None, algorithm: str = "fedavg", explicit: frozenset = frozenset(),
-                 name: str = "") -> None:
+                 name: str = "", personal_clients: int | None = None, personal_chunk: int = 256) -> None:
         super().__init__()
+        from lfed.validation import integer
+
+        if personal_clients is not None:
+            integer("personal_clients", personal_clients, at_least=1, detail=" or None (every client)")
+        integer("personal_chunk", personal_chunk, at_least=1)
+        self.personal_clients, self.personal_chunk = personal_clients, personal_chunk
+        self.last_personal: dict[str, Tensor] | None = None  # the last evaluation's per-client accuracies
         for role, component in components.roles().items():  # submodules: their state is in the state dict
             if any(m is component for m in self._modules.values()):  # one component in two roles (FedDyn): once
                 object.__setattr__(self, role, component)
@@ -133,6 +146,7 @@ class FederatedRun(nn.Module):
             if callable(getattr(module, "load_pretrained", None)):
                 module.load_pretrained()
         self.layout = ParamLayout.from_module(self.net)
+        self.components.attach(self.net, self.layout)  # partial sharing (SPEC §11), before state is allocated
         check_task(self.net, data, self.loss)  # the net's output against the classes / targets, before round 0
         if self.store.placement == "disk" and self.store.directory is None:
             self.store.directory = Path(default_root_dir or ".") / (f"client_state-{self.name}" if self.name else "client_state")
@@ -149,6 +163,10 @@ class FederatedRun(nn.Module):
         if self.loss is None and data.task == "regression":
             raise ValueError("loss: the default (cross-entropy) needs class labels, but the targets are floating "
                              "(regression); give a regression loss, e.g. loss=torch.nn.MSELoss()")
+        objective = self.components.objective
+        if objective.personalized and type(objective).personal_rows is ClientRule.personal_rows:
+            raise ValueError(f"objective: {type(objective).__name__} says it is personalized but does not say what a "
+                             "client's model is; define personal_rows(clients, w, local) -> [K, P] (docs/personalization.md)")
         if self.composition["weighting"] == "dwfed":
             data.require_labels("weighting='dwfed' (label-count weights)")
         return algorithms.validate_composition(self.components, self.explicit, num_clients=data.num_clients,
@@ -206,8 +224,10 @@ class FederatedRun(nn.Module):
             # the cohort was sampled and sent the model, but nobody's upload counts
             return ({"round/skipped": 1.0, **self.comm.record(0, bits_down=rec.bits_down)},
                     [f"round {r}: no client's work counts (all inactive or dropped); the round is skipped"])
-        _, rec = finish_round(self.components, prepared, result, self.engine, server_step=self.server_step(optimizer),
-                              ranks=ranks)
+        w_new, rec = finish_round(self.components, prepared, result, self.engine,
+                                  server_step=self.server_step(optimizer), ranks=ranks)
+        if self.components.sharing is not None:  # the local part of the global model stays as it was
+            self.layout.load_into(self.net, w_new)
         self.last_round = rec
         self.rounds_done = r + 1
         if rec.result.buffers is not None:
@@ -265,11 +285,92 @@ class FederatedRun(nn.Module):
             client = per_client[~torch.isnan(per_client)]
             metrics["client/acc_mean"] = float(client.mean())
             metrics["client/acc_worst10"] = worst_share_mean(client, 0.1)
+            metrics.update(self.personal_evaluation(per_client, ranks))
         if evaluated is not None and evaluated[1] is not None:  # SPEC §12: each client's perplexity exp(mean NLL)
             perplexity = evaluated[1][~torch.isnan(evaluated[1])].exp()
             metrics["client/perplexity_mean"] = float(perplexity.mean())
             metrics["client/perplexity_worst10"] = -worst_share_mean(-perplexity, 0.1)  # the highest 10%
         return metrics, per_client
+
+    def personal_sample(self) -> Tensor:
+        """The clients of the personalized evaluation: every client with a held-out split, or a seeded sample
+        of ``personal_clients`` of them (fixed for the run: drawn from ``(seed, "personal_sample")``)."""
+        from lfed.rng import round_generator
+
+        d = self.data
+        clients = (d.holdout_sizes > 0).nonzero().squeeze(1)
+        if self.personal_clients is not None and self.personal_clients < clients.numel():
+            pick = torch.randperm(clients.numel(), generator=round_generator(self.seed, 0, "personal_sample"))
+            clients = clients[pick[: self.personal_clients].sort().values.to(clients.device)]
+        return clients
+
+    def personal_evaluation(self, per_client: Tensor, ranks: Ranks) -> dict[str, float]:
+        """SPEC §11: each sampled client's personalized model and the global model on the client's own held-out split.
+
+        ``global/acc_*`` are the global model's accuracies (``per_client``, of :meth:`client_accuracy`) on the
+        sampled clients; with a personalized objective (:attr:`~lfed.client.objectives.ClientRule.personalized`)
+        ``personal/acc_*`` are those of each client's own model (:meth:`~lfed.client.objectives.ClientRule.personal_rows`),
+        evaluated ``personal_chunk`` clients per vmapped call (:func:`lfed.evaluation.personal_accuracies`).
+        Each: the mean over clients, the mean of the worst 10% (``ceil(0.1 n)`` clients) and the standard
+        deviation (population, ``1/n``). Every rank computes all of it (the same numbers).
+        """
+        from lfed.evaluation import accuracy_summary, personal_accuracies
+
+        clients = self.personal_sample()
+        if clients.numel() == 0:
+            return {}
+        glob = per_client[clients.to(per_client.device)]
+        self.last_personal = {"clients": clients.cpu(), "global": glob.cpu()}
+        metrics = accuracy_summary(glob, "global")
+        objective = self.components.objective
+        if not objective.personalized:
+            return metrics
+        with torch.inference_mode(False), torch.enable_grad():  # FedAvg-FT trains in the validation loop
+            w = self.layout.module_vector(self.net)
+            own = personal_accuracies(self.net, self.layout, self.data, clients,
+                                      lambda c: objective.personal_rows(c, w, self.local_work(c, ranks)),
+                                      self.personal_chunk)
+        self.last_personal["personal"] = own.cpu()
+        metrics.update(accuracy_summary(own, "personal"))
+        return metrics
+
+    def local_work(self, clients: Tensor, ranks: Ranks):
+        """A :class:`~lfed.component.LocalWork` over ``clients``' training data: the run's batch size, step budget
+        (``steps_done``) and ``client_lr``; batches seeded by ``(seed, rounds done, stream)``."""
+        from lfed.component import LocalWork
+
+        d, plan = self.data, self.training_plan
+        n_k = d.client_sizes[clients]
+        return LocalWork(self.engine, ranks, d.train_x, d.train_y, d.client_index[clients], self.seed,
+                         self.rounds_done, n_k, plan.step_budget(n_k), plan.client_lr, plan.batch_size, plan)
+
+    def accuracy_histogram(self, path: str | Path) -> Path | None:
+        """A histogram of the last evaluation's per-client accuracies (personalized and global) saved to ``path``
+        (PNG, matplotlib); None when there was none or matplotlib is missing."""
+        last = self.last_personal
+        if last is None:
+            return None
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return None
+        fig, ax = plt.subplots(figsize=(6, 4))
+        bins = torch.linspace(0, 1, 21).tolist()
+        for key, label in (("global", "global model"), ("personal", "personalized models")):
+            if key in last:
+                ax.hist(last[key].numpy(), bins=bins, alpha=0.6, label=f"{label} (mean {float(last[key].mean()):.3f})")
+        ax.set_xlabel("accuracy on the client's own held-out split")
+        ax.set_ylabel("clients")
+        ax.set_title(f"{self.label}: {last['clients'].numel()} clients, after {self.rounds_done} rounds")
+        ax.legend()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        return path
 
     def record_evaluation(self, rounds_done: int, metrics: dict[str, float], per_client: Tensor | None) -> None:
         """Keep an evaluation of training (histories, accuracy targets, ``bmta_global``)."""

@@ -78,15 +78,48 @@ class ClientRule(Component):
         """A term added to each example's local loss (None: the loss is the user's loss alone)."""
         return None
 
-    def after_local(self, cohort: Cohort, w_start: Tensor, w_end: Tensor, lr: float, local: LocalWork) -> None:
+    def after_local(self, cohort: Cohort, w_start: Tensor, w_end: Tensor, lr: float, local: LocalWork) -> Tensor | None:
         """Update state from the cohort's final weights ``w_end`` ``[K, P]``; inactive clients keep theirs.
 
         ``local`` says where and how the cohort trained (EFL computes its Fisher reports from it).
+        ``w_start`` is what :meth:`start_weights` returned (``[P]``, or ``[K, P]``). Return None, or
+        ``[K, P]`` final weights that replace ``w_end`` as the clients' models (FedRep trains its
+        body after the round's training of its head).
         """
+        return None
 
     def server_combination(self):
         """A server combination this rule needs (None: any). See :mod:`lfed.client.feddyn`."""
         return None
+
+    # ---------------------------------------------------------------- personalization (SPEC §11)
+    #: Whether each client has its own model: every evaluation then also evaluates each client's
+    #: personalized model (:meth:`personal_rows`) on its own held-out split (``personal/*``).
+    personalized: bool = False
+
+    def personal_rows(self, clients: Tensor, w: Tensor, local: LocalWork) -> Tensor:
+        """``[K, P]`` the personalized models of ``clients`` (any clients, not only a cohort) given the global ``w``.
+
+        ``local`` is a :class:`~lfed.component.LocalWork` over these clients' training data (the run's
+        batch size, its step budget as ``steps_done``, ``client_lr``), for a method whose personal
+        model is trained at evaluation time (FedAvg-FT). The global model by default.
+        """
+        return w.expand(clients.numel(), -1)
+
+    def make_sharing(self, net, layout):
+        """The split of the model into shared and local parameters (:class:`lfed.personal.sharing.Sharing`),
+        or None (default): every parameter is shared. Called once the net is known, before state is allocated."""
+        return None
+
+    def start_buffers(self, cohort: Cohort) -> dict[str, Tensor] | None:
+        """``{name: [K, ...]}`` the cohort's own start values of some of the net's buffers (FedBN's running
+        statistics; the loop backend), or None (default): every client starts from the global model's."""
+        return None
+
+    def start_weights(self, cohort: Cohort, w: Tensor) -> Tensor:
+        """The cohort's start weights of local training: the global ``w [P]`` (default), or ``[K, P]`` per client
+        (a rule with local parameters: the global shared part and each client's own local part)."""
+        return w
 
     @property
     def needs_history(self) -> bool:

@@ -56,8 +56,11 @@ class LoopBackend:
         work.train(self.net.training)
         return work
 
-    def _train_loop(self, w_start, data_x, data_y, index, positions, valid, steps, rule, lr) -> CohortResult:
-        """One client after another with ordinary autograd through a private copy of ``net``."""
+    def _train_loop(self, w_start, data_x, data_y, index, positions, valid, steps, rule, lr, buffers=None) -> CohortResult:
+        """One client after another with ordinary autograd through a private copy of ``net``.
+
+        ``buffers``: ``{name: [K, *shape]}`` each client's own start values of these buffers (None: the net's).
+        """
         K, T = index.shape[0], positions.shape[1]
         work = self._work_net()
         own = dict(work.named_parameters())
@@ -83,10 +86,10 @@ class LoopBackend:
                 for p, name in zip(params, self.layout.names):
                     p.data = rows[name]  # the module now computes with client k's weights, in place
                     p.requires_grad_(True)
-                if track and k > 0:
+                if (track and k > 0) or buffers is not None:
                     with torch.no_grad():
                         for name, b in base_buffers.items():
-                            work_buffers[name].copy_(b)
+                            work_buffers[name].copy_(b if buffers is None or name not in buffers else buffers[name][k])
                 rule_k = None if plain else rule.select(k, K)
                 aux_k = None if term is None else term.client(k)
                 weights_k = [rows[name] for name in self.layout.names]  # the parameters' storage, for in-place steps

@@ -82,12 +82,16 @@ class StepRule:
         shift: None, ``[P]`` shared, or ``[K, P]`` per client.
         loss_term: None, or a :class:`LossTerm` added to each example's loss (``g`` is then the
             gradient of the changed loss).
+        grad_mask: None, or ``[P]`` / ``[K, P]`` factors the gradient is multiplied by first, so
+            ``g`` becomes ``grad_mask ⊙ g``: 0 freezes a coordinate against its gradient (FedRep trains
+            its head with the body frozen, then the body with the head frozen).
     """
 
     grad_scale: float | Tensor = 1.0
     decay: float | Tensor | None = None
     shift: Tensor | None = None
     loss_term: LossTerm | None = None
+    grad_mask: Tensor | None = None
 
     def direction(self, g: Tensor, w: Tensor) -> Tensor:
         """The step direction for gradients ``g`` and weights ``w`` (both ``[K, P]`` or ``[P]``)."""
@@ -98,6 +102,8 @@ class StepRule:
 
         The one implementation of the rule: training (:func:`_apply_step_`) and :meth:`direction` both run it.
         """
+        if self.grad_mask is not None:
+            g.mul_(self.grad_mask)
         scale = self.grad_scale
         if isinstance(scale, Tensor):
             g.mul_(scale[:, None] if scale.dim() == 1 and g.dim() == 2 else scale)
@@ -122,12 +128,13 @@ class StepRule:
 
         term = None if self.loss_term is None else self.loss_term.select(rows, num_clients)
         return replace(self, grad_scale=pick(self.grad_scale, 1), decay=pick(self.decay, 2), shift=pick(self.shift, 2),
-                       loss_term=term)
+                       loss_term=term, grad_mask=pick(self.grad_mask, 2))
 
 
 def _is_plain(rule: StepRule) -> bool:
     """Whether the rule is plain SGD (``w ← w - lr g``): no scale, decay or shift."""
-    return rule.decay is None and rule.shift is None and not isinstance(rule.grad_scale, Tensor) and rule.grad_scale == 1.0
+    return (rule.decay is None and rule.shift is None and rule.grad_mask is None and not isinstance(rule.grad_scale, Tensor)
+            and rule.grad_scale == 1.0)
 
 
 def _apply_step_(w: Tensor, g: Tensor, rule: StepRule, lr: float) -> None:

@@ -130,6 +130,7 @@ class CohortTrainer(VmapBackend, LoopBackend):
         generator: torch.Generator | None,
         rows: Tensor | None = None,
         schedule: tuple[Tensor, Tensor] | None = None,
+        buffers: dict[str, Tensor] | None = None,
     ) -> CohortResult:
         """Local training of K clients from the broadcast weights ``w_start``.
 
@@ -154,6 +155,9 @@ class CohortTrainer(VmapBackend, LoopBackend):
                 would beside the others (:mod:`lfed.distributed` splits a cohort over ranks so).
             schedule: ``(positions [K, T, B'], valid [K, T, B'])``, the batches of every row
                 (:func:`batch_schedule`, ``T >= max(steps_done)``); None: drawn from ``generator``.
+            buffers: ``{name: [K, *shape]}`` each row's own start values of some of the net's buffers
+                (FedBN's per-client running statistics; the loop backend only); None: every row starts
+                from the net's buffers.
 
         Returns:
             The result of the trained rows, in the order of ``rows``.
@@ -179,6 +183,15 @@ class CohortTrainer(VmapBackend, LoopBackend):
                                  f"{tuple(positions.shape)} and {tuple(valid.shape)}")
         positions, valid = positions.to(index.device), valid.to(index.device)
         backend = self.resolve_backend(data_x, data_y)
+        if buffers is not None:
+            if backend != "loop":
+                raise ValueError("buffers: per-row start buffers (running statistics per client) need backend='loop'; "
+                                 f"this engine trains with backend={backend!r}")
+            own = self._buffers()
+            for name, b in buffers.items():
+                if name not in own or tuple(b.shape) != (K, *own[name].shape):
+                    raise ValueError(f"buffers: {name!r} must be a buffer of the net given as [K={K}, *shape], got "
+                                     f"{tuple(b.shape)}")
         run = self._train_vmap if backend == "vmap" else self._train_loop
         selected = torch.arange(K) if rows is None else rows.detach().cpu().long()
         if selected.numel() == 0:
@@ -192,7 +205,11 @@ class CohortTrainer(VmapBackend, LoopBackend):
             sub_rule = rule if whole else rule.select(at, K)
             w0 = w_start if w_start.dim() == 1 or whole else w_start[part.to(w_start.device)]
             lr_part = _uniform_lr(lr if whole or not isinstance(lr, Tensor) else lr[part])
-            results.append(run(w0, data_x, data_y, index[at], positions[at], valid[at], steps[part], sub_rule, lr_part))
+            args = (w0, data_x, data_y, index[at], positions[at], valid[at], steps[part], sub_rule, lr_part)
+            if buffers is None:
+                results.append(run(*args))
+            else:
+                results.append(run(*args, buffers={n: b if whole else b[part.to(b.device)] for n, b in buffers.items()}))
         if len(results) == 1:
             return results[0]
         buffers = None

@@ -1,0 +1,157 @@
+"""The cost of personalized evaluation and of Ditto's second training (SPEC §11, issue 27).
+
+    ../shared/tools/quiet-run python benchmarks/personal_eval.py                      # N = 100, 1,000, 10,000
+    python benchmarks/personal_eval.py --clients 20 50 --rounds 2 3 --features 16     # a quick check
+
+1. Evaluating every client's personalized model on its own held-out split, at N clients (each with
+   ``--train`` training and ``--held`` held-out examples of ``--features`` inputs, 10 classes, the
+   MLP 2NN of ``--hidden``), with Ditto's personal models ``v_k`` set for every client:
+   * ``vmapped``: :meth:`lfed.run.FederatedRun.personal_evaluation` (``personal_chunk`` clients per
+     vmapped call, lfed's way);
+   * ``one by one``: the same accuracies, one client after another (``functional_call`` of the net with
+     the client's row on its held-out examples), checked equal to the vmapped ones.
+   FedAvg-FT's evaluation (its fine-tuning included) is timed beside them.
+2. A Ditto round against a FedAvg round (same data, cohort, batches): the time per round from two
+   fits of ``--rounds`` ``R1 < R2`` rounds, ``(t(R2) - t(R1)) / (R2 - R1)`` (set-up cancels).
+
+Medians of ``--repeat`` timings; prints the device, torch's threads and the load average before and
+after. Nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+from torch.func import functional_call
+
+
+def median_seconds(f, n: int) -> float:
+    times = []
+    for _ in range(n):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        f()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def synthetic(num_clients: int, train: int, held: int, features: int, seed: int = 0):
+    from lfed.data.datamodule import FederatedDataModule
+
+    g = torch.Generator().manual_seed(seed)
+    n = num_clients * (train + held)
+    x = torch.randn(n, features, generator=g)
+    y = torch.randint(0, 10, (n,), generator=g)
+    return FederatedDataModule.from_tensors(x, y, x[:1000], y[:1000], num_clients=num_clients, partition="iid",
+                                            holdout_fraction=held / (train + held), num_classes=10, seed=seed)
+
+
+def module(objective, features: int, hidden: list[int], device: str, **kwargs):
+    from lfed.models import MLP
+    from lfed.module import FederatedModule
+
+    torch.manual_seed(0)
+    args = dict(objective=objective, fraction=0.1, client_lr=0.05, batch_size=10, local_epochs=1, seed=0)
+    args.update(kwargs)
+    return FederatedModule(MLP(in_features=features, hidden=hidden, num_classes=10), **args)
+
+
+def fit(m, dm, rounds: int, device: str):
+    from lightning.pytorch import Trainer
+
+    trainer = Trainer(max_steps=rounds, accelerator=device, devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                      check_val_every_n_epoch=None, val_check_interval=rounds, limit_val_batches=0)
+    t = time.perf_counter()
+    trainer.fit(m, datamodule=dm)
+    return time.perf_counter() - t
+
+
+def one_by_one(run, clients, rows) -> torch.Tensor:
+    """Each client's accuracy on its held-out split, one client after another."""
+    d, net, layout = run.data, run.net, run.layout
+    out = torch.empty(clients.numel(), dtype=torch.float64)
+    net.eval()
+    with torch.no_grad():
+        for i, k in enumerate(clients.tolist()):
+            h = int(d.holdout_sizes[k])
+            idx = d.holdout_index[k, :h]
+            pred = functional_call(net, layout.unflatten(rows[i]), (d.train_x[idx],)).argmax(-1)
+            out[i] = float((pred == d.train_y[idx]).double().mean())
+    return out
+
+
+def evaluation(args, N: int, device: str) -> None:
+    from lfed.distributed import Ranks
+    from lfed.personal.ditto import Ditto
+    from lfed.personal.finetune import FedAvgFT
+
+    dm = synthetic(N, args.train, args.held, args.features)
+    m = module(Ditto(lam=0.1), args.features, args.hidden, device, personal_chunk=args.chunk)
+    fit(m, dm, 1, device)
+    run = m.runs[0]
+    clients = run.personal_sample()
+    w = run.layout.module_vector(run.net)
+    g = torch.Generator().manual_seed(1)
+    for lo in range(0, clients.numel(), args.chunk):  # every client gets its own personal model
+        c = clients[lo : lo + args.chunk]
+        v = w + 0.01 * torch.randn(c.numel(), w.numel(), generator=g).to(w.device, w.dtype)
+        m.objective.write_rows("personal", c, v)
+    per_client = run.client_accuracy()
+    t_vmap = median_seconds(lambda: run.personal_evaluation(per_client, Ranks()), args.repeat)
+    vmapped = run.last_personal["personal"]
+    rows = m.objective.rows("personal", clients, first=w)
+    t_loop = median_seconds(lambda: one_by_one(run, clients, rows), args.repeat)
+    assert torch.equal(one_by_one(run, clients, rows), vmapped), "the two evaluations disagree"
+    ft = module(FedAvgFT(epochs=1), args.features, args.hidden, device, personal_chunk=args.chunk)
+    fit(ft, dm, 1, device)
+    ft_run = ft.runs[0]
+    t_ft = median_seconds(lambda: ft_run.personal_evaluation(ft_run.client_accuracy(), Ranks()), args.repeat)
+    print(f"N={N:>6}  P={run.layout.num_params:,}  vmapped {t_vmap:8.3f} s  one by one {t_loop:8.3f} s  "
+          f"({t_loop / t_vmap:5.1f}x)  FedAvg-FT (fine-tuning included) {t_ft:8.3f} s", flush=True)
+
+
+def round_time(args, device: str) -> None:
+    from lfed.personal.ditto import Ditto
+
+    r1, r2 = args.rounds
+    dm = synthetic(args.round_clients, args.train, args.held, args.features)
+    out = {}
+    for name, objective in (("fedavg", None), ("ditto", Ditto(lam=0.1))):
+        t = [median_seconds(lambda r=r, o=objective: fit(module(o, args.features, args.hidden, device), dm, r, device),
+                            args.repeat) for r in (r1, r2)]
+        out[name] = (t[1] - t[0]) / (r2 - r1)
+    print(f"round time, {args.round_clients} clients, C = 0.1: FedAvg {out['fedavg']:.4f} s, Ditto {out['ditto']:.4f} s "
+          f"({out['ditto'] / out['fedavg']:.2f}x)", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--clients", type=int, nargs="+", default=[100, 1000, 10000])
+    p.add_argument("--train", type=int, default=20, help="training examples per client")
+    p.add_argument("--held", type=int, default=5, help="held-out examples per client")
+    p.add_argument("--features", type=int, default=784)
+    p.add_argument("--hidden", type=int, nargs="+", default=[200, 200])
+    p.add_argument("--chunk", type=int, default=256, help="personal_chunk")
+    p.add_argument("--rounds", type=int, nargs=2, default=[5, 25], help="R1 R2 of the round-time fits")
+    p.add_argument("--round-clients", type=int, default=1000)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args()
+    device = "gpu" if args.device == "cuda" else args.device
+    print(f"device {args.device}, torch threads {torch.get_num_threads()}, load before {os.getloadavg()[0]:.2f}")
+    for N in args.clients:
+        evaluation(args, N, device)
+    round_time(args, device)
+    print(f"load after {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

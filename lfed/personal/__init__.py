@@ -1,0 +1,12 @@
+"""Personalized federated learning (SPEC §11, docs/personalization.md): one client rule per method.
+
+* :class:`~lfed.personal.finetune.FedAvgFT`: FedAvg, each client's model the global one fine-tuned on its data.
+* :class:`~lfed.personal.ditto.Ditto`: a personal model per client trained towards the global one.
+* :class:`~lfed.personal.fedper.FedPer`, :class:`~lfed.personal.fedrep.FedRep`,
+  :class:`~lfed.personal.fedbn.FedBN`: partial sharing (:mod:`lfed.personal.sharing`), a local part per client.
+* :class:`~lfed.personal.apfl.APFL`: a learned per-client mixture of a personal and the global model.
+
+Every evaluation scores each client's personalized model (:meth:`~lfed.client.objectives.ClientRule.personal_rows`)
+and the global model on the client's own held-out split (``personal/acc_*``, ``global/acc_*``:
+:meth:`lfed.run.FederatedRun.personal_evaluation`).
+"""
