@@ -108,7 +108,8 @@ def evaluation(args, N: int, device: str) -> None:
     t_vmap = median_seconds(lambda: run.personal_evaluation(per_client, Ranks()), args.repeat)
     vmapped = run.last_personal["personal"]
     rows = m.objective.rows("personal", clients, first=w)
-    t_loop = median_seconds(lambda: one_by_one(run, clients, rows), args.repeat)
+    # the loop also reads its rows from the client state (the gather counts on both sides)
+    t_loop = median_seconds(lambda: one_by_one(run, clients, m.objective.rows("personal", clients, first=w)), args.repeat)
     assert torch.equal(one_by_one(run, clients, rows), vmapped), "the two evaluations disagree"
     ft = module(FedAvgFT(epochs=1), args.features, args.hidden, device, personal_chunk=args.chunk)
     fit(ft, dm, 1, device)
