@@ -52,7 +52,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lfed.validation import integer, number
+from lfed.validation import integer, name_matches, number
 
 __all__ = ["LoRA", "Pretrained", "load_base", "lora_targets"]
 
@@ -86,10 +86,7 @@ def _trained_in_full(net: nn.Module, train: Sequence[str], adapted: list[str]) -
     names = [n for n, _ in net.named_parameters()]
     out = set()
     for pattern in train:
-        hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
-        if not hits:
-            raise ValueError(f"train: {pattern!r} matches no parameter of {type(net).__name__}; its parameters are: "
-                             + ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else ""))
+        hits = name_matches("train", names, pattern, f"parameter of {type(net).__name__}")
         clash = [n for n in hits if n.rsplit(".", 1)[0] in adapted]
         if clash:
             raise ValueError(f"train: {pattern!r} matches {clash[0]}, a weight of an adapted layer (its frozen W₀); "
@@ -289,11 +286,7 @@ class Pretrained(nn.Module):
         names = [n for n, _ in net.named_parameters()]
         frozen = set()
         for pattern in freeze:
-            hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
-            if not hits:
-                raise ValueError(f"freeze: {pattern!r} matches no parameter of {type(net).__name__}; its parameters are: "
-                                 + ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else ""))
-            frozen.update(hits)
+            frozen.update(name_matches("freeze", names, pattern, f"parameter of {type(net).__name__}"))
         for n, p in net.named_parameters():
             p.requires_grad_(n not in frozen)
         self.net, self.base_checkpoint, self.frozen = net, str(base_checkpoint), sorted(frozen)

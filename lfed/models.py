@@ -517,8 +517,8 @@ class CharTransformer(nn.Module):
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size)
 
-    def forward_all(self, x: Tensor) -> Tensor:
-        """Next-character logits at every position, ``[B, L, vocab_size]`` for character ids ``[B, L]``."""
+    def _hidden(self, x: Tensor) -> Tensor:
+        """The last block's output ``[B, L, d_model]`` for character ids ``[B, L]``."""
         x = x.reshape(x.shape[0], -1)
         L = x.shape[1]
         if L > self.seq_len:
@@ -526,18 +526,15 @@ class CharTransformer(nn.Module):
         h = self.embedding(x) + self.position[:L]
         for block in self.blocks:
             h = block(h)
-        return self.head(self.norm(h))
+        return h
+
+    def forward_all(self, x: Tensor) -> Tensor:
+        """Next-character logits at every position, ``[B, L, vocab_size]`` for character ids ``[B, L]``."""
+        return self.head(self.norm(self._hidden(x)))
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits ``[B, vocab_size]`` of the character that follows ``x`` (ids ``[B, L]``)."""
-        x = x.reshape(x.shape[0], -1)
-        L = x.shape[1]
-        if L > self.seq_len:
-            raise ValueError(f"x: sequences of {L} characters, longer than seq_len={self.seq_len}")
-        h = self.embedding(x) + self.position[:L]
-        for block in self.blocks:
-            h = block(h)
-        return self.head(self.norm(h[:, -1]))
+        return self.head(self.norm(self._hidden(x)[:, -1]))
 
 
 MODELS: dict[str, type[nn.Module]] = {

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 __all__ = ["integer", "number", "one_of"]
@@ -87,3 +87,17 @@ def one_of(name: str, value: Any, choices: Iterable[Any]) -> Any:
     if value not in choices:
         raise ValueError(f"{name}: {value!r} is not one of {choices}")
     return value
+
+
+def name_matches(argument: str, names: Sequence[str], pattern: str, what: str) -> list[str]:
+    """The ``names`` that the ``fnmatch`` glob ``pattern`` matches; an error naming ``argument`` when none does.
+
+    ``what`` says what the names are (``"parameter of Sequential"``), for the message, which lists them.
+    """
+    import fnmatch
+
+    hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+    if not hits:
+        shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
+        raise ValueError(f"{argument}: pattern {pattern!r} matches no {what}; its parameters are: {shown}")
+    return hits

@@ -238,7 +238,7 @@ def test_train_leaves_base_parameters_trainable_in_full_and_refuses_an_adapted_l
     assert layout.num_params == 16 + 12 + 18 + 3 and m.trained_in_full == ["2.bias", "2.weight"]
     with pytest.raises(ValueError, match=r"train: '0.\*' matches 0.weight, a weight of an adapted layer"):
         LoRA(nn.Sequential(nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 3)), rank=2, target=["0"], train=["0.*"])
-    with pytest.raises(ValueError, match=r"train: 'head.\*' matches no parameter of Sequential; its parameters are: 0.weight"):
+    with pytest.raises(ValueError, match=r"train: pattern 'head.\*' matches no parameter of Sequential; its parameters are: 0.weight"):
         LoRA(nn.Sequential(nn.Linear(8, 6)), rank=2, train=["head.*"])
 
 
@@ -355,7 +355,7 @@ def test_pretrained_loads_a_base_for_full_fine_tuning_or_under_frozen_parts(tmp_
     assert ParamLayout.from_module(full).num_params == 4 * 3 + 3 + 3 * 2 + 2  # nothing frozen
     head_only = Pretrained(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)), str(path), freeze=["0.*"])
     assert ParamLayout.from_module(head_only).names == ("net.2.weight", "net.2.bias") and head_only.frozen == ["0.bias", "0.weight"]
-    with pytest.raises(ValueError, match=r"freeze: 'x\.\*' matches no parameter of Sequential"):
+    with pytest.raises(ValueError, match=r"freeze: pattern 'x\.\*' matches no parameter of Sequential"):
         Pretrained(nn.Sequential(nn.Linear(4, 3)), str(path), freeze=["x.*"])
     with pytest.raises(ValueError, match=r"does not fit Sequential: unexpected: 2.weight, 2.bias"):
         Pretrained(nn.Sequential(nn.Linear(4, 3)), str(path)).load_pretrained()

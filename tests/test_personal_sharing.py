@@ -66,7 +66,7 @@ def test_bad_sharing_patterns_are_refused_naming_the_argument(patterns, match):
 
 def test_a_bad_pattern_stops_the_run_before_round_0():
     m = toy_module(FedPer(local=["classifier.*"]), "vmap", bias=True)
-    with pytest.raises(ValueError, match="local: pattern 'classifier.\\*' matches no trainable parameter.*'weight', 'bias'"):
+    with pytest.raises(ValueError, match="local: pattern 'classifier.\\*' matches no trainable parameter.*weight, bias"):
         run_rounds(m, toy_data(), rounds=1)
     assert m.rounds_done == 0
     with pytest.raises(ValueError, match="local: .*match every parameter"):

@@ -12,13 +12,13 @@ part is per-client state of the rule and never leaves the client.
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from lfed.params import ParamLayout
+from lfed.validation import name_matches
 
 __all__ = ["Sharing", "norm_parameter_names"]
 
@@ -76,11 +76,7 @@ class Sharing:
         for pattern in patterns:
             if not isinstance(pattern, str):
                 raise ValueError(f"{argument}: patterns are strings (parameter-name globs), got {pattern!r}")
-            hits = [n for n in layout.names if fnmatch.fnmatchcase(n, pattern)]
-            if not hits:
-                raise ValueError(f"{argument}: pattern {pattern!r} matches no trainable parameter of the net; "
-                                 f"its parameters are {list(layout.names)}")
-            local += hits
+            local += name_matches(argument, list(layout.names), pattern, "trainable parameter of the net")
         if set(local) == set(layout.names):
             raise ValueError(f"{argument}: {list(patterns)} match every parameter of the net ({list(layout.names)}); "
                              "nothing would be shared. Keep some parameters global")
