@@ -291,7 +291,7 @@ def local_accuracy(net: nn.Module, layout, weights: Tensor, data, clients: Tenso
 
 def own_split_scores(net: nn.Module, layout, weights: Tensor, data, clients: Tensor, chunk: int = 64,
                      buffers: dict[str, Tensor] | None = None, split: str = "test",
-                     nll: bool = False) -> tuple[Tensor, Tensor | None]:
+                     nll: bool = False, batch: int | None = None) -> tuple[Tensor, Tensor | None]:
     """Accuracy (and mean negative log-likelihood) of each client's own model on the client's own split.
 
     The ``[K, P]`` weights are evaluated together: the split's examples of the K clients are
@@ -308,6 +308,8 @@ def own_split_scores(net: nn.Module, layout, weights: Tensor, data, clients: Ten
         split: ``test`` (the client's held-out split, ``data.holdout_fraction``) or ``val`` (its own
             validation split, ``data.client_validation_fraction``).
         nll: Also return each client's mean cross-entropy ``-log p(y | x)`` (perplexity = its ``exp``).
+        batch: At most this many examples per vmapped call (``C`` clients x ``max(1, batch // C)`` of each
+            one's examples); None: every example of the chunk's clients at once. The results are the same.
 
     Returns:
         ``([K] accuracies, [K] mean NLL or None)``, NaN for a client without examples in the split.
@@ -338,19 +340,22 @@ def own_split_scores(net: nn.Module, layout, weights: Tensor, data, clients: Ten
     try:
         for lo in range(0, K, chunk):
             sl = slice(lo, min(lo + chunk, K))
-            x = data.train_x[idx[sl]]
-            x = x.to(dtype) if x.is_floating_point() else x
             b = None if buffers is None else {n: t[sl] for n, t in buffers.items()}
-            try:
-                out = vmap(logits)(weights[sl], x) if b is None else vmap(logits)(weights[sl], x, b)
-            except Exception:  # a net vmap cannot run: one client after another
-                out = torch.stack([logits(w, x[i], None if b is None else {n: t[i] for n, t in b.items()})
-                                   for i, w in enumerate(weights[sl])])
-            y = data.train_y[idx[sl]]
-            correct[sl] = ((out.argmax(-1) == y) & valid[sl]).double().sum(1)
-            if nll:
-                lp = torch.log_softmax(out.double(), -1).gather(-1, y[..., None]).squeeze(-1)
-                nll_sum[sl] = torch.where(valid[sl], -lp, torch.zeros_like(lp)).sum(1)
+            width = h if batch is None else max(1, batch // (sl.stop - sl.start))
+            for at in range(0, h, width):
+                cols = slice(at, min(at + width, h))
+                x = data.train_x[idx[sl, cols]]
+                x = x.to(dtype) if x.is_floating_point() else x
+                try:
+                    out = vmap(logits)(weights[sl], x) if b is None else vmap(logits)(weights[sl], x, b)
+                except Exception:  # a net vmap cannot run: one client after another
+                    out = torch.stack([logits(w, x[i], None if b is None else {n: t[i] for n, t in b.items()})
+                                       for i, w in enumerate(weights[sl])])
+                y, ok = data.train_y[idx[sl, cols]], valid[sl, cols]
+                correct[sl] += ((out.argmax(-1) == y) & ok).double().sum(1)
+                if nll:
+                    lp = torch.log_softmax(out.double(), -1).gather(-1, y[..., None]).squeeze(-1)
+                    nll_sum[sl] += torch.where(ok, -lp, torch.zeros_like(lp)).sum(1)
     finally:
         net.train(was_training)
     has = sizes > 0
@@ -391,13 +396,14 @@ def personal_accuracies(net: nn.Module, layout, data, clients: Tensor, rows_of: 
 
 
 def personal_scores(net: nn.Module, layout, data, clients: Tensor, rows_of: Callable, chunk: int = 256,
-                    splits: tuple[str, ...] = ("test",), nll: bool = False) -> dict[str, tuple[Tensor, Tensor | None]]:
+                    splits: tuple[str, ...] = ("test",), nll: bool = False,
+                    batch: int | None = None) -> dict[str, tuple[Tensor, Tensor | None]]:
     """Accuracy (and mean NLL) of each client's own (personalized) model on its own splits (SPEC §11).
 
     ``clients`` are taken ``chunk`` at a time: ``rows_of(chunk_clients)`` gives their ``[C, P]`` models
     (or ``([C, P], {buffer: [C, ...]})`` with per-client buffers, FedBN's running statistics), made once
     per chunk and evaluated on every split of ``splits`` (:func:`own_split_scores`, one vmapped call per
-    split); so at most ``[chunk, P]`` models exist at once.
+    split, at most ``batch`` examples per call); so at most ``[chunk, P]`` models exist at once.
 
     Returns:
         ``{split: ([S] accuracies, [S] mean NLL or None)}`` of ``clients`` (NaN for a client without
@@ -414,7 +420,8 @@ def personal_scores(net: nn.Module, layout, data, clients: Tensor, rows_of: Call
         if isinstance(rows, tuple):
             rows, buffers = rows
         for split in splits:
-            acc, mean_nll = own_split_scores(net, layout, rows.detach(), data, part, buffers=buffers, split=split, nll=nll)
+            acc, mean_nll = own_split_scores(net, layout, rows.detach(), data, part, buffers=buffers, split=split, nll=nll,
+                                             batch=batch)
             out[split][0][lo : lo + part.numel()] = acc.to(clients.device)
             if nll:
                 out[split][1][lo : lo + part.numel()] = mean_nll.to(clients.device)

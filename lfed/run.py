@@ -286,13 +286,13 @@ class FederatedRun(nn.Module):
                                  reduce_sum, batch_size, classification)
             metrics.update({k.replace("test/", "val/"): v for k, v in val.items()})
         tokens = not (d.train_x.dtype.is_floating_point or d.train_x.dtype.is_complex)  # a language model: perplexity too
-        evaluated = client_evaluation(self.net, d, ranks.rank, ranks.world_size, reduce_sum, nll=tokens)
+        evaluated = client_evaluation(self.net, d, ranks.rank, ranks.world_size, reduce_sum, batch_size, nll=tokens)
         per_client = None if evaluated is None else evaluated[0]
         if per_client is not None:
             client = per_client[~torch.isnan(per_client)]
             metrics["client/acc_mean"] = float(client.mean())
             metrics["client/acc_worst10"] = worst_share_mean(client, 0.1)
-            metrics.update(self.personal_evaluation(evaluated, ranks, reduce_sum, tokens))
+            metrics.update(self.personal_evaluation(evaluated, ranks, reduce_sum, tokens, batch_size))
         if evaluated is not None and evaluated[1] is not None:  # SPEC §12: each client's perplexity exp(mean NLL)
             perplexity = evaluated[1][~torch.isnan(evaluated[1])].exp()
             metrics["client/perplexity_mean"] = float(perplexity.mean())
@@ -312,7 +312,7 @@ class FederatedRun(nn.Module):
         return clients
 
     def personal_evaluation(self, evaluated: tuple[Tensor, Tensor | None], ranks: Ranks,
-                            reduce_sum: Callable[[Tensor], Tensor], tokens: bool) -> dict[str, float]:
+                            reduce_sum: Callable[[Tensor], Tensor], tokens: bool, batch_size: int = 2048) -> dict[str, float]:
         """SPEC §11: each sampled client's personalized model and the global model on the client's own splits.
 
         ``global/acc_*`` are the global model's accuracies (``evaluated``: :func:`~lfed.evaluation.client_evaluation`'s
@@ -324,6 +324,7 @@ class FederatedRun(nn.Module):
         With clients' own validation splits (``data.client_validation_fraction``) the same on them,
         ``global_val/*`` and ``personal_val/*`` (each chunk's models made once for both splits); on token
         data (``tokens``) also ``*/perplexity_mean`` and ``*/perplexity_worst10pct`` (SPEC §12).
+        At most ``batch_size`` examples go through the net at once (``data.eval_batch_size``).
         Every rank computes all of it (the same numbers).
         """
         from lfed.evaluation import accuracy_summary, perplexity_summary, personal_scores
@@ -346,7 +347,7 @@ class FederatedRun(nn.Module):
         splits: tuple[str, ...] = ("test",)
         if d.has_client_validation:
             splits = ("test", "val")
-            val = client_evaluation(self.net, d, ranks.rank, ranks.world_size, reduce_sum, nll=tokens, split="val")
+            val = client_evaluation(self.net, d, ranks.rank, ranks.world_size, reduce_sum, batch_size, nll=tokens, split="val")
             if val is not None:
                 metrics.update(summaries(val[0][at], None if val[1] is None else val[1][at], "global_val"))
         objective = self.components.objective
@@ -356,7 +357,7 @@ class FederatedRun(nn.Module):
             w = self.layout.module_vector(self.net)
             scores = personal_scores(self.net, self.layout, d, clients,
                                      lambda c: objective.personal_rows(c, w, self.local_work(c, ranks)),
-                                     self.personal_chunk, splits=splits, nll=tokens)
+                                     self.personal_chunk, splits=splits, nll=tokens, batch=batch_size)
         self.last_personal["personal"] = scores["test"][0].cpu()
         for split, (acc, nll) in scores.items():
             metrics.update(summaries(acc, nll, "personal" if split == "test" else "personal_val"))

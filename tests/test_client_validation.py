@@ -74,7 +74,8 @@ def test_the_val_split_without_client_validation_is_refused_naming_the_setting()
         d.own_split("train")
 
 
-def test_own_split_scores_accuracy_and_nll_by_hand():
+@pytest.mark.parametrize("batch", [None, 1, 5, 1000])
+def test_own_split_scores_accuracy_and_nll_by_hand(batch):
     d = data_module().build()
     torch.manual_seed(3)
     net = nn.Linear(4, 3).double()
@@ -84,7 +85,7 @@ def test_own_split_scores_accuracy_and_nll_by_hand():
     rows = torch.randn(3, layout.num_params, dtype=torch.float64)
     clients = torch.tensor([4, 0, 2])
     for split in ("test", "val"):
-        acc, nll = own_split_scores(net, layout, rows, d, clients, chunk=2, split=split, nll=True)
+        acc, nll = own_split_scores(net, layout, rows, d, clients, chunk=2, split=split, nll=True, batch=batch)
         index, sizes = d.own_split(split)
         for i, k in enumerate(clients.tolist()):
             idx = index[k, : int(sizes[k])]

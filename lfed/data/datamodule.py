@@ -292,7 +292,8 @@ class FederatedDataModule(LightningDataModule):
             evaluation also reports ``val/acc`` and ``val/loss`` (and the run
             ``final/val_acc_last10pct``): choose hyper-parameters on those, report ``test/*``.
         seed: Seed of the partition.
-        eval_batch_size: Batch size of the global test set.
+        eval_batch_size: Examples per forward pass of every evaluation: the global test set, the server's
+            validation split and the clients' own splits (a large model on a CPU runs faster in small batches).
         train: Your own training data instead of ``dataset``: ``(x, y)`` tensors or a torch
             ``Dataset`` of ``(x, y)`` pairs. A ``Dataset`` is read once into tensors: a random
             transform (augmentation) is drawn once per example and then frozen for the run
