@@ -74,8 +74,9 @@ def fit(m, dm, rounds: int, device: str):
     return time.perf_counter() - t
 
 
-def one_by_one(run, clients, rows) -> torch.Tensor:
-    """Each client's accuracy on its held-out split, one client after another."""
+def one_by_one(run, clients, row_of) -> torch.Tensor:
+    """Each client's accuracy on its held-out split, one client after another (``row_of(k)``: its model,
+    read from the client state one row at a time, as a loop over clients would)."""
     d, net, layout = run.data, run.net, run.layout
     out = torch.empty(clients.numel(), dtype=torch.float64)
     net.eval()
@@ -83,7 +84,7 @@ def one_by_one(run, clients, rows) -> torch.Tensor:
         for i, k in enumerate(clients.tolist()):
             h = int(d.holdout_sizes[k])
             idx = d.holdout_index[k, :h]
-            pred = functional_call(net, layout.unflatten(rows[i]), (d.train_x[idx],)).argmax(-1)
+            pred = functional_call(net, layout.unflatten(row_of(k)), (d.train_x[idx],)).argmax(-1)
             out[i] = float((pred == d.train_y[idx]).double().mean())
     return out
 
@@ -94,7 +95,11 @@ def evaluation(args, N: int, device: str) -> None:
     from lfed.personal.finetune import FedAvgFT
 
     dm = synthetic(N, args.train, args.held, args.features)
-    m = module(Ditto(lam=0.1), args.features, args.hidden, device, personal_chunk=args.chunk)
+    placement = args.client_state
+    if placement == "auto":  # a dense [N, P] float32 state above 2 GB goes to a memory-mapped file
+        placement = "disk" if N * param_count(args) * 4 > 2**31 else "device"
+    m = module(Ditto(lam=0.1), args.features, args.hidden, device, personal_chunk=args.chunk, client_state=placement,
+               client_state_dir=args.state_dir if placement == "disk" else None)
     fit(m, dm, 1, device)
     run = m.runs[0]
     clients = run.personal_sample()
@@ -104,19 +109,31 @@ def evaluation(args, N: int, device: str) -> None:
         c = clients[lo : lo + args.chunk]
         v = w + 0.01 * torch.randn(c.numel(), w.numel(), generator=g).to(w.device, w.dtype)
         m.objective.write_rows("personal", c, v)
-    per_client = run.client_accuracy()
-    t_vmap = median_seconds(lambda: run.personal_evaluation(per_client, Ranks()), args.repeat)
+    evaluated = (run.client_accuracy(), None)
+
+    def personal_evaluation(r):
+        return r.personal_evaluation(evaluated, Ranks(), lambda t: t, False, 2048)
+
+    def row_of(k):
+        return m.objective.rows("personal", torch.tensor([k], device=clients.device), first=w)[0]
+
+    # both read their rows from the client state: the vmapped one a chunk at a time, the loop one row at a time
+    t_vmap = median_seconds(lambda: personal_evaluation(run), args.repeat)
     vmapped = run.last_personal["personal"]
-    rows = m.objective.rows("personal", clients, first=w)
-    # the loop also reads its rows from the client state (the gather counts on both sides)
-    t_loop = median_seconds(lambda: one_by_one(run, clients, m.objective.rows("personal", clients, first=w)), args.repeat)
-    assert torch.equal(one_by_one(run, clients, rows), vmapped), "the two evaluations disagree"
+    t_loop = median_seconds(lambda: one_by_one(run, clients, row_of), args.repeat)
+    assert torch.equal(one_by_one(run, clients, row_of), vmapped), "the two evaluations disagree"
     ft = module(FedAvgFT(epochs=1), args.features, args.hidden, device, personal_chunk=args.chunk)
     fit(ft, dm, 1, device)
     ft_run = ft.runs[0]
-    t_ft = median_seconds(lambda: ft_run.personal_evaluation(ft_run.client_accuracy(), Ranks()), args.repeat)
-    print(f"N={N:>6}  P={run.layout.num_params:,}  vmapped {t_vmap:8.3f} s  one by one {t_loop:8.3f} s  "
+    ft_evaluated = (ft_run.client_accuracy(), None)
+    t_ft = median_seconds(lambda: ft_run.personal_evaluation(ft_evaluated, Ranks(), lambda t: t, False, 2048), args.repeat)
+    print(f"N={N:>6}  P={run.layout.num_params:,}  client_state={placement}  vmapped {t_vmap:8.3f} s  one by one {t_loop:8.3f} s  "
           f"({t_loop / t_vmap:5.1f}x)  FedAvg-FT (fine-tuning included) {t_ft:8.3f} s", flush=True)
+
+
+def param_count(args) -> int:
+    widths = [args.features, *args.hidden, 10]
+    return sum(a * b + b for a, b in zip(widths, widths[1:]))
 
 
 def round_time(args, device: str) -> None:
@@ -144,6 +161,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, nargs=2, default=[5, 25], help="R1 R2 of the round-time fits")
     p.add_argument("--round-clients", type=int, default=1000)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--client-state", default="auto", choices=["auto", "device", "host", "disk"],
+                   help="where Ditto's personal models live (auto: disk when a dense [N, P] state passes 2 GB)")
+    p.add_argument("--state-dir", default="/tmp/lfed_personal_eval_state", help="the disk placement's folder")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
     device = "gpu" if args.device == "cuda" else args.device
