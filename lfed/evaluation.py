@@ -121,8 +121,9 @@ def client_accuracies(net: nn.Module, data, rank: int, world_size: int, reduce_s
 
 
 def client_evaluation(net: nn.Module, data, rank: int, world_size: int, reduce_sum: Callable[[Tensor], Tensor],
-                      chunk: int = 4096, nll: bool = True) -> tuple[Tensor, Tensor | None] | None:
-    """Accuracy and mean negative log-likelihood of the global model on each client's held-out split.
+                      chunk: int = 4096, nll: bool = True, split: str = "test") -> tuple[Tensor, Tensor | None] | None:
+    """Accuracy and mean negative log-likelihood of the global model on each client's held-out split
+    (``split='val'``: on each client's own validation split instead).
 
     Each rank predicts a contiguous share of the held-out examples; ``reduce_sum`` (the strategy's
     ``reduce(..., reduce_op="sum")``) adds the per-client counts and sums over the ranks. The NLL is
@@ -136,14 +137,15 @@ def client_evaluation(net: nn.Module, data, rank: int, world_size: int, reduce_s
     """
     if not is_classification(data.train_y):
         return None
-    has = data.holdout_sizes > 0
+    index, split_sizes = _split(data, split)
+    has = split_sizes > 0
     if not bool(has.any()):
         return None
-    device = data.holdout_index.device
-    h = data.holdout_index.shape[1]
-    valid = torch.arange(h, device=device)[None, :] < data.holdout_sizes[:, None]
+    device = index.device
+    h = index.shape[1]
+    valid = torch.arange(h, device=device)[None, :] < split_sizes[:, None]
     owner = torch.arange(data.num_clients, device=device)[:, None].expand_as(valid)[valid]
-    idx = data.holdout_index[valid]
+    idx = index[valid]
     correct = torch.zeros(data.num_clients, device=device, dtype=torch.float64)
     nll_sum = torch.zeros(data.num_clients, device=device, dtype=torch.float64) if nll else None
     n = idx.numel()
@@ -156,7 +158,7 @@ def client_evaluation(net: nn.Module, data, rank: int, world_size: int, reduce_s
         if nll_sum is not None:
             nll_sum.index_add_(0, owner[sl], F.cross_entropy(logits, y.long(), reduction="none").double())
     correct = reduce_sum(correct)
-    sizes = data.holdout_sizes[has].double()
+    sizes = split_sizes[has].double()
     acc = torch.full_like(correct, float("nan"))
     acc[has] = correct[has] / sizes
     mean_nll = None
@@ -165,6 +167,12 @@ def client_evaluation(net: nn.Module, data, rank: int, world_size: int, reduce_s
         mean_nll = torch.full_like(nll_sum, float("nan"))
         mean_nll[has] = nll_sum[has] / sizes
     return acc, mean_nll
+
+
+def _split(data, split: str) -> tuple[Tensor, Tensor]:
+    """``(index, sizes)`` of the clients' own ``split`` (:meth:`~lfed.data.datamodule.FederatedData.own_split`);
+    ``test`` is read as the held-out fields, so any object with them will do."""
+    return (data.holdout_index, data.holdout_sizes) if split == "test" else data.own_split(split)
 
 
 def worst_share_mean(values: Tensor, share: float = 0.1) -> float:
@@ -270,41 +278,60 @@ def request_final_evaluation(trainer) -> None:
 
 @torch.no_grad()
 def local_accuracy(net: nn.Module, layout, weights: Tensor, data, clients: Tensor, chunk: int = 64,
-                   buffers: dict[str, Tensor] | None = None) -> Tensor:
+                   buffers: dict[str, Tensor] | None = None, split: str = "test") -> Tensor:
     """Accuracy of each client's locally trained model ``w_k_end`` on its own held-out split.
 
-    The cohort's ``[K, P]`` weights are evaluated together: the held-out examples of the K
-    clients are gathered into ``[K, h_max, ...]`` (padded, masked) and one ``vmap`` over the
-    clients runs the net (a net that cannot be vmapped is run client by client).
-
-    Args:
-        net: The global model's module (its structure; the weights come from ``weights``).
-        layout: The :class:`~lfed.params.ParamLayout` of ``net``.
-        weights: ``[K, P]`` final local weights.
-        data: The :class:`~lfed.data.datamodule.FederatedData` on the device.
-        clients: ``[K]`` client ids.
-        buffers: ``{name: [K, ...]}`` each client's own buffers (FedBN's running statistics); None: the net's.
+    :func:`own_split_scores`'s accuracies (its arguments; ``split``: ``test``, the held-out split, or ``val``).
 
     Returns:
         ``[K]`` accuracies, NaN for a client without a held-out split.
     """
+    return own_split_scores(net, layout, weights, data, clients, chunk, buffers, split)[0]
+
+
+def own_split_scores(net: nn.Module, layout, weights: Tensor, data, clients: Tensor, chunk: int = 64,
+                     buffers: dict[str, Tensor] | None = None, split: str = "test",
+                     nll: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Accuracy (and mean negative log-likelihood) of each client's own model on the client's own split.
+
+    The ``[K, P]`` weights are evaluated together: the split's examples of the K clients are
+    gathered into ``[K, h_max, ...]`` (padded, masked) and one ``vmap`` over the clients runs the
+    net, ``chunk`` clients at a time (a net that cannot be vmapped is run client by client).
+
+    Args:
+        net: The global model's module (its structure; the weights come from ``weights``).
+        layout: The :class:`~lfed.params.ParamLayout` of ``net``.
+        weights: ``[K, P]`` the clients' models.
+        data: The :class:`~lfed.data.datamodule.FederatedData` on the device.
+        clients: ``[K]`` client ids.
+        buffers: ``{name: [K, ...]}`` each client's own buffers (FedBN's running statistics); None: the net's.
+        split: ``test`` (the client's held-out split, ``data.holdout_fraction``) or ``val`` (its own
+            validation split, ``data.client_validation_fraction``).
+        nll: Also return each client's mean cross-entropy ``-log p(y | x)`` (perplexity = its ``exp``).
+
+    Returns:
+        ``([K] accuracies, [K] mean NLL or None)``, NaN for a client without examples in the split.
+    """
     from torch.func import functional_call, vmap
 
-    sizes = data.holdout_sizes[clients]
+    index, all_sizes = _split(data, split)
+    sizes = all_sizes[clients]
     K, h = clients.numel(), int(sizes.max()) if clients.numel() else 0
     acc = torch.full((K,), float("nan"), dtype=torch.float64, device=weights.device)
+    mean_nll = acc.clone() if nll else None
     if h == 0:
-        return acc
-    idx = data.holdout_index[clients][:, :h]
+        return acc, mean_nll
+    idx = index[clients][:, :h]
     valid = torch.arange(h, device=idx.device)[None, :] < sizes[:, None]
     idx = torch.where(valid, idx, torch.zeros_like(idx))
     dtype = next(net.parameters()).dtype
     correct = torch.zeros(K, dtype=torch.float64, device=weights.device)
+    nll_sum = torch.zeros(K, dtype=torch.float64, device=weights.device)
 
     own = dict(net.named_buffers())
 
-    def predict(w: Tensor, x: Tensor, b: dict[str, Tensor] | None = None) -> Tensor:
-        return functional_call(net, (layout.unflatten(w), own if b is None else {**own, **b}), (x,)).argmax(-1)
+    def logits(w: Tensor, x: Tensor, b: dict[str, Tensor] | None = None) -> Tensor:
+        return functional_call(net, (layout.unflatten(w), own if b is None else {**own, **b}), (x,))
 
     was_training = net.training
     net.eval()
@@ -315,16 +342,22 @@ def local_accuracy(net: nn.Module, layout, weights: Tensor, data, clients: Tenso
             x = x.to(dtype) if x.is_floating_point() else x
             b = None if buffers is None else {n: t[sl] for n, t in buffers.items()}
             try:
-                pred = vmap(predict)(weights[sl], x) if b is None else vmap(predict)(weights[sl], x, b)
+                out = vmap(logits)(weights[sl], x) if b is None else vmap(logits)(weights[sl], x, b)
             except Exception:  # a net vmap cannot run: one client after another
-                pred = torch.stack([predict(w, x[i], None if b is None else {n: t[i] for n, t in b.items()})
-                                    for i, w in enumerate(weights[sl])])
-            correct[sl] = ((pred == data.train_y[idx[sl]]) & valid[sl]).double().sum(1)
+                out = torch.stack([logits(w, x[i], None if b is None else {n: t[i] for n, t in b.items()})
+                                   for i, w in enumerate(weights[sl])])
+            y = data.train_y[idx[sl]]
+            correct[sl] = ((out.argmax(-1) == y) & valid[sl]).double().sum(1)
+            if nll:
+                lp = torch.log_softmax(out.double(), -1).gather(-1, y[..., None]).squeeze(-1)
+                nll_sum[sl] = torch.where(valid[sl], -lp, torch.zeros_like(lp)).sum(1)
     finally:
         net.train(was_training)
     has = sizes > 0
     acc[has] = correct[has] / sizes[has].double()
-    return acc
+    if nll:
+        mean_nll[has] = nll_sum[has] / sizes[has].double()
+    return acc, mean_nll
 
 
 def accuracy_summary(acc: Tensor, prefix: str) -> dict[str, float]:
@@ -337,24 +370,54 @@ def accuracy_summary(acc: Tensor, prefix: str) -> dict[str, float]:
             f"{prefix}/acc_std": float(acc.std(correction=0))}
 
 
+def perplexity_summary(nll: Tensor, prefix: str) -> dict[str, float]:
+    """``{prefix}/perplexity_mean`` (the mean over clients of ``exp(mean NLL)``) and ``{prefix}/perplexity_worst10pct``
+    (the mean of the highest ``ceil(0.1 n)``) of per-client mean NLLs ``nll`` (NaN entries left out; SPEC §12)."""
+    ppl = nll[~torch.isnan(nll)].double().exp()
+    if ppl.numel() == 0:
+        return {}
+    return {f"{prefix}/perplexity_mean": float(ppl.mean()), f"{prefix}/perplexity_worst10pct": -worst_share_mean(-ppl, 0.1)}
+
+
 def personal_accuracies(net: nn.Module, layout, data, clients: Tensor, rows_of: Callable, chunk: int = 256) -> Tensor:
     """Accuracy of each client's own (personalized) model on its own held-out split (SPEC §11).
 
-    ``clients`` are taken ``chunk`` at a time: ``rows_of(chunk_clients)`` gives their ``[C, P]`` models
-    (or ``([C, P], {buffer: [C, ...]})`` with per-client buffers, FedBN's running statistics), which
-    :func:`local_accuracy` evaluates in one vmapped call; so at most ``[chunk, P]`` models exist at once.
+    :func:`personal_scores` on the ``test`` split, accuracies only.
 
     Returns:
         ``[S]`` accuracies of ``clients`` (NaN for a client without a held-out split).
     """
-    out = torch.full((clients.numel(),), float("nan"), dtype=torch.float64, device=clients.device)
-    for lo in range(0, clients.numel(), chunk):
+    return personal_scores(net, layout, data, clients, rows_of, chunk)["test"][0]
+
+
+def personal_scores(net: nn.Module, layout, data, clients: Tensor, rows_of: Callable, chunk: int = 256,
+                    splits: tuple[str, ...] = ("test",), nll: bool = False) -> dict[str, tuple[Tensor, Tensor | None]]:
+    """Accuracy (and mean NLL) of each client's own (personalized) model on its own splits (SPEC §11).
+
+    ``clients`` are taken ``chunk`` at a time: ``rows_of(chunk_clients)`` gives their ``[C, P]`` models
+    (or ``([C, P], {buffer: [C, ...]})`` with per-client buffers, FedBN's running statistics), made once
+    per chunk and evaluated on every split of ``splits`` (:func:`own_split_scores`, one vmapped call per
+    split); so at most ``[chunk, P]`` models exist at once.
+
+    Returns:
+        ``{split: ([S] accuracies, [S] mean NLL or None)}`` of ``clients`` (NaN for a client without
+        examples in the split).
+    """
+    S = clients.numel()
+    out = {s: (torch.full((S,), float("nan"), dtype=torch.float64, device=clients.device),
+               torch.full((S,), float("nan"), dtype=torch.float64, device=clients.device) if nll else None)
+           for s in splits}
+    for lo in range(0, S, chunk):
         part = clients[lo : lo + chunk]
         rows = rows_of(part)
         buffers = None
         if isinstance(rows, tuple):
             rows, buffers = rows
-        out[lo : lo + part.numel()] = local_accuracy(net, layout, rows.detach(), data, part, buffers=buffers).to(out.device)
+        for split in splits:
+            acc, mean_nll = own_split_scores(net, layout, rows.detach(), data, part, buffers=buffers, split=split, nll=nll)
+            out[split][0][lo : lo + part.numel()] = acc.to(clients.device)
+            if nll:
+                out[split][1][lo : lo + part.numel()] = mean_nll.to(clients.device)
     return out
 
 

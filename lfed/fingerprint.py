@@ -76,6 +76,9 @@ def data_fingerprint(datamodule: Any) -> dict[str, Any]:
         "data.train_labels_hash": tensor_digest(d.train_y),
         "data.client_indices_hash": tensor_digest(d.client_sizes, d.client_index, d.holdout_sizes, d.holdout_index),
     }
+    if getattr(datamodule, "client_validation_fraction", 0.0) > 0:  # absent otherwise: older fingerprints still match
+        out["data.client_validation_fraction"] = datamodule.client_validation_fraction
+        out["data.client_val_hash"] = tensor_digest(d.client_val_sizes, d.client_val_index)
     param = {"dirichlet": "rho", "shards": "shards_per_client", "classes": "classes_per_client"}.get(datamodule.partition)
     if param is not None:
         out[f"data.{param}"] = getattr(datamodule, param)

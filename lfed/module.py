@@ -80,6 +80,9 @@ class FederatedModule(FederatedDriver):
             SPEC §11, docs/personalization.md): None, every client with a held-out split; a number, a seeded
             sample of that many (the same at every evaluation).
         personal_chunk: Clients whose personalized models are built and evaluated per vmapped call (bounds memory).
+        round_local_accuracy: Score the cohort's locally trained models on their own held-out splits after
+            every round (``client/local_acc_mean``, ``final/bmta_local``); false skips it (a large model: it
+            can cost more than the round's training).
     """
 
     def __init__(
@@ -115,6 +118,7 @@ class FederatedModule(FederatedDriver):
         client_state_dir: str | None = None,
         personal_clients: int | None = None,
         personal_chunk: int = 256,
+        round_local_accuracy: bool = True,
     ) -> None:
         given = dict(objective=objective, weighting=weighting, partial_work=partial_work, aggregation=aggregation,
                      compression=compression, sampler=sampler, fraction=fraction, server_optimizer=server_optimizer)
@@ -141,6 +145,7 @@ class FederatedModule(FederatedDriver):
             store=ClientStateStore(client_state, client_state_dir), algorithm=algorithm,
             explicit=frozenset(k for k, v in given.items() if v is not None),
             personal_clients=personal_clients, personal_chunk=personal_chunk,
+            round_local_accuracy=round_local_accuracy,
         )
         super().__init__([run])
         objects = [k for k, v in given.items() if isinstance(v, nn.Module)]  # rebuilt from the config, not pickled

@@ -75,19 +75,26 @@ class FederatedRun(nn.Module):
             that many of them (the same sample at every evaluation).
         personal_chunk: Clients evaluated (and fine-tuned, FedAvg-FT) per vmapped call; bounds the memory
             of the ``[chunk, P]`` personalized models.
+        round_local_accuracy: After every round, score the cohort's locally trained models on their own
+            held-out splits (``client/local_acc_mean``, ``final/bmta_local``, SPEC §9). False skips it
+            (with a large model it can cost more than the round's training).
     """
 
     def __init__(self, components: Algorithm, training_plan: LocalTraining, server_optimizer: Callable, *,
                  net: nn.Module | None = None, loss: nn.Module | None = None, backend: str = "auto",
                  chunk_size: int | None = None, seed: int = 0, accuracy_targets: list[float] | None = None,
                  store: ClientStateStore | None = None, algorithm: str = "fedavg", explicit: frozenset = frozenset(),
-                 name: str = "", personal_clients: int | None = None, personal_chunk: int = 256) -> None:
+                 name: str = "", personal_clients: int | None = None, personal_chunk: int = 256,
+                 round_local_accuracy: bool = True) -> None:
         super().__init__()
         from lfed.validation import integer
 
         if personal_clients is not None:
             integer("personal_clients", personal_clients, at_least=1, detail=" or None (every client)")
         integer("personal_chunk", personal_chunk, at_least=1)
+        if not isinstance(round_local_accuracy, bool):
+            raise ValueError(f"round_local_accuracy: must be true or false, got {round_local_accuracy!r}")
+        self.round_local_accuracy = round_local_accuracy
         self.personal_clients, self.personal_chunk = personal_clients, personal_chunk
         self.last_personal: dict[str, Tensor] | None = None  # the last evaluation's per-client accuracies
         for role, component in components.roles().items():  # submodules: their state is in the state dict
@@ -234,7 +241,7 @@ class FederatedRun(nn.Module):
             self._aggregate_buffers(rec.result.buffers, rec.weights)
         local = None  # bmta_local (SPEC §9): the counting participants' w_k_end on their own held-out splits
         counting, clients, d = rec.cohort.counting, rec.cohort.clients, self.data
-        if is_classification(d.train_y) and bool(counting.any()):
+        if self.round_local_accuracy and is_classification(d.train_y) and bool(counting.any()):
             local = local_accuracy(self.net, self.layout, rec.result.weights[counting], d, clients[counting])
         metrics = rec.metrics()
         local_mean = self.bmta.add_round(clients, local)
@@ -285,7 +292,7 @@ class FederatedRun(nn.Module):
             client = per_client[~torch.isnan(per_client)]
             metrics["client/acc_mean"] = float(client.mean())
             metrics["client/acc_worst10"] = worst_share_mean(client, 0.1)
-            metrics.update(self.personal_evaluation(per_client, ranks))
+            metrics.update(self.personal_evaluation(evaluated, ranks, reduce_sum, tokens))
         if evaluated is not None and evaluated[1] is not None:  # SPEC §12: each client's perplexity exp(mean NLL)
             perplexity = evaluated[1][~torch.isnan(evaluated[1])].exp()
             metrics["client/perplexity_mean"] = float(perplexity.mean())
@@ -304,34 +311,55 @@ class FederatedRun(nn.Module):
             clients = clients[pick[: self.personal_clients].sort().values.to(clients.device)]
         return clients
 
-    def personal_evaluation(self, per_client: Tensor, ranks: Ranks) -> dict[str, float]:
-        """SPEC §11: each sampled client's personalized model and the global model on the client's own held-out split.
+    def personal_evaluation(self, evaluated: tuple[Tensor, Tensor | None], ranks: Ranks,
+                            reduce_sum: Callable[[Tensor], Tensor], tokens: bool) -> dict[str, float]:
+        """SPEC §11: each sampled client's personalized model and the global model on the client's own splits.
 
-        ``global/acc_*`` are the global model's accuracies (``per_client``, of :meth:`client_accuracy`) on the
-        sampled clients; with a personalized objective (:attr:`~lfed.client.objectives.ClientRule.personalized`)
-        ``personal/acc_*`` are those of each client's own model (:meth:`~lfed.client.objectives.ClientRule.personal_rows`),
-        evaluated ``personal_chunk`` clients per vmapped call (:func:`lfed.evaluation.personal_accuracies`).
-        Each: the mean over clients, the mean of the worst 10% (``ceil(0.1 n)`` clients) and the standard
-        deviation (population, ``1/n``). Every rank computes all of it (the same numbers).
+        ``global/acc_*`` are the global model's accuracies (``evaluated``: :func:`~lfed.evaluation.client_evaluation`'s
+        accuracies and NLLs on every client's held-out split) on the sampled clients; with a personalized
+        objective (:attr:`~lfed.client.objectives.ClientRule.personalized`) ``personal/acc_*`` are those of each
+        client's own model (:meth:`~lfed.client.objectives.ClientRule.personal_rows`), built ``personal_chunk``
+        clients per vmapped call (:func:`lfed.evaluation.personal_scores`). Each: the mean over clients, the
+        mean of the worst 10% (``ceil(0.1 n)`` clients) and the standard deviation (population, ``1/n``).
+        With clients' own validation splits (``data.client_validation_fraction``) the same on them,
+        ``global_val/*`` and ``personal_val/*`` (each chunk's models made once for both splits); on token
+        data (``tokens``) also ``*/perplexity_mean`` and ``*/perplexity_worst10pct`` (SPEC §12).
+        Every rank computes all of it (the same numbers).
         """
-        from lfed.evaluation import accuracy_summary, personal_accuracies
+        from lfed.evaluation import accuracy_summary, perplexity_summary, personal_scores
 
         clients = self.personal_sample()
         if clients.numel() == 0:
             return {}
-        glob = per_client[clients.to(per_client.device)]
+        d = self.data
+
+        def summaries(acc: Tensor, nll: Tensor | None, prefix: str) -> dict[str, float]:
+            out = accuracy_summary(acc, prefix)
+            if tokens and nll is not None:
+                out.update(perplexity_summary(nll, prefix))
+            return out
+
+        at = clients.to(evaluated[0].device)
+        glob = evaluated[0][at]
         self.last_personal = {"clients": clients.cpu(), "global": glob.cpu()}
-        metrics = accuracy_summary(glob, "global")
+        metrics = summaries(glob, None if evaluated[1] is None else evaluated[1][at], "global")
+        splits: tuple[str, ...] = ("test",)
+        if d.has_client_validation:
+            splits = ("test", "val")
+            val = client_evaluation(self.net, d, ranks.rank, ranks.world_size, reduce_sum, nll=tokens, split="val")
+            if val is not None:
+                metrics.update(summaries(val[0][at], None if val[1] is None else val[1][at], "global_val"))
         objective = self.components.objective
         if not objective.personalized:
             return metrics
         with torch.inference_mode(False), torch.enable_grad():  # FedAvg-FT trains in the validation loop
             w = self.layout.module_vector(self.net)
-            own = personal_accuracies(self.net, self.layout, self.data, clients,
-                                      lambda c: objective.personal_rows(c, w, self.local_work(c, ranks)),
-                                      self.personal_chunk)
-        self.last_personal["personal"] = own.cpu()
-        metrics.update(accuracy_summary(own, "personal"))
+            scores = personal_scores(self.net, self.layout, d, clients,
+                                     lambda c: objective.personal_rows(c, w, self.local_work(c, ranks)),
+                                     self.personal_chunk, splits=splits, nll=tokens)
+        self.last_personal["personal"] = scores["test"][0].cpu()
+        for split, (acc, nll) in scores.items():
+            metrics.update(summaries(acc, nll, "personal" if split == "test" else "personal_val"))
         return metrics
 
     def local_work(self, clients: Tensor, ranks: Ranks):

@@ -39,6 +39,9 @@ class FederatedData:
         num_classes: ``C``; None for regression (floating targets).
         val_index: ``[v]`` positions in the pooled training set of the server's validation
             examples (no client holds them); None or empty when there is no validation split.
+        client_val_index: ``[N, max_v]`` positions of each client's own validation examples
+            (``client_validation_fraction``; no client trains on them); None when there are none.
+        client_val_sizes: ``[N]`` their numbers; None when there are none.
     """
 
     train_x: Tensor
@@ -52,6 +55,8 @@ class FederatedData:
     label_counts: Tensor
     num_classes: int | None
     val_index: Tensor | None = None
+    client_val_index: Tensor | None = None
+    client_val_sizes: Tensor | None = None
 
     @property
     def num_clients(self) -> int:
@@ -62,6 +67,25 @@ class FederatedData:
     def has_validation(self) -> bool:
         """Whether a server-side validation split was set aside (``validation_fraction > 0``)."""
         return self.val_index is not None and self.val_index.numel() > 0
+
+    @property
+    def has_client_validation(self) -> bool:
+        """Whether the clients hold their own validation splits (``client_validation_fraction > 0``)."""
+        return self.client_val_sizes is not None and bool((self.client_val_sizes > 0).any())
+
+    def own_split(self, split: str = "test") -> tuple[Tensor, Tensor]:
+        """``(index [N, max], sizes [N])`` of each client's own ``test`` (held-out) or ``val`` (validation) split.
+
+        Raises:
+            ValueError: If ``split`` is another name, or ``val`` when the clients hold no validation split.
+        """
+        if split == "test":
+            return self.holdout_index, self.holdout_sizes
+        if split == "val":
+            if self.client_val_index is None or self.client_val_sizes is None:
+                raise ValueError("split 'val': the clients hold no validation split (set data.client_validation_fraction)")
+            return self.client_val_index, self.client_val_sizes
+        raise ValueError(f"split: must be 'test' or 'val', got {split!r}")
 
     @property
     def task(self) -> str:
@@ -99,6 +123,11 @@ class FederatedData:
                 v = converted[key]
             out[f.name] = v
         return FederatedData(**out)
+
+
+def client_validation_seed(seed: int) -> int:
+    """The seed of the clients' validation splits: another stream than the held-out split's (``seed``)."""
+    return (seed * 1_000_003 + 7_919) % (2**63)
 
 
 def evaluation_ticks() -> DataLoader:
@@ -252,7 +281,12 @@ class FederatedDataModule(LightningDataModule):
         rho: Dirichlet concentration ρ (per-class ``ρ / C``).
         shards_per_client: Shards per client for ``shards``.
         classes_per_client: ``m`` for ``classes``.
-        holdout_fraction: Share of each client's examples held out for client-side evaluation.
+        holdout_fraction: Share of each client's examples held out for client-side evaluation (the
+            client's own test split: ``client/*``, ``personal/*``, ``global/*``).
+        client_validation_fraction: Share of each client's remaining training examples held out as the
+            client's own validation split (seeded; no client trains on it): every evaluation also scores
+            the personalized and the global model on it (``personal_val/*``, ``global_val/*``), so a
+            personalized method's hyper-parameters are chosen on it and reported on the test split.
         validation_fraction: Share of the pooled training set set aside, before partitioning, as
             the server's validation set (no client holds it). With a share above 0 every
             evaluation also reports ``val/acc`` and ``val/loss`` (and the run
@@ -283,6 +317,7 @@ class FederatedDataModule(LightningDataModule):
         classes_per_client: int = 2,
         holdout_fraction: float = 0.2,
         validation_fraction: float = 0.0,
+        client_validation_fraction: float = 0.0,
         seed: int = 0,
         eval_batch_size: int = 2048,
         train: tuple[Tensor, Tensor] | Dataset | None = None,
@@ -296,6 +331,8 @@ class FederatedDataModule(LightningDataModule):
             raise ValueError(f"holdout_fraction: must be in [0, 1), got {holdout_fraction}")
         if isinstance(validation_fraction, bool) or not 0 <= validation_fraction < 1:
             raise ValueError(f"validation_fraction: must be in [0, 1), got {validation_fraction}")
+        if isinstance(client_validation_fraction, bool) or not 0 <= client_validation_fraction < 1:
+            raise ValueError(f"client_validation_fraction: must be in [0, 1), got {client_validation_fraction}")
         if eval_batch_size < 1:
             raise ValueError(f"eval_batch_size: must be >= 1, got {eval_batch_size}")
         if (train is None) != (test is None):
@@ -315,6 +352,7 @@ class FederatedDataModule(LightningDataModule):
         self.classes_per_client = classes_per_client
         self.holdout_fraction = holdout_fraction
         self.validation_fraction = validation_fraction
+        self.client_validation_fraction = client_validation_fraction
         self.seed = seed
         self.eval_batch_size = eval_batch_size
         self._user_train = train
@@ -404,6 +442,11 @@ class FederatedDataModule(LightningDataModule):
         if val_index is not None:  # positions among the rest -> positions in the pooled set
             flat = rest.to(flat.device)[flat]
         train, sizes, held, h_sizes = holdout_split_flat(flat, all_sizes, self.holdout_fraction, self.seed)
+        cv_index = cv_sizes = None
+        if self.client_validation_fraction > 0:  # each client's own validation split, from what it trains on
+            train, sizes, cv, cv_sizes = holdout_split_flat(train, sizes, self.client_validation_fraction,
+                                                            client_validation_seed(self.seed))
+            cv_index, cv_sizes = pack_flat(cv, cv_sizes), cv_sizes.to(cv.device)
         index = pack_flat(train, sizes)
         sizes = sizes.to(train.device)
         num = sizes.numel()
@@ -424,6 +467,8 @@ class FederatedDataModule(LightningDataModule):
                           else label_counts_flat(ds.train_y, train, sizes, ds.num_classes)),
             num_classes=ds.num_classes,
             val_index=val_index,
+            client_val_index=cv_index,
+            client_val_sizes=cv_sizes,
         )
         return self.data
 
