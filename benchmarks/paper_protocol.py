@@ -20,6 +20,15 @@ learning rate at the client learning rate another method chose). For every metho
    reports the same three figures for those runs (accuracy, settled, paired): whether the comparison
    holds once the runs have settled, without re-running the grid;
 
+With the study key ``metric: personal`` (personalized FL, SPEC §11) the figures are the per-client ones of
+lfed's personalized evaluation instead (:func:`per_client_key`, :func:`personal_val_score`,
+:func:`personal_figure`): the grid point is chosen on the last-10% mean of ``personal_val/acc_mean`` (each
+client's personalized model on the client's own validation split, ``data.client_validation_fraction``; the
+global model's ``global_val/acc_mean`` for a method without a personalized model, FedAvg), and the reported
+figure, the settled check, the paired differences and the plot are the last-10% mean of ``personal/acc_mean``
+(each client's personalized model on its own held-out test split, ``data.holdout_fraction``; fallback
+``global/acc_mean``), with the worst-10% and the global model's figures beside it.
+
 and writes its section of RESULTS.md (between ``<!-- protocol:NAME -->`` markers) and a plot of
 mean ± band over seeds. Runs go through lfed's own CLI parser (``paper_results.Runner``) and are
 cached per argument list in ``benchmarks/results/protocol/run_cache/``: a rerun reuses them.
@@ -88,12 +97,32 @@ class Study:
     runs_from: str  # the study whose cached runs this one shares (runs with the same arguments)
     targets: list[float] = field(default_factory=list)  # test accuracies to report rounds/uploads to reach
     longer: int | None = None  # rounds of a second, longer run of every chosen point on every seed (None: none)
+    metric: str = "global"  # "global": the server's validation / test split; "personal": per-client (SPEC §11)
+
+
+METRICS = ("global", "personal")
 
 
 def _need(d: dict, key: str, where: str):
     if key not in d:
         raise ValueError(f"{where}: missing '{key}'")
     return d[key]
+
+
+def config_value(configs: list[Path], overrides: list[str], key: str):
+    """The value of the dotted ``key`` (``data.client_validation_fraction``) that the config files and then the
+    ``--key=value`` overrides give it, last one wins (None: none sets it). Read as YAML, as LightningCLI does."""
+    value = None
+    for config in configs:
+        node = yaml.safe_load(config.read_text()) or {}
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            value = node
+    for arg in overrides:
+        if arg.startswith(f"--{key}="):
+            value = yaml.safe_load(arg.split("=", 1)[1])
+    return value
 
 
 def load_study(path: Path) -> Study:
@@ -128,13 +157,29 @@ def load_study(path: Path) -> Study:
     reference = raw.get("reference", names[0])
     if reference not in names:
         raise ValueError(f"{where}: reference: '{reference}' is not one of the methods {names}")
+    metric = raw.get("metric", "global")
+    if metric not in METRICS:
+        raise ValueError(f"{where}: metric: {metric!r} is not one of {METRICS} (global: the server's validation and test "
+                         "splits; personal: each client's own validation and held-out splits)")
+    if metric == "personal" and targets:
+        raise ValueError(f"{where}: targets: rounds to reach a test accuracy are read off the global test accuracy; "
+                         "not with metric: personal")
+    if metric == "personal":  # selection needs each client's own validation split: refuse before any run trains
+        base = [REPO / b for b in _need(raw, "base", where)]
+        for m in methods:
+            key = "data.client_validation_fraction"
+            values = m.grid.get(key) or [config_value([*base, m.config], [*raw.get("overrides", []), *m.overrides], key)]
+            if any(isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 for v in values):
+                raise ValueError(f"{where}: methods.{m.name}: metric: personal chooses on each client's own validation "
+                                 f"split; set {key} > 0 (got {values[0]!r}) in the base, the method's config or the "
+                                 "overrides")
     return Study(
         name=path.stem, title=_need(raw, "title", where), description=raw.get("description", "").strip(),
         base=[REPO / b for b in _need(raw, "base", where)], overrides=list(raw.get("overrides", [])),
         rounds=rounds, evaluate_every=int(raw.get("evaluate_every", 5)), seeds=seeds,
         reference=reference, methods=methods, paper=dict(raw.get("paper", {}) or {}), paper_label=raw.get("paper_label", ""),
         runs_from=str(raw.get("runs_from", path.stem)), targets=sorted(float(t) for t in targets),
-        longer=longer,
+        longer=longer, metric=metric,
     )
 
 
@@ -182,13 +227,74 @@ def reach_cell(runs: list[Run], target: float) -> str:
     return cell if len(reached) == len(runs) else f"{cell} ({len(reached)}/{len(runs)} reached)"
 
 
-def settling(run: Run) -> float | None:
-    """How much the last-10% test mean moved against the 10% of rounds before it (points)."""
+def settling(run: Run, key: str = "acc") -> float | None:
+    """How much the last-10% mean of ``key`` (the test accuracy) moved against the 10% of rounds before it (points)."""
     if not run.history:
         return None
     last = run.history[-1]["round"]
-    a, b = window_mean(run.history, "acc", 0.9, 1.0, last), window_mean(run.history, "acc", 0.8, 0.9, last)
+    a, b = window_mean(run.history, key, 0.9, 1.0, last), window_mean(run.history, key, 0.8, 0.9, last)
     return None if a is None or b is None else 100 * abs(a - b)
+
+
+# --------------------------------------------------------------------------- metric: personal (SPEC §11)
+def per_client_key(history: list[dict], split: str = "test", stat: str = "acc_mean") -> str:
+    """The history key of a personalized run's figure: ``personal{_val}/<stat>`` when the run logged it (a method
+    with a personalized model), else the global model's ``global{_val}/<stat>`` (FedAvg: its personalized model is
+    the global model). ``split``: ``"test"`` (each client's held-out split) or ``"val"`` (each client's validation
+    split, ``data.client_validation_fraction``). Neither in the history: a ValueError naming both keys."""
+    suffix = {"test": "", "val": "_val"}[split]
+    own, glob = f"personal{suffix}/{stat}", f"global{suffix}/{stat}"
+    for key in (own, glob):
+        if any(h.get(key) is not None for h in history):
+            return key
+    hint = (" (the study must set data.client_validation_fraction > 0: each client's own validation split)" if split == "val"
+            else " (the study must set data.holdout_fraction > 0: each client's own test split)")
+    raise ValueError(f"metric personal: the run's evaluations have neither '{own}' nor '{glob}'{hint}")
+
+
+def last10_of(history: list[dict], key: str) -> float | None:
+    """Mean of ``key`` over the evaluations in the last 10% of the run's rounds (None: no evaluation there)."""
+    return window_mean(history, key, 0.9, 1.0, history[-1]["round"]) if history else None
+
+
+def personal_val_score(run: Run) -> float:
+    """The selection score of ``metric: personal``: the last-10% mean of ``personal_val/acc_mean`` (fallback
+    ``global_val/acc_mean``, :func:`per_client_key`); -inf for a run that diverged; a ValueError when the run has
+    neither key (the study forgot ``data.client_validation_fraction``)."""
+    if "diverged_at_round" in run.extra:
+        return -math.inf
+    v = last10_of(run.history, per_client_key(run.history, "val"))
+    return -math.inf if v is None or not math.isfinite(v) else float(v)
+
+
+def personal_figure(run: Run, stat: str = "acc_mean", own: bool = True) -> float:
+    """The reported figure of ``metric: personal``: the last-10% mean of ``personal/<stat>`` (``own``; fallback
+    ``global/<stat>``) or of the global model's ``global/<stat>`` (not ``own``); NaN for a run that diverged or
+    with no evaluation in the window. A missing key is a ValueError (:func:`per_client_key`)."""
+    if "diverged_at_round" in run.extra:
+        return math.nan
+    key = per_client_key(run.history, "test", stat) if own else f"global/{stat}"
+    if not own and not any(h.get(key) is not None for h in run.history):
+        raise ValueError(f"metric personal: the run's evaluations have no '{key}'")
+    v = last10_of(run.history, key)
+    return math.nan if v is None else float(v)
+
+
+def has_per_client(runs: list[Run], key: str) -> bool:
+    return any(h.get(key) is not None for run in runs for h in run.history)
+
+
+def personal_settling(run: Run) -> float | None:
+    """:func:`settling` of the personalized figure (``personal/acc_mean``, fallback ``global/acc_mean``)."""
+    if not run.history or "diverged_at_round" in run.extra:
+        return None
+    return settling(run, per_client_key(run.history, "test"))
+
+
+def per_client_last10(run: Run) -> dict[str, float | None]:
+    """The last-10% mean of every per-client metric the run logged (``personal/``, ``global/``, ``*_val/`` keys)."""
+    keys = sorted({k for h in run.history for k in h if k.startswith(("personal/", "global/", "personal_val/", "global_val/"))})
+    return {k: last10_of(run.history, k) for k in keys}
 
 
 def val_score(run: Run) -> float:
@@ -213,6 +319,7 @@ def run_study(study: Study, runner: Runner, lock: str | None, quick: bool, log, 
     seeds = study.seeds[:2] if quick else study.seeds
     chosen: dict[str, dict] = {}
     out: dict[str, dict] = {}
+    score = personal_val_score if study.metric == "personal" else val_score
 
     def job(method: Method, point: dict, seed: int, n: int = rounds) -> tuple[str, list[Path], list[str]]:
         args = [*study.overrides, *method.overrides, f"--trainer.max_steps={n}", f"--trainer.val_check_interval={every}",
@@ -243,7 +350,7 @@ def run_study(study: Study, runner: Runner, lock: str | None, quick: bool, log, 
         log(f"{study.name}: {method.name}, {len(grid)} grid points on seed {seeds[0]}, then {len(seeds) - 1} more seeds")
         train_together([job(method, point, seeds[0]) for point in grid])  # a fixed_from grid (the others are cached)
         selection = [(point, one(method, point, seeds[0])) for point in grid]
-        best_point, best_run = max(selection, key=lambda pr: val_score(pr[1]))
+        best_point, best_run = max(selection, key=lambda pr: score(pr[1]))
         chosen[method.name] = best_point
         selections[method.name] = selection, best_point, best_run
     train_together([job(m, chosen[m.name], s) for m in study.methods for s in seeds[1:]])
@@ -254,7 +361,7 @@ def run_study(study: Study, runner: Runner, lock: str | None, quick: bool, log, 
         keys = list(method.grid)
         runs = [best_run] + [one(method, best_point, s) for s in seeds[1:]]
         edge = {k: best_point[k] in (method.grid[k][0], method.grid[k][-1]) and len(method.grid[k]) > 1 for k in keys}
-        out[method.name] = {"grid": [(p, val_score(r), r) for p, r in selection], "point": best_point, "runs": runs,
+        out[method.name] = {"grid": [(p, score(r), r) for p, r in selection], "point": best_point, "runs": runs,
                             "edge": [k for k, e in edge.items() if e], "keys": keys,
                             "longer": [one(method, best_point, s, longer) for s in seeds] if longer else []}
     return out
@@ -282,9 +389,13 @@ def plot(study: Study, res: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def key(run: Run) -> str:  # the curve: the test accuracy, or the personalized figure (metric: personal)
+        return per_client_key(run.history, "test") if study.metric == "personal" and run.history else "acc"
+
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for name, r in res.items():
-        curves = [{h["round"]: h["acc"] for h in run.history} for run in (r.get("longer") or r["runs"])]
+        curves = [{h["round"]: h[key(run)] for h in run.history if h.get(key(run)) is not None}
+                  for run in (r.get("longer") or r["runs"])]
         common = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
         if not common:
             continue
@@ -296,12 +407,13 @@ def plot(study: Study, res: dict, path: Path) -> None:
     for t in study.targets:  # the accuracies whose rounds / uploads to reach the table reports
         ax.axhline(100 * t, color="grey", ls=":", lw=0.8)
     ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy (%), mean ± std over seeds")
+    ax.set_ylabel("personalized accuracy (%), mean over clients,\nmean ± std over seeds" if study.metric == "personal"
+                  else "test accuracy (%), mean ± std over seeds")
     ax.set_title("\n".join(textwrap.wrap(study.title, 100)), fontsize=9)  # long titles wrap, not clip
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
-    lo = min((100 * h["acc"] for r in res.values() for run in (r.get("longer") or r["runs"]) for h in run.history
-              if h["round"] >= 0.2 * study.rounds), default=0)
+    lo = min((100 * h[key(run)] for r in res.values() for run in (r.get("longer") or r["runs"]) for h in run.history
+              if h["round"] >= 0.2 * study.rounds and h.get(key(run)) is not None), default=0)
     ax.set_ylim(max(0, lo - 5), None)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -338,20 +450,96 @@ def together_note(res: dict) -> str:
             "group's divided by its size")
 
 
-def outcome(runs: list[Run], ref: list[Run] | None) -> tuple[str, str, str]:
+def outcome(runs: list[Run], ref: list[Run] | None, figure=last10, settle=settling) -> tuple[str, str, str]:
     """Three table cells for ``runs`` (one per seed): test last-10% mean ± std, settled (the largest move over
-    seeds), and the paired per-seed difference against ``ref`` (the reference method's runs; None for itself)."""
-    m, s = mean_std([last10(x) for x in runs])
-    moves = [settling(x) for x in runs]
+    seeds), and the paired per-seed difference against ``ref`` (the reference method's runs; None for itself).
+    ``figure`` / ``settle``: the run's figure and its settling (metric personal: :func:`personal_figure`,
+    :func:`personal_settling`)."""
+    m, s = mean_std([figure(x) for x in runs])
+    moves = [settle(x) for x in runs]
     moved = max((x for x in moves if x is not None), default=math.nan)
     settled = "–" if not math.isfinite(moved) else ("yes" if moved <= SETTLED_POINTS else "**no**") + f" ({moved:.1f})"
     paired = "–"
     if ref is not None:
-        diffs = [100 * (last10(a) - last10(b)) for a, b in zip(runs, ref)]
+        diffs = [100 * (figure(a) - figure(b)) for a, b in zip(runs, ref)]
         dm, ds = mean_std(diffs)
         wins = sum(d > 0 for d in diffs if math.isfinite(d))
         paired = "–" if not math.isfinite(dm) else f"{dm:+.2f} ± {ds:.2f} ({wins}/{len(diffs)} seeds better)"
     return fmt_pm(m, s), settled, paired
+
+
+def personal_cells(runs: list[Run]) -> dict[str, str]:
+    """The table cells of ``metric: personal`` for one method's runs (one per seed), mean ± std over seeds of
+    the last-10% means: personalized accuracy mean and worst 10% (the global model's for a method without a
+    personalized model), the global model's, and (token data) the perplexities."""
+    def cell(stat: str, own: bool, scale: float = 100.0) -> str:
+        prefix = "personal" if own else "global"
+        if not has_per_client(runs, f"{prefix}/{stat}") and not (own and has_per_client(runs, f"global/{stat}")):
+            return "–"
+        return fmt_pm(*mean_std([personal_figure(x, stat, own) for x in runs]), scale=scale)
+
+    cells = {"acc": cell("acc_mean", True), "worst": cell("acc_worst10pct", True),
+             "global": cell("acc_mean", False), "global_worst": cell("acc_worst10pct", False)}
+    if has_per_client(runs, "global/perplexity_mean"):
+        cells["ppl"] = cell("perplexity_mean", True, 1.0)
+        cells["ppl_worst"] = cell("perplexity_worst10pct", True, 1.0)
+        cells["global_ppl"] = f"{cell('perplexity_mean', False, 1.0)} / {cell('perplexity_worst10pct', False, 1.0)}"
+    return cells
+
+
+def personal_section(study: Study, res: dict, head: list[str], seeds: list[int], longer: int | None) -> list[str]:
+    """The protocol text and table of ``metric: personal`` (after ``head``: the title, description, cost)."""
+    L = list(head)
+    L[-1] += (f" Personalized protocol (SPEC §11): every client holds out its own test split (data.holdout_fraction) "
+              f"and, of the rest, its own validation split (data.client_validation_fraction); no client trains on either. "
+              f"Each method's grid ran on seed {seeds[0]}; the point with the best last-10% mean over clients of each "
+              f"client's personalized model's accuracy on the client's own *validation* split (personal_val/acc_mean; "
+              f"the global model's, global_val/acc_mean, for a method without a personalized model) then ran on the "
+              f"other seeds. Reported: over the evaluations in the last 10% of rounds, the mean over clients of each "
+              f"client's personalized model's accuracy on the client's own held-out *test* split (personal/acc_mean), "
+              f"the worst 10% (the mean of the worst ceil(0.1 n) of the n evaluated clients), and the same two of the "
+              f"global model on the same splits; mean ± std over seeds. Settled = the personalized last-10% mean within "
+              f"{SETTLED_POINTS:g} point of the 10% of rounds before it on every seed; paired = the per-seed difference "
+              f"of the personalized mean against {study.reference}.")
+    if longer:
+        L[-1] += (f" Then every chosen point ran again for {longer} rounds on every seed (same grid choice); the "
+                  f"last three columns and the plot are those longer runs.")
+    cells = {name: personal_cells(r["runs"]) for name, r in res.items()}
+    ppl = any("ppl" in c for c in cells.values())
+    header = (f"| method | grid (validation last-10%, seed {seeds[0]}) | chosen | personalized acc (%) mean ± std "
+              f"| personalized worst 10% (%) | global-model acc (%) | global-model worst 10% (%) | settled (max move, pts) "
+              f"| vs {study.reference}, paired (personalized, pts) |")
+    ncol = 9
+    if ppl:
+        header += " personalized perplexity | personalized perplexity worst 10% | global-model perplexity mean / worst 10% |"
+        ncol += 3
+    if study.paper:
+        header += f" {study.paper_label or 'paper'} |"
+        ncol += 1
+    if longer:
+        header += f" at {longer} rounds: personalized acc (%) | settled | vs {study.reference}, paired (pts) |"
+        ncol += 3
+    L += ["", header, "|" + "---|" * ncol]
+    for name, r in res.items():
+        grid = ", ".join(f"{point_label({k: v for k, v in p.items() if k in r['keys']})}: "
+                         + ("div." if not math.isfinite(v) else f"{100 * v:.1f}") for p, v, _ in r["grid"])
+        grid = re.sub(r"client_lr=", "", grid)
+        chosen = point_label(r["point"]) + (" (edge)" if r["edge"] else "")
+        ref = None if name == study.reference else res[study.reference]["runs"]
+        _, settled, paired = outcome(r["runs"], ref, personal_figure, personal_settling)
+        c = cells[name]
+        row = (f"| {name} | {grid} | {chosen} | {c['acc']} | {c['worst']} | {c['global']} | {c['global_worst']} "
+               f"| {settled} | {paired} |")
+        if ppl:
+            row += f" {c.get('ppl', '–')} | {c.get('ppl_worst', '–')} | {c.get('global_ppl', '–')} |"
+        if study.paper:
+            row += f" {study.paper.get(name, '–')} |"
+        if longer:
+            ref = None if name == study.reference else res[study.reference]["longer"]
+            row += " " + " | ".join(outcome(r["longer"], ref, personal_figure, personal_settling)) + " |"
+        L.append(row)
+    L += ["", f"![]({(OUT / study.name).relative_to(REPO)}.png)", ""]
+    return L
 
 
 def section(study: Study, res: dict, cmd: str, seconds: float, load: tuple[float, float], quick: bool) -> list[str]:
@@ -364,11 +552,14 @@ def section(study: Study, res: dict, cmd: str, seconds: float, load: tuple[float
          f"{rounds} rounds, evaluated every {2 if quick else study.evaluate_every}; seeds {seeds}; {n_runs} runs, "
          f"{seconds / 60:.1f} CPU-minutes of training and evaluation on this 2-core machine (load average "
          f"{load[0]:.1f} at the start, {load[1]:.1f} at the end; runs took turns with other jobs through a lock"
-         f"{together_note(res)}). "
+         f"{together_note(res)}). "]
+    if study.metric == "personal":
+        return personal_section(study, res, L, seeds, longer)
+    L[-1] += (
          f"Each method's grid ran on seed {seeds[0]}; the point with the best last-10% *validation* accuracy "
          f"(a {study.overrides and 'server-held split of the training set' or 'split'}, no client trains on it) then ran on "
          f"the other seeds. Test accuracy = mean over the evaluations in the last 10% of rounds. "
-         f"Settled = the last-10% mean within {SETTLED_POINTS:g} point of the 10% of rounds before it on every seed."]
+         f"Settled = the last-10% mean within {SETTLED_POINTS:g} point of the 10% of rounds before it on every seed.")
     if longer:
         L[-1] += (f" Then every chosen point ran again for {longer} rounds on every seed (same grid choice, not re-chosen "
                   f"at {longer}), to see whether the comparison holds once more runs have settled; the plot shows "
@@ -416,14 +607,25 @@ def write_section(study: Study, lines: list[str]) -> None:
     RESULTS.write_text(text)
 
 
-def to_json(res: dict, targets: list[float] = ()) -> dict:
+def to_json(res: dict, targets: list[float] = (), metric: str = "global") -> dict:
+    """The study's results; with ``metric: personal`` every run also keeps its per-client figures (``personal``:
+    :func:`personal_val_score` / :func:`personal_figure`, and :func:`per_client_last10` of every key)."""
+    def personal(x: Run) -> dict:
+        if metric != "personal":
+            return {}
+        fig = {"val_last10": None if "diverged_at_round" in x.extra else personal_val_score(x),
+               "test_last10": personal_figure(x), "settling": personal_settling(x),
+               "key": per_client_key(x.history) if x.history else None, "last10": per_client_last10(x)}
+        return {"personal": fig}
+
     return {name: {"point": r["point"], "edge": r["edge"], "grid_keys": r["keys"],
-                   "grid": [{"point": p, "val_last10": v if math.isfinite(v) else None, "test_last10": last10(x)} for p, v, x in r["grid"]],
+                   "grid": [{"point": p, "val_last10": v if math.isfinite(v) else None, "test_last10": last10(x), **personal(x)}
+                            for p, v, x in r["grid"]],
                    "seeds": [{"args": x.args, "test_last10": last10(x), "val_last10": x.summary.get("final/val_acc_last10pct"),
                               "seconds": x.seconds, "settling": settling(x), "extra": x.extra, "summary": x.summary,
-                              "reach": {f"{t:g}": first_reach(x.history, t) for t in targets}} for x in r["runs"]],
+                              "reach": {f"{t:g}": first_reach(x.history, t) for t in targets}, **personal(x)} for x in r["runs"]],
                    "longer": [{"args": x.args, "test_last10": last10(x), "seconds": x.seconds, "settling": settling(x),
-                               "extra": x.extra, "summary": x.summary} for x in r.get("longer", [])]}
+                               "extra": x.extra, "summary": x.summary, **personal(x)} for x in r.get("longer", [])]}
             for name, r in res.items()}
 
 
@@ -471,7 +673,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.quick:
             continue
         OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / f"{study.name}.json").write_text(json.dumps(to_json(res, study.targets), indent=1, default=str))
+        (OUT / f"{study.name}.json").write_text(json.dumps(to_json(res, study.targets, study.metric), indent=1, default=str))
         plot(study, res, OUT / f"{study.name}.png")
         write_section(study, lines)
         log(f"{study.name}: written to RESULTS.md ({(time.time() - started) / 60:.1f} min wall)")

@@ -156,15 +156,27 @@ class Recorder(Callback):
         self.weight_sum: list[float] = []
         self.per_round: dict[str, list[float]] = {}  # round-level diagnostics (SPEC §4, §2)
 
+    PER_CLIENT = ("personal/", "global/", "personal_val/", "global_val/")  # the personalized evaluation (SPEC §11)
+
     def record_evaluation(self, rounds: int, metrics, uploads: int) -> None:
-        """One evaluation's row (``metrics``: ``test/acc`` and, when present, ``val/acc``, ``client/acc_mean``)."""
-        self.history.append({
+        """One evaluation's row (``metrics``: ``test/acc`` and, when present, ``val/acc``, ``client/acc_mean``),
+        and every metric of the per-client evaluation (keys starting with :attr:`PER_CLIENT`: ``personal/acc_mean``,
+        ``global_val/acc_worst10pct``, ``personal/perplexity_mean``, ...) under its own key, as a float. A run
+        recorded before these keys were stored simply has none (:func:`paper_protocol.per_client_figure`)."""
+        row = {
             "round": int(rounds),
             "acc": float(metrics["test/acc"]),
             "val_acc": float(metrics["val/acc"]) if "val/acc" in metrics else None,
             "client_acc": float(metrics["client/acc_mean"]) if "client/acc_mean" in metrics else None,
             "uploads": int(uploads),
-        })
+        }
+        for key, value in metrics.items():
+            if key.startswith(self.PER_CLIENT) and not key.endswith("_histogram"):
+                try:
+                    row[key] = float(value)
+                except (TypeError, ValueError, RuntimeError):  # not a scalar (an image, a table): not a figure
+                    continue
+        self.history.append(row)
 
     def record_round(self, metrics) -> None:
         """A round's diagnostics, from the metrics it logged."""

@@ -102,27 +102,43 @@ class MLP(nn.Module):
     Parameter count for the defaults (784-200-200-10):
     ``784*200 + 200 + 200*200 + 200 + 200*10 + 10 = 157,000 + 40,200 + 2,010 = 199,210``.
 
+    With ``norm="layer"`` each hidden ``Linear`` is followed by an ``nn.LayerNorm`` over its
+    output (elementwise affine: a weight and a bias of the layer's width) and then the ReLU, so
+    the defaults gain ``2*200 + 2*200 = 800`` parameters: ``199,210 + 800 = 200,010``. The
+    layers are then ``net.0`` Linear, ``net.1`` LayerNorm, ``net.2`` ReLU, ... and the output
+    layer is ``net.{3 * len(hidden)}`` (``net.6`` for the defaults; ``net.{2 * len(hidden)}``,
+    ``net.4``, without normalization, as before). LayerNorm has no running statistics, so the
+    net trains on the ``vmap`` backend; FedBN keeps its affine parameters local.
+
     Args:
         in_features: Number of input features after flattening each sample.
         hidden: Widths of the hidden layers (each followed by ReLU); may be empty.
         num_classes: Number of output logits.
+        norm: ``None`` (default: no normalization, the 2NN) or ``"layer"`` (an
+            ``nn.LayerNorm`` after each hidden ``Linear``, before its ReLU).
     """
+
+    NORMS = (None, "layer")
 
     def __init__(
         self,
         in_features: int = 784,
         hidden: tuple[int, ...] | list[int] = (200, 200),
         num_classes: int = 10,
+        norm: str | None = None,
     ) -> None:
         super().__init__()
         _check_positive_int("in_features", in_features)
         _check_positive_int("num_classes", num_classes)
         for h in hidden:
             _check_positive_int("hidden", h)
+        if norm not in self.NORMS:
+            raise ValueError(f"norm: {norm!r} is not one of {self.NORMS} (None: no normalization; "
+                             f"'layer': nn.LayerNorm after each hidden Linear)")
         layers: list[nn.Module] = []
         width = in_features
         for h in hidden:
-            layers += [nn.Linear(width, h), nn.ReLU()]
+            layers += [nn.Linear(width, h), *([nn.LayerNorm(h)] if norm == "layer" else []), nn.ReLU()]
             width = h
         layers.append(nn.Linear(width, num_classes))
         self.net = nn.Sequential(*layers)

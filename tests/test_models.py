@@ -175,6 +175,43 @@ def test_mlp_structure_is_2nn() -> None:
     assert sum(isinstance(m, nn.ReLU) for m in MLP().modules()) == 2
 
 
+def test_mlp_layer_norm_count_and_names() -> None:
+    # 199,210 + a LayerNorm weight and bias per hidden layer: 2*200 + 2*200 = 800
+    model = MLP(norm="layer")
+    assert n_params(model) == 200_010 == count_parameters(model)
+    norms = [m for m in model.modules() if isinstance(m, nn.LayerNorm)]
+    assert [tuple(m.normalized_shape) for m in norms] == [(200,), (200,)]
+    kinds = [type(m).__name__ for m in model.net]
+    assert kinds == ["Linear", "LayerNorm", "ReLU", "Linear", "LayerNorm", "ReLU", "Linear"]
+    assert "net.6.weight" in dict(model.named_parameters())  # the head FedPer / FedRep keep local
+    assert model(torch.randn(3, 784)).shape == (3, 10)
+
+
+def test_mlp_without_norm_is_unchanged() -> None:
+    # the same parameter names and shapes as before the norm option (old checkpoints load)
+    names = {n: tuple(p.shape) for n, p in MLP(norm=None).named_parameters()}
+    assert names == {"net.0.weight": (200, 784), "net.0.bias": (200,), "net.2.weight": (200, 200),
+                     "net.2.bias": (200,), "net.4.weight": (10, 200), "net.4.bias": (10,)}
+    assert list(MLP().state_dict()) == list(MLP(norm=None).state_dict())
+    torch.manual_seed(0)
+    state = MLP().state_dict()
+    MLP(norm=None).load_state_dict(state)  # strict
+
+
+def test_mlp_layer_norm_vmaps() -> None:
+    model = MLP(in_features=6, hidden=(5, 4), num_classes=3, norm="layer")
+    params, buffers = stack_module_state([model, MLP(in_features=6, hidden=(5, 4), num_classes=3, norm="layer")])
+    x = torch.randn(2, 7, 6)
+    out = vmap(lambda p, b, xb: functional_call(model, (p, b), (xb,)))(params, buffers, x)
+    assert out.shape == (2, 7, 3)
+
+
+@pytest.mark.parametrize("norm", ["batch", "Layer", True, ""])
+def test_mlp_norm_invalid(norm) -> None:
+    with pytest.raises(ValueError, match=r"norm: .* is not one of \(None, 'layer'\)"):
+        MLP(norm=norm)
+
+
 def test_tf_same_pooling_alignment_by_hand() -> None:
     # 1x1x4x4 input with values 0..15 (row-major). TF SAME 3x3/2 on n=4: out=ceil(4/2)=2,
     # pad total = (2-1)*2+3-4 = 1, all of it after. Windows: rows {0,1,2} and {2,3,pad},
