@@ -364,7 +364,7 @@ class Runner:
         t = trainers[0]
         self.log(f"  training {len(members)} runs together (lfed.group.RunGroup)")
         train_group(members, rounds=t["max_steps"], evaluate_every=t["val_check_interval"],
-                    precision=t.get("precision") or "32-true")
+                    precision=t.get("precision") or "32-true", default_root_dir=str(self.workdir))  # not the cwd
         seconds = (time.time() - start) / len(members)
         for (name, configs, overrides), member, rec in zip(todo, members, recorders):
             extra: dict = {"group_size": len(members)}
