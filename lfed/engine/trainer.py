@@ -29,7 +29,7 @@ BACKENDS = ("auto", "vmap", "loop")
 
 #: On a CPU, the automatic chunk keeps the tensors autograd saves for the chunk's step within this
 #: many bytes (``chunk x`` one client's saved bytes; BENCHMARKS.md, "Chunks sized by activations").
-CPU_ACTIVATION_BUDGET = 1 << 28
+CPU_ACTIVATION_BUDGET = 1 << 27
 #: On a GPU, the same bound is this share of the device's total memory (total, not free: the chunk,
 #: and with it a dropout model's draws, must not depend on what else happens to be allocated).
 GPU_ACTIVATION_SHARE = 1 / 16
@@ -298,7 +298,7 @@ class CohortTrainer(VmapBackend, LoopBackend):
     def activation_budget(self, device: torch.device) -> int:
         """Bytes that the tensors autograd saves for one chunk's step may take on ``device``.
 
-        ``CPU_ACTIVATION_BUDGET`` (256 MB) on a CPU (and any device other than CUDA); on a CUDA
+        ``CPU_ACTIVATION_BUDGET`` (128 MB) on a CPU (and any device other than CUDA); on a CUDA
         device ``GPU_ACTIVATION_SHARE`` (1/16) of its *total* memory, so the chunk is a function of
         the model, the shapes and the device alone, the same in every run. A step's peak is a few
         times its saved bytes (the gradients and temporaries of the backward; recording the step
