@@ -242,10 +242,10 @@ class CohortTrainer(VmapBackend, LoopBackend):
             raise ValueError("rows: no rows to train; give at least one row of the cohort, or None for all")
         size = self.chunk_size
         if size is None:
-            saved = None
-            if backend == "vmap" and positions.dim() == 3 and positions.shape[1] > 0:
+            size = self._auto_chunk(selected.numel(), backend, w_start.device)
+            if size > 1 and backend == "vmap" and positions.dim() == 3 and positions.shape[1] > 0:  # activations too
                 saved = self._saved_bytes(w_start, data_x, data_y, index, positions, valid, int(selected[0]))
-            size = self._auto_chunk(selected.numel(), backend, w_start.device, saved)
+                size = self._auto_chunk(selected.numel(), backend, w_start.device, saved)
         results = []
         for lo in range(0, selected.numel(), size):
             part = selected[lo : lo + size]
