@@ -28,7 +28,7 @@ from lfed.params import ParamLayout
 BACKENDS = ("auto", "vmap", "loop")
 
 #: On a CPU, the automatic chunk keeps the tensors autograd saves for the chunk's step within this
-#: many bytes (``chunk x`` one client's saved bytes; BENCHMARKS.md, "Chunks sized by activations").
+#: many bytes (``chunk x`` one client's saved bytes; BENCHMARKS.md, "LoRA adapters").
 CPU_ACTIVATION_BUDGET = 1 << 27
 #: On a GPU, the same bound is this share of the device's total memory (total, not free: the chunk,
 #: and with it a dropout model's draws, must not depend on what else happens to be allocated).
@@ -302,7 +302,7 @@ class CohortTrainer(VmapBackend, LoopBackend):
         device ``GPU_ACTIVATION_SHARE`` (1/16) of its *total* memory, so the chunk is a function of
         the model, the shapes and the device alone, the same in every run. A step's peak is a few
         times its saved bytes (the gradients and temporaries of the backward; recording the step
-        once per shape holds more): BENCHMARKS.md, "Chunks sized by activations".
+        once per shape holds more): BENCHMARKS.md, "LoRA adapters".
         """
         if device.type == "cuda":
             return int(torch.cuda.get_device_properties(device).total_memory * GPU_ACTIVATION_SHARE)
