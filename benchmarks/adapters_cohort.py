@@ -13,13 +13,20 @@ frozen lfed.models.CharTransformer base, starting from the same global adapters:
 
 Both compute the same updates (``--check`` compares the clients' trained adapters). Every
 (method, K) runs in its own process, so its peak memory is its own: peak RSS on the CPU
-(``ru_maxrss``; also less the RSS once the model and data are built), peak allocated CUDA memory on a
-GPU. Prints one JSON line per measurement, then a table with the ratio loop / lfed (the speed-up).
-On a machine shared with other CPU-bound jobs, run with ``OMP_NUM_THREADS=1`` (README, Threads): with
-torch's spinning threads contended, a tiny smoke run here took 1.16 s a round instead of 0.010 s.
+(``ru_maxrss``, the warm-up round included: lfed records its step there; also less the RSS once the
+model and data are built), peak allocated CUDA memory on a GPU. ``--repeats`` (3) processes per
+(K, method), interleaved (every (K, method) once per repeat), each after waiting for the 1-minute load
+to fall below 1.0 (``benchmarks/quiet.py``; the load is printed with each measurement). Prints one JSON
+line per measurement (lfed's with the chunk its engine chose and one client's saved-tensor MB it chose
+it from), then a table of medians with the ratio loop / variant (the speed-up). ``--chunks`` also times
+lfed with fixed ``chunk_size`` values beside ``auto`` (the engine's choice, the headline): how the CPU
+budget of ``lfed.engine.trainer`` was chosen. On a machine shared with other CPU-bound jobs, run with
+``OMP_NUM_THREADS=1`` (README, Threads): with torch's spinning threads contended, a tiny smoke run here
+took 1.16 s a round instead of 0.010 s.
 
     python benchmarks/adapters_cohort.py                       # K = 10, 50, 200 on the CPU
-    python benchmarks/adapters_cohort.py --sizes 2 4 --d-model 16 --layers 1 --rounds 1 --check   # a smoke run
+    python benchmarks/adapters_cohort.py --sizes 2 4 --d-model 16 --layers 1 --rounds 1 --repeats 1 --check   # a smoke run
+    python benchmarks/adapters_cohort.py --sizes 16 --chunks 1 2 4 8 16 --methods lfed peft_loop --steps 2 --rounds 2
     python benchmarks/adapters_cohort.py --device cuda
 """
 
@@ -31,12 +38,14 @@ import json
 import os
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
+from quiet import wait_quiet  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 TARGET = ["blocks.*.attn.qkv", "blocks.*.attn.proj", "blocks.*.mlp.fc1", "blocks.*.mlp.fc2"]
 
@@ -68,7 +77,7 @@ def run_lfed(args, device):
 
     base, x, y = build(args, device)
     net = LoRA(base, rank=args.rank, alpha=2.0 * args.rank, target=TARGET).to(device)
-    engine = CohortTrainer(net, backend="vmap")
+    engine = CohortTrainer(net, backend="vmap", chunk_size=None if args.chunk == "auto" else int(args.chunk))
     w = engine.layout.module_vector(net)
     K, B = args.k, args.batch
     index = torch.arange(K * B, device=device).reshape(K, B)
@@ -78,6 +87,12 @@ def run_lfed(args, device):
     def round_():
         return engine.train(w, x, y, index, sizes, steps, StepRule(), args.lr, None, torch.Generator()).weights
 
+    def chunk() -> dict:  # the chunk the engine chose, and one client's saved bytes it chose it from
+        saved = next((v for v in engine._saved.values() if v), None)
+        size = engine.chunk_size or engine._auto_chunk(K, "vmap", device, saved)
+        return {"chunk": size, "saved_mb_per_client": None if saved is None else round(saved / 2**20, 2)}
+
+    round_.chunk = chunk
     return round_, engine.layout.num_params
 
 
@@ -132,6 +147,8 @@ def measure(args) -> dict:
     out = {"method": args.method, "K": args.k, "P": P, "seconds_per_round": sum(times) / len(times),
            "rounds": args.rounds, "device": args.device, "threads": torch.get_num_threads(),
            "peak_rss_mb": round(peak_rss_mb(), 1), "peak_rss_over_built_mb": round(peak_rss_mb() - built, 1)}
+    if hasattr(round_, "chunk"):
+        out.update(round_.chunk())
     if device.type == "cuda":
         out["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
     if args.check:
@@ -160,36 +177,58 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="timed rounds (after one warm-up round)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--check", action="store_true", help="compare client 0's trained adapters of the two methods")
+    p.add_argument("--repeats", type=int, default=3, help="processes per (K, method), interleaved; the table shows medians")
+    p.add_argument("--chunks", nargs="+", default=["auto"],
+                   help="lfed's chunk_size: 'auto' (the engine's choice, the headline) and/or fixed sizes (to calibrate)")
+    p.add_argument("--chunk", default="auto", help=argparse.SUPPRESS)
     p.add_argument("--method", help=argparse.SUPPRESS)
     p.add_argument("--k", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.method is not None:  # a child process: one measurement
         print(json.dumps(measure(args)))
         return
+    variants = [(m, c) for m in args.methods for c in (args.chunks if m == "lfed" else ["-"])]
     rows = []
+    for r in range(args.repeats):  # interleaved: every (K, method) once per repeat
+        for k in args.sizes:
+            for method, chunk in variants:
+                cmd = [sys.executable, __file__, "--method", method, "--k", str(k)] + [
+                    a for name in ("d_model", "layers", "heads", "rank", "batch", "steps", "lr", "rounds", "device")
+                    for a in (f"--{name.replace('_', '-')}", str(getattr(args, name)))] + (["--check"] if args.check else [])
+                if method == "lfed":
+                    cmd += ["--chunk", chunk]
+                load, waited = wait_quiet()
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                if done.returncode:
+                    sys.exit(f"{method} K={k} failed:\n{done.stderr[-3000:]}")
+                row = json.loads(done.stdout.strip().splitlines()[-1])
+                row.update(repeat=r, variant=method if method != "lfed" or chunk == "auto" else f"lfed/chunk={chunk}",
+                           load_before=round(load, 2), load_after=round(os.getloadavg()[0], 2),
+                           utc=time.strftime("%H:%M:%S", time.gmtime()))
+                rows.append(row)
+                print(json.dumps({k_: v for k_, v in row.items() if k_ != "check"}), flush=True)
+    loads = [r["load_before"] for r in rows]
+    print(f"\n{len(rows)} measurements, medians of {args.repeats}; load before each: {min(loads):.2f}-{max(loads):.2f}")
+    mem = "peak_cuda_mb" if "peak_cuda_mb" in rows[0] else "peak_rss_mb"
+    names = list(dict.fromkeys(r["variant"] for r in rows))
+    print(f"{'K':>5} {'variant':>16} {'chunk':>6} {'s/round':>9} {'(min-max)':>15} {'peak MB':>9} {'loop/this':>9}")
     for k in args.sizes:
-        for method in args.methods:
-            cmd = [sys.executable, __file__, "--method", method, "--k", str(k)] + [
-                a for name in ("d_model", "layers", "heads", "rank", "batch", "steps", "lr", "rounds", "device")
-                for a in (f"--{name.replace('_', '-')}", str(getattr(args, name)))] + (["--check"] if args.check else [])
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode:
-                sys.exit(f"{method} K={k} failed:\n{done.stderr[-3000:]}")
-            row = json.loads(done.stdout.strip().splitlines()[-1])
-            rows.append(row)
-            print(json.dumps({k_: v for k_, v in row.items() if k_ != "check"}), flush=True)
-    print(f"\n{'K':>5} {'P':>8} {'lfed s/round':>13} {'loop s/round':>13} {'speed-up':>9} {'lfed peak MB':>13} {'loop peak MB':>13}")
-    for k in args.sizes:
-        by = {r["method"]: r for r in rows if r["K"] == k}
-        if {"lfed", "peft_loop"} <= set(by):
-            a, b = by["lfed"], by["peft_loop"]
-            mem = "peak_cuda_mb" if "peak_cuda_mb" in a else "peak_rss_mb"
-            print(f"{k:>5} {a['P']:>8} {a['seconds_per_round']:>13.3f} {b['seconds_per_round']:>13.3f} "
-                  f"{b['seconds_per_round'] / a['seconds_per_round']:>8.2f}x {a[mem]:>13.1f} {b[mem]:>13.1f}")
-            if args.check:
-                wa, wb = torch.tensor(a["check"]["W"]), torch.tensor(b["check"]["W"])
-                print(f"      check K={k}: client 0's adapters, lfed vs loop: max |diff| = {(wa - wb).abs().max():.2e} "
-                      f"(of max |w| {wb.abs().max():.2e})")
+        med = {}
+        for name in names:
+            these = [r for r in rows if r["K"] == k and r["variant"] == name]
+            med[name] = statistics.median(r["seconds_per_round"] for r in these)
+        for name in names:
+            these = [r for r in rows if r["K"] == k and r["variant"] == name]
+            secs = [r["seconds_per_round"] for r in these]
+            ratio = f"{med['peft_loop'] / med[name]:.2f}x" if "peft_loop" in med else "-"
+            print(f"{k:>5} {name:>16} {str(these[0].get('chunk', '-')):>6} {med[name]:>9.3f} "
+                  f"{f'({min(secs):.2f}-{max(secs):.2f})':>15} {statistics.median(r[mem] for r in these):>9.0f} {ratio:>9}")
+        if args.check and "lfed" in med and "peft_loop" in med:
+            a = next(r for r in rows if r["K"] == k and r["variant"] == "lfed")
+            b = next(r for r in rows if r["K"] == k and r["variant"] == "peft_loop")
+            wa, wb = torch.tensor(a["check"]["W"]), torch.tensor(b["check"]["W"])
+            print(f"      check K={k}: client 0's adapters, lfed vs loop: max |diff| = {(wa - wb).abs().max():.2e} "
+                  f"(of max |w| {wb.abs().max():.2e})")
 
 
 if __name__ == "__main__":

@@ -126,3 +126,112 @@ def test_cpu_chunks_hold_16_mb_of_weights_and_change_nothing():
     for size in (1, 4):
         part = _run(CohortTrainer(net, backend="vmap", chunk_size=size), w0, X, Y, idx, steps, batch_size=4)
         assert torch.equal(part.weights, whole.weights) and torch.equal(part.loss, whole.loss)
+
+
+class _WideFrozen(nn.Module):
+    """Large activations, tiny P: a trainable 6 -> 4 stem under a wide frozen body (as adapters in the
+    first layer of a frozen base: the body's activations are saved for the stem's gradient)."""
+
+    def __init__(self, width=512):
+        super().__init__()
+        self.stem = nn.Linear(6, 4)
+        self.body = nn.Sequential(nn.Linear(4, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 3))
+        for p in self.body.parameters():
+            p.requires_grad_(False)
+
+    def forward(self, x):
+        return self.body(self.stem(x))
+
+
+def _schedule_args(K, n, B):
+    pos = torch.arange(B).expand(K, 1, B)
+    return torch.arange(K * n).view(K, n), pos, torch.ones(K, 1, B, dtype=torch.bool)
+
+
+def test_saved_bytes_are_one_clients_activations_not_the_frozen_base():
+    """What autograd saves for one client's step grows with the batch; the frozen base's weights
+    (2 MB here) and the client's weights are not counted; the measurement is made once per shape."""
+    torch.manual_seed(0)
+    net = _WideFrozen().double()
+    tr = CohortTrainer(net, backend="vmap")
+    w0 = tr.layout.module_vector(net)
+    X, Y = _data(64, (6,), 3)
+    got = {}
+    for B in (4, 8, 16):
+        idx, pos, valid = _schedule_args(4, 16, B)
+        got[B] = tr._saved_bytes(w0, X, Y, idx, pos, valid, 0)
+    width_bytes = 512 * 8  # one example's activation of one wide layer, float64
+    assert 2 * 4 * width_bytes <= got[4] < 8 * 4 * width_bytes  # a few [B, 512] tensors, not the 2 MB base
+    assert got[16] - got[8] == 2 * (got[8] - got[4]) > 0  # linear in B
+    calls = []
+    original = tr._client_loss
+    tr._client_loss = lambda *a: (calls.append(1), original(*a))[1]
+    idx, pos, valid = _schedule_args(4, 16, 8)
+    assert tr._saved_bytes(w0, X, Y, idx, pos, valid, 2) == got[8] and calls == []  # cached by shape
+
+
+def test_chunks_bound_activations_and_change_nothing():
+    """A net with large activations and tiny P gets chunks smaller than K from its activations alone
+    (the [chunk, P] rule allows thousands); the result is the unchunked one bit for bit."""
+    torch.manual_seed(1)
+    net = _WideFrozen().double()
+    tr = CohortTrainer(net, backend="vmap")
+    P = tr.layout.num_params
+    assert P == 6 * 4 + 4 and (1 << 22) // P > 2000
+    X, Y = _data(80, (6,), 3)
+    idx = _index(8, 10, 80)
+    w0 = tr.layout.module_vector(net)
+    steps = torch.tensor([3, 1, 3, 2, 3, 0, 3, 2])
+    one = tr._saved_bytes(w0, X, Y, idx, *_schedule_args(8, 10, 4)[1:], 0)
+    tr.activation_budget = lambda device: 3 * one + 1  # room for 3 clients' activations
+    assert tr._auto_chunk(8, "vmap", torch.device("cpu"), one) == 3
+    assert tr._auto_chunk(8, "vmap", torch.device("cpu")) == 8  # unmeasured: the [chunk, P] rule alone
+    assert tr._auto_chunk(8, "loop", torch.device("cpu"), one) == 8
+    sizes = []
+    original = tr._train_vmap
+    tr._train_vmap = lambda w, x, *a: (sizes.append(a[1].shape[0]), original(w, x, *a))[1]
+    got = _run(tr, w0, X, Y, idx, steps, batch_size=4)
+    assert sizes == [3, 3, 2]
+    whole = _run(CohortTrainer(net, backend="vmap", chunk_size=8), w0, X, Y, idx, steps, batch_size=4)
+    assert torch.equal(got.weights, whole.weights) and torch.equal(got.loss, whole.loss)
+    loop = _run(CohortTrainer(net, backend="loop"), w0, X, Y, idx, steps, batch_size=4)
+    assert (got.weights - loop.weights).abs().max() < 1e-13
+    # the user's chunk_size wins over the budget
+    fixed = CohortTrainer(net, backend="vmap", chunk_size=5)
+    fixed.activation_budget = lambda device: 1
+    sizes.clear()
+    original_fixed = fixed._train_vmap
+    fixed._train_vmap = lambda w, x, *a: (sizes.append(a[1].shape[0]), original_fixed(w, x, *a))[1]
+    again = _run(fixed, w0, X, Y, idx, steps, batch_size=4)
+    assert sizes == [5, 3] and torch.equal(again.weights, whole.weights)
+
+
+def test_default_budget_chunks_a_large_cohort_of_a_wide_net():
+    """With the default budget: chunk = budget // one client's saved bytes (and at least 1)."""
+    from lfed.engine.trainer import CPU_ACTIVATION_BUDGET
+
+    net = _WideFrozen(width=64)
+    tr = CohortTrainer(net, backend="vmap")
+    assert tr.activation_budget(torch.device("cpu")) == CPU_ACTIVATION_BUDGET
+    one = 40 * 2**20  # 40 MB a client (a transformer's step): 3 clients in 128 MB
+    assert tr._auto_chunk(200, "vmap", torch.device("cpu"), one) == CPU_ACTIVATION_BUDGET // one == 3
+    assert tr._auto_chunk(200, "vmap", torch.device("cpu"), 10 * CPU_ACTIVATION_BUDGET) == 1
+
+
+def test_the_measurement_leaves_no_trace():
+    """No hook fires, no random number is drawn (dropout), and the hooks still fire afterwards."""
+    net = nn.Sequential(nn.Linear(4, 32), nn.Dropout(0.5), nn.Tanh(), nn.Linear(32, 2)).double()
+    seen = []
+    net[0].register_forward_hook(lambda *a: seen.append("module"))
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *a: seen.append("global"))
+    try:
+        tr = CohortTrainer(net, backend="vmap")
+        X, Y = _data(12, (4,), 2)
+        w0 = tr.layout.module_vector(net)
+        state = torch.get_rng_state()
+        assert tr._saved_bytes(w0, X, Y, *_schedule_args(3, 4, 4), 0) > 0
+        assert seen == [] and torch.equal(torch.get_rng_state(), state)
+        net(X[:1])
+        assert seen.count("module") == 1 and seen.count("global") >= 1
+    finally:
+        handle.remove()

@@ -8,7 +8,8 @@ probe step.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import torch
@@ -17,6 +18,7 @@ from torch.func import grad_and_value, vmap
 
 from lfed.engine.loop import LoopBackend, has_running_stats
 from lfed.engine.losses import LossFn, as_per_example_loss
+from lfed.engine.recorded import _rng_state, _set_rng_state
 from lfed.engine.result import CohortResult
 from lfed.engine.rule import StepRule
 from lfed.engine.schedule import batch_schedule
@@ -24,6 +26,46 @@ from lfed.engine.vmap import VmapBackend
 from lfed.params import ParamLayout
 
 BACKENDS = ("auto", "vmap", "loop")
+
+#: On a CPU, the automatic chunk keeps the tensors autograd saves for the chunk's step within this
+#: many bytes (``chunk x`` one client's saved bytes; BENCHMARKS.md, "LoRA adapters").
+CPU_ACTIVATION_BUDGET = 1 << 27
+#: On a GPU, the same bound is this share of the device's total memory (total, not free: the chunk,
+#: and with it a dropout model's draws, must not depend on what else happens to be allocated).
+GPU_ACTIVATION_SHARE = 1 / 16
+
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+@contextlib.contextmanager
+def _hooks_silenced(net: nn.Module) -> Iterator[None]:
+    """No module hook (the net's, its submodules' or global) fires inside; all are back after.
+
+    The dictionaries are emptied and refilled in place (same objects, same order), so the hooks'
+    handles keep working.
+    """
+    from torch.nn.modules import module as m
+
+    dicts = [getattr(m, f"_global{name}") for name in _HOOK_DICTS if hasattr(m, f"_global{name}")]
+    dicts += [d for mod in net.modules() for name in _HOOK_DICTS if (d := getattr(mod, name, None))]
+    saved = [dict(d) for d in dicts]
+    for d in dicts:
+        d.clear()
+    try:
+        yield
+    finally:
+        for d, items in zip(dicts, saved):
+            d.update(items)
+
+
+def _storage_key(t: Tensor) -> tuple[int, int]:
+    """``(data pointer, bytes)`` of the storage behind ``t`` (its own size for a tensor without one)."""
+    try:
+        s = t.untyped_storage()
+        return s.data_ptr(), s.nbytes()
+    except (RuntimeError, NotImplementedError, TypeError):  # a tensor without a plain storage
+        return id(t), t.numel() * t.element_size()
 
 
 def _uniform_lr(lr: float | Tensor) -> float | Tensor:
@@ -40,10 +82,11 @@ class CohortTrainer(VmapBackend, LoopBackend):
         net: The model; only its structure and buffers are used, parameters come in flat.
         loss: Per-example loss (see :func:`as_per_example_loss`); cross-entropy by default.
         backend: ``"vmap"``, ``"loop"`` or ``"auto"`` (vmap unless the model cannot be vmapped).
-        chunk_size: Train at most this many clients at once (bounds memory); None chooses:
-            on a CPU the vmap backend trains chunks that keep ``[chunk, P]`` within 16 MB (see
-            :meth:`_auto_chunk`), otherwise the whole cohort at once. Chunking never changes
-            the result, only speed and memory.
+        chunk_size: Train at most this many clients at once (bounds memory); None chooses: the
+            vmap backend trains chunks whose activations (what autograd saves for the chunk's
+            step, measured for one client) stay within :meth:`activation_budget` and, on a CPU,
+            whose ``[chunk, P]`` weights stay within 16 MB (see :meth:`_auto_chunk`); the loop
+            backend the whole cohort. Chunking never changes the result, only speed and memory.
         trace: Record the vmap backend's local step once per shape as a graph of ATen
             operations (``torch.fx`` ``make_fx``) and replay it, which skips the Python work of
             ``vmap``, ``grad`` and ``functional_call`` on every step. The replay runs the very
@@ -85,6 +128,7 @@ class CohortTrainer(VmapBackend, LoopBackend):
         self._work: nn.Module | None = None  # the loop backend's private copy of ``net``
         self.trace = bool(trace)
         self._traced: dict[tuple, Callable] = {}  # recorded vmap steps by shapes, dtypes, device, mode
+        self._saved: dict[tuple, int | None] = {}  # one client's saved-tensor bytes by shapes, dtypes, device, mode
 
     # ----------------------------------------------------------------- backend choice
     @property
@@ -196,7 +240,12 @@ class CohortTrainer(VmapBackend, LoopBackend):
         selected = torch.arange(K) if rows is None else rows.detach().cpu().long()
         if selected.numel() == 0:
             raise ValueError("rows: no rows to train; give at least one row of the cohort, or None for all")
-        size = self.chunk_size or self._auto_chunk(selected.numel(), backend, w_start.device)
+        size = self.chunk_size
+        if size is None:
+            size = self._auto_chunk(selected.numel(), backend, w_start.device)
+            if size > 1 and backend == "vmap" and positions.dim() == 3 and positions.shape[1] > 0:  # activations too
+                saved = self._saved_bytes(w_start, data_x, data_y, index, positions, valid, int(selected[0]))
+                size = self._auto_chunk(selected.numel(), backend, w_start.device, saved)
         results = []
         for lo in range(0, selected.numel(), size):
             part = selected[lo : lo + size]
@@ -217,15 +266,90 @@ class CohortTrainer(VmapBackend, LoopBackend):
             buffers = {k: torch.cat([r.buffers[k] for r in results]) for k in results[0].buffers}
         return CohortResult(torch.cat([r.weights for r in results]), torch.cat([r.loss for r in results]), buffers)
 
-    def _auto_chunk(self, K: int, backend: str, device: torch.device) -> int:
+    def _auto_chunk(self, K: int, backend: str, device: torch.device, saved_bytes: int | None = None) -> int:
         """Clients per chunk when ``chunk_size`` is None.
 
-        On a CPU the vmap backend trains ``max(1, 2**22 // P)`` clients at a time, so the
-        chunk's weights and gradients (``[chunk, P]`` each, 16 MB in float32) stay in the
-        cache between steps: a cohort of 100 MLP 2NN clients trains about 1.4x faster in
-        chunks of 21 than all at once (benchmarks/engine_throughput.py). Elsewhere (GPUs,
-        and the loop backend, which trains one client at a time anyway) the whole cohort.
+        The vmap backend trains a chunk's clients as one computation, so its memory grows with the
+        chunk in two ways, and the chunk bounds both:
+
+        * **weights** (CPU only): ``max(1, 2**22 // P)`` clients at a time, so the chunk's weights and
+          gradients (``[chunk, P]`` each, 16 MB in float32) stay in the cache between steps: a cohort of
+          100 MLP 2NN clients trains about 1.4x faster in chunks of 21 than all at once
+          (benchmarks/engine_throughput.py);
+        * **activations** (any device): ``saved_bytes``, what autograd saves for one client's step
+          (:meth:`_saved_bytes`), times the chunk stays within :meth:`activation_budget`. With a small
+          ``P`` (adapters on a frozen base) this is the bound that matters: 50 clients of a LoRA
+          transformer at once held 10 GB (BENCHMARKS.md, "LoRA adapters").
+
+        The loop backend trains one client at a time anyway: the whole cohort. Chunking never changes
+        a result (the chunks' rows are computed exactly as the whole cohort's), only speed and memory;
+        a model with dropout draws its masks per vmap call, so its draws depend on the chunks, as
+        they do on ``chunk_size`` (statistically the same run).
         """
-        if backend == "vmap" and device.type == "cpu":
-            return max(1, min(K, (1 << 22) // max(self.layout.num_params, 1)))
-        return max(K, 1)
+        if backend != "vmap":
+            return max(K, 1)
+        size = K
+        if device.type == "cpu":
+            size = min(size, (1 << 22) // max(self.layout.num_params, 1))
+        if saved_bytes:
+            size = min(size, self.activation_budget(device) // saved_bytes)
+        return max(1, size)
+
+    def activation_budget(self, device: torch.device) -> int:
+        """Bytes that the tensors autograd saves for one chunk's step may take on ``device``.
+
+        ``CPU_ACTIVATION_BUDGET`` (128 MB) on a CPU (and any device other than CUDA); on a CUDA
+        device ``GPU_ACTIVATION_SHARE`` (1/16) of its *total* memory, so the chunk is a function of
+        the model, the shapes and the device alone, the same in every run. A step's peak is a few
+        times its saved bytes (the gradients and temporaries of the backward; recording the step
+        once per shape holds more): BENCHMARKS.md, "LoRA adapters".
+        """
+        if device.type == "cuda":
+            return int(torch.cuda.get_device_properties(device).total_memory * GPU_ACTIVATION_SHARE)
+        return CPU_ACTIVATION_BUDGET
+
+    def _saved_bytes(self, w_start: Tensor, data_x: Tensor, data_y: Tensor, index: Tensor, positions: Tensor,
+                     valid: Tensor, row: int) -> int | None:
+        """Bytes of the tensors autograd saves for ONE client's local step (its forward and loss).
+
+        Measured once per (input shape, batch width, dtypes, device, train/eval mode) with
+        ``torch.autograd.graph.saved_tensors_hooks`` over one ordinary forward and loss of client
+        ``row``'s first batch, counting each distinct storage once and leaving out the net's own
+        parameters and buffers (a frozen base is read once by the whole chunk, not per client) and
+        the client's weights (bounded by the ``[chunk, P]`` rule). A model's saved tensors are what
+        its backward needs, so this is the per-client memory of a vmapped step up to a small factor,
+        for any model. The measurement leaves no trace: the global RNG is restored (dropout draws
+        nothing from the run's stream), no module hook fires, and nothing is kept. None when the
+        forward cannot run outside vmap (then only the other rules choose the chunk).
+        """
+        ex = index[row].gather(0, positions[row, 0])  # the client's first batch (global example ids)
+        x, y = data_x[ex], data_y[ex]
+        key = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, w_start.dtype, x.device, self.net.training)
+        if key in self._saved:
+            return self._saved[key]
+        w = (w_start if w_start.dim() == 1 else w_start[row]).detach()
+        exclude = {_storage_key(t)[0] for t in [*self.net.parameters(), *self.net.buffers()]}
+        seen: dict[int, int] = {}
+
+        def pack(t: Tensor) -> Tensor:
+            ptr, nbytes = _storage_key(t)
+            if ptr not in exclude:
+                seen[ptr] = nbytes
+            return t
+
+        rng = _rng_state(x.device)
+        try:
+            params = {k: v.clone().requires_grad_(True) for k, v in self.layout.unflatten(w).items()}
+            exclude.update(_storage_key(v)[0] for v in params.values())
+            mask = valid[row, 0].to(w.dtype)
+            with _hooks_silenced(self.net), torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                self._client_loss(params, x, y, mask, self._buffers())
+            saved = sum(seen.values()) or None
+        except Exception:  # noqa: BLE001 - a model that only runs under vmap (or in inference mode): no measurement
+            saved = None
+        finally:
+            _set_rng_state(rng, x.device)
+        if len(self._saved) >= 16:
+            self._saved.pop(next(iter(self._saved)))
+        self._saved[key] = saved
+        return saved
