@@ -96,8 +96,8 @@ def evaluation(args, N: int, device: str) -> None:
 
     dm = synthetic(N, args.train, args.held, args.features)
     placement = args.client_state
-    if placement == "auto":  # a dense [N, P] float32 state above 2 GB goes to a memory-mapped file
-        placement = "disk" if N * param_count(args) * 4 > 2**31 else "device"
+    if placement == "auto":  # a dense [N, P] float32 state above 2 GB: lazy rows in host memory
+        placement = "host" if N * param_count(args) * 4 > 2**31 else "device"
     m = module(Ditto(lam=0.1), args.features, args.hidden, device, personal_chunk=args.chunk, client_state=placement,
                client_state_dir=args.state_dir if placement == "disk" else None)
     fit(m, dm, 1, device)
@@ -162,7 +162,7 @@ def main() -> None:
     p.add_argument("--round-clients", type=int, default=1000)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--client-state", default="auto", choices=["auto", "device", "host", "disk"],
-                   help="where Ditto's personal models live (auto: disk when a dense [N, P] state passes 2 GB)")
+                   help="where Ditto's personal models live (auto: host when a dense [N, P] state passes 2 GB)")
     p.add_argument("--state-dir", default="/tmp/lfed_personal_eval_state", help="the disk placement's folder")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
