@@ -117,6 +117,36 @@ def test_fedper_two_rounds_by_hand(backend):
         torch.testing.assert_close(personal[k], torch.cat([w, b[k].reshape(1)]), **TOL)
 
 
+def lg_fedavg_by_hand(rec, rounds, lr=0.1, steps=2):
+    """LG-FedAvg (Liang et al. 2020, Algorithm 1): each client's local representation (the weight, from the
+    initial model's) and the global head (the bias) train together; the server averages the head only."""
+    b, w = torch.zeros((), dtype=torch.float64), [W_INIT.clone() for _ in range(3)]
+    for r in range(rounds):
+        S = rec.rounds[r]["clients"]
+        deltas = []
+        for k in S:
+            t = torch.cat([w[k], b.reshape(1)])
+            for _ in range(steps):
+                t = t - lr * theta_grad(t, k)
+            w[k] = t[:2]
+            deltas.append(t[2] - b)
+        b = b + sum(a * d for a, d in zip(size_weights(S), deltas))
+    return w, b
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_lg_fedavg_is_fedper_with_the_lower_layers_local_two_rounds_by_hand(backend):
+    """LG-FedAvg falls out of partial sharing: FedPer whose local part is the representation (the weight)."""
+    m = toy_module(FedPer(local="weight"), backend, bias=True, fraction=2 / 3)
+    rec = Recorder(m)
+    run_rounds(m, toy_data(), rounds=2, callbacks=[rec])
+    w, b = lg_fedavg_by_hand(rec, 2)
+    torch.testing.assert_close(flat_weights(m), torch.cat([W_INIT, b.reshape(1)]), **TOL)  # weight: the initial
+    personal = m.objective.personal_rows(torch.arange(3), flat_weights(m), None)
+    for k in range(3):
+        torch.testing.assert_close(personal[k], torch.cat([w[k], b.reshape(1)]), **TOL)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fedrep_two_rounds_by_hand(backend):
     """Head first with the body frozen (the round's 2 steps), then the body with the new head frozen (1 epoch =
