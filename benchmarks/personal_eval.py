@@ -14,7 +14,7 @@
 2. A Ditto round against a FedAvg round (same data, cohort, batches): the time per round from two
    fits of ``--rounds`` ``R1 < R2`` rounds, ``(t(R2) - t(R1)) / (R2 - R1)`` (set-up cancels).
 
-Medians of ``--repeat`` timings; prints the device, torch's threads and the load average before and
+Medians of ``--repeat`` timings, the vmapped and the one-by-one evaluation taken in turn; prints the device, torch's threads and the load average before and
 after. Nothing is written.
 """
 
@@ -40,6 +40,17 @@ def median_seconds(f, n: int) -> float:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
+
+
+def interleaved(fs, n: int) -> list[float]:
+    """Medians of ``n`` timings of each of ``fs``, taken in turn (f0, f1, f0, f1, ...), so a change of load
+    hits both; the load average is printed before each turn."""
+    times = [[] for _ in fs]
+    for i in range(n):
+        print(f"  turn {i}: load {os.getloadavg()[0]:.2f}", flush=True)
+        for f, t in zip(fs, times):
+            t.append(median_seconds(f, 1))
+    return [statistics.median(t) for t in times]
 
 
 def synthetic(num_clients: int, train: int, held: int, features: int, seed: int = 0):
@@ -118,9 +129,8 @@ def evaluation(args, N: int, device: str) -> None:
         return m.objective.rows("personal", torch.tensor([k], device=clients.device), first=w)[0]
 
     # both read their rows from the client state: the vmapped one a chunk at a time, the loop one row at a time
-    t_vmap = median_seconds(lambda: personal_evaluation(run), args.repeat)
+    t_vmap, t_loop = interleaved([lambda: personal_evaluation(run), lambda: one_by_one(run, clients, row_of)], args.repeat)
     vmapped = run.last_personal["personal"]
-    t_loop = median_seconds(lambda: one_by_one(run, clients, row_of), args.repeat)
     assert torch.equal(one_by_one(run, clients, row_of), vmapped), "the two evaluations disagree"
     ft = module(FedAvgFT(epochs=1), args.features, args.hidden, device, personal_chunk=args.chunk)
     fit(ft, dm, 1, device)
