@@ -75,14 +75,11 @@ class FederatedModule(FederatedDriver):
             ``device`` (dense ``[N, P]`` buffers), ``host`` (lazy rows in CPU memory) or ``disk``
             (lazy rows in a memory-mapped file). Results are the same; checkpoints move between them.
         client_state_dir: Directory of the ``disk`` files (None: ``<trainer.default_root_dir>/client_state``).
-        personal_clients: Clients scored at every evaluation on their own held-out splits by the global model
-            (``global/acc_*``) and, with a personalized objective, by their own models (``personal/acc_*``;
-            SPEC §11, docs/personalization.md): None, every client with a held-out split; a number, a seeded
-            sample of that many (the same at every evaluation).
+        personal_clients: Clients scored on their own held-out splits at every evaluation (``global/*``,
+            ``personal/*``; docs/personalization.md): None, all; a number, a seeded sample of that many.
         personal_chunk: Clients whose personalized models are built and evaluated per vmapped call (bounds memory).
-        round_local_accuracy: Score the cohort's locally trained models on their own held-out splits after
-            every round (``client/local_acc_mean``, ``final/bmta_local``); false skips it (a large model: it
-            can cost more than the round's training).
+        round_local_accuracy: Score the cohort's trained models on their held-out splits every round
+            (``client/local_acc_mean``, ``bmta_local``).
     """
 
     def __init__(

@@ -283,17 +283,14 @@ class FederatedDataModule(LightningDataModule):
         classes_per_client: ``m`` for ``classes``.
         holdout_fraction: Share of each client's examples held out for client-side evaluation (the
             client's own test split: ``client/*``, ``personal/*``, ``global/*``).
-        client_validation_fraction: Share of each client's remaining training examples held out as the
-            client's own validation split (seeded; no client trains on it): every evaluation also scores
-            the personalized and the global model on it (``personal_val/*``, ``global_val/*``), so a
-            personalized method's hyper-parameters are chosen on it and reported on the test split.
+        client_validation_fraction: Share of each client's training examples kept as its own validation
+            split (``personal_val/*``, ``global_val/*``; docs/personalization.md).
         validation_fraction: Share of the pooled training set set aside, before partitioning, as
             the server's validation set (no client holds it). With a share above 0 every
             evaluation also reports ``val/acc`` and ``val/loss`` (and the run
             ``final/val_acc_last10pct``): choose hyper-parameters on those, report ``test/*``.
         seed: Seed of the partition.
-        eval_batch_size: Examples per forward pass of every evaluation: the global test set, the server's
-            validation split and the clients' own splits (a large model on a CPU runs faster in small batches).
+        eval_batch_size: Examples per forward pass of every evaluation.
         train: Your own training data instead of ``dataset``: ``(x, y)`` tensors or a torch
             ``Dataset`` of ``(x, y)`` pairs. A ``Dataset`` is read once into tensors: a random
             transform (augmentation) is drawn once per example and then frozen for the run
