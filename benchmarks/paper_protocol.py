@@ -521,10 +521,7 @@ def personal_section(study: Study, res: dict, head: list[str], seeds: list[int],
         ncol += 3
     L += ["", header, "|" + "---|" * ncol]
     for name, r in res.items():
-        grid = ", ".join(f"{point_label({k: v for k, v in p.items() if k in r['keys']})}: "
-                         + ("div." if not math.isfinite(v) else f"{100 * v:.1f}") for p, v, _ in r["grid"])
-        grid = re.sub(r"client_lr=", "", grid)
-        chosen = point_label(r["point"]) + (" (edge)" if r["edge"] else "")
+        grid, chosen = grid_cells(r)
         ref = None if name == study.reference else res[study.reference]["runs"]
         _, settled, paired = outcome(r["runs"], ref, personal_figure, personal_settling)
         c = cells[name]
@@ -540,6 +537,13 @@ def personal_section(study: Study, res: dict, head: list[str], seeds: list[int],
         L.append(row)
     L += ["", f"![]({(OUT / study.name).relative_to(REPO)}.png)", ""]
     return L
+
+
+def grid_cells(r: dict) -> tuple[str, str]:
+    """A method's grid cell (each point's validation last-10%) and chosen cell (``(edge)`` on the grid's edge)."""
+    grid = ", ".join(f"{point_label({k: v for k, v in p.items() if k in r['keys']})}: "
+                     + ("div." if not math.isfinite(v) else f"{100 * v:.1f}") for p, v, _ in r["grid"])
+    return re.sub(r"client_lr=", "", grid), point_label(r["point"]) + (" (edge)" if r["edge"] else "")
 
 
 def section(study: Study, res: dict, cmd: str, seconds: float, load: tuple[float, float], quick: bool) -> list[str]:
@@ -578,10 +582,7 @@ def section(study: Study, res: dict, cmd: str, seconds: float, load: tuple[float
         L[-2] += f" at {longer} rounds: test last-10% (%) mean ± std | settled | vs {study.reference}, paired (pts) |"
         L[-1] += "---|---|---|"
     for name, r in res.items():
-        grid = ", ".join(f"{point_label({k: v for k, v in p.items() if k in r['keys']})}: "
-                         + ("div." if not math.isfinite(v) else f"{100 * v:.1f}") for p, v, _ in r["grid"])
-        grid = re.sub(r"client_lr=", "", grid)
-        chosen = point_label(r["point"]) + (" (edge)" if r["edge"] else "")
+        grid, chosen = grid_cells(r)
         ref = None if name == study.reference else res[study.reference]["runs"]
         reach = "".join(f"{reach_cell(r['runs'], t)} | " for t in study.targets)
         acc, settled, paired = outcome(r["runs"], ref)

@@ -83,19 +83,30 @@ def test_default_local_part_is_the_last_layer_and_norm_names():
 
 
 # ----------------------------------------------------------------------------- FedPer and FedRep by hand
-def fedper_by_hand(rec, rounds, lr=0.1, steps=2):
-    w, b = W_INIT.clone(), [torch.zeros((), dtype=torch.float64) for _ in range(3)]
+def local_part_by_hand(rec, rounds, local, lr=0.1, steps=2):
+    """Partial sharing on t = (w1, w2, b) by hand: the ``local`` positions stay each client's (from the
+    initial model's), the others are averaged with size weights. FedPer: the bias local; LG-FedAvg (Liang
+    et al. 2020, Algorithm 1): the weight (the representation) local, the head shared."""
+    shared = [i for i in range(3) if i not in local]
+    t0 = torch.cat([W_INIT, torch.zeros(1, dtype=torch.float64)])
+    g, own = t0.clone(), [t0.clone() for _ in range(3)]
     for r in range(rounds):
         S = rec.rounds[r]["clients"]
         deltas = []
         for k in S:
-            t = torch.cat([w, b[k].reshape(1)])
+            t = g.clone()
+            t[local] = own[k][local]
             for _ in range(steps):
                 t = t - lr * theta_grad(t, k)
-            b[k] = t[2]
-            deltas.append(t[:2] - w)
-        w = w + sum(a * d for a, d in zip(size_weights(S), deltas))
-    return w, b
+            own[k] = t
+            deltas.append(t[shared] - g[shared])
+        g[shared] = g[shared] + sum(a * d for a, d in zip(size_weights(S), deltas))
+    return g, own
+
+
+def fedper_by_hand(rec, rounds, lr=0.1, steps=2):
+    g, own = local_part_by_hand(rec, rounds, [2], lr, steps)
+    return g[:2], [t[2] for t in own]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -117,34 +128,19 @@ def test_fedper_two_rounds_by_hand(backend):
         torch.testing.assert_close(personal[k], torch.cat([w, b[k].reshape(1)]), **TOL)
 
 
-def lg_fedavg_by_hand(rec, rounds, lr=0.1, steps=2):
-    """LG-FedAvg (Liang et al. 2020, Algorithm 1): each client's local representation (the weight, from the
-    initial model's) and the global head (the bias) train together; the server averages the head only."""
-    b, w = torch.zeros((), dtype=torch.float64), [W_INIT.clone() for _ in range(3)]
-    for r in range(rounds):
-        S = rec.rounds[r]["clients"]
-        deltas = []
-        for k in S:
-            t = torch.cat([w[k], b.reshape(1)])
-            for _ in range(steps):
-                t = t - lr * theta_grad(t, k)
-            w[k] = t[:2]
-            deltas.append(t[2] - b)
-        b = b + sum(a * d for a, d in zip(size_weights(S), deltas))
-    return w, b
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_lg_fedavg_is_fedper_with_the_lower_layers_local_two_rounds_by_hand(backend):
     """LG-FedAvg falls out of partial sharing: FedPer whose local part is the representation (the weight)."""
     m = toy_module(FedPer(local="weight"), backend, bias=True, fraction=2 / 3)
     rec = Recorder(m)
     run_rounds(m, toy_data(), rounds=2, callbacks=[rec])
-    w, b = lg_fedavg_by_hand(rec, 2)
-    torch.testing.assert_close(flat_weights(m), torch.cat([W_INIT, b.reshape(1)]), **TOL)  # weight: the initial
+    g, own = local_part_by_hand(rec, 2, [0, 1])
+    torch.testing.assert_close(flat_weights(m)[:2], W_INIT, **TOL)  # the global weight: the initial one
+    torch.testing.assert_close(flat_weights(m), g, **TOL)
+    assert not torch.equal(g[2], torch.zeros((), dtype=torch.float64))  # the shared head moved
     personal = m.objective.personal_rows(torch.arange(3), flat_weights(m), None)
     for k in range(3):
-        torch.testing.assert_close(personal[k], torch.cat([w[k], b.reshape(1)]), **TOL)
+        torch.testing.assert_close(personal[k], torch.cat([own[k][:2], g[2:]]), **TOL)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
