@@ -38,6 +38,7 @@ from lfed.evaluation import (
     evaluate_split,
     is_classification,
     local_accuracy,
+    perplexity_summary,
     worst_share_mean,
 )
 from lfed.params import ParamLayout
@@ -294,9 +295,8 @@ class FederatedRun(nn.Module):
             metrics["client/acc_worst10"] = worst_share_mean(client, 0.1)
             metrics.update(self.personal_evaluation(evaluated, ranks, reduce_sum, tokens, batch_size))
         if evaluated is not None and evaluated[1] is not None:  # SPEC §12: each client's perplexity exp(mean NLL)
-            perplexity = evaluated[1][~torch.isnan(evaluated[1])].exp()
-            metrics["client/perplexity_mean"] = float(perplexity.mean())
-            metrics["client/perplexity_worst10"] = -worst_share_mean(-perplexity, 0.1)  # the highest 10%
+            ppl = perplexity_summary(evaluated[1], "client")  # the one formula of personal/* and global/* too
+            metrics.update({k.replace("_worst10pct", "_worst10"): v for k, v in ppl.items()})  # client/*_worst10, as acc
         return metrics, per_client
 
     def personal_sample(self) -> Tensor:

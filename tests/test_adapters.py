@@ -318,6 +318,79 @@ def test_pretraining_uses_the_roles_that_are_not_clients_and_resumes_exactly_in_
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_clean_windows_by_hand():
+    clean_windows = _pretrain([]).clean_windows
+    x, y = torch.tensor([[0, 1, 2], [1, 2, 3], [2, 3, 4]]), torch.tensor([3, 4, 5])  # the training text 0 1 2 3 4 5
+    x_test, y_test = torch.tensor([[3, 4, 5], [6, 7, 8], [4, 5, 9]]), torch.tensor([6, 9, 1])
+    # runs of 3 in the training text: 012 123 234 345; test texts 3456 (holds 345), 6789, 4591
+    assert clean_windows(x_test, y_test, x, y, n=3).tolist() == [False, True, True]
+    # runs of 2: 01 12 23 34 45; 3456 holds 34, 45; 4591 holds 45
+    assert clean_windows(x_test, y_test, x, y, n=2).tolist() == [False, True, False]
+    # runs of 4: 0123 1234 2345; none in a test text
+    assert clean_windows(x_test, y_test, x, y, n=4).tolist() == [True, True, True]
+    with pytest.raises(ValueError, match=r"n: must be in \[1, 4\]"):
+        clean_windows(x_test, y_test, x, y, n=5)
+
+
+def test_text_chains_and_passage_holdout_by_hand():
+    pretrain = _pretrain([])
+
+    def windows(text: list[int]) -> tuple[torch.Tensor, torch.Tensor]:  # width 3, the next character as y
+        return torch.tensor([text[i : i + 3] for i in range(len(text) - 3)]), torch.tensor(text[3:])
+
+    xa, ya = windows(list(range(8)))        # passage a: 0..7, windows 0 1 2 -> 3 ... 4 5 6 -> 7 (5 windows)
+    xb, yb = windows(list(range(20, 25)))   # passage b: 20..24 (2 windows)
+    shuffle = torch.tensor([3, 5, 0, 6, 1, 4, 2])  # rows: a3 b0 a0 b1 a1 a4 a2
+    x, y = torch.cat([xa, xb])[shuffle], torch.cat([ya, yb])[shuffle]
+    chains = pretrain.text_chains(x, y)
+    assert [c.tolist() for c in chains] == [[1, 3], [2, 4, 6, 0, 5]]  # b0 b1 (row 1 starts it), then a0 .. a4
+    with pytest.raises(ValueError, match="same text"):
+        pretrain.text_chains(torch.cat([x, x[:1]]), torch.cat([y, y[:1]]))
+    # the first 5 rows are training windows, the last 2 (a4, a2) test windows; any fraction > 0 takes >= 1 passage
+    for seed in range(4):
+        train, val = pretrain.passage_holdout(x, y, 5, 0.2, seed)
+        first = int(torch.randperm(2, generator=torch.Generator().manual_seed(seed))[0])
+        held = set(chains[first].tolist())
+        assert set(val.tolist()) == held  # one whole passage, its test window too
+        assert set(train.tolist()) == {i for i in range(5) if i not in held}  # the other passage's training windows
+    with pytest.raises(ValueError, match="every training window"):
+        pretrain.passage_holdout(x, y, 5, 0.9, 0)  # both passages
+    with pytest.raises(ValueError, match=r"--val-fraction: must be in \(0, 1\)"):
+        pretrain.passage_holdout(x, y, 5, 1.0)
+    with pytest.raises(ValueError, match="one passage"):
+        pretrain.passage_holdout(xa, ya, 5, 0.5)
+
+
+def test_early_stopped_pretraining_keeps_the_epoch_best_on_held_out_passages(tmp_path, data_dir):
+    pretrain = _pretrain([])
+    from lfed.data.datasets import load_dataset
+    from lfed.models import CharTransformer
+
+    args = [*TINY[:-1], "4", "--val-fraction", "0.3", "--lr", "0.03", "--clients", "8"]  # 4 epochs; public: 2 roles
+    out = tmp_path / "a" / "base.pt"
+    summary = pretrain.main(["--out", str(out), "--data-dir", str(data_dir), *args])
+    losses = [e["loss_all_positions"] for e in summary["epochs"]]
+    assert [e["epoch"] for e in summary["epochs"]] == [0, 1, 2, 3]
+    assert summary["selected_epoch"] == min(range(4), key=losses.__getitem__)
+    data = load_dataset("shakespeare", data_dir)  # rebuild the split: the written base scores the selected epoch
+    train, test = pretrain.public_share(data.train_groups, 8), pretrain.public_share(data.test_groups, 8)
+    x, y = torch.cat([data.train_x[train][:200], data.test_x[test][:200]]), torch.cat([data.train_y[train][:200], data.test_y[test][:200]])
+    keep, held = pretrain.passage_holdout(x, y, 200, 0.3, 0)
+    assert not set(keep.tolist()) & set(held.tolist()) and int(keep.max()) < 200
+    assert summary["public_train_examples"] == keep.numel()
+    clean = pretrain.clean_windows(x[held], y[held], x[keep], y[keep])
+    assert summary["public_val_examples"] == int(clean.sum()) > 0
+    model = CharTransformer(vocab_size=data.num_classes, seq_len=80, d_model=16, num_layers=1, num_heads=2, d_ff=32)
+    model.load_state_dict(torch.load(out))
+    again = pretrain.evaluate(model, x[held][clean], y[held][clean])["loss_all_positions"]
+    assert again == pytest.approx(min(losses), rel=1e-6)
+    chunked = tmp_path / "b" / "base.pt"  # the best epoch survives stopping and continuing
+    while not chunked.exists():
+        pretrain.main(["--out", str(chunked), "--data-dir", str(data_dir), *args, "--minutes", "0"])
+    a, b = torch.load(out), torch.load(chunked)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_lora_shakespeare_config_runs_over_a_pretrained_base(tmp_path, data_dir):
     from conftest import REPO
 
