@@ -113,8 +113,9 @@ def passage_holdout(x: torch.Tensor, y: torch.Tensor, n_train: int, fraction: fl
     """``(train, val)`` indices into ``x``, the public training windows (the first ``n_train``) then its test windows:
     the windows are put back into passages of text (:func:`text_chains`), passages are drawn in a seeded random
     order until they hold ``fraction`` of the windows, and those passages' windows (training and test) are the
-    validation text; the other passages' *training* windows are the training set. A passage is text no window of
-    another passage holds, so no training window shares text with a validation window by position."""
+    validation text; the other passages' *training* windows are the training set. No training window continues a
+    validation window by a character or is continued by one; a passage may still repeat text of another (the
+    caller leaves such validation windows out: :func:`clean_windows`)."""
     if not 0 < fraction < 1:
         raise ValueError(f"--val-fraction: must be in (0, 1), got {fraction}")
     chains = text_chains(x, y)
@@ -161,7 +162,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--num-heads", type=int, default=4)
     p.add_argument("--d-ff", type=int, default=512)
     p.add_argument("--val-fraction", type=float, default=0.0,
-                   help="hold out the last share of the public text and keep the epoch with the lowest NLL on it (0: the last epoch)")
+                   help="hold out whole passages, this share of the public windows, and keep the epoch with the lowest NLL on them "
+                        "(0: the last epoch)")
     args = p.parse_args(argv)
     if args.data_dir is None:
         p.error("--data-dir: give the data folder (or set LFED_DATA_DIR)")
@@ -180,14 +182,17 @@ def main(argv: list[str] | None = None) -> dict:
     x_val = y_val = None
     if args.val_fraction:  # whole passages of the public text (training and test windows) held out
         x_all, y_all = torch.cat([x, x_test]), torch.cat([y, y_test])
-        keep, held = passage_holdout(x_all, y_all, x.shape[0], args.val_fraction, args.seed)
+        try:
+            keep, held = passage_holdout(x_all, y_all, x.shape[0], args.val_fraction, args.seed)
+        except ValueError as err:  # one line, not a traceback
+            p.error(str(err))
         x, y, x_val, y_val = x_all[keep], y_all[keep], x_all[held], y_all[held]
         clean = clean_windows(x_val, y_val, x, y)  # none shares text by position; a passage the text repeats may
         if not bool(clean.all()):
             print(f"pretrain: {int((~clean).sum())} validation windows repeat 40 characters of the training text; left out")
         x_val, y_val = x_val[clean], y_val[clean]
         if x_val.shape[0] == 0:
-            raise ValueError("--val-fraction: every held-out window repeats training text; hold out more")
+            p.error("--val-fraction: every held-out window repeats training text; hold out more")
     kwargs = dict(vocab_size=data.num_classes, seq_len=x.shape[1], d_model=args.d_model, num_layers=args.num_layers,
                   num_heads=args.num_heads, d_ff=args.d_ff)
     torch.manual_seed(args.seed)

@@ -361,7 +361,7 @@ def test_text_chains_and_passage_holdout_by_hand():
         pretrain.passage_holdout(xa, ya, 5, 0.5)
 
 
-def test_early_stopped_pretraining_keeps_the_epoch_best_on_held_out_passages(tmp_path, data_dir):
+def test_early_stopped_pretraining_keeps_the_epoch_best_on_held_out_passages(tmp_path, data_dir, capsys):
     pretrain = _pretrain([])
     from lfed.data.datasets import load_dataset
     from lfed.models import CharTransformer
@@ -389,6 +389,10 @@ def test_early_stopped_pretraining_keeps_the_epoch_best_on_held_out_passages(tmp
         pretrain.main(["--out", str(chunked), "--data-dir", str(data_dir), *args, "--minutes", "0"])
     a, b = torch.load(out), torch.load(chunked)
     assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(SystemExit) as exit_:  # a bad share: one line (argparse's error), before any step
+        pretrain.main(["--out", str(tmp_path / "c" / "base.pt"), "--data-dir", str(data_dir), *TINY, "--val-fraction", "1.5"])
+    assert exit_.value.code == 2 and not (tmp_path / "c" / "base.pt.train.pt").exists()
+    assert "--val-fraction: must be in (0, 1), got 1.5" in capsys.readouterr().err
 
 
 def test_lora_shakespeare_config_runs_over_a_pretrained_base(tmp_path, data_dir):
