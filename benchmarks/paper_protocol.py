@@ -546,7 +546,9 @@ def grid_cells(r: dict) -> tuple[str, str]:
     return re.sub(r"client_lr=", "", grid), point_label(r["point"]) + (" (edge)" if r["edge"] else "")
 
 
-def section(study: Study, res: dict, cmd: str, seconds: float, load: tuple[float, float], quick: bool) -> list[str]:
+def section(study: Study, res: dict, cmd: str, seconds: float, load: tuple[float, float] | None, quick: bool) -> list[str]:
+    """The study's RESULTS.md section; ``load`` (the 1-minute load at the start and end) is None when every run was
+    read from the run cache (a load taken then says nothing of the runs')."""
     seeds = study.seeds[:2] if quick else study.seeds
     rounds = 6 if quick else study.rounds
     longer = None if study.longer is None else (12 if quick else study.longer)
@@ -554,9 +556,10 @@ def section(study: Study, res: dict, cmd: str, seconds: float, load: tuple[float
     L = [f"### {study.title}", "", study.description, "",
          f"Command: `{cmd}` (lfed {git_head()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}). "
          f"{rounds} rounds, evaluated every {2 if quick else study.evaluate_every}; seeds {seeds}; {n_runs} runs, "
-         f"{seconds / 60:.1f} CPU-minutes of training and evaluation on this 2-core machine (load average "
-         f"{load[0]:.1f} at the start, {load[1]:.1f} at the end; runs took turns with other jobs through a lock"
-         f"{together_note(res)}). "]
+         f"{seconds / 60:.1f} CPU-minutes of training and evaluation on this 2-core machine ("
+         + ("every run read from the run cache: the times are those of the runs that trained them"
+            if load is None else f"load average {load[0]:.1f} at the start, {load[1]:.1f} at the end")
+         + f"; runs took turns with other jobs through a lock{together_note(res)}). "]
     if study.metric == "personal":
         return personal_section(study, res, L, seeds, longer)
     L[-1] += (
@@ -669,7 +672,7 @@ def main(argv: list[str] | None = None) -> None:
         seconds = sum(x.seconds for r in res.values() for x in [*(g[2] for g in r["grid"]), *r["runs"][1:], *r.get("longer", [])])
         path = REPO / "configs" / "paper" / "grids" / f"{study.name}.yaml"
         cmd = f"python benchmarks/paper_protocol.py {path.relative_to(REPO)}" + (" --together" if args.together else "")
-        lines = section(study, res, cmd, seconds, (load0, os.getloadavg()[0]), args.quick)
+        lines = section(study, res, cmd, seconds, (load0, os.getloadavg()[0]) if runner.trained else None, args.quick)
         print("\n".join(lines))
         if args.quick:
             continue

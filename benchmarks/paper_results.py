@@ -260,6 +260,7 @@ class Runner:
         self.fresh = fresh
         self._datamodules: dict[str, object] = {}
         self._memo: dict[str, Run] = {}  # runs trained together in this process (also without a cache)
+        self.trained = 0  # runs trained by this process (not read from the cache)
 
     @staticmethod
     def _key(name: str, args: list[str]) -> str:
@@ -326,6 +327,7 @@ class Runner:
         return self._store(run, cached)
 
     def _store(self, run: Run, cached: Path | None) -> Run:
+        self.trained += 1
         if cached is not None:
             cached.parent.mkdir(parents=True, exist_ok=True)
             tmp = cached.with_suffix(".tmp")

@@ -128,6 +128,9 @@ def test_the_personal_section_and_json(tmp_path, monkeypatch):
     monkeypatch.setattr(pp, "git_head", lambda: "abc")
     lines = pp.section(s, res, "cmd", 60.0, (0.0, 0.0), quick=False)
     text = "\n".join(lines)
+    assert "load average 0.0 at the start, 0.0 at the end" in text
+    cached = "\n".join(pp.section(s, res, "cmd", 60.0, None, quick=False))  # every run read from the cache
+    assert "load average" not in cached and "every run read from the run cache" in cached
     header = next(line for line in lines if line.startswith("| method"))
     assert ("| personalized acc (%) mean ± std | personalized worst 10% (%) | global-model acc (%) "
             "| global-model worst 10% (%) | settled (max move, pts) | vs FedAvg, paired (personalized, pts) |") in header
