@@ -248,9 +248,37 @@ class Run:
         return max(vals, default=float("nan"))
 
 
+def inputs_fingerprint(args: list[str]) -> dict[str, str]:
+    """The sha256 of every file a run reads besides its data: each ``--config`` file, and the base checkpoint that
+    the configs or an override name (``base_checkpoint:``/``--...base_checkpoint=``; the last one named wins, as in
+    the CLI; a relative path is the current directory's, as the run reads it). Keyed by the path as written
+    (configs under the repository relative to it); a missing file is ``"missing"``. The cache key holds paths,
+    not contents: this is how a cached run whose config or base has changed since is told apart."""
+    import hashlib
+
+    def sha(path: Path) -> str:
+        return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "missing"
+
+    configs = [b for a, b in zip(args, args[1:]) if a == "--config"]
+    base = None
+    for c in configs:
+        if Path(c).is_file():
+            for m in re.finditer(r"^\s*base_checkpoint:\s*([^\s#]+)", Path(c).read_text(), re.M):
+                base = m.group(1).strip("'\"")
+    for a in args:
+        if a.startswith("--") and ".base_checkpoint=" in a:
+            base = a.split("=", 1)[1]
+    files = {rel: sha(Path(c)) for rel, c in zip(_relative(configs), configs)}
+    if base not in (None, "null", "None"):
+        files[base] = sha(Path(base))
+    return files
+
+
 class Runner:
     """Runs one config through LfedCLI and records it; finished runs are cached in ``cache``
-    (one JSON per run, keyed by its name and argument list) unless ``fresh``."""
+    (one JSON per run, keyed by its name and argument list) unless ``fresh``. A cache entry also records
+    :func:`inputs_fingerprint`; an entry whose config files or base checkpoint have changed since is stale and
+    trains again (an entry written before fingerprints were recorded is read as before)."""
 
     def __init__(self, data_dir: Path, workdir: Path, log, cache: Path | None = None, fresh: bool = False) -> None:
         self.data_dir = data_dir
@@ -287,7 +315,16 @@ class Runner:
         if self._key(name, args) in self._memo:
             return True
         cached = self._cache_file(name, args)
-        return cached is not None and cached.is_file() and not self.fresh
+        return self._entry(cached, args) is not None
+
+    def _entry(self, cached: Path | None, args: list[str]) -> dict | None:
+        """The cache entry of ``args`` (None: no cache, ``fresh``, no entry, or a stale one: see the class)."""
+        if cached is None or self.fresh or not cached.is_file():
+            return None
+        d = json.loads(cached.read_text())
+        if "inputs" in d and d["inputs"] != inputs_fingerprint(args):
+            return None
+        return d
 
     def run(self, name: str, configs: list[Path], overrides: list[str], *, track_attention: bool = False,
             datamodule=None) -> Run:
@@ -299,8 +336,10 @@ class Runner:
         if self._key(name, args) in self._memo:
             return self._memo[self._key(name, args)]
         cached = self._cache_file(name, args)
-        if cached is not None and cached.is_file() and not self.fresh:
-            d = json.loads(cached.read_text())
+        d = self._entry(cached, args)
+        if d is None and cached is not None and cached.is_file() and not self.fresh:
+            self.log(f"  {name}: cached run is stale (a config or base checkpoint changed since); training it again")
+        if d is not None:
             run = Run(d["name"], d["history"], d["summary"], d["seconds"], d["args"], d.get("attention"), d.get("extra", {}))
             self.log(f"  {name:<28} (cached) last10% {run.last10:.4f}")
             return run
@@ -324,14 +363,14 @@ class Runner:
         if rec.attention_sum is not None:
             att = (rec.attention_sum / rec.attention_rounds).tolist()
         run = Run(name, rec.history, dict(getattr(cli.model, "final_summary", {})), seconds, _relative(args), att, extra)
-        return self._store(run, cached)
+        return self._store(run, cached, args)
 
-    def _store(self, run: Run, cached: Path | None) -> Run:
+    def _store(self, run: Run, cached: Path | None, args: list[str]) -> Run:
         self.trained += 1
         if cached is not None:
             cached.parent.mkdir(parents=True, exist_ok=True)
             tmp = cached.with_suffix(".tmp")
-            tmp.write_text(json.dumps(to_json(run)))
+            tmp.write_text(json.dumps({**to_json(run), "inputs": inputs_fingerprint(args)}))
             tmp.replace(cached)  # never a half-written cache entry
         self.log(f"  {run.name:<28} acc {run.history[-1]['acc'] if run.history else float('nan'):.4f}  "
                  f"last10% {run.last10:.4f}  {run.seconds:6.1f} s")
@@ -377,7 +416,7 @@ class Runner:
             extra.update(rec.extra())
             args = self._args(configs, overrides)
             run = Run(name, rec.history, dict(member.summary), seconds, _relative(args), None, extra)
-            self._memo[self._key(name, args)] = self._store(run, self._cache_file(name, args))
+            self._memo[self._key(name, args)] = self._store(run, self._cache_file(name, args), args)
         return len(todo)
 
 

@@ -1,0 +1,60 @@
+"""The protocol's run cache (benchmarks/paper_results.Runner) tells a stale entry from a current one: it records
+the sha256 of the run's config files and base checkpoint, and an entry whose inputs changed since trains again."""
+
+import hashlib
+import json
+import sys
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import paper_results  # noqa: E402
+
+
+def sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_fingerprint_holds_each_config_and_the_base_checkpoint_last_named(tmp_path):
+    first, second = tmp_path / "first.pt", tmp_path / "second.pt"
+    first.write_bytes(b"a base")
+    second.write_bytes(b"another base")
+    a = tmp_path / "a.yaml"
+    a.write_text(f"model:\n  net:\n    init_args:\n      base_checkpoint: {first}   # the pretrained base\n")
+    b = tmp_path / "b.yaml"
+    b.write_text("model:\n  client_lr: 0.1\n")
+    args = ["--config", str(a), "--config", str(b), "--model.client_lr=0.3"]
+    assert paper_results.inputs_fingerprint(args) == {str(a): sha(a), str(b): sha(b), str(first): sha(first)}
+    override = [*args, f"--model.net.init_args.base_checkpoint={second}"]  # an override wins, as in the CLI
+    assert paper_results.inputs_fingerprint(override) == {str(a): sha(a), str(b): sha(b), str(second): sha(second)}
+    gone = [*args, f"--model.net.init_args.base_checkpoint={tmp_path / 'nothing.pt'}"]
+    assert paper_results.inputs_fingerprint(gone)[str(tmp_path / "nothing.pt")] == "missing"
+    repo = ["--config", str(REPO / "configs" / "quickstart.yaml")]  # a config in the repository: keyed relative to it
+    assert list(paper_results.inputs_fingerprint(repo)) == ["configs/quickstart.yaml"]
+
+
+def test_a_cached_run_whose_config_or_base_changed_is_stale(tmp_path):
+    base = tmp_path / "base.pt"
+    base.write_bytes(b"the base")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"model:\n  net:\n    init_args:\n      base_checkpoint: {base}\n")
+    runner = paper_results.Runner(REPO, tmp_path / "w", lambda s: None, cache=tmp_path / "cache")
+    configs, overrides = [config], ["--trainer.max_steps=2"]
+    args = runner._args(configs, overrides)
+    cached = runner._cache_file("r", args)
+    cached.parent.mkdir(parents=True)
+    entry = {"name": "r", "history": [{"round": 2, "acc": 0.5, "val_acc": None, "client_acc": None, "uploads": 4}],
+             "summary": {"final/test_acc_last10pct": 0.5}, "seconds": 1.0, "args": [], "attention": None, "extra": {}}
+    cached.write_text(json.dumps({**entry, "inputs": paper_results.inputs_fingerprint(args)}))
+    assert runner.is_cached("r", configs, overrides)
+    assert runner.run("r", configs, overrides).last10 == 0.5  # read, not trained
+    base.write_bytes(b"a base trained again")  # same path, other weights
+    assert not runner.is_cached("r", configs, overrides)
+    base.write_bytes(b"the base")
+    assert runner.is_cached("r", configs, overrides)
+    config.write_text(config.read_text() + "  client_lr: 0.2\n")  # the config edited
+    assert not runner.is_cached("r", configs, overrides)
+    cached.write_text(json.dumps(entry))  # written before fingerprints were recorded: read as before
+    assert runner.is_cached("r", configs, overrides)
+    assert not paper_results.Runner(REPO, tmp_path / "w", lambda s: None, cache=tmp_path / "cache",
+                                    fresh=True).is_cached("r", configs, overrides)
