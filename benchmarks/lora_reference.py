@@ -26,19 +26,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paper_protocol import OUT, load_study  # noqa: E402
-from paper_results import REPO  # noqa: E402
-
-QUIET = ["--trainer.logger=false", "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
-         "--trainer.enable_model_summary=false", "--trainer.accelerator=cpu", "--checkpoint_every=0"]
+from paper_results import REPO, Runner  # noqa: E402
 
 
 def cli_for(configs: list[Path], args: list[str], data_dir: str, workdir: str):
+    """The run's CLI built as the protocol builds it (:meth:`paper_results.Runner._args`: the same flags), not run."""
     from lfed.cli import LfedCLI
     from lfed.data.datamodule import FederatedDataModule
     from lfed.module import FederatedModule
 
-    argv = [a for c in configs for a in ("--config", str(c))] + [f"--data.data_dir={data_dir}", *QUIET,
-                                                                  f"--trainer.default_root_dir={workdir}", *args]
+    argv = Runner(Path(data_dir), Path(workdir), print)._args(configs, ["--checkpoint_every=0", *args])
     return LfedCLI(FederatedModule, FederatedDataModule, run=False, args=argv, save_config_callback=None)
 
 

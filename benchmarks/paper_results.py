@@ -249,36 +249,41 @@ class Run:
 
 
 def inputs_fingerprint(args: list[str]) -> dict[str, str]:
-    """The sha256 of every file a run reads besides its data: each ``--config`` file, and the base checkpoint that
-    the configs or an override name (``base_checkpoint:``/``--...base_checkpoint=``; the last one named wins, as in
-    the CLI; a relative path is the current directory's, as the run reads it). Keyed by the path as written
-    (configs under the repository relative to it); a missing file is ``"missing"``. The cache key holds paths,
-    not contents: this is how a cached run whose config or base has changed since is told apart."""
+    """The sha256 of every file a run reads besides its data: each ``--config`` file, and every file that a value in
+    those configs or in an override names (a string that is the path of an existing file, relative to the current
+    directory as the run reads it: a ``base_checkpoint``, say). Keyed by the path as written (under the repository:
+    relative to it). The cache key holds paths, not contents: this is how a cached run whose config or any file it
+    names has changed since (or is gone) is told apart."""
     import hashlib
 
-    def sha(path: Path) -> str:
-        return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "missing"
+    import yaml
+
+    def strings(node) -> list[str]:
+        if isinstance(node, dict):
+            return [x for v in node.values() for x in strings(v)]
+        if isinstance(node, list):
+            return [x for v in node for x in strings(v)]
+        return [node] if isinstance(node, str) else []
+
+    def is_file(x: str) -> bool:
+        try:
+            return bool(x) and Path(x).is_file()
+        except OSError:  # a string no path can be (too long, say)
+            return False
 
     configs = [b for a, b in zip(args, args[1:]) if a == "--config"]
-    base = None
-    for c in configs:
-        if Path(c).is_file():
-            for m in re.finditer(r"^\s*base_checkpoint:\s*([^\s#]+)", Path(c).read_text(), re.M):
-                base = m.group(1).strip("'\"")
-    for a in args:
-        if a.startswith("--") and ".base_checkpoint=" in a:
-            base = a.split("=", 1)[1]
-    files = {rel: sha(Path(c)) for rel, c in zip(_relative(configs), configs)}
-    if base not in (None, "null", "None"):
-        files[base] = sha(Path(base))
-    return files
+    named = [x for c in configs if is_file(c) for x in strings(yaml.safe_load(Path(c).read_text()))]
+    named += [a.split("=", 1)[1] for a in args if a.startswith("--") and "=" in a]
+    files = list(dict.fromkeys([*configs, *filter(is_file, named)]))
+    return {rel: hashlib.sha256(Path(f).read_bytes()).hexdigest() if is_file(f) else "missing"
+            for rel, f in zip(_relative(files), files)}
 
 
 class Runner:
     """Runs one config through LfedCLI and records it; finished runs are cached in ``cache``
     (one JSON per run, keyed by its name and argument list) unless ``fresh``. A cache entry also records
-    :func:`inputs_fingerprint`; an entry whose config files or base checkpoint have changed since is stale and
-    trains again (an entry written before fingerprints were recorded is read as before)."""
+    :func:`inputs_fingerprint`; an entry whose config files or a file they name (a base checkpoint) have changed
+    since is stale and trains again (an entry written before fingerprints were recorded is read as before)."""
 
     def __init__(self, data_dir: Path, workdir: Path, log, cache: Path | None = None, fresh: bool = False) -> None:
         self.data_dir = data_dir
@@ -338,7 +343,7 @@ class Runner:
         cached = self._cache_file(name, args)
         d = self._entry(cached, args)
         if d is None and cached is not None and cached.is_file() and not self.fresh:
-            self.log(f"  {name}: cached run is stale (a config or base checkpoint changed since); training it again")
+            self.log(f"  {name}: cached run is stale (a config or a file it names changed since); training it again")
         if d is not None:
             run = Run(d["name"], d["history"], d["summary"], d["seconds"], d["args"], d.get("attention"), d.get("extra", {}))
             self.log(f"  {name:<28} (cached) last10% {run.last10:.4f}")

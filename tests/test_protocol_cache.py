@@ -15,20 +15,22 @@ def sha(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_the_fingerprint_holds_each_config_and_the_base_checkpoint_last_named(tmp_path):
+def test_the_fingerprint_holds_each_config_and_every_file_a_config_or_override_names(tmp_path):
     first, second = tmp_path / "first.pt", tmp_path / "second.pt"
     first.write_bytes(b"a base")
     second.write_bytes(b"another base")
     a = tmp_path / "a.yaml"
-    a.write_text(f"model:\n  net:\n    init_args:\n      base_checkpoint: {first}   # the pretrained base\n")
+    a.write_text(f"model:\n  net:\n    init_args:\n      base_checkpoint: {first}   # the pretrained base\n"
+                 f"      target: [net.0, {'x' * 5000}]\n")  # strings that are no file: left out (one no path can be)
     b = tmp_path / "b.yaml"
-    b.write_text("model:\n  client_lr: 0.1\n")
-    args = ["--config", str(a), "--config", str(b), "--model.client_lr=0.3"]
+    b.write_text("model:\n  client_lr: 0.1\n  net: {class_path: lfed.models.MLP}\n")
+    args = ["--config", str(a), "--config", str(b), "--model.client_lr=0.3", f"--trainer.default_root_dir={tmp_path}"]
     assert paper_results.inputs_fingerprint(args) == {str(a): sha(a), str(b): sha(b), str(first): sha(first)}
-    override = [*args, f"--model.net.init_args.base_checkpoint={second}"]  # an override wins, as in the CLI
-    assert paper_results.inputs_fingerprint(override) == {str(a): sha(a), str(b): sha(b), str(second): sha(second)}
-    gone = [*args, f"--model.net.init_args.base_checkpoint={tmp_path / 'nothing.pt'}"]
-    assert paper_results.inputs_fingerprint(gone)[str(tmp_path / "nothing.pt")] == "missing"
+    override = [*args, f"--model.net.init_args.base_checkpoint={second}"]  # a file an override names counts too
+    assert paper_results.inputs_fingerprint(override) == {str(a): sha(a), str(b): sha(b), str(first): sha(first),
+                                                          str(second): sha(second)}
+    gone = ["--config", str(tmp_path / "gone.yaml")]  # a config that is not there
+    assert paper_results.inputs_fingerprint(gone) == {str(tmp_path / "gone.yaml"): "missing"}
     repo = ["--config", str(REPO / "configs" / "quickstart.yaml")]  # a config in the repository: keyed relative to it
     assert list(paper_results.inputs_fingerprint(repo)) == ["configs/quickstart.yaml"]
 
@@ -49,6 +51,8 @@ def test_a_cached_run_whose_config_or_base_changed_is_stale(tmp_path):
     assert runner.is_cached("r", configs, overrides)
     assert runner.run("r", configs, overrides).last10 == 0.5  # read, not trained
     base.write_bytes(b"a base trained again")  # same path, other weights
+    assert not runner.is_cached("r", configs, overrides)
+    base.unlink()  # gone
     assert not runner.is_cached("r", configs, overrides)
     base.write_bytes(b"the base")
     assert runner.is_cached("r", configs, overrides)
