@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from lfed.state import GLOBAL, ModuleStateStore, StateSpec, StateStore
 
-__all__ = ["Cohort", "Component", "CompositionContext", "LocalWork"]
+__all__ = ["Cohort", "Component", "HostCohort", "CompositionContext", "LocalWork"]
 
 
 @dataclass
@@ -52,6 +52,8 @@ class Cohort:
             ``F_k(w)``, when a component asks for it (``needs_start_loss``; q-FFL's weights).
         expected_size: The planned cohort size ``K_t`` of the round (``m = qN`` under Poisson sampling).
         seed: The run's seed: a component's own random stream is ``lfed.rng.round_generator(seed, round, name)``.
+        host: The same cohort's host values (:class:`HostCohort`, CPU tensors read without a device sync,
+            :mod:`lfed.host`), or None for a cohort made by hand (then :meth:`host_values` makes them once).
     """
 
     round: int
@@ -66,10 +68,40 @@ class Cohort:
     start_loss: Tensor | None = None
     expected_size: float | None = None
     seed: int = 0
+    host: HostCohort | None = None
 
     @property
     def active(self) -> Tensor:
         """``[K]`` bool: clients that did any local work (``s_k > 0``)."""
+        return self.steps_done > 0
+
+    def host_values(self) -> HostCohort:
+        """The cohort's host values (:attr:`host`); made here once, with one device read, for a cohort made by hand."""
+        if self.host is None:
+            self.host = HostCohort(*(t.detach().cpu() for t in (self.clients, self.num_examples, self.step_budget,
+                                                                self.steps_done)))
+        if self.host.counting is None and self.counting is not None:
+            self.host.counting = self.counting.detach().cpu()
+        return self.host
+
+
+@dataclass
+class HostCohort:
+    """A cohort's clients, sizes, budgets, steps done and counting mask on the host (CPU tensors).
+
+    They are known before anything goes to the device (the sampler and the straggler model draw on the
+    host), so the round's checks and its step counts read them without waiting for the device (:mod:`lfed.host`).
+    """
+
+    clients: Tensor
+    num_examples: Tensor
+    step_budget: Tensor
+    steps_done: Tensor
+    counting: Tensor | None = None
+
+    @property
+    def active(self) -> Tensor:
+        """``[K]`` bool on the host: clients that did any local work."""
         return self.steps_done > 0
 
 

@@ -201,10 +201,29 @@ class TrainJob:
     generator: torch.Generator | None
     schedule: tuple[Tensor, Tensor] | None = None  # given batches (the rows of several runs, lfed.lockstep)
     buffers: dict[str, Tensor] | None = None  # per-row start buffers {name: [K, ...]} (FedBN's statistics, loop backend)
+    host_num_examples: Tensor | None = None  # the host copies of num_examples and steps_done (lfed.host): the engine
+    host_steps_done: Tensor | None = None    # reads its schedule and step counts from them without a device read
 
     def args(self) -> tuple:
-        """The positional arguments of :meth:`CohortTrainer.train` (``schedule``, ``buffers`` are keywords: :meth:`train`)."""
-        return tuple(getattr(self, f.name) for f in fields(self) if f.name not in ("schedule", "buffers"))
+        """The positional arguments of :meth:`CohortTrainer.train` (``schedule``, ``buffers`` are keywords: :meth:`train`).
+
+        The engine reads sizes and steps on the host: it gets the host copies where there are.
+        """
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in ("schedule", "buffers", "host_num_examples", "host_steps_done")}
+        if self.host_num_examples is not None:
+            out["num_examples"] = self.host_num_examples
+        if self.host_steps_done is not None:
+            out["steps_done"] = self.host_steps_done
+        return tuple(out.values())
+
+    def sizes_on_host(self) -> Tensor:
+        """``[K]`` the rows' sizes on the host (the host copy, or one device read)."""
+        return self.host_num_examples if self.host_num_examples is not None else self.num_examples.detach().cpu()
+
+    def steps_on_host(self) -> Tensor:
+        """``[K]`` the rows' steps done on the host (the host copy, or one device read)."""
+        return self.host_steps_done if self.host_steps_done is not None else self.steps_done.detach().cpu()
 
     def train(self, engine: CohortTrainer, rows: Tensor | None = None) -> CohortResult:
         """``engine.train`` of this job (its ``rows`` only, when given)."""
@@ -219,7 +238,7 @@ def train_share(engine: CohortTrainer, ranks: Ranks, job: TrainJob) -> tuple[lis
     No communication: :func:`train_cohort` gathers the shares. A rank with no rows (fewer clients
     than ranks) returns an empty result.
     """
-    parts = cohort_parts(job.num_examples, job.steps_done, job.batch_size, ranks.world_size)
+    parts = cohort_parts(job.sizes_on_host(), job.steps_on_host(), job.batch_size, ranks.world_size)
     mine = parts[ranks.rank]
     if mine.numel():
         return parts, job.train(engine, rows=mine)

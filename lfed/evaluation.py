@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lfed.host import values
+
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
 
@@ -278,7 +280,8 @@ def request_final_evaluation(trainer) -> None:
 
 @torch.no_grad()
 def local_accuracy(net: nn.Module, layout, weights: Tensor, data, clients: Tensor, chunk: int = 64,
-                   buffers: dict[str, Tensor] | None = None, split: str = "test") -> Tensor:
+                   buffers: dict[str, Tensor] | None = None, split: str = "test",
+                   host_clients: Tensor | None = None) -> Tensor:
     """Accuracy of each client's locally trained model ``w_k_end`` on its own held-out split.
 
     :func:`own_split_scores`'s accuracies (its arguments; ``split``: ``test``, the held-out split, or ``val``).
@@ -286,12 +289,13 @@ def local_accuracy(net: nn.Module, layout, weights: Tensor, data, clients: Tenso
     Returns:
         ``[K]`` accuracies, NaN for a client without a held-out split.
     """
-    return own_split_scores(net, layout, weights, data, clients, chunk, buffers, split)[0]
+    return own_split_scores(net, layout, weights, data, clients, chunk, buffers, split, host_clients=host_clients)[0]
 
 
 def own_split_scores(net: nn.Module, layout, weights: Tensor, data, clients: Tensor, chunk: int = 64,
                      buffers: dict[str, Tensor] | None = None, split: str = "test",
-                     nll: bool = False, batch: int | None = None) -> tuple[Tensor, Tensor | None]:
+                     nll: bool = False, batch: int | None = None,
+                     host_clients: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """Accuracy (and mean negative log-likelihood) of each client's own model on the client's own split.
 
     The ``[K, P]`` weights are evaluated together: the split's examples of the K clients are
@@ -310,6 +314,8 @@ def own_split_scores(net: nn.Module, layout, weights: Tensor, data, clients: Ten
         nll: Also return each client's mean cross-entropy ``-log p(y | x)`` (perplexity = its ``exp``).
         batch: At most this many examples per vmapped call (``C`` clients x ``max(1, batch // C)`` of each
             one's examples); None: every example of the chunk's clients at once. The results are the same.
+        host_clients: ``clients`` on the host (a round's :class:`~lfed.component.HostCohort`): the split's
+            largest size is then read from the data's host copy (:meth:`FederatedData.host`), not the device.
 
     Returns:
         ``([K] accuracies, [K] mean NLL or None)``, NaN for a client without examples in the split.
@@ -318,7 +324,12 @@ def own_split_scores(net: nn.Module, layout, weights: Tensor, data, clients: Ten
 
     index, all_sizes = _split(data, split)
     sizes = all_sizes[clients]
-    K, h = clients.numel(), int(sizes.max()) if clients.numel() else 0
+    K = clients.numel()
+    if host_clients is not None and hasattr(data, "host"):  # no device read (lfed.host)
+        host_sizes = data.host("holdout_sizes" if split == "test" else "client_val_sizes")
+        h = max(values(host_sizes[host_clients]), default=0)
+    else:
+        h = int(sizes.max()) if K else 0
     acc = torch.full((K,), float("nan"), dtype=torch.float64, device=weights.device)
     mean_nll = acc.clone() if nll else None
     if h == 0:
@@ -358,10 +369,10 @@ def own_split_scores(net: nn.Module, layout, weights: Tensor, data, clients: Ten
                     nll_sum[sl] += torch.where(ok, -lp, torch.zeros_like(lp)).sum(1)
     finally:
         net.train(was_training)
-    has = sizes > 0
-    acc[has] = correct[has] / sizes[has].double()
+    has, n = sizes > 0, sizes.clamp_min(1).double()  # torch.where, not a boolean mask: no device read
+    acc = torch.where(has, correct / n, acc)
     if nll:
-        mean_nll[has] = nll_sum[has] / sizes[has].double()
+        mean_nll = torch.where(has, nll_sum / n, mean_nll)
     return acc, mean_nll
 
 
@@ -454,10 +465,14 @@ class BestMeanAccuracy:
         values = values[~torch.isnan(values)]
         return float(values.mean()) if values.numel() else None
 
-    def add_round(self, clients: Tensor, local: Tensor | None) -> float | None:
-        """Record a round's cohort and the local accuracies of its counting participants; the round's mean."""
+    def add_round(self, clients: Tensor, local: Tensor | float | None) -> float | None:
+        """Record a round's cohort and the local accuracies of its counting participants; the round's mean.
+
+        ``local``: the ``[K']`` accuracies (NaN: no held-out split), or their mean already read (a float;
+        :meth:`lfed.run.FederatedRun.finish` reads it with the round's metrics), or None.
+        """
         self.last_cohort = clients.detach().cpu()
-        mean = self._mean(local) if local is not None else None
+        mean = self._mean(local) if isinstance(local, Tensor) else local
         if mean is not None and (self.best_local is None or mean > self.best_local):
             self.best_local = mean
         return mean

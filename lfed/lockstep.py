@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from lfed.distributed import Ranks, TrainJob, train_cohort
 from lfed.engine import CohortResult, StepRule, batch_schedule, has_running_stats
+from lfed.host import values
 from lfed.rng import seeded_global_rng
 
 __all__ = ["concat_rules", "engine_key", "merge_jobs", "rule_signature", "stack_schedules", "train_together"]
@@ -97,7 +98,7 @@ def _has_dropout(net: nn.Module) -> bool:
 
 def _batch_width(job) -> int:
     """``B'`` of the job's batch schedule (:func:`lfed.engine.batch_schedule`)."""
-    max_n = int(job.num_examples.max()) if job.num_examples.numel() else 0
+    max_n = max(values(job.sizes_on_host()), default=0)
     return max_n if job.batch_size is None else min(int(job.batch_size), max_n)
 
 
@@ -123,12 +124,14 @@ def merge_jobs(jobs: Sequence[TrainJob]) -> TrainJob:
     w0 = torch.cat([j.w_start.expand(k, P) for j, k in zip(jobs, counts)])
     lr = torch.cat([torch.full((k,), float(j.lr), dtype=torch.float64) for j, k in zip(jobs, counts)])
     schedule = stack_schedules([
-        batch_schedule(j.num_examples, int(j.steps_done.detach().cpu().long().max()), j.batch_size, j.generator)
+        batch_schedule(j.sizes_on_host(), max(values(j.steps_on_host()), default=0), j.batch_size, j.generator)
         for j in jobs
     ])
     rule = concat_rules([j.rule for j in jobs], counts, P, w0)
     return TrainJob(w0, jobs[0].data_x, jobs[0].data_y, index, torch.cat([j.num_examples for j in jobs]),
-                    torch.cat([j.steps_done for j in jobs]), rule, lr, jobs[0].batch_size, None, schedule)
+                    torch.cat([j.steps_done for j in jobs]), rule, lr, jobs[0].batch_size, None, schedule,
+                    host_num_examples=torch.cat([j.sizes_on_host() for j in jobs]),
+                    host_steps_done=torch.cat([j.steps_on_host() for j in jobs]))
 
 
 def train_together(batch: Sequence[tuple[Any, Any]], ranks: Ranks) -> tuple[list[CohortResult], int]:

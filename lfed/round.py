@@ -30,6 +30,7 @@ return the clients' final models (FedRep's body phase).
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -39,10 +40,11 @@ import torch
 from torch import Tensor
 
 from lfed.client.objectives import ClientRule
-from lfed.component import Cohort, Component, LocalWork
+from lfed.component import Cohort, Component, HostCohort, LocalWork
 from lfed.distributed import Ranks, TrainJob, train_cohort
 from lfed.engine import CohortResult, CohortTrainer, steps_per_epoch
 from lfed.evaluation import client_losses
+from lfed.host import device_rows, read_metrics, to_device, values
 from lfed.participation import Participation
 from lfed.rng import round_generator, seeded_global_rng
 from lfed.sampling import ClientSampler
@@ -53,7 +55,7 @@ from lfed.server.weighting import AggregationWeights
 from lfed.server.weights import DegenerateWeightsWarning
 from lfed.state import StateSpec
 
-__all__ = ["Algorithm", "LocalTraining", "PreparedRound", "RoundRecord", "UpdateHistory", "finish_round", "prepare_round", "run_round"]
+__all__ = ["Algorithm", "LocalTraining", "PreparedRound", "RoundRecord", "UpdateHistory", "finish_round", "prepare_round", "run_round", "verify_round"]
 
 
 class UpdateHistory(Component):
@@ -171,28 +173,48 @@ class RoundRecord:
     skipped: bool = False
     warnings: list[str] = field(default_factory=list)
     result: CohortResult | None = None
-    extra: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, float | Tensor] = field(default_factory=dict)
+    checks: list[tuple[str, Tensor, Tensor]] = field(default_factory=list)
 
     @property
     def uploads(self) -> int:
         """Clients whose model the server received and used."""
-        return int(self.cohort.counting.sum())
+        return sum(values(self.cohort.host_values().counting))
 
-    def metrics(self) -> dict[str, float]:
-        """Scalars to log: clients, active, weight sum, loss, attention entropy / logit spread / ||Δ||²."""
-        c = self.cohort
-        out = {"round/clients": float(c.clients.numel()), "round/active": float(c.active.sum()),
-               "round/weight_sum": float(self.weights.sum())}
-        if self.losses is not None and bool(c.active.any()):
-            out["train/loss"] = float(self.losses[c.active].mean())
+    def metrics(self) -> dict[str, float | Tensor]:
+        """Scalars to log: clients, active, weight sum, loss, attention entropy / logit spread / ||Δ||².
+
+        Host values are floats; what the device computed stays there as 0-dim tensors, read once with
+        the round's finiteness flags (:func:`lfed.host.read_metrics`).
+        """
+        c, host = self.cohort, self.cohort.host_values()
+        active = values(host.active)
+        out: dict[str, float | Tensor] = {"round/clients": float(len(active)), "round/active": float(sum(active)),
+                                          "round/weight_sum": self.weights.sum()}
+        if self.losses is not None and any(active):
+            out["train/loss"] = self.losses[device_rows(host.active, self.losses.device)].mean()
         a = self.attention
         if a is not None:
-            out["attention/entropy"] = float(a.entropy)
-            out["attention/weight_sum"] = float(a.weights.sum())
-            out["attention/logit_spread"] = float(a.logit_spread)
-            out["attention/mean_sq_norm"] = float(a.mean_sq_norm)
+            out["attention/entropy"] = a.entropy
+            out["attention/weight_sum"] = a.weights.sum()
+            out["attention/logit_spread"] = a.logit_spread
+            out["attention/mean_sq_norm"] = a.mean_sq_norm
         out.update(self.extra)
         return out
+
+    def check(self, x: Tensor, what: str) -> None:
+        """Queue the check that ``x`` is finite; :meth:`finite_flags` holds its flag on the device, read with the metrics."""
+        self.checks.append((what, x, torch.isfinite(x).all()))
+
+    def finite_flags(self) -> dict[str, Tensor]:
+        """``{what: 0-dim bool on the device}`` of every queued check (:meth:`check`)."""
+        return {f"finite/{i}": flag for i, (_, _, flag) in enumerate(self.checks)}
+
+    def raise_if_nonfinite(self, flags: dict[str, bool]) -> None:
+        """Raise ``FloatingPointError`` (naming the clients) for the first check whose read flag is False."""
+        for i, (what, x, _) in enumerate(self.checks):
+            if not flags.get(f"finite/{i}", True):
+                check_finite(x, self.round, self.cohort.clients, what)
 
 
 def check_finite(x: Tensor, r: int, clients: Tensor, what: str) -> None:
@@ -211,19 +233,27 @@ def check_finite(x: Tensor, r: int, clients: Tensor, what: str) -> None:
 
 def draw_cohort(algorithm: Algorithm, data: Any, training: LocalTraining, round: int, seed: int,
                 total_rounds: int | None = None, clients: Tensor | None = None, steps_done: Tensor | None = None) -> Cohort:
-    """The round's cohort: given, or drawn by the sampler and the straggler model from ``seed``."""
+    """The round's cohort: given, or drawn by the sampler and the straggler model from ``seed``.
+
+    Drawn on the host (the sampler's and the stragglers' generators are CPU generators) and kept there
+    (:attr:`Cohort.host`); the device copies are queued without waiting (:mod:`lfed.host`).
+    """
     N = data.num_clients
     device = data.client_sizes.device
     k = algorithm.participation.cohort_size(round, total_rounds, N)
     if clients is None:
         clients, _ = algorithm.sampler.sample(round, k, round_generator(seed, round, "sample"))
-    clients = clients.to(device)
-    n_k = data.client_sizes[clients]
-    budget = training.step_budget(n_k)
+    clients_h = clients.detach().cpu().long()  # the samplers draw on the host: no device read
+    n_h = data.host("client_sizes")[clients_h]
+    budget_h = training.step_budget(n_h)
     if steps_done is None:
-        steps_done = algorithm.participation.steps(budget, round_generator(seed, round, "stragglers"))
-    steps_done = steps_done.to(device=device, dtype=budget.dtype)
-    return Cohort(round, clients, n_k, budget, steps_done, N, expected_size=float(k), seed=seed)
+        steps_h = algorithm.participation.steps(budget_h, round_generator(seed, round, "stragglers"))
+    else:
+        steps_h = steps_done.detach().cpu()
+    steps_h = steps_h.to(dtype=budget_h.dtype)
+    host = HostCohort(clients_h, n_h, budget_h, steps_h)
+    return Cohort(round, to_device(clients_h, device), to_device(n_h, device), to_device(budget_h, device),
+                  to_device(steps_h, device), N, expected_size=float(k), seed=seed, host=host)
 
 
 @dataclass
@@ -285,17 +315,21 @@ def prepare_round(
     if any(c.needs_start_loss for c in algorithm.roles().values()):
         cohort.start_loss = client_losses(engine, w, data.train_x, data.train_y, data.client_index[clients], n_k,
                                           ranks or Ranks())
+    host, device = cohort.host, clients.device
+    counts = data.host("label_counts")  # host values: no device read (lfed.host)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DegenerateWeightsWarning)
-        weights = algorithm.weighting.weights(cohort, data.label_counts[clients], data.label_counts.sum(0))
-    cohort.counting = algorithm.weighting.counting(cohort)
+        weights = to_device(algorithm.weighting.weights(cohort, counts[host.clients], counts.sum(0)), device)
+    counting = algorithm.weighting.counting(cohort)
+    host.counting = counting.detach().cpu()  # the built-in rules' mask is on the host already
+    cohort.counting = to_device(counting, device)
     record = RoundRecord(round, cohort, weights, warnings=[str(x.message) for x in caught])
     sharing = algorithm.sharing
     if sharing is not None:  # only the shared part travels (SPEC §11)
         sizes = sharing.shared_sizes
     bits = algorithm.channel.bits(sizes)
     record.bits_down = clients.numel() * bits
-    if not bool(cohort.counting.any()) and not algorithm.combination.releases_every_round:
+    if not any(values(host.counting)) and not algorithm.combination.releases_every_round:
         record.skipped = True
         return PreparedRound(record, w, None, seed, sizes, training)
 
@@ -310,7 +344,8 @@ def prepare_round(
     w_start = algorithm.objective.start_weights(cohort, w)  # [P], or [K, P] with local parts (SPEC §11)
     job = TrainJob(w_start, data.train_x, data.train_y, data.client_index[clients], n_k, cohort.steps_done, rule, lr,
                    training.batch_size, round_generator(seed, round, "batches"),
-                   buffers=algorithm.objective.start_buffers(cohort))  # per-client running statistics (FedBN)
+                   buffers=algorithm.objective.start_buffers(cohort),  # per-client running statistics (FedBN)
+                   host_num_examples=host.num_examples, host_steps_done=host.steps_done)
     return PreparedRound(record, w, job, seed, sizes, training)
 
 
@@ -340,9 +375,9 @@ def finish_round(
     cohort, r, lr = record.cohort, record.round, job.lr
     clients = cohort.clients
     record.result, record.losses = result, result.loss
-    check_finite(result.loss[:, None], r, clients, "training losses")
+    record.check(result.loss[:, None], "training losses")  # read with the metrics (lfed.host): no sync here
     updates = result.weights - job.w_start
-    check_finite(updates, r, clients, "client updates")
+    record.check(updates, "client updates")
 
     local = LocalWork(engine, ranks, job.data_x, job.data_y, job.index, prepared.seed, r, job.num_examples,
                       job.steps_done, lr, job.batch_size, prepared.training, result.buffers)
@@ -350,7 +385,7 @@ def finish_round(
     if final is not None:  # the rule's own final models (FedRep: the body trained after the head)
         result = record.result = replace(result, weights=final)
         updates = final - job.w_start
-        check_finite(updates, r, clients, "client updates")
+        record.check(updates, "client updates")
 
     sharing = algorithm.sharing
     if sharing is not None:  # SPEC §11: the local part never leaves the client
@@ -361,7 +396,7 @@ def finish_round(
     sent = algorithm.channel.upstream(updates, cohort, sizes)
     delta, record.attention = algorithm.combination.combine(sent, record.weights, cohort)
     delta = algorithm.channel.downstream(delta, sizes)
-    check_finite(delta, r, clients, "the aggregated update")
+    record.check(delta, "the aggregated update")
     record.delta = delta
     amplification = None if sharing is not None else server_amplification(delta, updates, job.rule, lr, cohort,
                                                                            record.weights)
@@ -372,7 +407,7 @@ def finish_round(
     w_new = server_step(full) if server_step is not None else w + full
     if sharing is not None:
         w_new = sharing.keep_local(w_new, w)  # not server-optimized either (a decay or momentum would move it)
-    check_finite(w_new, r, clients, "the global model")
+    record.check(w_new, "the global model")
     w_new_up = w_new if sharing is None else sharing.shared(w_new)
     if algorithm.history is not None:
         algorithm.history.record(cohort, updates, w_up, w_new_up)
@@ -425,7 +460,25 @@ def run_round(
         return w, prepared.record
     with seeded_global_rng(seed, round, "dropout", w.device):  # a model's own randomness (dropout)
         result = train_cohort(engine, ranks, prepared.job)  # the cohort split over the ranks (lfed.distributed)
-    return finish_round(algorithm, prepared, result, engine, server_step=server_step, ranks=ranks)
+    w_new, record = finish_round(algorithm, prepared, result, engine, server_step=server_step, ranks=ranks)
+    verify_round(record)
+    return w_new, record
+
+
+def verify_round(record: RoundRecord, metrics: dict[str, Any] | None = None) -> dict[str, float]:
+    """Read the round's finiteness flags (and ``metrics``, :meth:`RoundRecord.metrics`) in one transfer.
+
+    Returns:
+        The metrics as floats (``round/amplification`` left out where it is not defined, NaN).
+
+    Raises:
+        FloatingPointError: naming the clients, if the round produced NaN or Inf (:func:`check_finite`).
+    """
+    read, flags = read_metrics(metrics or {}, record.finite_flags())
+    record.raise_if_nonfinite(flags)
+    if math.isnan(read.get("round/amplification", 0.0)):
+        read.pop("round/amplification")
+    return read
 
 
 def gradient_displacement(updates: Tensor, rule, lr: float, steps_done: Tensor) -> Tensor | None:
@@ -446,24 +499,25 @@ def gradient_displacement(updates: Tensor, rule, lr: float, steps_done: Tensor) 
     return out / scale if scale != 1.0 else out
 
 
-def server_amplification(delta: Tensor, updates: Tensor, rule, lr: float, cohort: Cohort, weights: Tensor) -> float | None:
+def server_amplification(delta: Tensor, updates: Tensor, rule, lr: float, cohort: Cohort, weights: Tensor) -> Tensor | None:
     """``||Δ|| / ||Σ_k a_k (-lr Σ_t g_k,t)||``: how far the round moved the model against FedAvg's step.
 
     ``a_k`` are the round's normalised aggregation weights and the denominator is the weighted
     mean of the clients' gradient displacements (:func:`gradient_displacement`), FedAvg's update
     had the clients taken the same gradient steps. 1 for FedAvg; IGFL-C's corrections (a heavy-ball
-    momentum in delta form, RESULTS.md) make it larger. None where it is not defined (see
-    :func:`gradient_displacement`, or a zero denominator).
+    momentum in delta form, RESULTS.md) make it larger. None where it cannot be read off the
+    updates (:func:`gradient_displacement`); otherwise a 0-dim tensor on the device, NaN where the
+    denominator is zero or not finite (no device read here: :func:`verify_round` drops a NaN).
     """
     grads = gradient_displacement(updates, rule, lr, cohort.steps_done)
     if grads is None:
         return None
     a = weights.to(grads.dtype)
     reference = (a / a.sum()) @ grads
-    denominator = float(torch.linalg.vector_norm(reference))
-    if denominator == 0.0 or not torch.isfinite(torch.tensor(denominator)):
-        return None
-    return float(torch.linalg.vector_norm(delta)) / denominator
+    denominator = torch.linalg.vector_norm(reference)
+    ratio = torch.linalg.vector_norm(delta) / denominator
+    defined = (denominator != 0) & torch.isfinite(denominator)
+    return torch.where(defined, ratio, torch.full_like(ratio, math.nan))
 
 
 def setup_state(algorithm: Algorithm, store, num_examples: Tensor, num_params: int, like: Tensor) -> None:

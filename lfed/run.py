@@ -41,8 +41,9 @@ from lfed.evaluation import (
     perplexity_summary,
     worst_share_mean,
 )
+from lfed.host import device_rows, values
 from lfed.params import ParamLayout
-from lfed.round import Algorithm, LocalTraining, PreparedRound, finish_round, prepare_round, setup_state
+from lfed.round import Algorithm, LocalTraining, PreparedRound, finish_round, prepare_round, setup_state, verify_round
 from lfed.server.optimizers import apply_pseudo_gradient
 
 __all__ = ["FederatedRun", "default_net"]
@@ -236,18 +237,29 @@ class FederatedRun(nn.Module):
                                   server_step=self.server_step(optimizer), ranks=ranks)
         if self.components.sharing is not None:  # the local part of the global model stays as it was
             self.layout.load_into(self.net, w_new)
-        self.last_round = rec
-        self.rounds_done = r + 1
         if rec.result.buffers is not None:
             self._aggregate_buffers(rec.result.buffers, rec.weights)
         local = None  # bmta_local (SPEC §9): the counting participants' w_k_end on their own held-out splits
-        counting, clients, d = rec.cohort.counting, rec.cohort.clients, self.data
-        if self.round_local_accuracy and is_classification(d.train_y) and bool(counting.any()):
-            local = local_accuracy(self.net, self.layout, rec.result.weights[counting], d, clients[counting])
+        host, clients, d = rec.cohort.host_values(), rec.cohort.clients, self.data
+        if self.round_local_accuracy and is_classification(d.train_y) and any(values(host.counting)):
+            rows = device_rows(host.counting, rec.result.weights.device)
+            local = local_accuracy(self.net, self.layout, rec.result.weights[rows], d, clients[rows],
+                                   host_clients=host.clients[host.counting])
         metrics = rec.metrics()
-        local_mean = self.bmta.add_round(clients, local)
-        if local_mean is not None:
-            metrics["client/local_acc_mean"] = local_mean
+        if local is not None:
+            metrics["client/local_acc_mean"] = torch.nanmean(local)
+        try:  # the round's one read from the device: its metrics and its finiteness flags (lfed.host)
+            metrics = verify_round(rec, metrics)
+        except FloatingPointError:
+            self.layout.load_into(self.net, prepared.w)  # the global model of the last good round, not NaN
+            raise
+        self.last_round = rec
+        self.rounds_done = r + 1
+        local_mean = metrics.get("client/local_acc_mean")
+        if local_mean is not None and math.isnan(local_mean):  # nobody of the round has a held-out split
+            metrics.pop("client/local_acc_mean")
+            local_mean = None
+        self.bmta.add_round(host.clients, local_mean)
         metrics.update(self.comm.record(rec.uploads, bits_up=rec.bits_up, bits_down=rec.bits_down))
         return metrics, [f"round {r}: {m}" for m in rec.warnings]
 

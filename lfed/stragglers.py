@@ -78,7 +78,7 @@ class Stragglers:
         dtype = step_budget.dtype
         if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
             raise ValueError(f"step_budget must be an integer tensor, got dtype {step_budget.dtype}")
-        if bool((step_budget < 0).any()):
+        if (step_budget < 0).any().tolist():  # a host tensor in a round (lfed.host): no device read
             raise ValueError(f"step_budget must be >= 0, got {step_budget.tolist()}")
         if not self.enabled:
             return step_budget.clone()

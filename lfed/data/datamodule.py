@@ -22,6 +22,9 @@ from lfed.data.datasets import DATASETS, load_dataset
 from lfed.data.partition import _flatten, holdout_split_flat, label_counts_flat, pack_flat, partition, validation_split
 from lfed.data.tensors import DatasetTensors, validate_labels
 
+HOST_FIELDS = ("client_sizes", "holdout_sizes", "client_val_sizes", "label_counts")
+"""The per-client fields of :class:`FederatedData` with a host copy (:meth:`FederatedData.host`)."""
+
 
 @dataclass
 class FederatedData:
@@ -71,7 +74,21 @@ class FederatedData:
     @property
     def has_client_validation(self) -> bool:
         """Whether the clients hold their own validation splits (``client_validation_fraction > 0``)."""
-        return self.client_val_sizes is not None and bool((self.client_val_sizes > 0).any())
+        return self.client_val_sizes is not None and (self.host("client_val_sizes") > 0).any().tolist()
+
+    def host(self, name: str) -> Tensor:
+        """A host (CPU) copy of the per-client field ``name`` (:data:`HOST_FIELDS`), made once and kept.
+
+        A round reads its cohort's sizes and label counts from these copies without waiting for the device
+        (:mod:`lfed.host`); :meth:`to` hands them on, so data moved to a device keeps the copies it was built with.
+        """
+        if name not in HOST_FIELDS:
+            raise ValueError(f"name: one of {HOST_FIELDS}, got {name!r}")
+        cache = self.__dict__.setdefault("_host", {})
+        if name not in cache:
+            value = getattr(self, name)
+            cache[name] = None if value is None else value.detach().cpu()
+        return cache[name]
 
     def own_split(self, split: str = "test") -> tuple[Tensor, Tensor]:
         """``(index [N, max], sizes [N])`` of each client's own ``test`` (held-out) or ``val`` (validation) split.
@@ -122,7 +139,9 @@ class FederatedData:
                     converted[key] = w
                 v = converted[key]
             out[f.name] = v
-        return FederatedData(**out)
+        moved = FederatedData(**out)
+        moved.__dict__["_host"] = {name: self.host(name) for name in HOST_FIELDS}  # the host copies travel along
+        return moved
 
 
 def client_validation_seed(seed: int) -> int:

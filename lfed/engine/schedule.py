@@ -39,15 +39,15 @@ def batch_schedule(
         ``positions [K, T, B']`` (indices into each client's own example list) and
         ``valid [K, T, B']`` (False on padding), with ``B' = min(B, max n_k)``.
     """
-    n = num_examples.detach().cpu().long()
-    K, max_n = n.numel(), int(n.max())
+    n = num_examples.detach().cpu().long()  # the round gives the host copy (lfed.host): no device read
+    K, max_n = n.numel(), max(n.tolist(), default=0)
     B = max_n if batch_size is None else min(int(batch_size), max_n)
     nb = steps_per_epoch(n, batch_size)
     T = max(int(num_steps), 0)
     if T == 0:
         empty = torch.zeros(K, 0, B, dtype=torch.long)
         return empty, empty.bool()
-    epochs = int(torch.div(T + nb - 1, nb, rounding_mode="floor").max())
+    epochs = torch.div(T + nb - 1, nb, rounding_mode="floor").max().tolist()
     keys = torch.rand(K, epochs, max_n, generator=generator, dtype=torch.float64)
     keys.masked_fill_((torch.arange(max_n) >= n[:, None])[:, None, :], math.inf)
     perm = keys.argsort(dim=-1)

@@ -23,6 +23,7 @@ from lfed.engine.result import CohortResult
 from lfed.engine.rule import StepRule
 from lfed.engine.schedule import batch_schedule
 from lfed.engine.vmap import VmapBackend
+from lfed.host import to_device
 from lfed.params import ParamLayout
 
 BACKENDS = ("auto", "vmap", "loop")
@@ -70,8 +71,10 @@ def _storage_key(t: Tensor) -> tuple[int, int]:
 
 def _uniform_lr(lr: float | Tensor) -> float | Tensor:
     """A per-row learning rate whose rows all agree, as the float itself (the single-run path)."""
-    if isinstance(lr, Tensor) and lr.numel() > 0 and bool((lr == lr[0]).all()):
-        return float(lr[0])
+    if isinstance(lr, Tensor) and lr.numel() > 0:  # a host tensor (the engine keeps lr on the CPU)
+        rates = lr.tolist()
+        if all(r == rates[0] for r in rates):
+            return float(rates[0])
     return lr
 
 
@@ -219,13 +222,13 @@ class CohortTrainer(VmapBackend, LoopBackend):
         if schedule is None:
             if generator is None:
                 raise ValueError("generator: needed to draw the batch schedule (or give schedule=(positions, valid))")
-            positions, valid = batch_schedule(num_examples, int(steps.max()) if K else 0, batch_size, generator)
+            positions, valid = batch_schedule(num_examples, max(steps.tolist(), default=0), batch_size, generator)
         else:
             positions, valid = schedule
-            if positions.shape[0] != K or positions.shape != valid.shape or (K and positions.shape[1] < int(steps.max())):
+            if positions.shape[0] != K or positions.shape != valid.shape or positions.shape[1] < max(steps.tolist(), default=0):
                 raise ValueError(f"schedule: positions/valid must be [K={K}, T >= max steps, B'], got "
                                  f"{tuple(positions.shape)} and {tuple(valid.shape)}")
-        positions, valid = positions.to(index.device), valid.to(index.device)
+        positions, valid = to_device(positions, index.device), to_device(valid, index.device)  # drawn on the host
         backend = self.resolve_backend(data_x, data_y)
         if buffers is not None:
             if backend != "loop":
@@ -244,15 +247,15 @@ class CohortTrainer(VmapBackend, LoopBackend):
         if size is None:
             size = self._auto_chunk(selected.numel(), backend, w_start.device)
             if size > 1 and backend == "vmap" and positions.dim() == 3 and positions.shape[1] > 0:  # activations too
-                saved = self._saved_bytes(w_start, data_x, data_y, index, positions, valid, int(selected[0]))
+                saved = self._saved_bytes(w_start, data_x, data_y, index, positions, valid, selected[0].tolist())
                 size = self._auto_chunk(selected.numel(), backend, w_start.device, saved)
         results = []
         for lo in range(0, selected.numel(), size):
             part = selected[lo : lo + size]
-            at = part.to(index.device)
+            at = to_device(part, index.device)
             whole = rows is None and part.numel() == K
             sub_rule = rule if whole else rule.select(at, K)
-            w0 = w_start if w_start.dim() == 1 or whole else w_start[part.to(w_start.device)]
+            w0 = w_start if w_start.dim() == 1 or whole else w_start[to_device(part, w_start.device)]
             lr_part = _uniform_lr(lr if whole or not isinstance(lr, Tensor) else lr[part])
             args = (w0, data_x, data_y, index[at], positions[at], valid[at], steps[part], sub_rule, lr_part)
             if buffers is None:

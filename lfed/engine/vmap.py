@@ -19,6 +19,7 @@ from lfed.engine.recorded import RecordedStep
 from lfed.engine.result import CohortResult
 from lfed.engine.rule import LossTerm, _is_plain, _pick_rows
 from lfed.engine.term import TermModel
+from lfed.host import to_device
 
 
 def _lr_runs(lr: Tensor) -> list[tuple[int, int, float]]:
@@ -74,21 +75,21 @@ class VmapBackend(RecordedStep):
             key = torch.unique(lr, return_inverse=True)[1]
             order = torch.sort(key, stable=True).indices
             order = order[torch.sort(steps[order], descending=True, stable=True).indices]
-            if bool((order == torch.arange(K)).all()):
+            if torch.equal(order, torch.arange(K)):
                 order = None
-        elif K > 1 and bool((steps[1:] > steps[:-1]).any()):
+        elif K > 1 and (steps[1:] > steps[:-1]).any().tolist():  # steps: on the host (the engine's copy)
             order = torch.sort(steps, descending=True, stable=True).indices
         if order is not None:
             steps = steps[order]
-            dev_order = order.to(index.device)
+            dev_order = to_device(order, index.device)
             index, positions, valid = index[dev_order], positions[dev_order], valid[dev_order]
-            rule = rule.select(order.to(w_start.device), K)
+            rule = rule.select(to_device(order, w_start.device), K)
             if w_start.dim() == 2:
-                w_start = w_start[order.to(w_start.device)]
+                w_start = w_start[to_device(order, w_start.device)]
             if per_row:
                 lr = lr[order]
         runs = _lr_runs(lr) if per_row else [(0, K, lr)]
-        active = [int(a) for a in (steps[None, :] > torch.arange(T)[:, None]).sum(1)] if T else []
+        active = (steps[None, :] > torch.arange(T)[:, None]).sum(1).tolist() if T else []  # host values
         W = w_start.expand(K, -1).clone() if w_start.dim() == 1 else w_start.clone()
         views = self.layout.unflatten(W)  # {name: [K, *shape]}, views of W
         names = list(views)
@@ -126,8 +127,8 @@ class VmapBackend(RecordedStep):
                     b = min(b, n)
                     W[a:b].add_(d[a:b], alpha=-lr_)
             loss_sum[:n] += loss.detach()
-        loss = loss_sum / steps.clamp_min(1).to(W.device, W.dtype)
+        loss = loss_sum / to_device(steps.clamp_min(1), W.device).to(W.dtype)
         if order is not None:
-            inverse = torch.argsort(order).to(W.device)
+            inverse = to_device(torch.argsort(order), W.device)
             W, loss = W[inverse], loss[inverse]
         return CohortResult(W, loss)

@@ -20,7 +20,9 @@ import math
 from typing import Any
 
 import torch
+from torch import Tensor
 
+from lfed.host import values
 from lfed.privacy.accountant import ACCOUNTANTS, PrivacyAccountant, calibrate_noise, epsilon
 from lfed.privacy.clipping import clip_factors, clip_rows
 from lfed.rng import round_generator
@@ -168,14 +170,17 @@ class DPFedAvg(ServerCombination):
     def combine(self, updates, weights, cohort):
         K, P = updates.shape
         counting = cohort.counting.to(updates.device)
+        n_counting = sum(values(cohort.host_values().counting))  # host values: no device read (lfed.host)
         m = float(cohort.expected_size)
-        C = float(self.state("clip"))
+        # the bound: a fixed one is the setting itself (a host float); an adaptive one moves every round on the
+        # device (its next value comes from the norms) and is used there, read to the host only with the metrics
+        C = self.clip0 if self.target_quantile is None else self.state("clip")
         norms = torch.linalg.vector_norm(updates, dim=1)
         # Σ_k Δ_k · min(1, C/‖Δ_k‖) / m as one weighted sum of the rows (no clipped copy of [K, P]); a client
         # whose work does not count weighs 0; with C = inf the weights are FedAvg's uniform 1/m
         a = torch.where(counting, torch.full((K,), 1.0 / m, dtype=torch.float64, device=updates.device),
                         torch.zeros((), dtype=torch.float64, device=updates.device))
-        if not math.isinf(C):
+        if isinstance(C, Tensor) or not math.isinf(C):
             a = a * clip_factors(norms.double(), C)
         g = round_generator(cohort.seed, cohort.round, "dp-noise")
         if self.local_noise > 0:  # local DP: each counting client's own noise, added to its clipped update before upload
@@ -184,13 +189,14 @@ class DPFedAvg(ServerCombination):
             delta = torch.where(counting, 1.0 / m, 0.0).to(updates.dtype) @ (clipped + self.local_noise * C * own)
         else:
             delta = a.to(updates.dtype) @ updates
-        report = {"privacy/clip": C, "privacy/clients": float(counting.sum()),
-                  "privacy/clipped_fraction": float((norms[counting] > C).double().mean()) if bool(counting.any()) else 0.0}
+        clipped_share = (((norms > C) & counting).double().sum() / n_counting) if n_counting else 0.0
+        report = {"privacy/clip": C, "privacy/clients": float(n_counting), "privacy/clipped_fraction": clipped_share}
         if self.target_quantile is not None:  # Andrew et al.: the noised count of clients under the bound
-            below = float(((norms <= C) & counting).sum())
-            noisy = below + float(self.count_noise) * float(torch.randn((), generator=g, dtype=torch.float64))
-            C_next = C * math.exp(-self.clip_lr * (noisy / m - self.target_quantile))
-            self.set_state("clip", torch.tensor(C_next, dtype=torch.float64, device=self.state("clip").device))
+            below = ((norms <= C) & counting).double().sum()
+            draw = torch.randn((), generator=g, dtype=torch.float64).to(below.device, non_blocking=True)
+            noisy = below + float(self.count_noise) * draw
+            C_next = C * torch.exp(-self.clip_lr * (noisy / m - self.target_quantile))
+            self.set_state("clip", C_next.to(self.state("clip").device))
             report["privacy/clip_next"] = C_next
         if self.update_multiplier > 0:
             noise = torch.randn(P, generator=g, dtype=updates.dtype).to(updates.device)
@@ -205,7 +211,7 @@ class DPFedAvg(ServerCombination):
         self._report = report
         return delta, None
 
-    def report(self, cohort) -> dict[str, float]:
+    def report(self, cohort) -> dict[str, float | Tensor]:
         return dict(self._report)
 
     # ------------------------------------------------------------------ checkpoint

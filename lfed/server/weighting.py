@@ -48,19 +48,25 @@ class AggregationWeights(Component):
         return []
 
     def counting(self, cohort: Cohort) -> Tensor:
-        """``[K]`` bool: the clients whose work counts this round."""
-        return counting_mask(cohort.steps_done, cohort.step_budget, self.partial_work)
+        """``[K]`` bool: the clients whose work counts this round (on the host, from :attr:`Cohort.host`)."""
+        host = cohort.host_values()
+        return counting_mask(host.steps_done, host.step_budget, self.partial_work)
 
     def weights(self, cohort: Cohort, client_label_counts: Tensor, population_label_counts: Tensor) -> Tensor:
         """``[K]`` float64 weights (0 for clients whose work does not count).
 
+        Computed on the host from the cohort's host values (:attr:`Cohort.host`; the round gives the label
+        counts on the host too), so the round's input checks read no device value (:mod:`lfed.host`); the
+        round moves the weights to the device. A subclass may return them on either.
+
         Warns :class:`~lfed.server.weights.DegenerateWeightsWarning` where a rule falls back.
         """
+        host = cohort.host_values()
         return aggregation_weights(
             self.rule,
-            num_examples=cohort.num_examples,
-            steps_done=cohort.steps_done,
-            step_budget=cohort.step_budget,
+            num_examples=host.num_examples,
+            steps_done=host.steps_done,
+            step_budget=host.step_budget,
             partial_work=self.partial_work,
             client_label_counts=client_label_counts,
             population_label_counts=population_label_counts,

@@ -70,9 +70,11 @@ def _check_vector(name: str, value: Tensor) -> Tensor:
 def _check_nonnegative(name: str, value: Tensor) -> None:
     if value.dtype == torch.bool:
         raise ValueError(f"{name} must be a numeric tensor, got dtype torch.bool")
-    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+    # .tolist() reads a host tensor without a dispatch (a round passes host values, lfed.host); a device
+    # tensor given directly to these functions is read once here
+    if value.is_floating_point() and not torch.isfinite(value).all().tolist():
         raise ValueError(f"{name} must be finite, got {value.tolist()}")
-    if bool((value < 0).any()):
+    if (value < 0).any().tolist():
         raise ValueError(f"{name} must be non-negative, got {value.tolist()}")
 
 
@@ -372,9 +374,9 @@ def aggregation_weights(
     device = steps_done.device
     s = steps_done.to(torch.float64)
     t = step_budget.to(device=device, dtype=torch.float64)
-    if bool((t < 1).any()):
+    if (t < 1).any().tolist():
         raise ValueError(f"step_budget must be >= 1 for every client, got {step_budget.tolist()}")
-    if bool((s > t).any()):
+    if (s > t).any().tolist():
         raise ValueError(f"steps_done must not exceed step_budget, got steps_done="
                          f"{steps_done.tolist()} and step_budget={step_budget.tolist()}")
     if num_examples is not None:
@@ -386,14 +388,14 @@ def aggregation_weights(
     active = s > 0
     complete = s >= t
     counting = counting_mask(s, t, partial_work)
-    num_counting = int(counting.sum())
+    num_counting = counting.sum().tolist()
 
     if rule == "size":
         if num_examples is None:
             raise ValueError("num_examples is required for rule='size'")
         _check_nonnegative("num_examples", num_examples)
         n = num_examples.to(device=device, dtype=torch.float64) * counting.to(torch.float64)
-        if num_counting > 0 and not bool(n.sum() > 0):
+        if num_counting > 0 and not (n.sum() > 0).tolist():
             raise ValueError(f"num_examples of the counting clients sum to 0, got "
                              f"{num_examples.tolist()} with counting mask {counting.tolist()}")
         base = n / n.sum().clamp_min(torch.finfo(torch.float64).tiny)
