@@ -123,6 +123,8 @@ class LocalWork:
         lr: The round's client learning rate; ``batch_size``: its mini-batch size (None: full batch).
         plan: The run's training plan (:class:`lfed.round.LocalTraining`: lr, batch size, epochs or steps).
         buffers: ``{name: [K, ...]}`` the cohort's final buffers (loop backend, a net with running statistics), or None.
+        host_num_examples, host_steps_done: The host copies of ``num_examples`` and ``steps_done``
+            (:class:`HostCohort`): :meth:`train` hands them to the engine, which then reads no device value.
     """
 
     engine: Any
@@ -138,6 +140,8 @@ class LocalWork:
     batch_size: int | None = None
     plan: Any = None
     buffers: dict[str, Tensor] | None = None
+    host_num_examples: Tensor | None = None
+    host_steps_done: Tensor | None = None
 
     def train(self, w_start: Tensor, rule: Any = None, *, steps: Tensor | None = None, lr: float | Tensor | None = None,
               stream: str = "extra", schedule: tuple[Tensor, Tensor] | None = None) -> Any:
@@ -160,10 +164,16 @@ class LocalWork:
         from lfed.engine import StepRule
         from lfed.rng import round_generator
 
+        host_n = self.host_num_examples  # a component that changed num_examples (APFL's doubled rows) without it: not used
+        if host_n is not None and (self.num_examples is None or host_n.shape != self.num_examples.shape):
+            host_n = None
+        host_steps = self.host_steps_done if steps is None else None
+        if host_steps is not None and (self.steps_done is None or host_steps.shape != self.steps_done.shape):
+            host_steps = None
         job = TrainJob(w_start, self.data_x, self.data_y, self.index, self.num_examples,
                        self.steps_done if steps is None else steps, rule or StepRule(),
                        self.lr if lr is None else lr, self.batch_size, round_generator(self.seed, self.round, stream),
-                       schedule)
+                       schedule, host_num_examples=host_n, host_steps_done=host_steps)
         return train_cohort(self.engine, self.ranks, job)
 
 

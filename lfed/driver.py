@@ -37,6 +37,13 @@ from lfed.run import FederatedRun
 __all__ = ["FederatedDriver", "RunOptimizers"]
 
 
+def _host_scalar(value: float) -> torch.Tensor:
+    """A round's metric (read to the host once, :func:`lfed.host.read_metrics`) as Lightning logs a float, but on the
+    CPU: ``self.log`` of a float makes a tensor on the module's device (a copy that waits for the device on CUDA) and
+    reads it back to log it; Lightning keeps a CPU tensor's metric on the CPU."""
+    return torch.tensor(value, dtype=torch.get_default_dtype())
+
+
 class RunOptimizers(torch.optim.Optimizer):
     """The runs' server optimizers as the one optimizer Lightning sees.
 
@@ -218,8 +225,8 @@ class FederatedDriver(LightningModule):
             rank_zero_warn(p + message)
         loss = metrics.pop("train/loss", None)
         if loss is not None:
-            self.log(p + "train/loss", loss, prog_bar=not self.grouped)
-        self.log_dict({p + k: v for k, v in metrics.items()})
+            self.log(p + "train/loss", _host_scalar(loss), prog_bar=not self.grouped)
+        self.log_dict({p + k: _host_scalar(v) for k, v in metrics.items()})
 
     def _stop(self, run: FederatedRun, error: FloatingPointError) -> None:
         """A run diverged: alone, the error ends the fit; in a grid the run stops and the others go on."""

@@ -55,7 +55,8 @@ from lfed.server.weighting import AggregationWeights
 from lfed.server.weights import DegenerateWeightsWarning
 from lfed.state import StateSpec
 
-__all__ = ["Algorithm", "LocalTraining", "PreparedRound", "RoundRecord", "UpdateHistory", "finish_round", "prepare_round", "run_round", "verify_round"]
+__all__ = ["Algorithm", "LocalTraining", "PreparedRound", "RoundRecord", "UpdateHistory", "finish_round", "prepare_round",
+           "run_round", "verify_round"]
 
 
 class UpdateHistory(Component):
@@ -187,7 +188,7 @@ class RoundRecord:
         Host values are floats; what the device computed stays there as 0-dim tensors, read once with
         the round's finiteness flags (:func:`lfed.host.read_metrics`).
         """
-        c, host = self.cohort, self.cohort.host_values()
+        host = self.cohort.host_values()
         active = values(host.active)
         out: dict[str, float | Tensor] = {"round/clients": float(len(active)), "round/active": float(sum(active)),
                                           "round/weight_sum": self.weights.sum()}
@@ -373,14 +374,14 @@ def finish_round(
     if job is None:
         raise ValueError("prepared: the round was skipped (no client's work counts); there is nothing to finish")
     cohort, r, lr = record.cohort, record.round, job.lr
-    clients = cohort.clients
     record.result, record.losses = result, result.loss
     record.check(result.loss[:, None], "training losses")  # read with the metrics (lfed.host): no sync here
     updates = result.weights - job.w_start
     record.check(updates, "client updates")
 
     local = LocalWork(engine, ranks, job.data_x, job.data_y, job.index, prepared.seed, r, job.num_examples,
-                      job.steps_done, lr, job.batch_size, prepared.training, result.buffers)
+                      job.steps_done, lr, job.batch_size, prepared.training, result.buffers,
+                      job.host_num_examples, job.host_steps_done)
     final = algorithm.objective.after_local(cohort, job.w_start, result.weights, lr, local)
     if final is not None:  # the rule's own final models (FedRep: the body trained after the head)
         result = record.result = replace(result, weights=final)

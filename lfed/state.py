@@ -181,9 +181,11 @@ class ModuleStateStore(StateStore):
 
     def write_rows(self, owner: nn.Module, name: str, clients: Tensor, values: Tensor, mask: Tensor | None = None) -> None:
         buf = owner._buffers[name]
-        if mask is not None:
-            clients, values = clients[mask], values[mask]
-        buf[clients] = values.to(buf.dtype)
+        values = values.to(buf.dtype)
+        if mask is not None:  # the masked-out rows keep their values: torch.where, not a boolean index (no device read)
+            keep = mask.to(values.device).reshape(-1, *([1] * (values.dim() - 1)))
+            values = torch.where(keep, values, buf[clients])
+        buf[clients] = values
 
     def describe(self) -> dict[str, list[int]]:
         out = {}

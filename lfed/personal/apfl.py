@@ -64,7 +64,9 @@ class APFL(ClientRule):
         positions, valid = batch_schedule(local.num_examples, T, local.batch_size,
                                           round_generator(local.seed, local.round, "batches"))  # the round's own batches
         both = type(local)(**{**local.__dict__, "index": torch.cat([local.index, local.index]),
-                              "num_examples": torch.cat([local.num_examples, local.num_examples])})
+                              "num_examples": torch.cat([local.num_examples, local.num_examples]),
+                              "host_num_examples": None if local.host_num_examples is None
+                              else torch.cat([local.host_num_examples, local.host_num_examples])})
         rates = torch.cat([torch.full((K,), float(lr), dtype=torch.float64), torch.ones(K, dtype=torch.float64)])
         w = w_start.expand(K, -1).clone()
         v = self.rows("personal", cohort.clients, first=w_start)

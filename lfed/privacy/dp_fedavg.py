@@ -185,7 +185,7 @@ class DPFedAvg(ServerCombination):
         g = round_generator(cohort.seed, cohort.round, "dp-noise")
         if self.local_noise > 0:  # local DP: each counting client's own noise, added to its clipped update before upload
             clipped, _ = clip_rows(updates, C)
-            own = torch.randn(K, P, generator=g, dtype=updates.dtype).to(updates.device)
+            own = torch.randn(K, P, generator=g, dtype=updates.dtype).to(updates.device, non_blocking=True)
             delta = torch.where(counting, 1.0 / m, 0.0).to(updates.dtype) @ (clipped + self.local_noise * C * own)
         else:
             delta = a.to(updates.dtype) @ updates
@@ -199,7 +199,7 @@ class DPFedAvg(ServerCombination):
             self.set_state("clip", C_next.to(self.state("clip").device))
             report["privacy/clip_next"] = C_next
         if self.update_multiplier > 0:
-            noise = torch.randn(P, generator=g, dtype=updates.dtype).to(updates.device)
+            noise = torch.randn(P, generator=g, dtype=updates.dtype).to(updates.device, non_blocking=True)
             delta = delta + (self.update_multiplier * C / m) * noise
         q = m / cohort.num_clients
         if self.local_noise > 0:  # each client's release is its own Gaussian mechanism (counted as if in every round)
