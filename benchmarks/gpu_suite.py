@@ -806,7 +806,7 @@ class Suite:
             def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
                 sync(dev)
                 marks.append(time.perf_counter())
-                timed = [b - a for a, b in zip(marks[1 + s.warmup:], marks[2 + s.warmup:])]
+                timed = [b - a for a, b in zip(marks[s.warmup:], marks[s.warmup + 1:])]
                 return len(timed) >= 3 and sum(timed) > cap, type(aggregate_metrics)()
 
         def make_user(uid):
