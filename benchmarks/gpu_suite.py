@@ -1195,7 +1195,7 @@ class Suite:
                 children.append({"status": "skipped", "reason": "time budget"})
                 break
             done = subprocess.run([sys.executable, "-c", SETUP_CHILD, json.dumps(cfg)], cwd=REPO, env=env, capture_output=True,
-                                  text=True, timeout=300)
+                                  text=True, timeout=max(60.0, min(300.0, self.budget_left(False))))
             if done.returncode:
                 raise RuntimeError(f"set-up child exited {done.returncode}:\n{done.stderr[-3000:]}")
             row = json.loads(done.stdout.strip().splitlines()[-1])
