@@ -1385,7 +1385,7 @@ class Suite:
 
         s = self.s
         cfg = s.lora
-        e["job"] = (f"benchmarks/adapters_cohort.py in this process: K clients x {cfg['steps']} full-batch SGD steps on "
+        e["job"] = (f"`benchmarks/adapters_cohort.py` in this process: K clients x {cfg['steps']} full-batch SGD steps on "
                     f"{cfg['batch']} random 80-character windows, rank-{cfg['rank']} LoRA on every linear layer of a "
                     f"CharTransformer (d {cfg['d_model']}, {cfg['layers']} layers): lfed's engine (vmap) against one peft "
                     f"model trained client after client; 1 warm-up round, {cfg['rounds']} timed")
@@ -1439,7 +1439,7 @@ class Suite:
 
         cfg = self.s.personal
         acc = "gpu" if self.device.type == "cuda" else "cpu"
-        e["job"] = (f"benchmarks/personal_eval.py's evaluation: N clients of 20 training and 5 held-out examples of "
+        e["job"] = (f"`benchmarks/personal_eval.py`'s evaluation: N clients of 20 training and 5 held-out examples of "
                     f"{cfg['features']} features, MLP {cfg['hidden']}, Ditto's personal model set for every client: "
                     "FederatedRun.personal_evaluation (vmapped, 256 clients a call) against a per-client loop "
                     f"(functional_call per client), medians of {cfg['repeat']} taken in turn; the accuracies checked equal")
@@ -1518,6 +1518,10 @@ def _f(v, digits=4) -> str:
     return str(v)
 
 
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def _status(c: dict) -> str:
     st = c.get("status", "-")
     if st == "skipped":
@@ -1562,7 +1566,7 @@ def markdown(r: dict) -> str:
         L += ["## Timing", "", t.get("job", ""), "", f"Model parameters: {t.get('params', 0):,}. {t.get('pfl_a100', '')}.", "",
               f"Steady s/round = median of the timed rounds (after {t.get('warmup_rounds')} warm-up rounds; at most "
               f"{t.get('max_timed_rounds')}, fewer once a case spent {t.get('case_cap_s')} s); evaluation not included.", "",
-              f"TFLOP/s: {t.get('flops_note', '-')}; {_f(t.get('train_flops_per_example', 0) / 1e6)} MFLOP per example here. "
+              f"{t.get('flops_note', '-')}; {_f(t.get('train_flops_per_example', 0) / 1e6)} MFLOP per example here. "
               "*centralized*: the same steps as a round, each over the round's K x B examples as one batch of one model. "
               "*hand vmap*: the shared README's ~60 lines (stacked weights, eager vmap(grad) per step, the mean).", "",
               "| case | status | steady s/round | TFLOP/s | timed rounds | vs plain loop | vs hand vmap | vs centralized | "
@@ -1591,7 +1595,7 @@ def markdown(r: dict) -> str:
         L.append("")
     su = secs.get("setup", {})
     if su.get("children"):
-        L += ["## Set-up in its parts (fresh process, cold imports)", "", su.get("job", ""), "",
+        L += ["## Set-up in its parts (fresh process, cold imports)", "", _cap(su.get("job", "")), "",
               f"lfed's own part = {su.get('lfed_own_parts')}; under 1 s (median): **{_f(su.get('lfed_own_under_1s'))}**.", "",
               "| child | import torch | import lightning.pytorch | import lfed | device init | synthetic data | build | "
               "fit to round 1 | round 1 | steady round | lfed's own | start to round 1 |",
@@ -1606,7 +1610,7 @@ def markdown(r: dict) -> str:
         L.append("")
     hs = secs.get("host_sync", {})
     if hs.get("runs"):
-        L += ["## Host synchronizations per round", "", hs.get("what", ""), "",
+        L += ["## Host synchronizations per round", "", _cap(hs.get("what", "")), "",
               "| run | status | sync warnings per round (CUDA) | at most 1 | _local_scalar_dense per round |", "| --- | --- | --- | --- | --- |"]
         for r in hs["runs"]:
             L.append(f"| {r['run']} | {_status(r)} | {_f(r.get('sync_warnings_per_round'))} | {_f(r.get('at_most_one_per_round'))} | "
@@ -1614,18 +1618,18 @@ def markdown(r: dict) -> str:
         L.append("")
     pr = secs.get("precision", {})
     if pr.get("cases"):
-        L += ["## bf16-mixed against float32", "", pr.get("round_job", ""), "", "| case | status | steady s/round | TFLOP/s | peak memory |",
+        L += ["## bf16-mixed against float32", "", _cap(pr.get("round_job", "")), "", "| case | status | steady s/round | TFLOP/s | peak memory |",
               "| --- | --- | --- | --- | --- |"]
         L += [f"| {c['name']} | {_status(c)} | {_f(c.get('steady_s_per_round'))} | {_f(c.get('tflops'), 3)} | {_mem(c)} |"
               for c in pr["cases"] if "precision" in c]
-        L += ["", f"bf16-mixed / 32-true round: {_f(pr.get('bf16_over_fp32_round'), 3)}. {pr.get('accuracy_job', '')}:", "",
+        L += ["", f"bf16-mixed / 32-true round: {_f(pr.get('bf16_over_fp32_round'), 3)}. {_cap(pr.get('accuracy_job', ''))}:", "",
               "| seed | precision | status | test acc | wall s |", "| --- | --- | --- | --- | --- |"]
         L += [f"| {r['seed']} | {r['precision']} | {_status(r)} | {_f(r.get('test_acc'))} | {_f(r.get('wall_s'), 3)} |"
               for r in pr.get("accuracy", [])]
         L += ["", f"Test accuracy, bf16-mixed minus 32-true per seed: {_f(pr.get('acc_bf16_minus_fp32'))}.", ""]
     lo = secs.get("lora", {})
     if lo.get("cases"):
-        L += ["## LoRA cohort against a peft loop", "", lo.get("job", ""), "",
+        L += ["## LoRA cohort against a peft loop", "", _cap(lo.get("job", "")), "",
               "| case | status | s/round | loop / lfed | client 0 max abs diff vs loop | peak memory |", "| --- | --- | --- | --- | --- | --- |"]
         for c in lo["cases"]:
             mem = f"{c['peak_cuda_mb']:.0f} MB (device)" if "peak_cuda_mb" in c else (
@@ -1635,7 +1639,7 @@ def markdown(r: dict) -> str:
         L.append("")
     pe = secs.get("personal_eval", {})
     if pe.get("cases"):
-        L += ["## Personalized evaluation of every client against a per-client loop", "", pe.get("job", ""), "",
+        L += ["## Personalized evaluation of every client against a per-client loop", "", _cap(pe.get("job", "")), "",
               "| case | status | vmapped s | loop s | loop / vmapped | client state | accuracies equal |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
         L += [f"| {c['name']} | {_status(c)} | {_f(c.get('vmapped_s'))} | {_f(c.get('loop_s'))} | {_f(c.get('loop_over_vmapped'), 3)} | "
