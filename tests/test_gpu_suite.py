@@ -6,6 +6,7 @@ when a correctness check failed, a section or a timing case raised, or a timing 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -37,7 +38,8 @@ def test_quick_suite_on_the_cpu_passes_every_check_and_times_every_case(tmp_path
     r = json.loads((out / "gpu_suite.json").read_text())
     assert r["exit_status"] == 0 and r["quick"] and r["device"] == "cpu"
     secs = r["sections"]
-    assert set(secs) == {"environment", "correctness", "timing", "profile", "compile_graphs"}
+    assert set(secs) == {"environment", "correctness", "setup", "host_sync", "timing", "profile", "compile_graphs", "precision",
+                         "lora", "personal_eval"}
     for name, sec in secs.items():
         assert sec["status"] == "ok", (name, sec.get("error"))
 
@@ -59,11 +61,30 @@ def test_quick_suite_on_the_cpu_passes_every_check_and_times_every_case(tmp_path
     resume = next(c for c in checks if c["name"].startswith("stop at 3"))
     assert resume["rounds_done"] == 6 and resume["uninterrupted_run_repeats_bit_for_bit"]
 
-    cases = secs["timing"]["cases"]
-    methods = {(c.get("method"), c.get("cohort")) for c in cases}
+    timing = secs["timing"]
+    cases = timing["cases"]
+    methods = {(c.get("method"), c.get("cohort")): c for c in cases}
     for cohort in (2, 4):
-        assert {("lfed vmap", cohort), ("lfed loop", cohort), ("plain loop", cohort)} <= methods
+        for method in ("lfed vmap", "lfed loop", "plain loop", "hand vmap", "centralized"):
+            c = methods[(method, cohort)]
+            assert c["status"] == "ok", c  # these need nothing but torch and lfed: never skipped at --quick's budget
+            assert c["examples_per_round"] == cohort * 20 and c["tflops"] > 0, c
+            # TFLOP/s is the round's counted work over its steady seconds
+            assert abs(c["tflops"] * 1e12 * c["steady_s_per_round"] - timing["train_flops_per_example"] * cohort * 20) < 1e-3 * (
+                timing["train_flops_per_example"] * cohort * 20), c
+        for ref in ("plain_loop", "hand_vmap", "centralized"):
+            assert methods[("lfed vmap", cohort)][f"vs_{ref}"] > 0
+    pfl = methods[("pfl (1 process)", 2)]
+    if importlib.util.find_spec("pfl") is None:
+        assert pfl["status"] == "skipped" and pfl["reason"].startswith("pfl not importable"), pfl
+        assert "steady_s_per_round" not in pfl and "tflops" not in pfl
+    else:
+        assert pfl["status"] == "ok" and pfl["tflops"] > 0, pfl
     assert {c.get("grid") for c in cases} >= {"group", "sequential"}
+    group = next(c for c in cases if c.get("grid") == "group")
+    assert group["tflops"] > 0 and group["examples_per_round"] == 3 * 2 * 20
+    one = methods[("lfed vmap", 2)]["steady_s_per_round"]
+    assert abs(group["throughput_vs_one_run"] - (3 / group["steady_s_per_round"]) * one) < 1e-9 * group["throughput_vs_one_run"]
     for c in cases:
         if c["status"] == "skipped":
             assert c["reason"], c
@@ -71,8 +92,57 @@ def test_quick_suite_on_the_cpu_passes_every_check_and_times_every_case(tmp_path
         assert c["status"] == "ok", c
         assert c["steady_s_per_round"] > 0 and all(t > 0 for t in c["timed_rounds"]), c
         assert c.get("peak_rss_mib", 0) > 0, c
-    assert any(c["status"] == "ok" for c in cases)
-    assert secs["timing"]["params"] == 151_882  # PflCNN at 12x12 (1,626,442 at 32x32)
+    assert timing["params"] == 151_882  # PflCNN at 12x12 (1,626,442 at 32x32)
+    assert [g["target"].split(",")[0] for g in timing["targets"]] == [
+        "lfed vmap / hand vmap", "lfed vmap / centralized", "lfed vmap / centralized", "grid of 3 as one group: throughput >= 3x one run's"]
+    assert all(g["value"] is not None and g["value"] > 0 and isinstance(g["met"], bool) for g in timing["targets"])
+
+    setup = secs["setup"]
+    child = setup["children"][0]
+    for part in ("import_torch_s", "import_lightning_s", "import_lfed_s", "build_s", "fit_to_first_round_s", "first_round_s",
+                 "steady_round_s"):
+        assert 0 < child[part] < 120, (part, child)
+    assert child["lfed_own_s"] == child["build_s"] + child["fit_to_first_round_s"] + child["first_round_s"]
+    assert child["to_first_round_s"] > child["import_lightning_s"] + child["lfed_own_s"] - child["first_round_s"]
+    assert setup["lfed_own_under_1s"] == (setup["median"]["lfed_own_s"] < 1.0)
+    assert len(child["rounds"]) == 3
+
+    sync = secs["host_sync"]
+    assert sync["sync_warnings"] == "not applicable on cpu"
+    runs = {r["run"].split()[0]: r for r in sync["runs"]}
+    assert set(runs) == {"fedavg", "scaffold", "dp_fedavg", "ditto", "lora"}
+    for name, r in runs.items():
+        if r["status"] == "skipped":
+            assert name == "lora" and r["reason"].startswith("peft not importable"), r
+            continue
+        assert r["status"] == "ok", r
+        assert r["sync_warnings_per_round"] == "not applicable on cpu"
+        counts = r["local_scalar_dense_per_round"]
+        assert len(counts) == 2 and all(isinstance(n, int) and n >= 0 for n in counts), r
+
+    prec = secs["precision"]
+    rounds = {c["precision"]: c for c in prec["cases"] if "precision" in c}
+    assert set(rounds) == {"32-true", "bf16-mixed"}
+    for c in rounds.values():
+        assert c["status"] == "ok" and c["steady_s_per_round"] > 0 and c["tflops"] > 0, c
+    assert prec["bf16_over_fp32_round"] == rounds["bf16-mixed"]["steady_s_per_round"] / rounds["32-true"]["steady_s_per_round"]
+    accs = {r["precision"]: r for r in prec["accuracy"]}
+    for r in accs.values():
+        assert r["status"] == "ok" and 0 <= r["test_acc"] <= 1 and r["rounds"] == 6, r
+    assert prec["acc_bf16_minus_fp32"] == [accs["bf16-mixed"]["test_acc"] - accs["32-true"]["test_acc"]]
+
+    lora = secs["lora"]["cases"]
+    assert [c["name"] for c in lora] == ["lfed, K 2", "peft_loop, K 2"]
+    if importlib.util.find_spec("peft") is None:
+        assert all(c["status"] == "skipped" and c["reason"].startswith("peft not importable") for c in lora), lora
+    else:
+        assert all(c["status"] == "ok" and c["steady_s_per_round"] > 0 for c in lora), lora
+        assert lora[0]["loop_over_lfed"] > 0
+        assert lora[0]["client0_max_abs_diff_vs_loop"] < 1e-5 * max(lora[0]["client0_max_abs_w"], 1.0)  # the same updates
+
+    personal = secs["personal_eval"]["cases"]
+    assert len(personal) == 1 and personal[0]["status"] == "ok", personal
+    assert personal[0]["accuracies_equal"] and personal[0]["vmapped_s"] > 0 and personal[0]["loop_s"] > 0
 
     prof = secs["profile"]
     assert prof["round_wall_s"] > 0 and prof["top_ops"] and prof["local_steps"] == 2
@@ -84,15 +154,25 @@ def test_quick_suite_on_the_cpu_passes_every_check_and_times_every_case(tmp_path
     assert variants["CUDA graph of the recorded step"]["status"] == "skipped"
 
     md = (out / "gpu_suite.md").read_text()
-    for heading in ("## Environment", "## Correctness", "## Timing", "## Profile", "## The vmapped local step"):
-        assert heading in md
-    assert "PLACEHOLDER" in md and "SYNTHETIC" in md and "FAIL" not in md
+    for heading in ("## Environment", "## Correctness", "## Timing", "## Profile", "## The vmapped local step", "## Set-up in its parts",
+                    "## Host synchronizations per round", "## bf16-mixed against float32", "## LoRA cohort against a peft loop",
+                    "## Personalized evaluation of every client"):
+        assert heading in md, heading
+    assert "PLACEHOLDER" in md and "SYNTHETIC" in md and "FAIL" not in md and "ERROR" not in md
+    assert "| TFLOP/s |" in md and "throughput vs one run" in md and "Issue 37's targets" in md
+    if importlib.util.find_spec("pfl") is None:
+        assert "skipped: pfl not importable" in md
 
 
-def test_the_pfl_cnn_has_pfl_researchs_parameter_count():
+def test_the_pfl_cnn_has_pfl_researchs_parameter_count_and_flops():
     sys.path.insert(0, str(SUITE.parent))
     try:
-        from gpu_suite import PflCNN
+        from gpu_suite import PflCNN, train_flops_per_example
     finally:
         sys.path.remove(str(SUITE.parent))
     assert sum(p.numel() for p in PflCNN().parameters()) == 1_626_442
+    # by hand at 32x32, 2 FLOPs a multiply-add: forward conv1 30*30*32*27 + conv2 28*28*64*288 + fc 12544*128 + 128*10
+    # = 16,828,928 multiply-adds; backward twice that except conv1's input gradient (not needed): 2 * 16,828,928 - 777,600
+    fwd = 30 * 30 * 32 * 27 + 28 * 28 * 64 * 288 + 12544 * 128 + 128 * 10
+    assert train_flops_per_example(32) == 2 * (3 * fwd - 30 * 30 * 32 * 27)
+    assert train_flops_per_example(32, batch=1) == train_flops_per_example(32, batch=10)  # per example
