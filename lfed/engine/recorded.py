@@ -2,15 +2,17 @@
 
 :class:`RecordedStep` (a part of :class:`~lfed.engine.CohortTrainer`) records the eager
 vmapped step with ``torch.fx`` ``make_fx`` the first time it sees a key (shapes, dtypes,
-device, train/eval mode, the convolutions' form setting), checks the recording bit for bit
-against the eager step, and replays it afterwards; models with hooks, and steps on part of a
-cohort, run eagerly.
+device, train/eval mode, the convolutions' form setting, autocast), checks the recording bit
+for bit against the eager step, and replays it afterwards; models with hooks, and steps on part
+of a cohort, run eagerly.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+
+from lfed.engine.precision import precision_key
 
 
 def _has_hooks(net: nn.Module) -> bool:
@@ -57,7 +59,7 @@ class RecordedStep:
             tuple((k, tuple(v.shape), v.dtype) for k, v in params.items()),
             tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, mask.dtype, x.device,
             tuple((k, tuple(b.shape), b.dtype) for k, b in buffers.items()), self.net.training,
-            self._conv_setting(),
+            self._conv_setting(), precision_key(),
         )
         fn = self._traced.get(key)
         if fn is not None and not _has_hooks(self.net):

@@ -17,6 +17,7 @@ from torch.func import functional_call
 
 from lfed.engine.conv import CONV_FORMS, choose_form, conv_forms
 from lfed.engine.losses import per_example_mean
+from lfed.engine.precision import local_autocast
 from lfed.engine.recorded import RecordedStep
 from lfed.engine.result import CohortResult
 from lfed.engine.rule import LossTerm, _is_plain, _pick_rows
@@ -81,15 +82,16 @@ class VmapBackend(RecordedStep):
     def _client_loss(
         self, params: dict[str, Tensor], x: Tensor, y: Tensor, mask: Tensor, buffers: dict[str, Tensor]
     ) -> Tensor:
-        out = self._forward(params, buffers, x)
-        per_example = per_example_mean(self.loss_fn(out, y))
+        with local_autocast():  # a round's mixed precision: the forward and loss (lfed.engine.precision)
+            out = self._forward(params, buffers, x)
+            per_example = per_example_mean(self.loss_fn(out, y))
         return (per_example * mask).sum() / mask.sum().clamp_min(1)
 
     def _client_loss_with_term(
         self, params: dict[str, Tensor], x: Tensor, y: Tensor, mask: Tensor, buffers: dict[str, Tensor],
         term: LossTerm, aux: Any,
     ) -> Tensor:
-        with conv_forms(self.net, self._conv_choice):
+        with local_autocast(), conv_forms(self.net, self._conv_choice):
             if term.wants_model:  # the term reads a representation or runs the net with other rows
                 model = TermModel(self.net, self.layout, buffers, term.layer)
                 out, model.features = model.forward(params, x)
@@ -97,7 +99,7 @@ class VmapBackend(RecordedStep):
             else:
                 out = functional_call(self.net, (params, buffers), (x,))
                 extra = term.fn(params, out, x, y, aux)
-        per_example = per_example_mean(self.loss_fn(out, y)) + extra
+            per_example = per_example_mean(self.loss_fn(out, y)) + extra
         return (per_example * mask).sum() / mask.sum().clamp_min(1)
 
     def _train_vmap(self, w_start, data_x, data_y, index, positions, valid, steps, rule, lr) -> CohortResult:
