@@ -174,3 +174,37 @@ def test_16_mixed_on_the_cpu_is_lightnings_bf16_mixed():
         trainer = run_rounds(module, dm, rounds=3, precision="16-mixed")
     assert trainer.precision == "bf16-mixed" and BF16 in seen and torch.float16 not in seen
     assert module.layout.module_vector(module.net).dtype == torch.float32
+
+
+def test_the_float32_matmul_precision_is_the_users(monkeypatch):
+    """lfed sets no float32 matmul precision: the one the user set holds in the local steps and the round."""
+    inside, outside = [], []
+
+    class Probe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(64, 10)
+
+        def forward(self, x):
+            inside.append(torch.get_float32_matmul_precision())
+            return self.fc(x.flatten(1))
+
+    finish = lfed.run.FederatedRun.finish
+
+    def spy(self, *args, **kwargs):
+        outside.append(torch.get_float32_matmul_precision())
+        return finish(self, *args, **kwargs)
+
+    monkeypatch.setattr(lfed.run.FederatedRun, "finish", spy)
+    before = torch.get_float32_matmul_precision()
+    try:
+        for chosen in ("medium", "highest"):
+            torch.set_float32_matmul_precision(chosen)
+            inside.clear(), outside.clear()
+            module = FederatedModule(Probe(), fraction=0.5, client_lr=0.1, batch_size=10, local_steps=2)
+            run_rounds(module, FederatedDataModule(dataset="digits", num_clients=4, partition="iid"), rounds=2,
+                       precision="32-true")
+            assert inside and outside and set(inside) == set(outside) == {chosen}
+            assert torch.get_float32_matmul_precision() == chosen
+    finally:
+        torch.set_float32_matmul_precision(before)
