@@ -174,6 +174,17 @@ def test_conv_forms_computes_modules_in_the_matmul_form_and_puts_them_back(mode)
     assert seen == []
 
 
+def test_under_autocast_the_matmul_form_computes_in_autocasts_dtype_as_conv2d():
+    x, w, b, kw = (t.float() if isinstance(t, torch.Tensor) else t for t in _case("groups2"))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref, got = F.conv2d(x, w, b, **kw), conv2d_matmul(x, w, b, **kw)
+    assert ref.dtype == got.dtype == torch.bfloat16
+    # the same products of bfloat16 operands, summed in another order: round-off of bfloat16's 8 bits
+    assert _rel(got.float(), ref.float()) < 2e-2
+    exact = F.conv2d(x.bfloat16().double(), w.bfloat16().double(), b.bfloat16().double(), **kw)
+    assert _rel(got.double(), exact) < 1e-2 and _rel(got.double(), F.conv2d(x.double(), w.double(), b.double(), **kw)) > 1e-4
+
+
 def test_auto_form_is_a_rule_of_the_device():
     assert choose_form(torch.device("cpu")) == "native"
     assert choose_form(torch.device("cuda", 0)) == "matmul"
@@ -261,3 +272,26 @@ def test_the_form_can_be_forced_by_the_environment(monkeypatch):
     monkeypatch.setenv("LFED_CONV_FORM", "fast")
     with pytest.raises(ValueError, match="LFED_CONV_FORM: 'fast'"):
         _train(CohortTrainer(net, backend="vmap"), net, X, Y, idx, torch.full((2,), 1))
+
+
+def test_the_matmul_form_in_a_mixed_precision_round():
+    from lfed.engine import round_precision
+
+    torch.manual_seed(0)
+    net = SmallCNN()
+    X, Y, idx = (t.float() if t.is_floating_point() else t for t in _cohort(net, (1, 8, 8), K=3, n=6))
+    steps = torch.full((3,), 4)
+    got = {}
+    with torch.autocast("cpu", dtype=torch.bfloat16), round_precision():
+        for form, trace in (("matmul", True), ("matmul", False), ("native", True)):
+            trainer = CohortTrainer(net, backend="vmap", trace=trace)
+            trainer.conv_form = form
+            got[form, trace] = _train(trainer, net, X, Y, idx, steps).weights
+            if trace:
+                assert [g is not None for g in trainer._traced.values()] == [True]
+    full = _train(CohortTrainer(net, backend="vmap"), net, X, Y, idx, steps).weights
+    assert got["matmul", True].dtype == torch.float32
+    assert torch.equal(got["matmul", True], got["matmul", False])  # recorded under autocast, replayed bit for bit
+    moved = (full - trainer.layout.module_vector(net)).abs().max()
+    for w in (got["matmul", True], got["native", True]):  # both forms: bfloat16's round-off of the float32 step
+        assert 0 < (w - full).abs().max() < 0.1 * moved

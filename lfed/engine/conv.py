@@ -15,9 +15,10 @@ one batched matrix product over the cohort: a fixed number of kernels whatever `
 
 The rule (``"auto"``): on CUDA the matmul form (cuDNN runs the native form's grouped convolution as
 one kernel per client: issue 37's profile, 250 kernels a round at K = 50); on any other device the
-native form (on a CPU the grouped convolution is one oneDNN call already; a SmallCNN cohort's
-recorded step, K = 50, B = 20, one thread, took the same time in both forms, and PflCNN's about 3%
-longer in the matmul form). The choice is a rule of the device, not a timing, because the two
+native form (on a CPU the grouped convolution is one oneDNN call already, and the forms took the
+same time within 1%: the recorded step of a cohort of K = 50, B = 20, medians of 7, SmallCNN
+29.3 ms native against 29.4 ms matmul on one thread, 18.0 against 17.9 on two, PflCNN on 16x16
+images 609 against 614 ms). The choice is a rule of the device, not a timing, because the two
 forms round differently in float32: a choice made by timing could differ between two runs of one
 configuration (or a run and its resume) and change their results. The engine still keeps it per
 convolution's (shapes, device, dtype), so a rule that depends on the shapes changes nothing else.
@@ -58,10 +59,16 @@ def conv2d_matmul(
     ``x`` is ``[B, C, H, W]`` (or ``[C, H, W]``), ``weight`` ``[O, C / groups, kh, kw]``. The columns
     of each group are laid out ``[groups, C / groups * kh * kw, B * L]`` so the product is one
     ``[groups, O / groups, .] @ [groups, ., B * L]``: under ``vmap`` over the weight (and ``x``) a
-    single batched product over the cohort.
+    single batched product over the cohort. Under ``torch.autocast`` it computes in autocast's dtype, as
+    ``F.conv2d`` does (the unfold too, and the output has that dtype).
     """
     if x.dim() == 3:
         return conv2d_matmul(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0)
+    device = x.device.type
+    if torch.is_autocast_enabled(device) and x.is_floating_point():  # as autocast casts F.conv2d's operands
+        dtype = torch.get_autocast_dtype(device)
+        x, weight = x.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
     kernel, stride, dilation = tuple(weight.shape[2:]), _pair(stride), _pair(dilation)
     if isinstance(padding, str):
         if padding == "same":
