@@ -131,6 +131,10 @@ def test_matmul_form_under_vmap_is_a_loop_of_conv2d_per_client(name):
     shared = vmap(lambda w, b: conv2d_matmul(x0, w, b, **kw))(W, Bs)
     for k in range(K):
         assert _rel(shared[k], F.conv2d(x0, W[k], Bs[k], **kw)) < 1e-12
+    # the input alone batched (a term running every client's data through one shared row: the global model)
+    one = vmap(lambda x: conv2d_matmul(x, w0, b0, **kw))(X)
+    for k in range(K):
+        assert _rel(one[k], F.conv2d(X[k], w0, b0, **kw)) < 1e-12
 
 
 @pytest.mark.parametrize("stride,padding,dilation,groups", [(1, 1, 1, 1), (2, 0, 2, 2), (1, "same", 3, 1), (1, "valid", 1, 3)])
