@@ -299,3 +299,20 @@ def test_the_matmul_form_in_a_mixed_precision_round():
     moved = (full - trainer.layout.module_vector(net)).abs().max()
     for w in (got["matmul", True], got["native", True]):  # both forms: bfloat16's round-off of the float32 step
         assert 0 < (w - full).abs().max() < 0.1 * moved
+
+
+def test_the_activation_measurement_sees_the_form_the_step_runs():
+    """The chunk's memory bound (CohortTrainer._saved_bytes) measures the form in use: the matmul form saves the
+    unfolded input (kh * kw times the input of a 3x3 convolution) where the native form saves the input."""
+    net = SmallCNN().double()
+    X, Y, idx = _cohort(net, (1, 8, 8), K=2, n=6)
+    positions = torch.arange(6).view(1, 1, 6).expand(2, 1, 6)
+    saved = {}
+    for form in ("native", "matmul"):
+        trainer = CohortTrainer(net, backend="vmap")
+        trainer.conv_form = form
+        w0 = trainer.layout.module_vector(net)
+        saved[form] = trainer._saved_bytes(w0, X, Y, idx, positions, torch.ones(2, 1, 6, dtype=torch.bool), 0)
+    # in doubles: conv1 saves its columns [6, 9, 64] for the weight's gradient instead of its input [6, 1, 64],
+    # conv2 its columns [6, 144, 16] instead of its input [6, 16, 16]
+    assert saved["matmul"] - saved["native"] == 8 * (6 * 9 * 64 - 6 * 64) + 8 * (6 * 144 * 16 - 6 * 16 * 16)
