@@ -22,6 +22,11 @@ images 609 against 614 ms). The choice is a rule of the device, not a timing, be
 forms round differently in float32: a choice made by timing could differ between two runs of one
 configuration (or a run and its resume) and change their results. The engine still keeps it per
 convolution's (shapes, device, dtype), so a rule that depends on the shapes changes nothing else.
+
+Memory: the matmul form saves the unfolded input for the weight's gradient, ``kh * kw`` times the
+input of the convolution (9x for 3x3). The engine's chunks are sized by one client's saved tensors
+measured in the form the step runs (:meth:`CohortTrainer._saved_bytes`), so they stay within the
+activation budget.
 """
 
 from __future__ import annotations
