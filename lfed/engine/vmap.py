@@ -3,7 +3,8 @@
 The K clients' parameters are one ``[K, P]`` tensor; each local step runs over the stacked
 parameters and a gathered ``[K, B, ...]`` batch (recorded and replayed where it can be:
 :mod:`lfed.engine.recorded`). Clients that completed fewer steps (stragglers) drop out of the
-computation of later steps.
+computation of later steps. The client losses run the net's convolutions in the form
+:mod:`lfed.engine.conv` chooses, and under a round's mixed precision (:mod:`lfed.engine.precision`).
 """
 
 from __future__ import annotations
