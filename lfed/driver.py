@@ -29,6 +29,7 @@ from torch import nn
 from lfed.algorithms import CompositionWarning
 from lfed.ddp import prepare_strategy
 from lfed.distributed import Ranks
+from lfed.engine.precision import round_precision
 from lfed.evaluation import check_trainer_schedule, request_final_evaluation
 from lfed.fingerprint import run_fingerprint, verify_fingerprint
 from lfed.lockstep import train_together
@@ -182,6 +183,7 @@ class FederatedDriver(LightningModule):
         ms = getattr(self.trainer, "max_steps", -1)
         return ms if ms and ms > 0 else None
 
+    @round_precision()  # mixed precision: autocast in the local steps only, the rest of the round in float32
     def training_step(self, batch: Any, batch_idx: int) -> None:
         """One federated round (SPEC §1) of every running run, their cohorts trained together."""
         r, ranks, total = int(self.global_step), Ranks.of(self), self._total_rounds()

@@ -30,14 +30,20 @@ The parts, one concept a module:
 * :mod:`lfed.engine.result`: what training returns (:class:`CohortResult`);
 * :mod:`lfed.engine.vmap`: the ``vmap`` backend;
 * :mod:`lfed.engine.recorded`: the ``vmap`` backend's recorded step (record once per shape, replay);
+* :mod:`lfed.engine.conv`: the ``vmap`` backend's convolutions as unfold + one batched matmul over
+  the cohort (:func:`conv2d_matmul`, :func:`conv1d_matmul`), and the choice of that form or torch's;
+* :mod:`lfed.engine.precision`: mixed precision (autocast) in the local steps only, float32 for the
+  rest of a round (:func:`round_precision`, :func:`local_autocast`);
 * :mod:`lfed.engine.loop`: the ``loop`` backend (and :func:`has_running_stats`);
 * :mod:`lfed.engine.trainer`: :class:`CohortTrainer`, chunking and the choice of backend.
 
 Every name is importable from ``lfed.engine``; patch a name where it is used (its module above).
 """
 
+from lfed.engine.conv import conv1d_matmul, conv2d_matmul
 from lfed.engine.loop import has_running_stats
 from lfed.engine.losses import LossFn, as_per_example_loss, per_example_cross_entropy, per_example_mean
+from lfed.engine.precision import local_autocast, round_precision
 from lfed.engine.result import CohortResult
 from lfed.engine.rule import LossTerm, StepRule
 from lfed.engine.rule import _apply_step_ as _apply_step_  # private, imported from here by tests/test_engine.py
@@ -53,8 +59,12 @@ __all__ = [
     "StepRule",
     "as_per_example_loss",
     "batch_schedule",
+    "conv1d_matmul",
+    "conv2d_matmul",
     "has_running_stats",
+    "local_autocast",
     "per_example_cross_entropy",
     "per_example_mean",
+    "round_precision",
     "steps_per_epoch",
 ]

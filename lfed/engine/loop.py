@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from lfed.engine.losses import per_example_mean
+from lfed.engine.precision import local_autocast
 from lfed.engine.result import CohortResult
 from lfed.engine.rule import _apply_step_, _is_plain
 from lfed.engine.term import TermModel
@@ -99,18 +100,19 @@ class LoopBackend:
                         xs, ys = data_x[ex[k, t : t + _LOOP_GATHER_STEPS]], data_y[ex[k, t : t + _LOOP_GATHER_STEPS]]
                     c, i = counts[k][t], t % _LOOP_GATHER_STEPS  # step t uses the first c (valid) rows of its batch
                     x_t, y_t = (xs[i], ys[i]) if c == B else (xs[i, :c], ys[i, :c])
-                    if term is None:
-                        loss = self.loss_fn(work(x_t), y_t).mean()
-                    else:
-                        named = dict(zip(self.layout.names, params))
-                        if term.wants_model:  # the term reads a representation or runs the net with other rows
-                            model = TermModel(work, self.layout, work_buffers, term.layer)
-                            out, model.features = model.forward(named, x_t)
-                            extra = term.fn(named, out, x_t, y_t, aux_k, model)
+                    with local_autocast():  # a round's mixed precision: the forward and loss (lfed.engine.precision)
+                        if term is None:
+                            loss = self.loss_fn(work(x_t), y_t).mean()
                         else:
-                            out = work(x_t)
-                            extra = term.fn(named, out, x_t, y_t, aux_k)
-                        loss = (per_example_mean(self.loss_fn(out, y_t)) + extra).mean()
+                            named = dict(zip(self.layout.names, params))
+                            if term.wants_model:  # the term reads a representation or runs the net with other rows
+                                model = TermModel(work, self.layout, work_buffers, term.layer)
+                                out, model.features = model.forward(named, x_t)
+                                extra = term.fn(named, out, x_t, y_t, aux_k, model)
+                            else:
+                                out = work(x_t)
+                                extra = term.fn(named, out, x_t, y_t, aux_k)
+                            loss = (per_example_mean(self.loss_fn(out, y_t)) + extra).mean()
                     grads = torch.autograd.grad(loss, params)
                     with torch.no_grad():
                         if plain:

@@ -2,14 +2,17 @@
 
 :class:`RecordedStep` (a part of :class:`~lfed.engine.CohortTrainer`) records the eager
 vmapped step with ``torch.fx`` ``make_fx`` the first time it sees a key (shapes, dtypes,
-device, train/eval mode), checks the recording bit for bit against the eager step, and replays
-it afterwards; models with hooks, and steps on part of a cohort, run eagerly.
+device, train/eval mode, the convolutions' form setting, autocast), checks the recording bit
+for bit against the eager step, and replays it afterwards; models with hooks, and steps on part
+of a cohort, run eagerly.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+
+from lfed.engine.precision import precision_key
 
 
 def _has_hooks(net: nn.Module) -> bool:
@@ -44,8 +47,8 @@ def _set_rng_state(state, device: torch.device) -> None:
 class RecordedStep:
     """The recording fast path of the vmap backend's local step (a part of :class:`~lfed.engine.CohortTrainer`).
 
-    Uses the trainer's ``net``, ``trace``, ``_traced`` (the cache of recordings by key) and
-    ``_vmapped`` (the eager step).
+    Uses the trainer's ``net``, ``trace``, ``_traced`` (the cache of recordings by key),
+    ``_vmapped`` (the eager step) and ``_conv_setting()`` (the convolutions' form, part of the key).
     """
 
     def _step(self, params, x, y, mask, buffers, whole: bool):
@@ -56,6 +59,7 @@ class RecordedStep:
             tuple((k, tuple(v.shape), v.dtype) for k, v in params.items()),
             tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, mask.dtype, x.device,
             tuple((k, tuple(b.shape), b.dtype) for k, b in buffers.items()), self.net.training,
+            self._conv_setting(), precision_key(),
         )
         fn = self._traced.get(key)
         if fn is not None and not _has_hooks(self.net):

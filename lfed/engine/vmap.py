@@ -3,18 +3,22 @@
 The K clients' parameters are one ``[K, P]`` tensor; each local step runs over the stacked
 parameters and a gathered ``[K, B, ...]`` batch (recorded and replayed where it can be:
 :mod:`lfed.engine.recorded`). Clients that completed fewer steps (stragglers) drop out of the
-computation of later steps.
+computation of later steps. The client losses run the net's convolutions in the form
+:mod:`lfed.engine.conv` chooses, and under a round's mixed precision (:mod:`lfed.engine.precision`).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.func import functional_call
 
+from lfed.engine.conv import CONV_FORMS, choose_form, conv_forms
 from lfed.engine.losses import per_example_mean
+from lfed.engine.precision import local_autocast
 from lfed.engine.recorded import RecordedStep
 from lfed.engine.result import CohortResult
 from lfed.engine.rule import LossTerm, _is_plain, _pick_rows
@@ -38,27 +42,66 @@ class VmapBackend(RecordedStep):
 
     Uses the trainer's ``net``, ``loss_fn``, ``layout``, ``_buffers()`` and ``_vmapped`` /
     ``_vmapped_term`` (``vmap(grad_and_value(...))`` of the client losses below).
+
+    The client losses run the net's ``Conv1d`` / ``Conv2d`` in the form :mod:`lfed.engine.conv`
+    chooses: ``conv_form`` ``"auto"`` (the default; the environment variable ``LFED_CONV_FORM``
+    may name a form instead) decides once per convolution's (shapes, device, dtype) and keeps the
+    choice in ``_conv_choices``; ``"matmul"`` or ``"native"`` force one form.
     """
+
+    #: ``"auto"``, ``"matmul"`` or ``"native"`` (:data:`lfed.engine.conv.CONV_FORMS`): the form of the convolutions.
+    conv_form: str = "auto"
+
+    def _conv_setting(self) -> str:
+        """``conv_form``, or ``LFED_CONV_FORM`` where it is ``"auto"`` and the variable is set."""
+        setting = self.conv_form
+        if setting == "auto":
+            setting = os.environ.get("LFED_CONV_FORM", "") or "auto"
+        if setting not in CONV_FORMS:
+            raise ValueError(f"conv_form / LFED_CONV_FORM: {setting!r} is not one of {CONV_FORMS}")
+        return setting
+
+    def _conv_choice(self, module: Any, x: Tensor, weight: Tensor) -> str:
+        """The form of one convolution: forced by :meth:`_conv_setting`, or chosen once per (shapes, device, dtype)."""
+        setting = self._conv_setting()
+        if setting != "auto":
+            return setting
+        key = (type(module).__name__, tuple(x.shape), tuple(weight.shape), module.stride, module.padding,
+               module.dilation, module.groups, module.padding_mode, x.device, x.dtype)
+        choices = self.__dict__.setdefault("_conv_choices", {})
+        form = choices.get(key)
+        if form is None:
+            if len(choices) >= 64:  # a bounded cache: a net has few convolutions, shapes change rarely
+                choices.pop(next(iter(choices)))
+            form = choices[key] = choose_form(x.device)
+        return form
+
+    def _forward(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor) -> Tensor:
+        """The net on ``x`` with ``params`` and ``buffers``, its convolutions in the chosen form."""
+        with conv_forms(self.net, self._conv_choice):
+            return functional_call(self.net, (params, buffers), (x,))
 
     def _client_loss(
         self, params: dict[str, Tensor], x: Tensor, y: Tensor, mask: Tensor, buffers: dict[str, Tensor]
     ) -> Tensor:
-        out = functional_call(self.net, (params, buffers), (x,))
-        per_example = per_example_mean(self.loss_fn(out, y))
+        with local_autocast():  # a round's mixed precision: the forward and loss (lfed.engine.precision)
+            out = self._forward(params, buffers, x)
+            per_example = per_example_mean(self.loss_fn(out, y))
         return (per_example * mask).sum() / mask.sum().clamp_min(1)
 
     def _client_loss_with_term(
         self, params: dict[str, Tensor], x: Tensor, y: Tensor, mask: Tensor, buffers: dict[str, Tensor],
         term: LossTerm, aux: Any,
     ) -> Tensor:
-        if term.wants_model:  # the term reads a representation or runs the net with other rows
-            model = TermModel(self.net, self.layout, buffers, term.layer)
-            out, model.features = model.forward(params, x)
-            extra = term.fn(params, out, x, y, aux, model)
-        else:
-            out = functional_call(self.net, (params, buffers), (x,))
-            extra = term.fn(params, out, x, y, aux)
-        per_example = per_example_mean(self.loss_fn(out, y)) + extra
+        with local_autocast(), conv_forms(self.net, self._conv_choice):
+            if term.wants_model:  # the term reads a representation or runs the net with other rows
+                model = TermModel(self.net, self.layout, buffers, term.layer)
+                out, model.features = model.forward(params, x)
+                extra = term.fn(params, out, x, y, aux, model)
+            else:
+                out = functional_call(self.net, (params, buffers), (x,))
+                extra = term.fn(params, out, x, y, aux)
+            per_example = per_example_mean(self.loss_fn(out, y)) + extra
         return (per_example * mask).sum() / mask.sum().clamp_min(1)
 
     def _train_vmap(self, w_start, data_x, data_y, index, positions, valid, steps, rule, lr) -> CohortResult:
