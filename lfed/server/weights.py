@@ -107,7 +107,7 @@ def size_weights(num_examples: Tensor, *, dtype: torch.dtype | None = None) -> T
     _check_nonnegative("num_examples", num_examples)
     n = num_examples.to(torch.float64)
     total = n.sum()
-    if not bool(total > 0):
+    if not (total > 0).tolist():
         raise ValueError(f"num_examples must have a positive sum, got {num_examples.tolist()}")
     return (n / total).to(_out_dtype(dtype))
 
@@ -183,10 +183,10 @@ def label_distance(client_label_counts: Tensor, population_label_counts: Tensor)
     counts = client_label_counts.to(torch.float64)
     pop = population_label_counts.to(torch.float64).to(counts.device)
     rows = counts.sum(dim=1)
-    if bool((rows <= 0).any()):
+    if (rows <= 0).any().tolist():  # host values in a round (lfed.host)
         empty = torch.nonzero(rows <= 0).flatten().tolist()
         raise ValueError(f"client_label_counts has clients with no examples (rows {empty})")
-    if not bool(pop.sum() > 0):
+    if not (pop.sum() > 0).tolist():
         raise ValueError("population_label_counts must have a positive sum")
     p_k = counts / rows[:, None]
     p = pop / pop.sum()
@@ -215,7 +215,7 @@ def ish(distance: Tensor, num_counting: int) -> Tensor:
     if isinstance(num_counting, bool) or not isinstance(num_counting, int) or num_counting < 1:
         raise ValueError(f"num_counting must be an int >= 1, got {num_counting!r}")
     d = distance.to(torch.float64)
-    if not bool(torch.isfinite(d).all()) or bool(((d < 0) | (d > 2 + 1e-12)).any()):
+    if not torch.isfinite(d).all().tolist() or ((d < 0) | (d > 2 + 1e-12)).any().tolist():
         raise ValueError(f"distance must lie in [0, 2] (a sum of absolute differences of two "
                          f"distributions), got {distance.tolist()}")
     return ((1.0 - d / num_counting) / (1.0 + d)).clamp_min(0.0)
@@ -258,7 +258,7 @@ def dwfed_weights(
         if mask.dtype != torch.bool or mask.shape != distance.shape:
             raise ValueError(f"mask must be a bool tensor of shape {tuple(distance.shape)}, "
                              f"got dtype {mask.dtype} and shape {tuple(mask.shape)}")
-    counted = int(mask.sum())
+    counted = mask.sum().tolist()
     if num_counting is None:
         num_counting = counted
     elif num_counting != counted:
@@ -268,7 +268,7 @@ def dwfed_weights(
         return torch.zeros_like(distance, dtype=out_dtype)
     index = ish(distance, num_counting) * mask.to(torch.float64)
     total = index.sum()
-    if not bool(total > 0):
+    if not (total > 0).tolist():
         warnings.warn(
             f"every counting client's ISH is 0 (K={num_counting}, D={distance.tolist()}); "
             "DWFed falls back to uniform weights this round",
