@@ -20,6 +20,7 @@ from torch import Tensor
 
 from lfed.communication import CommunicationMeter, rounds_to_reach
 from lfed.component import Cohort, Component, standalone_store
+from lfed.host import device_rows, values
 from lfed.state import StateSpec
 from lfed.stragglers import Stragglers
 
@@ -426,8 +427,11 @@ class AttentionSampler(ClientSampler):
     def observe(self, cohort: Cohort, client_weights: Tensor, w_new: Tensor) -> None:
         """AdaFL scores (SPEC §5) move only for clients whose model the server received and used:
         an inactive or dropped client uploaded nothing, so it has no distance and keeps its score."""
-        counting = cohort.counting
-        self.update(cohort.clients[counting], (client_weights[counting] - w_new).norm(dim=1))
+        host = cohort.host_values()
+        if not any(values(host.counting)):
+            return
+        rows = device_rows(host.counting, client_weights.device)  # no boolean mask: no device read (lfed.host)
+        self._update(cohort.clients[rows.to(cohort.clients.device)], (client_weights[rows] - w_new).norm(dim=1))
 
     def _load_from_state_dict(
         self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
@@ -484,8 +488,15 @@ class AttentionSampler(ClientSampler):
         d = distances.to(device=scores.device, dtype=torch.float64)
         if not bool(torch.isfinite(d).all()) or bool((d < 0).any()):
             raise ValueError(f"distances must be finite and >= 0, got {distances.tolist()}")
+        self._update(sampled, d)
+
+    @torch.no_grad()
+    def _update(self, sampled: Tensor, distances: Tensor) -> None:
+        """:meth:`update` without its checks (the round's own distinct clients and norms), with no device read:
+        the uniform fall-back for zero distances is a ``torch.where``."""
+        d = distances.to(device=self.state("scores").device, dtype=torch.float64)
         total_d = d.sum()
-        shares = d / total_d if bool(total_d > 0) else torch.full_like(d, 1.0 / d.numel())
+        shares = torch.where(total_d > 0, d / total_d, torch.full_like(d, 1.0 / d.numel()))
         a = self.rows("scores", sampled)
         self.write_rows("scores", sampled, self.alpha * a + (1.0 - self.alpha) * shares * a.sum())
 
