@@ -72,7 +72,8 @@ def _module(algorithm: str):
     return FederatedModule(net=net, **kwargs), FederatedDataModule(**data)
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "dp_fedavg", "dp_adaptive", "ditto", "lora"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "dp_fedavg", "dp_adaptive", "ditto", "lora",
+                                       "efl", "adafl", "dwfed", "igfl", "feddyn"])
 def test_a_round_reads_no_device_scalar(algorithm):
     """At most 2 scalar reads per training step (issue 37's bound; there were 37 for FedAvg): the round's checks
     run on host values and its metrics reach the host in one transfer (``lfed.host.read_metrics``)."""

@@ -62,12 +62,12 @@ def fisher_diagonal(
         raise ValueError(f"num_samples: must be >= 1, got {num_samples}")
     K, P = weights.shape
     n = num_examples.detach().cpu().long()
-    max_n = int(n.max())
+    max_n = max(n.tolist(), default=0)  # the round gives the host sizes (lfed.host)
     S = min(int(num_samples), max_n)
     keys = torch.rand(K, max_n, generator=generator, dtype=torch.float64)
     keys.masked_fill_(torch.arange(max_n) >= n[:, None], math.inf)
-    pos = keys.argsort(dim=1)[:, :S].to(index.device)
-    count = torch.minimum(n, torch.tensor(S)).to(weights.device, weights.dtype)
+    pos = keys.argsort(dim=1)[:, :S].to(index.device, non_blocking=True)
+    count = torch.minimum(n, torch.tensor(S)).to(weights.device, weights.dtype, non_blocking=True)
     valid = (torch.arange(S)[None, :] < n[:, None].clamp(max=S)).to(weights.device, weights.dtype)
     idx = index.gather(1, pos)
     if rows is not None:

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from lfed.component import Cohort, Component, LocalWork
 from lfed.engine import LossTerm, StepRule
+from lfed.host import device_rows, values
 from lfed.rng import round_generator, seeded_global_rng
 from lfed.state import StateSpec, check_state_shapes
 from lfed.validation import integer, number
@@ -243,20 +244,23 @@ class EFL(ClientRule):
             return StepRule()
         return StepRule(decay=self.lam * self.state("fisher_u_sum"), shift=-self.lam * self.state("fisher_v_sum"))
 
-    def round_metrics(self, cohort: Cohort, lr: float) -> dict[str, float]:
-        """``efl/max_lr_lambda_u``: ``max_i η λ U_i`` of this round's step (stable only below 2, SPEC §2 efl)."""
-        return {"efl/max_lr_lambda_u": float(lr * self.lam * self.state("fisher_u_sum").max())}
+    def round_metrics(self, cohort: Cohort, lr: float) -> dict[str, float | Tensor]:
+        """``efl/max_lr_lambda_u``: ``max_i η λ U_i`` of this round's step (stable only below 2, SPEC §2 efl);
+        a device value, read with the round's other metrics (:mod:`lfed.host`)."""
+        return {"efl/max_lr_lambda_u": lr * self.lam * self.state("fisher_u_sum").max()}
 
     def after_local(self, cohort: Cohort, w_start: Tensor, w_end: Tensor, lr: float, local: LocalWork) -> None:
         from lfed.client.fisher import FisherJob, fisher_cohort
 
-        active = cohort.active
-        if not bool(active.any()):
+        host = cohort.host_values()
+        if not any(values(host.active)):
             return
-        clients = cohort.clients[active]
+        active = device_rows(host.active, w_end.device)  # rows, not a boolean mask: no device read (lfed.host)
+        clients = cohort.clients[active.to(cohort.clients.device)]
         with seeded_global_rng(local.seed, local.round, "fisher_dropout", w_end.device):  # a model's dropout
-            job = FisherJob(w_end[active], local.data_x, local.data_y, local.index[active], cohort.num_examples[active],
-                            self.fisher_samples, round_generator(local.seed, local.round, "fisher"))
+            job = FisherJob(w_end[active], local.data_x, local.data_y, local.index[active.to(local.index.device)],
+                            host.num_examples[host.active], self.fisher_samples,
+                            round_generator(local.seed, local.round, "fisher"))
             u = fisher_cohort(local.engine, local.ranks, job)  # the clients' reports, split over the ranks like training
         v = u * w_end[active]
         self.set_state("fisher_u_sum", self.state("fisher_u_sum") + (u - self.rows("fisher_u", clients)).sum(0))

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from lfed.component import Cohort, Component
+from lfed.host import device_rows
 from lfed.server import compression as c
 from lfed.state import StateSpec
 
@@ -70,8 +71,8 @@ class TernaryTopK(Channel):
 
     def upstream(self, updates: Tensor, cohort: Cohort, sizes: Sequence[int]) -> Tensor:
         sent = torch.zeros_like(updates)
-        counting = cohort.counting
-        ids = cohort.clients[counting]
+        counting = device_rows(cohort.host_values().counting, updates.device)  # rows, not a mask: no device read
+        ids = cohort.clients[counting.to(cohort.clients.device)]
         out, residual = c.compress_with_residual(updates[counting], self.rows("client_residual", ids), sizes, self.sparsity)
         sent[counting] = out
         self.write_rows("client_residual", ids, residual)
