@@ -29,7 +29,7 @@ from torch import nn
 from lfed.algorithms import CompositionWarning
 from lfed.ddp import prepare_strategy
 from lfed.distributed import Ranks
-from lfed.engine.precision import round_precision
+from lfed.engine.precision import release_loss_scaler, round_precision
 from lfed.evaluation import check_trainer_schedule, request_final_evaluation
 from lfed.fingerprint import run_fingerprint, verify_fingerprint
 from lfed.lockstep import train_together
@@ -165,6 +165,9 @@ class FederatedDriver(LightningModule):
 
         prepare_strategy(self.trainer)
         check_trainer_schedule(self.trainer)
+        scaler_message = release_loss_scaler(self.trainer)  # 16-mixed on a GPU (lfed.engine.precision)
+        if scaler_message:
+            rank_zero_warn("lfed: " + scaler_message)
         self._device_data()
         for run in self.runs:
             for message in run.start(run.data, self._total_rounds()):  # settings that make no sense together

@@ -208,3 +208,25 @@ def test_the_float32_matmul_precision_is_the_users(monkeypatch):
             assert torch.get_float32_matmul_precision() == chosen
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_16_mixed_with_lightnings_loss_scaler_trains_and_says_the_scaler_is_not_used():
+    """``16-mixed`` on a GPU comes with Lightning's GradScaler, whose first step failed in lfed's round ("Attempted
+    unscale_ but _scale is None": the round has no loss for it): the CPU's GradScaler stands in for CUDA's."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    from lfed.data.datamodule import FederatedDataModule
+    from lfed.models import MLP
+    from lfed.module import FederatedModule
+
+    pl.seed_everything(0)
+    module = FederatedModule(net=MLP(64, [32], 10), fraction=0.25)
+    plugin = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
+    trainer = pl.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, limit_val_batches=0, plugins=[plugin])
+    with pytest.warns(UserWarning, match="loss scaler is not used"):
+        trainer.fit(module, datamodule=FederatedDataModule(dataset="digits", num_clients=20))
+    assert module.rounds_done == 3 and plugin.scaler is None
+    w = module.layout.module_vector(module.net)
+    assert w.dtype == torch.float32 and bool(torch.isfinite(w).all())

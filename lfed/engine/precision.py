@@ -31,7 +31,7 @@ from contextvars import ContextVar
 
 import torch
 
-__all__ = ["local_autocast", "precision_key", "round_precision"]
+__all__ = ["local_autocast", "precision_key", "release_loss_scaler", "round_precision"]
 
 #: The device types whose autocast a round switches off and its local steps switch on again.
 _DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps")
@@ -78,3 +78,22 @@ def local_autocast() -> Iterator[None]:
 def precision_key() -> tuple:
     """The autocast a local step would run under here: the remembered one and the ambient one."""
     return _REMEMBERED.get(), _ambient()
+
+
+def release_loss_scaler(trainer) -> str | None:
+    """Take Lightning's ``GradScaler`` off the trainer's precision plugin (``16-mixed`` on a GPU); the message that says so.
+
+    Lightning gives ``16-mixed`` a loss scaler that unscales and checks the gradients of its optimizer at
+    every step. lfed's round has no such gradients (the local steps are lfed's own SGD; the server
+    optimizer steps inside the round on the pseudo-gradient), so the scaler's first step fails ("Attempted
+    unscale_ but _scale is None"). Without it the round runs as under ``bf16-mixed``: the local steps under
+    float16 autocast, with no loss scaling; a gradient that overflows stops the run (non-finite updates),
+    one that underflows is lost. None when the plugin has no scaler.
+    """
+    plugin = getattr(trainer, "precision_plugin", None)
+    if getattr(plugin, "scaler", None) is None:
+        return None
+    plugin.scaler = None
+    return (f"precision={getattr(plugin, 'precision', '16-mixed')}: Lightning's loss scaler is not used (lfed's local "
+            "steps are its own SGD, the round has no loss for it to scale): the local steps run under float16 "
+            "autocast without loss scaling, so small gradients can underflow; bf16-mixed has the range of float32")
