@@ -42,7 +42,9 @@ failed).
    excluded, synchronized on CUDA) and peak device memory (``max_memory_allocated``, reset per case;
    on the CPU the peak RSS, reset per case through /proc/self/clear_refs where Linux allows it) at
    cohorts 50, 200 and 1,000 of:
-   * lfed vmap, lfed loop (``FederatedModule`` under a Lightning ``Trainer``);
+   * lfed vmap, lfed loop (``FederatedModule`` under a Lightning ``Trainer``); at the smallest cohort also
+     lfed vmap with its convolutions forced to each form (``LFED_CONV_FORM=native`` / ``matmul``,
+     :mod:`lfed.engine.conv`: torch's grouped convolution against unfold + one batched matmul);
    * hand vmap: the ~60 lines of plain PyTorch of ../shared/gpu/2026-11-26-h200/README.md section 3
      (:meth:`Suite.hand_vmap_case`: the cohort's weights stacked, one eager ``vmap(grad(loss))`` per
      local step, SGD in place, the mean as the new model, the examples gathered from one device tensor);
@@ -635,14 +637,25 @@ class Suite:
 
         return Clock()
 
-    def lfed_case(self, backend: str, cohort: int, precision: str = "32-true") -> dict:
+    def lfed_case(self, backend: str, cohort: int, precision: str = "32-true", conv_form: str | None = None) -> dict:
+        """``conv_form``: the vmap backend's form of the convolutions (lfed.engine.conv; None: lfed's rule, on CUDA
+        the batched matmul), set through ``LFED_CONV_FORM`` for this case only."""
         s = self.s
         clock = self.clock(s.warmup, self.args.case_cap_s)
         m = self.pfl_module(backend, cohort)
         reset_peak(self.device)
         start = time.perf_counter()
-        trainer_for(self.device, s.warmup + s.timed, precision, evaluate_every=s.evaluate_every,
-                    callbacks=[clock]).fit(m, datamodule=self.pfl_data()())
+        before = os.environ.get("LFED_CONV_FORM")
+        if conv_form is not None:
+            os.environ["LFED_CONV_FORM"] = conv_form
+        try:
+            trainer_for(self.device, s.warmup + s.timed, precision, evaluate_every=s.evaluate_every,
+                        callbacks=[clock]).fit(m, datamodule=self.pfl_data()())
+        finally:
+            if before is None:
+                os.environ.pop("LFED_CONV_FORM", None)
+            else:
+                os.environ["LFED_CONV_FORM"] = before
         timed = clock.rounds[s.warmup:]
         return {"steady_s_per_round": statistics.median(timed), "timed_rounds": timed, "warmup_rounds": clock.rounds[:s.warmup],
                 "eval_s": clock.evals, "wall_s": time.perf_counter() - start, "backend_used": getattr(m.runs[0].engine, "backend", backend),
@@ -893,11 +906,15 @@ class Suite:
                            "torch.utils.flop_counter.FlopCounterMode: matrix products and convolutions only) / steady s per round")
         last: dict[str, tuple[int, float]] = {}
         methods = {"lfed vmap": lambda k: self.lfed_case("vmap", k), "lfed loop": lambda k: self.lfed_case("loop", k),
+                   "lfed vmap, native conv": lambda k: self.lfed_case("vmap", k, conv_form="native"),
+                   "lfed vmap, matmul conv": lambda k: self.lfed_case("vmap", k, conv_form="matmul"),
                    "plain loop": self.plain_case, "hand vmap": self.hand_vmap_case, "centralized": self.centralized_case,
                    "pfl (1 process)": self.pfl_case}
         # cheap and telling first: vmap at every cohort, the hand-written vmap and the centralized step, pfl at the
         # smallest cohort, then the loops, the grid, the loops and pfl at the largest cohort last
         order = [("lfed vmap", k) for k in s.cohorts]
+        # the convolutions' two forms (lfed.engine.conv) forced, at the smallest cohort: the rule's choice against the other
+        order += [("lfed vmap, native conv", s.cohorts[0]), ("lfed vmap, matmul conv", s.cohorts[0])]
         order += [(m, k) for m in ("hand vmap", "centralized") for k in s.cohorts]
         order += [("pfl (1 process)", k) for k in s.pfl_cohorts[:1]]
         order += [(m, k) for k in s.cohorts[:-1] for m in ("lfed loop", "plain loop")]
