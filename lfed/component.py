@@ -221,6 +221,12 @@ class Component(nn.Module):
         """Hyper-parameters for the run fingerprint (none by default); a change warns on resume."""
         return {}
 
+    @property
+    def depends_on_total_rounds(self) -> bool:
+        """Whether the run's rounds (``trainer.max_steps``) change what this component computes (DP's calibrated
+        noise); then they go into the run fingerprint, and a resume with other rounds warns. False by default."""
+        return False
+
     def structure(self) -> dict[str, Any]:
         """Settings that make another algorithm (none by default); a change refuses a resume."""
         return {}

@@ -4,6 +4,7 @@ clipping, the accountant, exact resume and FedAvg as the noiseless limit, each a
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -161,12 +162,16 @@ def test_rounds_with_no_client_still_release_their_noise():
 def test_resume_restores_the_accountant_exactly(tmp_path):
     from lightning.pytorch import Trainer
 
+    from lfed.fingerprint import ResumeWarning
+
     def fit(rounds, ckpt=None):
         m = _module(algorithm="dp_fedavg", fraction=0.3,
                     aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5, target_quantile=0.5, count_noise=1.0))
         t = Trainer(max_steps=rounds, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                     enable_checkpointing=False, num_sanity_val_steps=0, precision="64-true", limit_val_batches=0)
-        t.fit(m, datamodule=_digits(), ckpt_path=ckpt)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ResumeWarning)  # the same settings: an exact continuation, no warning
+            t.fit(m, datamodule=_digits(), ckpt_path=ckpt)
         return m, t
 
     whole, _ = fit(4)
@@ -177,6 +182,55 @@ def test_resume_restores_the_accountant_exactly(tmp_path):
     assert resumed.combination.accountant.state_dict() == whole.combination.accountant.state_dict()
     assert resumed.last_round.extra["privacy/epsilon"] == whole.last_round.extra["privacy/epsilon"]
     assert float(resumed.combination.state("clip")) == float(whole.combination.state("clip"))
+
+
+def _fit_dp(rounds, ckpt=None, stop_after=None, dp=None, **dp_settings):
+    """A DP run of ``rounds`` planned rounds on 100 digits clients (stopped after ``stop_after``), its trainer and the
+    ResumeWarnings it gave."""
+    from lightning.pytorch import Callback, Trainer
+
+    from lfed.fingerprint import ResumeWarning
+
+    class StopAfter(Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if stop_after is not None and trainer.global_step >= stop_after:
+                trainer.should_stop = True
+
+    m = _module(algorithm="dp_fedavg", fraction=0.5, aggregation=dp or DPFedAvg(**dp_settings))
+    t = Trainer(max_steps=rounds, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                enable_checkpointing=False, num_sanity_val_steps=0, precision="64-true", limit_val_batches=0,
+                callbacks=[StopAfter()])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t.fit(m, datamodule=_digits(100), ckpt_path=ckpt)
+    return m, t, [str(w.message) for w in caught if issubclass(w.category, ResumeWarning)]
+
+
+#: Every DP setting left for prepare_run to resolve: δ = 1/N^1.1, z calibrated, count_noise = m/20.
+RESOLVED = dict(noise_multiplier=None, target_epsilon=8.0, clip=0.5, target_quantile=0.5)
+
+
+def test_a_resumed_dp_run_with_resolved_settings_is_exact_and_gives_no_resume_warning(tmp_path):
+    """Default δ, a calibrated z and adaptive clipping with the default count noise: the checkpoint holds the resolved
+    values, the resuming run has not resolved them yet; the fingerprint compares the settings as given."""
+    whole, _, _ = _fit_dp(4, **RESOLVED)
+    half, t, _ = _fit_dp(4, stop_after=2, **RESOLVED)
+    assert t.global_step == 2 and half.combination.delta == 1 / 100 ** 1.1 and half.combination.count_noise == 50 / 20
+    t.save_checkpoint(tmp_path / "r2.ckpt")
+    resumed, t, warned = _fit_dp(4, tmp_path / "r2.ckpt", **RESOLVED)
+    assert warned == [] and t.global_step == 4
+    assert torch.equal(flat_weights(resumed), flat_weights(whole))
+    assert resumed.combination.accountant.state_dict() == whole.combination.accountant.state_dict()
+    assert resumed.combination.noise_multiplier == whole.combination.noise_multiplier
+    assert resumed.last_round.extra["privacy/epsilon"] == whole.last_round.extra["privacy/epsilon"] <= 8.0
+    assert float(resumed.combination.state("clip")) == float(whole.combination.state("clip"))
+    # a setting really changed still warns, naming it; so do other rounds, for which z is calibrated anew
+    _, _, warned = _fit_dp(4, tmp_path / "r2.ckpt", **{**RESOLVED, "clip_lr": 0.1})
+    assert len(warned) == 1 and "combination.clip_lr: 0.2 -> 0.1" in warned[0]
+    _, _, warned = _fit_dp(4, tmp_path / "r2.ckpt", **{**RESOLVED, "delta": 1e-3})
+    assert len(warned) == 1 and "combination.delta: None -> 0.001" in warned[0]
+    _, _, warned = _fit_dp(5, tmp_path / "r2.ckpt", **RESOLVED)
+    assert len(warned) == 1 and "total_rounds (trainer.max_steps; combination depends on it): 4 -> 5" in warned[0]
 
 
 def test_calibration_finds_the_smallest_noise_for_a_budget():

@@ -87,6 +87,11 @@ class DPFedAvg(ServerCombination):
         if math.isinf(self.clip0) and (z > 0 or target_epsilon is not None or self.local_noise > 0):
             raise ValueError("clip: noise is scaled by the clip norm, so an infinite clip (no clipping) gives unbounded "
                              "sensitivity; give a finite clip > 0 with noise")
+        # the settings as given (None: resolved before round 0 by prepare_run): what the run fingerprint compares
+        self._given = {"noise_multiplier": None if noise_multiplier is None else float(noise_multiplier),
+                       "clip": self.clip0, "target_epsilon": target_epsilon, "delta": delta,
+                       "target_quantile": target_quantile, "clip_lr": float(clip_lr), "count_noise": count_noise,
+                       "local_noise": self.local_noise, "accountant": accountant}
         self.noise_multiplier, self.target_epsilon, self.delta = z, target_epsilon, delta
         self._calibrate = noise_multiplier is None  # a budget and no multiplier: calibrate it; with both, the budget is a cap
         self.target_quantile, self.clip_lr, self.count_noise = target_quantile, float(clip_lr), count_noise
@@ -95,9 +100,20 @@ class DPFedAvg(ServerCombination):
         self._report: dict[str, float] = {}
 
     def hparams(self) -> dict:
-        return {"noise_multiplier": self.noise_multiplier, "clip": self.clip0, "target_epsilon": self.target_epsilon,
-                "delta": self.delta, "target_quantile": self.target_quantile, "clip_lr": self.clip_lr,
-                "count_noise": self.count_noise, "local_noise": self.local_noise, "accountant": self.accountant.kind}
+        """The settings as the user gave them, not as :meth:`prepare_run` resolves them.
+
+        A checkpoint is written after ``prepare_run`` (δ = 1/N^1.1, a calibrated ``z``, ``count_noise = m/20``) and
+        checked on resume before it runs again, so resolved values would differ from the unset ones on every resume.
+        The resolved values are functions of these settings and of what the fingerprint holds already (``N``,
+        ``fraction``, and the rounds when ``z`` is calibrated: :attr:`depends_on_total_rounds`), and the checkpoint
+        restores them (:meth:`set_extra_state`): equal settings are an exact continuation.
+        """
+        return dict(self._given)
+
+    @property
+    def depends_on_total_rounds(self) -> bool:
+        """Whether ``trainer.max_steps`` changes what the run computes: ``z`` calibrated for the run's rounds."""
+        return self._calibrate
 
     def state_specs(self) -> list[StateSpec]:
         return [StateSpec("clip", shape=(), per_client=False, init=self.clip0, dtype=torch.float64)]
