@@ -69,6 +69,64 @@ def test_the_noise_has_standard_deviation_z_c_over_m(adaptive):
     assert torch.equal(again, draws[:P])  # a seeded stream: (seed, round) gives the same noise on every rank
 
 
+def _pairwise_correlations(draws: torch.Tensor) -> list[float]:
+    """The Pearson correlation of every pair of rows of ``draws``."""
+    c = torch.corrcoef(draws)
+    i, j = torch.triu_indices(len(draws), len(draws), offset=1)
+    return c[i, j].tolist()
+
+
+def test_the_noise_is_fresh_every_round_and_for_every_seed():
+    """Zero updates: Δ is pure noise N(0, (zC/m)² I). Rounds 0-3 under seed 7 and under seed 8 give 8 draws of
+    P = 20,000: every pair is uncorrelated (independent draws give ρ with standard deviation 1/√P ≈ 0.007, so
+    |ρ| < 0.05 is 7 of them, false alarm < 1e-11 a pair; noise reused across rounds or seeds gives ρ = 1), and each
+    draw's standard deviation is zC/m within 5% (its estimate's error is 1/√(2P) = 0.5%)."""
+    z, C, m, P = 1.3, 0.5, 4.0, 20000
+    dp = _dp(P, noise_multiplier=z, clip=C)
+    draws = []
+    for seed in (7, 8):
+        for r in range(4):
+            cohort = _cohort(r, 3, m)
+            cohort.seed = seed
+            draws.append(dp.combine(torch.zeros(3, P, dtype=torch.float64), None, cohort)[0])
+    draws = torch.stack(draws)
+    assert max(abs(rho) for rho in _pairwise_correlations(draws)) < 0.05
+    for d in draws:
+        assert abs(float(d.std()) / (z * C / m) - 1) < 0.05
+
+
+@pytest.mark.parametrize("local", [False, True])
+def test_a_runs_aggregates_are_fresh_noise_every_round_and_for_every_seed(local):
+    """End to end (sampling, training, the round's seed and counter, the server step): with client_lr = 1e-12 the
+    clients' updates are ~1e-12 and each round's change of the global model is its noise, std zC/m (server, q = 1:
+    m = N = 10) or σ_l C/√m (local DP: the mean of m clients' own noise). 4 rounds under seeds 0 and 1: every pair
+    of the 8 changes is uncorrelated (P = 1,210: ρ's standard deviation 1/√P ≈ 0.029, |ρ| < 0.2 is 7 of them; reused
+    noise gives ρ = 1), each with that standard deviation within 15% (its estimate's error 1/√(2P) ≈ 2%)."""
+    from lightning.pytorch import Callback
+
+    changes = []
+
+    class Changes(Callback):
+        def on_train_batch_start(self, trainer, module, *args):
+            self.before = flat_weights(module).clone()
+
+        def on_train_batch_end(self, trainer, module, *args):
+            changes.append(flat_weights(module) - self.before)
+
+    z, C, N = 1.0, 0.5, 10
+    settings = dict(noise_multiplier=0.0, local_noise=z) if local else dict(noise_multiplier=z)
+    for seed in (0, 1):
+        m = _module(algorithm="dp_fedavg", fraction=1.0, client_lr=1e-12, seed=seed,
+                    aggregation=DPFedAvg(clip=C, **settings))
+        run_rounds(m, _digits(N), 4, callbacks=[Changes()])
+    draws = torch.stack(changes)
+    assert draws.shape == (8, 1210)
+    assert max(abs(rho) for rho in _pairwise_correlations(draws)) < 0.2
+    want = z * C / N ** 0.5 if local else z * C / N
+    for d in draws:
+        assert abs(float(d.std()) / want - 1) < 0.15
+
+
 def test_adaptive_clipping_three_rounds_by_hand():
     """C_{t+1} = C_t exp(-η_C (b̄ - γ)), b̄ = (number of counting clients with ‖Δ_k‖ ≤ C_t) / m (count noise 0)."""
     dp = _dp(2, noise_multiplier=0.0, clip=1.0, target_quantile=0.5, clip_lr=0.2, count_noise=0.0)
