@@ -242,6 +242,42 @@ def test_resume_restores_the_accountant_exactly(tmp_path):
     assert float(resumed.combination.state("clip")) == float(whole.combination.state("clip"))
 
 
+def test_local_dp_is_accounted_under_the_zero_out_relation():
+    """docs/privacy.md: local DP's ε is for zero-out neighbours. With the same noise (one seed and round), a client's
+    upload with a large update and with its update zeroed differ by its clipped update, norm C (/m in Δ); replaced by
+    the opposite update they differ by 2C (replace-one). The accountant composes GaussianDpEvent(σ_l), the event at
+    sensitivity C, once a round (q = 1), not GaussianDpEvent(σ_l / 2), replace-one's (a larger ε)."""
+    import dp_accounting
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    sigma, C, m, P = 1.5, 0.5, 4.0, 50
+    v = torch.linspace(-3.0, 5.0, P, dtype=torch.float64)
+    others = torch.randn(2, P, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+    def upload(first):
+        dp = _dp(P, noise_multiplier=0.0, local_noise=sigma, clip=C)
+        delta = dp.combine(torch.cat([first[None], others]), None, _cohort(0, 3, m))[0]
+        return delta, dp
+
+    with_v, dp = upload(v)
+    zeroed, _ = upload(torch.zeros(P, dtype=torch.float64))
+    opposite, _ = upload(-v)
+    assert float(torch.linalg.vector_norm(with_v - zeroed)) * m == pytest.approx(C, rel=1e-12)
+    assert float(torch.linalg.vector_norm(with_v - opposite)) * m == pytest.approx(2 * C, rel=1e-12)
+    assert dp.accountant.events == {(1.0, sigma): 1}
+    T, delta = 5, 1e-5
+    for _ in range(T - 1):
+        dp.accountant.step(1.0, sigma)
+
+    def library(noise):
+        a = rdp_privacy_accountant.RdpAccountant()
+        a.compose(dp_accounting.GaussianDpEvent(noise), T)
+        return a.get_epsilon(delta)
+
+    assert dp.accountant.epsilon(delta) == pytest.approx(library(sigma), rel=1e-6)
+    assert library(sigma / 2) > 1.5 * dp.accountant.epsilon(delta)  # replace-one's ε: not what lfed reports
+
+
 def _fit_dp(rounds, ckpt=None, stop_after=None, dp=None, **dp_settings):
     """A DP run of ``rounds`` planned rounds on 100 digits clients (stopped after ``stop_after``), its trainer and the
     ResumeWarnings it gave."""
@@ -375,3 +411,88 @@ def test_a_budget_stops_the_run_before_a_round_would_spend_more_with_its_evaluat
     assert [r for r, _ in m.eval_history] == [3]  # the final evaluation of where it stopped
     saved = torch.load(tmp_path / "last.ckpt", weights_only=False)
     assert saved["global_step"] == 3 and saved["lfed"]["runs"][0]["status"] == "stopped"
+
+
+# ---------------------------------------------------------------------- every component under DP (docs/privacy.md)
+def _norm_net(norm: str) -> torch.nn.Module:
+    layer = {"batch": torch.nn.BatchNorm1d(16), "batch_untracked": torch.nn.BatchNorm1d(16, track_running_stats=False),
+             "group": torch.nn.GroupNorm(4, 16), "layer": torch.nn.LayerNorm(16)}[norm]
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16), layer, torch.nn.ReLU(), torch.nn.Linear(16, 10))
+
+
+def _dp_row(**kwargs) -> dict:
+    return dict(algorithm="dp_fedavg", fraction=0.5, aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5), **kwargs)
+
+
+#: One row of docs/privacy.md's table each: (the module's settings, the refusal's start, or None: it runs).
+COMPONENTS_UNDER_DP = {
+    "objective: plain": (lambda: _dp_row(objective="plain"), None),
+    "objective: prox": (lambda: _dp_row(objective="prox"), None),
+    "objective: scaffold": (lambda: _dp_row(objective="scaffold"), "objective: SCAFFOLD's server control variate c"),
+    "objective: efl": (lambda: _dp_row(objective="efl"), "objective: EFL's Fisher sums U and V"),
+    "objective: igfl": (lambda: _dp_row(objective="igfl"), "objective: IGFL-C scales every client's step"),
+    "objective: feddyn": (lambda: _dp_row(objective="lfed.client.feddyn.FedDyn"), "objective: FedDyn's server state h"),
+    "objective: ditto": (lambda: _dp_row(objective="lfed.personal.ditto.Ditto"), None),
+    "objective: fedavg_ft": (lambda: _dp_row(objective="lfed.personal.finetune.FedAvgFT"), None),
+    "objective: fedper": (lambda: _dp_row(objective="lfed.personal.fedper.FedPer"), None),
+    "objective: fedrep": (lambda: _dp_row(objective="lfed.personal.fedrep.FedRep"), None),
+    "objective: apfl": (lambda: _dp_row(objective="lfed.personal.apfl.APFL"), None),
+    "objective: fedbn": (lambda: _dp_row(objective="lfed.personal.fedbn.FedBN", net=_norm_net("layer")), None),
+    "aggregation: self, global, time": (lambda: _dp_row() | {"aggregation": "global"},
+                                        "aggregation: 'global' would replace the preset's DP-FedAvg"),
+    "aggregation: mean": (lambda: _dp_row() | {"aggregation": "mean"}, "aggregation: 'mean' would replace"),
+    "weighting: uniform": (lambda: _dp_row(weighting="uniform"), None),
+    "weighting: size": (lambda: _dp_row(weighting="size"), "weighting: DP-FedAvg weighs every counting client by 1/m"),
+    "weighting: dwfed": (lambda: _dp_row(weighting="dwfed"), "weighting: DWFed's weights come from each client's label"),
+    "sampler: poisson": (lambda: _dp_row(sampler="poisson"), None),
+    "sampler: uniform": (lambda: _dp_row(sampler="uniform"), "sampler: DP-FedAvg's accountant assumes Poisson sampling"),
+    "sampler: attention": (lambda: _dp_row(sampler="attention"), "sampler: AdaFL's sampling scores move"),
+    "compression": (lambda: _dp_row(compression=0.5), "compression: DP-FedAvg clips each update before any compression"),
+    "partial_work, p_inactive, p_incomplete": (
+        lambda: _dp_row(partial_work="drop", p_inactive=0.2, p_incomplete=0.3), None),
+    "server_optimizer": (lambda: _dp_row() | {"algorithm": "dp_fedadam"}, None),
+    "net: BatchNorm running statistics": (lambda: _dp_row(net=_norm_net("batch"), backend="loop"),
+                                          "net: the net's BatchNorm running statistics (1.running_mean, 1.running_var"),
+    "net: LayerNorm, GroupNorm, BatchNorm(track_running_stats=False)": (
+        lambda: _dp_row(net=torch.nn.Sequential(_norm_net("layer"), torch.nn.GroupNorm(2, 10),
+                                                torch.nn.BatchNorm1d(10, track_running_stats=False))), None),
+    "target_quantile (adaptive clipping)": (lambda: _dp_row() | {"aggregation": DPFedAvg(
+        noise_multiplier=1.0, clip=0.5, target_quantile=0.5, count_noise=2.0)}, None),
+    "local_noise (local DP)": (lambda: _dp_row() | {"aggregation": DPFedAvg(noise_multiplier=0.0, local_noise=1.0)},
+                               None),
+    "local_noise with target_quantile": (lambda: _dp_row() | {"aggregation": DPFedAvg(
+        noise_multiplier=0.0, local_noise=1.0, target_quantile=0.5)}, "target_quantile: adaptive clipping sends each "
+        "client's clipped-or-not bit to the server un-noised"),
+}
+
+
+def test_the_docs_table_of_components_under_dp_is_the_tested_one():
+    from conftest import REPO
+
+    rows = [line.split("|")[1].strip() for line in (REPO / "docs" / "privacy.md").read_text().splitlines()
+            if line.startswith("| `")]
+    assert [r.strip("`") for r in rows] == list(COMPONENTS_UNDER_DP)
+
+
+@pytest.mark.parametrize("row", list(COMPONENTS_UNDER_DP))
+def test_every_component_under_dp_is_refused_in_one_line_before_round_0_or_runs_accounted(row):
+    """A refused row raises its one line before any round (while the module is built, or before round 0: the
+    weights unchanged, nothing accounted); an allowed one runs two rounds, each accounted."""
+    settings, refused = COMPONENTS_UNDER_DP[row]
+    data = _digits(20)
+    if refused is None:
+        m = _module(**settings())
+        run_rounds(m, data, 2)
+        assert m.combination.accountant.rounds == 2 and math.isfinite(m.last_round.extra["privacy/epsilon"])
+        return
+    with pytest.raises(ValueError) as info:
+        m = _module(**settings())
+        before = flat_weights(m).clone()
+        try:
+            run_rounds(m, data, 2)
+        finally:
+            assert torch.equal(flat_weights(m), before) and m.combination.accountant.rounds == 0
+    message = str(info.value)
+    assert message.startswith(refused) and "\n" not in message, message
+    if "ε would not hold" in message:  # a release: what to use instead
+        assert message.endswith("with DP"), message

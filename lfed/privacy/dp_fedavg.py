@@ -25,6 +25,7 @@ from torch import Tensor
 from lfed.host import values
 from lfed.privacy.accountant import ACCOUNTANTS, PrivacyAccountant, calibrate_noise, epsilon
 from lfed.privacy.clipping import clip_factors, clip_rows
+from lfed.privacy.releases import check_releases
 from lfed.rng import round_generator
 from lfed.server.combination import ServerCombination
 from lfed.state import StateSpec
@@ -84,6 +85,9 @@ class DPFedAvg(ServerCombination):
         if self.local_noise > 0 and (z > 0 or target_epsilon is not None):
             raise ValueError("local_noise: local DP adds each client's own noise and no server noise; "
                              f"set noise_multiplier: 0 (got {noise_multiplier}) and no target_epsilon")
+        if self.local_noise > 0 and target_quantile is not None:
+            raise ValueError("target_quantile: adaptive clipping sends each client's clipped-or-not bit to the server "
+                             "un-noised, which local DP (local_noise > 0) does not account; use a fixed clip with local_noise")
         if math.isinf(self.clip0) and (z > 0 or target_epsilon is not None or self.local_noise > 0):
             raise ValueError("clip: noise is scaled by the clip norm, so an infinite clip (no clipping) gives unbounded "
                              "sensitivity; give a finite clip > 0 with noise")
@@ -122,6 +126,7 @@ class DPFedAvg(ServerCombination):
     def prepare_run(self, context) -> None:
         """Refuse what the accountant cannot account for; fix δ; calibrate ``z``; split ``z`` for adaptive clipping."""
         roles = context.components or {}
+        check_releases(roles, context.net_releases)  # every value the accountant cannot account (lfed.privacy.releases)
         sampler, weighting, channel = roles.get("sampler"), roles.get("weighting"), roles.get("channel")
         if sampler is not None and getattr(sampler, "name", None) != "poisson":
             raise ValueError(f"sampler: DP-FedAvg's accountant assumes Poisson sampling (each client independently "
