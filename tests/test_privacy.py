@@ -158,7 +158,8 @@ def _module(backend: str = "vmap", **kwargs) -> FederatedModule:
     torch.manual_seed(0)
     args = dict(fraction=1.0, client_lr=0.05, batch_size=10, local_steps=3, backend=backend, seed=0)
     args.update(kwargs)
-    return FederatedModule(MLP(64, [16], 10), **args)
+    net = args.pop("net", None)
+    return FederatedModule(MLP(64, [16], 10) if net is None else net, **args)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -452,7 +453,7 @@ COMPONENTS_UNDER_DP = {
         lambda: _dp_row(partial_work="drop", p_inactive=0.2, p_incomplete=0.3), None),
     "server_optimizer": (lambda: _dp_row() | {"algorithm": "dp_fedadam"}, None),
     "net: BatchNorm running statistics": (lambda: _dp_row(net=_norm_net("batch"), backend="loop"),
-                                          "net: the net's BatchNorm running statistics (1.running_mean, 1.running_var"),
+                                          "net: the net's BatchNorm running statistics (2.running_mean, 2.running_var"),
     "net: LayerNorm, GroupNorm, BatchNorm(track_running_stats=False)": (
         lambda: _dp_row(net=torch.nn.Sequential(_norm_net("layer"), torch.nn.GroupNorm(2, 10),
                                                 torch.nn.BatchNorm1d(10, track_running_stats=False))), None),
