@@ -180,9 +180,17 @@ def build(cfg: dict[str, Any], *, mu: float = 0.01, efl_lambda: float = 0.1, fis
 
 
 def _is_dp(choice: Any) -> bool:
+    """Whether an aggregation choice (a component, or a class path) is DP-FedAvg or a subclass of it."""
+    from lfed.component import load_class
     from lfed.privacy.dp_fedavg import DPFedAvg
 
-    return isinstance(choice, DPFedAvg) or (isinstance(choice, str) and choice.rsplit(".", 1)[-1] == "DPFedAvg")
+    if isinstance(choice, str) and "." in choice:
+        try:
+            choice = load_class(choice, DPFedAvg, "aggregation")
+        except ValueError:  # another combination, or no class: build says which
+            return False
+        return True
+    return isinstance(choice, DPFedAvg)
 
 
 def _check_dp_kept(cfg: dict[str, Any], objective: Any, own: Any) -> None:
