@@ -113,6 +113,7 @@ def resolve(algorithm: str, **explicit: Any) -> dict[str, Any]:
         if value is not None:
             out[key] = value
     out["aggregation_explicit"] = explicit.get("aggregation") is not None
+    out["preset_aggregation"] = PRESETS[algorithm].get("aggregation")
     if isinstance(out["fraction"], tuple) and out["fraction"][0] == "stepwise":
         out["fraction"] = _stepwise(*out["fraction"][1:])
     return out
@@ -144,6 +145,7 @@ def build(cfg: dict[str, Any], *, mu: float = 0.01, efl_lambda: float = 0.1, fis
     weighting = w if isinstance(w, AggregationWeights) else build_weights(w, cfg["partial_work"])
     comb = cfg["aggregation"]
     own = objective.server_combination()
+    _check_dp_kept(cfg, objective, own)
     if own is not None:
         if cfg.get("aggregation_explicit") and comb is not own:
             raise ValueError(
@@ -175,6 +177,37 @@ def build(cfg: dict[str, Any], *, mu: float = 0.01, efl_lambda: float = 0.1, fis
         sampler = AttentionSampler(sampler_alpha) if s == "attention" else SAMPLERS[s]()
     participation = Participation(cfg["fraction"], p_inactive, p_incomplete)
     return Algorithm(objective, weighting, combination, channel, sampler, participation)
+
+
+def _is_dp(choice: Any) -> bool:
+    """Whether an aggregation choice (a component, or a class path) is DP-FedAvg or a subclass of it."""
+    from lfed.component import load_class
+    from lfed.privacy.dp_fedavg import DPFedAvg
+
+    if isinstance(choice, str) and "." in choice:
+        try:
+            choice = load_class(choice, DPFedAvg, "aggregation")
+        except ValueError:  # another combination, or no class: build says which
+            return False
+        return True
+    return isinstance(choice, DPFedAvg)
+
+
+def _check_dp_kept(cfg: dict[str, Any], objective: Any, own: Any) -> None:
+    """Refuse a composition in which DP-FedAvg, asked for, would be replaced by another server combination (an
+    objective's own, FedDyn's; or an explicit aggregation over a DP preset's): the run would not be private."""
+    from lfed.privacy.releases import refusal
+
+    if _is_dp(cfg["aggregation"]) and own is not None:
+        what = next(iter(objective.releases), f"{type(objective).__name__} brings its own server combination, which "
+                                              "would replace DP-FedAvg")
+        raise ValueError(refusal("objective", what))
+    if cfg.get("aggregation_explicit") and _is_dp(cfg.get("preset_aggregation")) and not _is_dp(cfg["aggregation"]):
+        comb = cfg["aggregation"]
+        name = comb if isinstance(comb, str) else type(comb).__name__
+        raise ValueError(f"aggregation: {name!r} would replace the preset's DP-FedAvg (no clipping, no noise: the run "
+                         "would not be private); give aggregation: lfed.privacy.DPFedAvg (its class_path and "
+                         "init_args), or a preset without DP")
 
 
 #: The model settings that choose a component (by name or ``class_path``).
@@ -209,7 +242,8 @@ class CompositionWarning(UserWarning):
 
 
 def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozenset(), *,
-                         num_clients: int | None = None, total_rounds: int | None = None) -> list[str]:
+                         num_clients: int | None = None, total_rounds: int | None = None,
+                         net_releases: tuple[str, ...] = ()) -> list[str]:
     """Every component's own preparation and check of the run's composition (:meth:`lfed.component.Component.prepare_run`,
     :meth:`~lfed.component.Component.composition_warnings`).
 
@@ -222,6 +256,7 @@ def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozen
         explicit: The roles the user set (a preset's own choices are not questioned).
         num_clients: ``N``, when known; ``total_rounds``: the run's rounds, when known (with both,
             the checks see every round's cohort size).
+        net_releases: What the run releases of its net beyond the parameters (:meth:`lfed.run.FederatedRun.net_releases`).
 
     Returns:
         The warnings, one sentence each (the caller emits them as :class:`CompositionWarning`).
@@ -235,7 +270,8 @@ def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozen
         sizes = [cohort_size(participation.fraction(r, total_rounds), num_clients) for r in range(total_rounds)]
     roles = algorithm.roles()
     context = CompositionContext(frozenset(explicit), participation.stragglers.p_inactive,
-                                 participation.stragglers.p_incomplete, num_clients, total_rounds, sizes, roles)
+                                 participation.stragglers.p_incomplete, num_clients, total_rounds, sizes, roles,
+                                 tuple(net_releases))
     unique = list({id(c): c for c in roles.values()}.values())
     for component in unique:  # before round 0: refuse what cannot run, derive settings
         component.prepare_run(context)

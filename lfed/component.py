@@ -187,6 +187,8 @@ class CompositionContext:
         num_clients: ``N``; ``total_rounds``: the run's rounds (None when unknown).
         cohort_sizes: ``K_t`` of every round, when ``N`` and the rounds are known.
         components: Every component of the run by role.
+        net_releases: What the run releases of the net beyond its parameters (BatchNorm running statistics
+            averaged over the cohort: :meth:`lfed.run.FederatedRun.net_releases`), as :attr:`Component.releases`.
     """
 
     explicit: frozenset
@@ -196,6 +198,7 @@ class CompositionContext:
     total_rounds: int | None = None
     cohort_sizes: list[int] | None = None
     components: dict[str, Any] | None = None
+    net_releases: tuple[str, ...] = ()
 
 
 class Component(nn.Module):
@@ -212,6 +215,12 @@ class Component(nn.Module):
     uses_history: bool = False
     #: Whether the component reads :attr:`Cohort.start_loss` (each client's loss under the round's model).
     needs_start_loss: bool = False
+    #: What the component sends beyond the round's aggregated update from the clients' data to the server, to other
+    #: clients or into the global model: one clause each, what and how ("SCAFFOLD's server control variate c is
+    #: averaged from the clients' raw control updates, unclipped and un-noised, and sent to every later cohort").
+    #: DP-FedAvg refuses a run with any before round 0 (:mod:`lfed.privacy.releases`). State that stays on its
+    #: client (a personal model, a local layer) is no release. None by default.
+    releases: tuple[str, ...] = ()
 
     def state_specs(self) -> list[StateSpec]:
         """The tensors this component keeps between rounds (none by default)."""
@@ -220,6 +229,12 @@ class Component(nn.Module):
     def hparams(self) -> dict[str, Any]:
         """Hyper-parameters for the run fingerprint (none by default); a change warns on resume."""
         return {}
+
+    @property
+    def depends_on_total_rounds(self) -> bool:
+        """Whether the run's rounds (``trainer.max_steps``) change what this component computes (DP's calibrated
+        noise); then they go into the run fingerprint, and a resume with other rounds warns. False by default."""
+        return False
 
     def structure(self) -> dict[str, Any]:
         """Settings that make another algorithm (none by default); a change refuses a resume."""

@@ -144,6 +144,9 @@ def run_fingerprint(module: Any, total_rounds: int | None = None, datamodule: An
     total = total_rounds
     if total is not None and type(module.participation.fraction).__name__ != "ConstantFraction":
         fp["hparams.total_rounds (trainer.max_steps; the fraction schedule depends on it)"] = total
+    depending = [role for role, c in module.components.roles().items() if getattr(c, "depends_on_total_rounds", False)]
+    if total is not None and depending:  # DP's noise calibrated for the run's rounds
+        fp[f"hparams.total_rounds (trainer.max_steps; {', '.join(depending)} depends on it)"] = total
     if module.net is not None:
         net = type(module.net)
         fp["model.class"] = f"{net.__module__}.{net.__qualname__}"

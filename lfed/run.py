@@ -30,6 +30,7 @@ from lfed.client_state import ClientStateStore
 from lfed.communication import CommunicationMeter, check_accuracy_targets
 from lfed.distributed import Ranks
 from lfed.engine import CohortResult, CohortTrainer, as_per_example_loss
+from lfed.engine.loop import has_running_stats
 from lfed.evaluation import (
     BestMeanAccuracy,
     check_task,
@@ -179,7 +180,7 @@ class FederatedRun(nn.Module):
         if self.composition["weighting"] == "dwfed":
             data.require_labels("weighting='dwfed' (label-count weights)")
         return algorithms.validate_composition(self.components, self.explicit, num_clients=data.num_clients,
-                                               total_rounds=total_rounds)
+                                               total_rounds=total_rounds, net_releases=self.net_releases())
 
     # ------------------------------------------------------------------ one round
     @property
@@ -267,6 +268,16 @@ class FederatedRun(nn.Module):
         """Stop the run (NaN or Inf); the metric that records it."""
         self.status, self.error = "diverged", str(error)
         return {"run/diverged": 1.0}
+
+    def net_releases(self) -> tuple[str, ...]:
+        """What the run releases of the net beyond its parameters (:attr:`lfed.component.Component.releases`): the
+        cohort's BatchNorm running statistics, averaged into the global model (:meth:`_aggregate_buffers`)."""
+        if self.net is None or not has_running_stats(self.net):
+            return ()
+        names = [n for n, b in self.net.named_buffers() if b is not None and b.is_floating_point()]
+        shown = ", ".join(names[:3]) + (f", ... {len(names)} buffers" if len(names) > 3 else "")
+        return (f"the net's BatchNorm running statistics ({shown}) are averaged over the cohort's clients, un-noised, "
+                "into the global model every round",)
 
     def _aggregate_buffers(self, buffers: dict[str, Tensor], weights: Tensor) -> None:
         """Average floating buffers (BatchNorm running stats) with the normalised weights."""

@@ -397,6 +397,8 @@ class AttentionSampler(ClientSampler):
 
     scores: Tensor
     name = "attention"
+    releases = ("AdaFL's sampling scores move with each client's raw distance ||w^(t+1) - w_k^(t)||, un-noised, "
+                "and choose later cohorts",)
 
     def composition_warnings(self, context) -> list[str]:
         sizes = context.cohort_sizes

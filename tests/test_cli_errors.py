@@ -61,6 +61,13 @@ BAD = {
     "data_dir": (["--data.dataset", "mnist", "--data.data_dir", "/nonexistent/lfed-data"],
                  ["data_dir", "/nonexistent/lfed-data", "train-images-idx3-ubyte.gz"]),
     "ckpt_path": (["--ckpt_path", "{bad}"], ["ckpt_path", "bad.ckpt", "not an lfed checkpoint"]),
+    # under DP, a value the accountant cannot account for (docs/privacy.md): refused before round 0
+    "dp_release": (["--model.algorithm=dp_fedavg", "--model.objective=scaffold"],
+                   ["objective: SCAFFOLD's server control variate", "DP-FedAvg's ε would not hold", "objective: plain or prox"]),
+    "dp_local_adaptive": (["--model.algorithm=dp_fedavg", "--model.aggregation=lfed.privacy.DPFedAvg",
+                           "--model.aggregation.init_args.noise_multiplier=0", "--model.aggregation.init_args.local_noise=1",
+                           "--model.aggregation.init_args.target_quantile=0.5"],
+                          ["target_quantile", "clipped-or-not bit", "local DP (local_noise > 0)"]),
 }
 
 

@@ -4,6 +4,7 @@ clipping, the accountant, exact resume and FedAvg as the noiseless limit, each a
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -68,6 +69,64 @@ def test_the_noise_has_standard_deviation_z_c_over_m(adaptive):
     assert torch.equal(again, draws[:P])  # a seeded stream: (seed, round) gives the same noise on every rank
 
 
+def _pairwise_correlations(draws: torch.Tensor) -> list[float]:
+    """The Pearson correlation of every pair of rows of ``draws``."""
+    c = torch.corrcoef(draws)
+    i, j = torch.triu_indices(len(draws), len(draws), offset=1)
+    return c[i, j].tolist()
+
+
+def test_the_noise_is_fresh_every_round_and_for_every_seed():
+    """Zero updates: Δ is pure noise N(0, (zC/m)² I). Rounds 0-3 under seed 7 and under seed 8 give 8 draws of
+    P = 20,000: every pair is uncorrelated (independent draws give ρ with standard deviation 1/√P ≈ 0.007, so
+    |ρ| < 0.05 is 7 of them, false alarm < 1e-11 a pair; noise reused across rounds or seeds gives ρ = 1), and each
+    draw's standard deviation is zC/m within 5% (its estimate's error is 1/√(2P) = 0.5%)."""
+    z, C, m, P = 1.3, 0.5, 4.0, 20000
+    dp = _dp(P, noise_multiplier=z, clip=C)
+    draws = []
+    for seed in (7, 8):
+        for r in range(4):
+            cohort = _cohort(r, 3, m)
+            cohort.seed = seed
+            draws.append(dp.combine(torch.zeros(3, P, dtype=torch.float64), None, cohort)[0])
+    draws = torch.stack(draws)
+    assert max(abs(rho) for rho in _pairwise_correlations(draws)) < 0.05
+    for d in draws:
+        assert abs(float(d.std()) / (z * C / m) - 1) < 0.05
+
+
+@pytest.mark.parametrize("local", [False, True])
+def test_a_runs_aggregates_are_fresh_noise_every_round_and_for_every_seed(local):
+    """End to end (sampling, training, the round's seed and counter, the server step): with client_lr = 1e-12 the
+    clients' updates are ~1e-12 and each round's change of the global model is its noise, std zC/m (server, q = 1:
+    m = N = 10) or σ_l C/√m (local DP: the mean of m clients' own noise). 4 rounds under seeds 0 and 1: every pair
+    of the 8 changes is uncorrelated (P = 1,210: ρ's standard deviation 1/√P ≈ 0.029, |ρ| < 0.2 is 7 of them; reused
+    noise gives ρ = 1), each with that standard deviation within 15% (its estimate's error 1/√(2P) ≈ 2%)."""
+    from lightning.pytorch import Callback
+
+    changes = []
+
+    class Changes(Callback):
+        def on_train_batch_start(self, trainer, module, *args):
+            self.before = flat_weights(module).clone()
+
+        def on_train_batch_end(self, trainer, module, *args):
+            changes.append(flat_weights(module) - self.before)
+
+    z, C, N = 1.0, 0.5, 10
+    settings = dict(noise_multiplier=0.0, local_noise=z) if local else dict(noise_multiplier=z)
+    for seed in (0, 1):
+        m = _module(algorithm="dp_fedavg", fraction=1.0, client_lr=1e-12, seed=seed,
+                    aggregation=DPFedAvg(clip=C, **settings))
+        run_rounds(m, _digits(N), 4, callbacks=[Changes()])
+    draws = torch.stack(changes)
+    assert draws.shape == (8, 1210)
+    assert max(abs(rho) for rho in _pairwise_correlations(draws)) < 0.2
+    want = z * C / N ** 0.5 if local else z * C / N
+    for d in draws:
+        assert abs(float(d.std()) / want - 1) < 0.15
+
+
 def test_adaptive_clipping_three_rounds_by_hand():
     """C_{t+1} = C_t exp(-η_C (b̄ - γ)), b̄ = (number of counting clients with ‖Δ_k‖ ≤ C_t) / m (count noise 0)."""
     dp = _dp(2, noise_multiplier=0.0, clip=1.0, target_quantile=0.5, clip_lr=0.2, count_noise=0.0)
@@ -99,7 +158,8 @@ def _module(backend: str = "vmap", **kwargs) -> FederatedModule:
     torch.manual_seed(0)
     args = dict(fraction=1.0, client_lr=0.05, batch_size=10, local_steps=3, backend=backend, seed=0)
     args.update(kwargs)
-    return FederatedModule(MLP(64, [16], 10), **args)
+    net = args.pop("net", None)
+    return FederatedModule(MLP(64, [16], 10) if net is None else net, **args)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -161,12 +221,16 @@ def test_rounds_with_no_client_still_release_their_noise():
 def test_resume_restores_the_accountant_exactly(tmp_path):
     from lightning.pytorch import Trainer
 
+    from lfed.fingerprint import ResumeWarning
+
     def fit(rounds, ckpt=None):
         m = _module(algorithm="dp_fedavg", fraction=0.3,
                     aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5, target_quantile=0.5, count_noise=1.0))
         t = Trainer(max_steps=rounds, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                     enable_checkpointing=False, num_sanity_val_steps=0, precision="64-true", limit_val_batches=0)
-        t.fit(m, datamodule=_digits(), ckpt_path=ckpt)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ResumeWarning)  # the same settings: an exact continuation, no warning
+            t.fit(m, datamodule=_digits(), ckpt_path=ckpt)
         return m, t
 
     whole, _ = fit(4)
@@ -177,6 +241,91 @@ def test_resume_restores_the_accountant_exactly(tmp_path):
     assert resumed.combination.accountant.state_dict() == whole.combination.accountant.state_dict()
     assert resumed.last_round.extra["privacy/epsilon"] == whole.last_round.extra["privacy/epsilon"]
     assert float(resumed.combination.state("clip")) == float(whole.combination.state("clip"))
+
+
+def test_local_dp_is_accounted_under_the_zero_out_relation():
+    """docs/privacy.md: local DP's ε is for zero-out neighbours. With the same noise (one seed and round), a client's
+    upload with a large update and with its update zeroed differ by its clipped update, norm C (/m in Δ); replaced by
+    the opposite update they differ by 2C (replace-one). The accountant composes GaussianDpEvent(σ_l), the event at
+    sensitivity C, once a round (q = 1), not GaussianDpEvent(σ_l / 2), replace-one's (a larger ε)."""
+    import dp_accounting
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    sigma, C, m, P = 1.5, 0.5, 4.0, 50
+    v = torch.linspace(-3.0, 5.0, P, dtype=torch.float64)
+    others = torch.randn(2, P, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+    def upload(first):
+        dp = _dp(P, noise_multiplier=0.0, local_noise=sigma, clip=C)
+        delta = dp.combine(torch.cat([first[None], others]), None, _cohort(0, 3, m))[0]
+        return delta, dp
+
+    with_v, dp = upload(v)
+    zeroed, _ = upload(torch.zeros(P, dtype=torch.float64))
+    opposite, _ = upload(-v)
+    assert float(torch.linalg.vector_norm(with_v - zeroed)) * m == pytest.approx(C, rel=1e-12)
+    assert float(torch.linalg.vector_norm(with_v - opposite)) * m == pytest.approx(2 * C, rel=1e-12)
+    assert dp.accountant.events == {(1.0, sigma): 1}
+    T, delta = 5, 1e-5
+    for _ in range(T - 1):
+        dp.accountant.step(1.0, sigma)
+
+    def library(noise):
+        a = rdp_privacy_accountant.RdpAccountant()
+        a.compose(dp_accounting.GaussianDpEvent(noise), T)
+        return a.get_epsilon(delta)
+
+    assert dp.accountant.epsilon(delta) == pytest.approx(library(sigma), rel=1e-6)
+    assert library(sigma / 2) > 1.5 * dp.accountant.epsilon(delta)  # replace-one's ε: not what lfed reports
+
+
+def _fit_dp(rounds, ckpt=None, stop_after=None, dp=None, **dp_settings):
+    """A DP run of ``rounds`` planned rounds on 100 digits clients (stopped after ``stop_after``), its trainer and the
+    ResumeWarnings it gave."""
+    from lightning.pytorch import Callback, Trainer
+
+    from lfed.fingerprint import ResumeWarning
+
+    class StopAfter(Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if stop_after is not None and trainer.global_step >= stop_after:
+                trainer.should_stop = True
+
+    m = _module(algorithm="dp_fedavg", fraction=0.5, aggregation=dp or DPFedAvg(**dp_settings))
+    t = Trainer(max_steps=rounds, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                enable_checkpointing=False, num_sanity_val_steps=0, precision="64-true", limit_val_batches=0,
+                callbacks=[StopAfter()])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t.fit(m, datamodule=_digits(100), ckpt_path=ckpt)
+    return m, t, [str(w.message) for w in caught if issubclass(w.category, ResumeWarning)]
+
+
+#: Every DP setting left for prepare_run to resolve: δ = 1/N^1.1, z calibrated, count_noise = m/20.
+RESOLVED = dict(noise_multiplier=None, target_epsilon=8.0, clip=0.5, target_quantile=0.5)
+
+
+def test_a_resumed_dp_run_with_resolved_settings_is_exact_and_gives_no_resume_warning(tmp_path):
+    """Default δ, a calibrated z and adaptive clipping with the default count noise: the checkpoint holds the resolved
+    values, the resuming run has not resolved them yet; the fingerprint compares the settings as given."""
+    whole, _, _ = _fit_dp(4, **RESOLVED)
+    half, t, _ = _fit_dp(4, stop_after=2, **RESOLVED)
+    assert t.global_step == 2 and half.combination.delta == 1 / 100 ** 1.1 and half.combination.count_noise == 50 / 20
+    t.save_checkpoint(tmp_path / "r2.ckpt")
+    resumed, t, warned = _fit_dp(4, tmp_path / "r2.ckpt", **RESOLVED)
+    assert warned == [] and t.global_step == 4
+    assert torch.equal(flat_weights(resumed), flat_weights(whole))
+    assert resumed.combination.accountant.state_dict() == whole.combination.accountant.state_dict()
+    assert resumed.combination.noise_multiplier == whole.combination.noise_multiplier
+    assert resumed.last_round.extra["privacy/epsilon"] == whole.last_round.extra["privacy/epsilon"] <= 8.0
+    assert float(resumed.combination.state("clip")) == float(whole.combination.state("clip"))
+    # a setting really changed still warns, naming it; so do other rounds, for which z is calibrated anew
+    _, _, warned = _fit_dp(4, tmp_path / "r2.ckpt", **{**RESOLVED, "clip_lr": 0.1})
+    assert len(warned) == 1 and "combination.clip_lr: 0.2 -> 0.1" in warned[0]
+    _, _, warned = _fit_dp(4, tmp_path / "r2.ckpt", **{**RESOLVED, "delta": 1e-3})
+    assert len(warned) == 1 and "combination.delta: None -> 0.001" in warned[0]
+    _, _, warned = _fit_dp(5, tmp_path / "r2.ckpt", **RESOLVED)
+    assert len(warned) == 1 and "total_rounds (trainer.max_steps; combination depends on it): 4 -> 5" in warned[0]
 
 
 def test_calibration_finds_the_smallest_noise_for_a_budget():
@@ -263,3 +412,88 @@ def test_a_budget_stops_the_run_before_a_round_would_spend_more_with_its_evaluat
     assert [r for r, _ in m.eval_history] == [3]  # the final evaluation of where it stopped
     saved = torch.load(tmp_path / "last.ckpt", weights_only=False)
     assert saved["global_step"] == 3 and saved["lfed"]["runs"][0]["status"] == "stopped"
+
+
+# ---------------------------------------------------------------------- every component under DP (docs/privacy.md)
+def _norm_net(norm: str) -> torch.nn.Module:
+    layer = {"batch": torch.nn.BatchNorm1d(16), "batch_untracked": torch.nn.BatchNorm1d(16, track_running_stats=False),
+             "group": torch.nn.GroupNorm(4, 16), "layer": torch.nn.LayerNorm(16)}[norm]
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16), layer, torch.nn.ReLU(), torch.nn.Linear(16, 10))
+
+
+def _dp_row(**kwargs) -> dict:
+    return dict(algorithm="dp_fedavg", fraction=0.5, aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5), **kwargs)
+
+
+#: One row of docs/privacy.md's table each: (the module's settings, the refusal's start, or None: it runs).
+COMPONENTS_UNDER_DP = {
+    "objective: plain": (lambda: _dp_row(objective="plain"), None),
+    "objective: prox": (lambda: _dp_row(objective="prox"), None),
+    "objective: scaffold": (lambda: _dp_row(objective="scaffold"), "objective: SCAFFOLD's server control variate c"),
+    "objective: efl": (lambda: _dp_row(objective="efl"), "objective: EFL's Fisher sums U and V"),
+    "objective: igfl": (lambda: _dp_row(objective="igfl"), "objective: IGFL-C scales every client's step"),
+    "objective: feddyn": (lambda: _dp_row(objective="lfed.client.feddyn.FedDyn"), "objective: FedDyn's server state h"),
+    "objective: ditto": (lambda: _dp_row(objective="lfed.personal.ditto.Ditto"), None),
+    "objective: fedavg_ft": (lambda: _dp_row(objective="lfed.personal.finetune.FedAvgFT"), None),
+    "objective: fedper": (lambda: _dp_row(objective="lfed.personal.fedper.FedPer"), None),
+    "objective: fedrep": (lambda: _dp_row(objective="lfed.personal.fedrep.FedRep"), None),
+    "objective: apfl": (lambda: _dp_row(objective="lfed.personal.apfl.APFL"), None),
+    "objective: fedbn": (lambda: _dp_row(objective="lfed.personal.fedbn.FedBN", net=_norm_net("layer")), None),
+    "aggregation: self, global, time": (lambda: _dp_row() | {"aggregation": "global"},
+                                        "aggregation: 'global' would replace the preset's DP-FedAvg"),
+    "aggregation: mean": (lambda: _dp_row() | {"aggregation": "mean"}, "aggregation: 'mean' would replace"),
+    "weighting: uniform": (lambda: _dp_row(weighting="uniform"), None),
+    "weighting: size": (lambda: _dp_row(weighting="size"), "weighting: DP-FedAvg weighs every counting client by 1/m"),
+    "weighting: dwfed": (lambda: _dp_row(weighting="dwfed"), "weighting: DWFed's weights come from each client's label"),
+    "sampler: poisson": (lambda: _dp_row(sampler="poisson"), None),
+    "sampler: uniform": (lambda: _dp_row(sampler="uniform"), "sampler: DP-FedAvg's accountant assumes Poisson sampling"),
+    "sampler: attention": (lambda: _dp_row(sampler="attention"), "sampler: AdaFL's sampling scores move"),
+    "compression": (lambda: _dp_row(compression=0.5), "compression: DP-FedAvg clips each update before any compression"),
+    "partial_work, p_inactive, p_incomplete": (
+        lambda: _dp_row(partial_work="drop", p_inactive=0.2, p_incomplete=0.3), None),
+    "server_optimizer": (lambda: _dp_row() | {"algorithm": "dp_fedadam"}, None),
+    "net: BatchNorm running statistics": (lambda: _dp_row(net=_norm_net("batch"), backend="loop"),
+                                          "net: the net's BatchNorm running statistics (2.running_mean, 2.running_var"),
+    "net: LayerNorm, GroupNorm, BatchNorm(track_running_stats=False)": (
+        lambda: _dp_row(net=torch.nn.Sequential(_norm_net("layer"), torch.nn.GroupNorm(2, 10),
+                                                torch.nn.BatchNorm1d(10, track_running_stats=False))), None),
+    "target_quantile (adaptive clipping)": (lambda: _dp_row() | {"aggregation": DPFedAvg(
+        noise_multiplier=1.0, clip=0.5, target_quantile=0.5, count_noise=2.0)}, None),
+    "local_noise (local DP)": (lambda: _dp_row() | {"aggregation": DPFedAvg(noise_multiplier=0.0, local_noise=1.0)},
+                               None),
+    "local_noise with target_quantile": (lambda: _dp_row() | {"aggregation": DPFedAvg(
+        noise_multiplier=0.0, local_noise=1.0, target_quantile=0.5)}, "target_quantile: adaptive clipping sends each "
+        "client's clipped-or-not bit to the server un-noised"),
+}
+
+
+def test_the_docs_table_of_components_under_dp_is_the_tested_one():
+    from conftest import REPO
+
+    rows = [line.split("|")[1].strip() for line in (REPO / "docs" / "privacy.md").read_text().splitlines()
+            if line.startswith("| `")]
+    assert [r.strip("`") for r in rows] == list(COMPONENTS_UNDER_DP)
+
+
+@pytest.mark.parametrize("row", list(COMPONENTS_UNDER_DP))
+def test_every_component_under_dp_is_refused_in_one_line_before_round_0_or_runs_accounted(row):
+    """A refused row raises its one line before any round (while the module is built, or before round 0: the
+    weights unchanged, nothing accounted); an allowed one runs two rounds, each accounted."""
+    settings, refused = COMPONENTS_UNDER_DP[row]
+    data = _digits(20)
+    if refused is None:
+        m = _module(**settings())
+        run_rounds(m, data, 2)
+        assert m.combination.accountant.rounds == 2 and math.isfinite(m.last_round.extra["privacy/epsilon"])
+        return
+    with pytest.raises(ValueError) as info:
+        m = _module(**settings())
+        before = flat_weights(m).clone()
+        try:
+            run_rounds(m, data, 2)
+        finally:
+            assert torch.equal(flat_weights(m), before) and m.combination.accountant.rounds == 0
+    message = str(info.value)
+    assert message.startswith(refused) and "\n" not in message, message
+    if "ε would not hold" in message:  # a release: what to use instead
+        assert message.endswith("with DP"), message

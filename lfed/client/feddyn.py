@@ -36,6 +36,8 @@ class FedDyn(ClientRule, ServerCombination):
     """
 
     name = "feddyn"
+    releases = ("FedDyn's server state h sums the clients' raw updates, unclipped and un-noised, and moves every "
+                "later global model",)
 
     def __init__(self, alpha: float = 0.01) -> None:
         super().__init__()

@@ -171,6 +171,8 @@ class Scaffold(ClientRule):
     """
 
     name = "scaffold"
+    releases = ("SCAFFOLD's server control variate c is averaged from the clients' raw control updates, unclipped "
+                "and un-noised, and sent to every later cohort",)
 
     def state_specs(self) -> list[StateSpec]:
         return [StateSpec("control", per_client=False), StateSpec("client_control")]
@@ -200,6 +202,8 @@ class IGFL(ClientRule):
 
     name = "igfl"
     uses_history = True
+    releases = ("IGFL-C scales every client's step by 1 + 1/|S| with |S| the realised cohort, so one client's "
+                "participation changes every other client's update (its sensitivity exceeds the clip C)",)
 
     def step_rule(self, cohort: Cohort, w_start: Tensor, lr: float) -> StepRule:
         K = cohort.clients.numel()
@@ -221,6 +225,8 @@ class EFL(ClientRule):
     """
 
     name = "efl"
+    releases = ("EFL's Fisher sums U and V add up every client's raw Fisher report, unclipped and un-noised, and go "
+                "to every later cohort",)
 
     def __init__(self, lam: float = 0.1, fisher_samples: int = 64) -> None:
         super().__init__()

@@ -3,7 +3,9 @@
 * :mod:`lfed.privacy.clipping`: per-client L2 clipping of the cohort's ``[K, P]`` updates at once;
 * :mod:`lfed.privacy.accountant`: the privacy ledger of a run (``dp-accounting``'s RDP accountant);
 * :mod:`lfed.privacy.dp_fedavg`: :class:`DPFedAvg`, the server combination (clip, noise, fixed denominator,
-  adaptive clipping, local DP), with Poisson sampling (:class:`lfed.sampling.PoissonSampler`).
+  adaptive clipping, local DP), with Poisson sampling (:class:`lfed.sampling.PoissonSampler`);
+* :mod:`lfed.privacy.releases`: DP-FedAvg's refusal of every value a component releases beside its update
+  (:attr:`lfed.component.Component.releases`).
 
 docs/privacy.md states the formulas and the accountant's assumptions.
 """

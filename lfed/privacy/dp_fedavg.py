@@ -25,6 +25,7 @@ from torch import Tensor
 from lfed.host import values
 from lfed.privacy.accountant import ACCOUNTANTS, PrivacyAccountant, calibrate_noise, epsilon
 from lfed.privacy.clipping import clip_factors, clip_rows
+from lfed.privacy.releases import check_releases
 from lfed.rng import round_generator
 from lfed.server.combination import ServerCombination
 from lfed.state import StateSpec
@@ -84,9 +85,17 @@ class DPFedAvg(ServerCombination):
         if self.local_noise > 0 and (z > 0 or target_epsilon is not None):
             raise ValueError("local_noise: local DP adds each client's own noise and no server noise; "
                              f"set noise_multiplier: 0 (got {noise_multiplier}) and no target_epsilon")
+        if self.local_noise > 0 and target_quantile is not None:
+            raise ValueError("target_quantile: adaptive clipping sends each client's clipped-or-not bit to the server "
+                             "un-noised, which local DP (local_noise > 0) does not account; use a fixed clip with local_noise")
         if math.isinf(self.clip0) and (z > 0 or target_epsilon is not None or self.local_noise > 0):
             raise ValueError("clip: noise is scaled by the clip norm, so an infinite clip (no clipping) gives unbounded "
                              "sensitivity; give a finite clip > 0 with noise")
+        # the settings as given (None: resolved before round 0 by prepare_run): what the run fingerprint compares
+        self._given = {"noise_multiplier": None if noise_multiplier is None else float(noise_multiplier),
+                       "clip": self.clip0, "target_epsilon": target_epsilon, "delta": delta,
+                       "target_quantile": target_quantile, "clip_lr": float(clip_lr), "count_noise": count_noise,
+                       "local_noise": self.local_noise, "accountant": accountant}
         self.noise_multiplier, self.target_epsilon, self.delta = z, target_epsilon, delta
         self._calibrate = noise_multiplier is None  # a budget and no multiplier: calibrate it; with both, the budget is a cap
         self.target_quantile, self.clip_lr, self.count_noise = target_quantile, float(clip_lr), count_noise
@@ -95,9 +104,20 @@ class DPFedAvg(ServerCombination):
         self._report: dict[str, float] = {}
 
     def hparams(self) -> dict:
-        return {"noise_multiplier": self.noise_multiplier, "clip": self.clip0, "target_epsilon": self.target_epsilon,
-                "delta": self.delta, "target_quantile": self.target_quantile, "clip_lr": self.clip_lr,
-                "count_noise": self.count_noise, "local_noise": self.local_noise, "accountant": self.accountant.kind}
+        """The settings as the user gave them, not as :meth:`prepare_run` resolves them.
+
+        A checkpoint is written after ``prepare_run`` (δ = 1/N^1.1, a calibrated ``z``, ``count_noise = m/20``) and
+        checked on resume before it runs again, so resolved values would differ from the unset ones on every resume.
+        The resolved values are functions of these settings and of what the fingerprint holds already (``N``,
+        ``fraction``, and the rounds when ``z`` is calibrated: :attr:`depends_on_total_rounds`), and the checkpoint
+        restores them (:meth:`set_extra_state`): equal settings are an exact continuation.
+        """
+        return dict(self._given)
+
+    @property
+    def depends_on_total_rounds(self) -> bool:
+        """Whether ``trainer.max_steps`` changes what the run computes: ``z`` calibrated for the run's rounds."""
+        return self._calibrate
 
     def state_specs(self) -> list[StateSpec]:
         return [StateSpec("clip", shape=(), per_client=False, init=self.clip0, dtype=torch.float64)]
@@ -106,6 +126,7 @@ class DPFedAvg(ServerCombination):
     def prepare_run(self, context) -> None:
         """Refuse what the accountant cannot account for; fix δ; calibrate ``z``; split ``z`` for adaptive clipping."""
         roles = context.components or {}
+        check_releases(roles, context.net_releases)  # every value the accountant cannot account (lfed.privacy.releases)
         sampler, weighting, channel = roles.get("sampler"), roles.get("weighting"), roles.get("channel")
         if sampler is not None and getattr(sampler, "name", None) != "poisson":
             raise ValueError(f"sampler: DP-FedAvg's accountant assumes Poisson sampling (each client independently "

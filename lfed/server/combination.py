@@ -53,6 +53,9 @@ class IGFLAttention(ServerCombination):
             (000 L172 read literally; not renormalised). SPEC §4.
     """
 
+    releases = ("IGFL-S attention weighs each client's raw update by the softmax of its similarity to the others' "
+                "(unbounded sensitivity), in place of DP-FedAvg's clipped, noised sum",)
+
     def __init__(
         self,
         query: Literal["self", "global", "time"] = "self",

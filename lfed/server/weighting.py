@@ -88,6 +88,8 @@ class DWFedWeights(AggregationWeights):
     """DWFed's ISH weights from label counts (002 eqs. 7, 12, 13)."""
 
     name = rule = "dwfed"
+    releases = ("DWFed's weights come from each client's label counts (its label distance to the population), "
+                "un-noised",)
 
 
 WEIGHTS = {"size": SizeWeights, "uniform": UniformWeights, "dwfed": DWFedWeights}

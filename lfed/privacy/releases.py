@@ -1,0 +1,44 @@
+"""What leaves the clients beyond the round's update, and DP-FedAvg's refusal of what it cannot account.
+
+DP-FedAvg (:mod:`lfed.privacy.dp_fedavg`) accounts one value a round: the clipped, noised sum of the counting
+clients' updates. A component that sends anything else computed from the clients' data to the server, to other
+clients or into the global model says so where it is defined, in :attr:`lfed.component.Component.releases` (one
+clause each: what, and how it leaves the clients); the run adds the net's own (BatchNorm running statistics,
+:meth:`lfed.run.FederatedRun.net_releases`). A DP run refuses every one before round 0 with one line naming the
+setting (:func:`refusal`); state that stays on its client (personal models, local layers) is no release.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["INSTEAD", "SETTINGS", "check_releases", "refusal"]
+
+#: The setting that chooses the component of each role (the names a config and the command line use).
+SETTINGS = {"combination": "aggregation", "channel": "compression", "participation": "fraction"}
+
+#: What to use with DP instead, by setting.
+INSTEAD = {
+    "objective": "objective: plain or prox (or a personalized rule whose own state stays on the client)",
+    "aggregation": "aggregation: lfed.privacy.DPFedAvg",
+    "weighting": "weighting: uniform",
+    "sampler": "sampler: poisson",
+    "net": "a net without running statistics (LayerNorm, GroupNorm or BatchNorm(track_running_stats=False))",
+}
+
+
+def refusal(setting: str, what: str) -> str:
+    """The one line refusing ``what`` (a release of ``setting``'s component) in a DP run."""
+    instead = INSTEAD.get(setting, f"a {setting} that releases nothing but its update")
+    return (f"{setting}: {what}, so DP-FedAvg's ε would not hold (it accounts only the clipped, noised update); "
+            f"use {instead} with DP")
+
+
+def check_releases(components: dict[str, Any], net_releases: Iterable[str] = ()) -> None:
+    """Raise ``ValueError`` (:func:`refusal`) for the first release of any component (by role) or of the net."""
+    for role, component in components.items():
+        for what in getattr(component, "releases", ()):
+            raise ValueError(refusal(SETTINGS.get(role, role), what))
+    for what in net_releases:
+        raise ValueError(refusal("net", what))
