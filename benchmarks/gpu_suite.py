@@ -672,11 +672,9 @@ class Suite:
         glob = [p.detach().clone() for p in model.parameters()]
         g = torch.Generator().manual_seed(0)
         reset_peak(dev)
-        rounds: list[float] = []
-        start = time.perf_counter()
-        for _ in range(s.warmup + s.timed):
-            sync(dev)
-            t = time.perf_counter()
+
+        def one_round() -> None:
+            nonlocal glob
             acc = [torch.zeros_like(w) for w in glob]
             for k in torch.randperm(s.num_clients, generator=g)[:cohort].tolist():
                 with torch.no_grad():
@@ -694,14 +692,8 @@ class Suite:
                     for a, p in zip(acc, model.parameters()):
                         a.add_(p, alpha=n)
             glob = [a / (n * cohort) for a in acc]
-            sync(dev)
-            rounds.append(time.perf_counter() - t)
-            timed = rounds[s.warmup:]
-            if len(timed) >= 3 and sum(timed) > self.args.case_cap_s:
-                break
-        timed = rounds[s.warmup:]
-        return {"steady_s_per_round": statistics.median(timed), "timed_rounds": timed, "warmup_rounds": rounds[:s.warmup],
-                "wall_s": time.perf_counter() - start, "note": "no evaluation", **peak_memory(dev)}
+
+        return {**self.manual_rounds(one_round), "note": "no evaluation"}
 
     def budget_left(self, reserve: bool = True) -> float:
         """Seconds left of --budget-s; less the reserve for the sections after the timing one while ``reserve``."""

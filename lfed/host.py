@@ -72,7 +72,7 @@ def read_metrics(metrics: dict[str, Any], flags: dict[str, Tensor] | None = None
     if tensors:
         device = tensors[0].device
         stacked = torch.stack([t.to(device=device, dtype=torch.float64, non_blocking=True) for t in tensors])
-        got = stacked.tolist() if device.type == "cpu" else stacked.cpu().tolist()  # the one read
+        got = stacked.tolist()  # the one read
         for k, v in zip(names, got):
             out[k] = v
         for k, v in zip(flags, got[len(names):]):

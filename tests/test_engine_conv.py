@@ -256,12 +256,12 @@ def test_the_recorded_step_runs_the_chosen_form_and_the_choice_is_kept():
     assert ops(graphs["native"]).count("aten.convolution.default") == 2
     bmm = [n for n in graphs["matmul"].graph.nodes if str(n.target) == "aten.bmm.default"]
     assert bmm and all(n.meta["val"].shape[0] == 4 for n in bmm)
-    # "auto" decides once per convolution's shapes (on a CPU: native) and keeps the decision
+    # "auto" takes the device's rule (on a CPU: native) for every convolution: the native graph, bit for bit
     trainer = CohortTrainer(net, backend="vmap")
-    _train(trainer, net, X, Y, idx, steps)
-    choices = trainer._conv_choices
-    assert sorted(k[0] for k in choices) == ["Conv2d", "Conv2d"] and set(choices.values()) == {"native"}
-    assert {k[1] for k in choices} == {(3, 1, 8, 8), (3, 16, 4, 4)}  # one client's batch of 3
+    auto = _train(trainer, net, X, Y, idx, steps).weights
+    (graph,) = [g for g in trainer._traced.values() if g is not None]
+    assert torch.equal(auto, results["native", True])
+    assert ops(graph).count("aten.convolution.default") == 2 and "aten.im2col.default" not in ops(graph)
 
 
 def test_the_form_can_be_forced_by_the_environment(monkeypatch):
@@ -272,7 +272,6 @@ def test_the_form_can_be_forced_by_the_environment(monkeypatch):
     _train(trainer, net, X, Y, idx, torch.full((2,), 1))
     (graph,) = trainer._traced.values()
     assert "aten.im2col.default" in [str(n.target) for n in graph.graph.nodes]
-    assert not hasattr(trainer, "_conv_choices")  # forced: nothing chosen
     monkeypatch.setenv("LFED_CONV_FORM", "fast")
     with pytest.raises(ValueError, match="LFED_CONV_FORM: 'fast'"):
         _train(CohortTrainer(net, backend="vmap"), net, X, Y, idx, torch.full((2,), 1))

@@ -15,13 +15,12 @@ one batched matrix product over the cohort: a fixed number of kernels whatever `
 
 The rule (``"auto"``): on CUDA the matmul form (cuDNN runs the native form's grouped convolution as
 one kernel per client: issue 37's profile, 250 kernels a round at K = 50); on any other device the
-native form (on a CPU the grouped convolution is one oneDNN call already, and the forms took the
-same time within 1%: the recorded step of a cohort of K = 50, B = 20, medians of 7, SmallCNN
-29.3 ms native against 29.4 ms matmul on one thread, 18.0 against 17.9 on two, PflCNN on 16x16
-images 609 against 614 ms). The choice is a rule of the device, not a timing, because the two
-forms round differently in float32: a choice made by timing could differ between two runs of one
-configuration (or a run and its resume) and change their results. The engine still keeps it per
-convolution's (shapes, device, dtype), so a rule that depends on the shapes changes nothing else.
+native form (on a CPU the grouped convolution is one oneDNN call already, and the matmul form took
+about twice as long: ``benchmarks/conv_forms.py``, BENCHMARKS.md "Convolutions of a cohort"; the CUDA
+choice is not measured yet: the GPU suite times both forms). The choice
+is a rule of the device, not a timing, because the two forms round differently in float32: a
+choice made by timing could differ between two runs of one configuration (or a run and its
+resume) and change their results.
 
 Memory: the matmul form saves the unfolded input for the weight's gradient, ``kh * kw`` times the
 input of the convolution (9x for 3x3). The engine's chunks are sized by one client's saved tensors

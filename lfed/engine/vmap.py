@@ -45,8 +45,8 @@ class VmapBackend(RecordedStep):
 
     The client losses run the net's ``Conv1d`` / ``Conv2d`` in the form :mod:`lfed.engine.conv`
     chooses: ``conv_form`` ``"auto"`` (the default; the environment variable ``LFED_CONV_FORM``
-    may name a form instead) decides once per convolution's (shapes, device, dtype) and keeps the
-    choice in ``_conv_choices``; ``"matmul"`` or ``"native"`` force one form.
+    may name a form instead) takes the device's rule (:func:`~lfed.engine.conv.choose_form`);
+    ``"matmul"`` or ``"native"`` force one form.
     """
 
     #: ``"auto"``, ``"matmul"`` or ``"native"`` (:data:`lfed.engine.conv.CONV_FORMS`): the form of the convolutions.
@@ -62,19 +62,9 @@ class VmapBackend(RecordedStep):
         return setting
 
     def _conv_choice(self, module: Any, x: Tensor, weight: Tensor) -> str:
-        """The form of one convolution: forced by :meth:`_conv_setting`, or chosen once per (shapes, device, dtype)."""
+        """The form of one convolution: forced by :meth:`_conv_setting`, else the device's rule (:func:`choose_form`)."""
         setting = self._conv_setting()
-        if setting != "auto":
-            return setting
-        key = (type(module).__name__, tuple(x.shape), tuple(weight.shape), module.stride, module.padding,
-               module.dilation, module.groups, module.padding_mode, x.device, x.dtype)
-        choices = self.__dict__.setdefault("_conv_choices", {})
-        form = choices.get(key)
-        if form is None:
-            if len(choices) >= 64:  # a bounded cache: a net has few convolutions, shapes change rarely
-                choices.pop(next(iter(choices)))
-            form = choices[key] = choose_form(x.device)
-        return form
+        return choose_form(x.device) if setting == "auto" else setting
 
     def _forward(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor) -> Tensor:
         """The net on ``x`` with ``params`` and ``buffers``, its convolutions in the chosen form."""
