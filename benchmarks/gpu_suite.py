@@ -638,8 +638,8 @@ class Suite:
         return Clock()
 
     def lfed_case(self, backend: str, cohort: int, precision: str = "32-true", conv_form: str | None = None) -> dict:
-        """``conv_form``: the vmap backend's form of the convolutions (lfed.engine.conv; None: lfed's rule, on CUDA
-        the batched matmul), set through ``LFED_CONV_FORM`` for this case only."""
+        """``conv_form``: the vmap backend's form of the convolutions (lfed.engine.conv; None: lfed's rule, native on
+        every device), set through ``LFED_CONV_FORM`` for this case only."""
         s = self.s
         clock = self.clock(s.warmup, self.args.case_cap_s)
         m = self.pfl_module(backend, cohort)

@@ -308,7 +308,7 @@ class Component(nn.Module):
         store = self._the_store()
         store.write_rows(self, name, clients, values, mask)
         if name in self.__dict__.get("_starts_global", ()):
-            store.write_rows(self, f"{name}_started", clients, torch.ones(clients.numel(), dtype=torch.bool), mask)
+            store.write_rows(self, f"{name}_started", clients, torch.ones(clients.numel(), dtype=torch.bool, device=clients.device), mask)
 
 
 def standalone_store() -> StateStore:

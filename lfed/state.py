@@ -181,9 +181,9 @@ class ModuleStateStore(StateStore):
 
     def write_rows(self, owner: nn.Module, name: str, clients: Tensor, values: Tensor, mask: Tensor | None = None) -> None:
         buf = owner._buffers[name]
-        values = values.to(buf.dtype)
+        values = values.to(device=buf.device, dtype=buf.dtype)  # a host-made value (a flag, a count) joins its buffer
         if mask is not None:  # the masked-out rows keep their values: torch.where, not a boolean index (no device read)
-            keep = mask.to(values.device).reshape(-1, *([1] * (values.dim() - 1)))
+            keep = mask.to(buf.device).reshape(-1, *([1] * (values.dim() - 1)))
             values = torch.where(keep, values, buf[clients])
         buf[clients] = values
 

@@ -13,11 +13,12 @@ one batched matrix product over the cohort: a fixed number of kernels whatever `
 * :func:`conv_forms`: the context in which a net's ``Conv1d`` / ``Conv2d`` modules compute in the
   chosen form (the engine's vmapped step; the net is as it was after it).
 
-The rule (``"auto"``): on CUDA the matmul form (cuDNN runs the native form's grouped convolution as
-one kernel per client: issue 37's profile, 250 kernels a round at K = 50); on any other device the
-native form (on a CPU the grouped convolution is one oneDNN call already, and the matmul form took
-about twice as long: ``benchmarks/conv_forms.py``, BENCHMARKS.md "Convolutions of a cohort"; the CUDA
-choice is not measured yet: the GPU suite times both forms). The choice
+The rule (``"auto"``): the native form on every device, measured: on a CPU the grouped convolution
+is one oneDNN call and the matmul form took about twice as long (``benchmarks/conv_forms.py``,
+BENCHMARKS.md "Convolutions of a cohort"); on an H100 (GPU suite, 2026-11-26, K = 50) the F.unfold
+matmul form took 2.1x the native form's round (CUDA's im2col is one kernel per image). The im2col
+here is now one gather (``index_select``), timed by the GPU suite's conv rows; the rule changes only
+on such a measurement. The choice
 is a rule of the device, not a timing, because the two forms round differently in float32: a
 choice made by timing could differ between two runs of one configuration (or a run and its
 resume) and change their results.
@@ -87,8 +88,19 @@ def conv2d_matmul(
     O, g = weight.shape[0], groups
     Ho = (H + 2 * padding[0] - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1
     Wo = (W + 2 * padding[1] - dilation[1] * (kernel[1] - 1) - 1) // stride[1] + 1
-    cols = F.unfold(x, kernel, dilation=dilation, padding=padding, stride=stride)  # [B, C * kh * kw, Ho * Wo]
-    L = cols.shape[-1]
+    # im2col as ONE gather of the padded input's pixels (index_select over H * W), then one matrix product. Not
+    # F.unfold: CUDA's im2col launches one kernel per image (the H100 profile of 2026-11-26: 5,000 kernels a round
+    # at K = 50), and not a strided view (Tensor.unfold): its backward has no vmap batching rule (a per-client loop).
+    if padding != (0, 0):
+        x = F.pad(x, (padding[1], padding[1], padding[0], padding[0]))
+    Hp, Wp = x.shape[-2:]
+    rows = dilation[0] * torch.arange(kernel[0], device=x.device).view(-1, 1, 1, 1) \
+        + stride[0] * torch.arange(Ho, device=x.device).view(1, 1, -1, 1)
+    cols_ = dilation[1] * torch.arange(kernel[1], device=x.device).view(1, -1, 1, 1) \
+        + stride[1] * torch.arange(Wo, device=x.device).view(1, 1, 1, -1)
+    pixels = (rows * Wp + cols_).reshape(-1)  # [kh * kw * Ho * Wo], in (kh, kw, Ho, Wo) order
+    cols = x.reshape(B, C, Hp * Wp).index_select(2, pixels)  # [B, C, kh * kw * Ho * Wo]
+    L = Ho * Wo
     cols = cols.view(B, g, -1, L).permute(1, 2, 0, 3).reshape(g, -1, B * L)  # [g, C/g * kh * kw, B * L]
     out = torch.matmul(weight.reshape(g, O // g, -1), cols)  # [g, O/g, B * L]
     out = out.view(O, B, Ho, Wo).transpose(0, 1)  # [B, O, Ho, Wo]
@@ -110,7 +122,7 @@ def conv1d_matmul(
 
 def choose_form(device: torch.device) -> Literal["matmul", "native"]:
     """The ``"auto"`` form of a convolution on ``device`` (the module docstring's rule)."""
-    return "matmul" if device.type == "cuda" else "native"
+    return "native"
 
 
 _MATMUL = {nn.Conv1d: conv1d_matmul, nn.Conv2d: conv2d_matmul}
