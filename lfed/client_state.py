@@ -59,7 +59,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lfed.state import ModuleStateStore, StateSpec, state_shape_error, state_shape_errors
+from lfed.state import client_range, reading_read_only, ModuleStateStore, StateSpec, state_shape_error, state_shape_errors
 
 __all__ = ["PLACEMENTS", "ClientStateStore", "ClientStateFileError", "dense_rows"]
 
@@ -182,16 +182,40 @@ class _Rows:
         pin = device.type == "cuda"
         idx = self.slot[ids]
         have = idx >= 0
+        staged = False
         if not self.blocks or not bool(have.any()):
             out = torch.full((ids.numel(), *self.row), self.init, dtype=self.dtype(), pin_memory=pin)
         else:
             if self._stored_dtype() != self.dtype():
                 self._ensure(self.count)
-            out = torch.empty((ids.numel(), *self.row), dtype=self._stored_dtype(), pin_memory=pin)
+            staged = reading_read_only()
+            out = self._staging(ids.numel(), pin) if staged else \
+                torch.empty((ids.numel(), *self.row), dtype=self._stored_dtype(), pin_memory=pin)
             self._read(idx.clamp(min=0), out=out)  # one pass over the rows
             if not bool(have.all()):
                 out[~have] = self.init
-        return out.to(device, non_blocking=pin)
+        moved = out.to(device, non_blocking=pin)
+        if pin and staged:  # its staging buffer is rewritten only once this copy is done
+            self._stage_done[self._stage_turn] = torch.cuda.Event()
+            self._stage_done[self._stage_turn].record()
+        return moved
+
+    def _staging(self, k: int, pin: bool) -> Tensor:
+        """The reused buffer of a :func:`~lfed.state.read_only_rows` read. On the CPU one buffer, and the rows
+        returned ARE it (valid until the next read). On CUDA two pinned buffers taken in turn: the host gathers
+        the next chunk into one while the device copies (and scores) the other; a buffer is rewritten only
+        after its copy to the device finished (an event). Grown when a read needs more rows."""
+        if "_stage" not in self.__dict__:
+            self._stage, self._stage_done, self._stage_pinned, self._stage_turn = [None, None], [None, None], pin, 1
+        turn = 1 - self._stage_turn if pin else 0
+        self._stage_turn = turn
+        buf = self._stage[turn]
+        if buf is None or buf.shape[0] < k or buf.dtype != self._stored_dtype() or self._stage_pinned != pin:
+            self._stage_pinned = pin
+            buf = self._stage[turn] = torch.empty((max(k, 0), *self.row), dtype=self._stored_dtype(), pin_memory=pin)
+        elif self._stage_done[turn] is not None:
+            self._stage_done[turn].synchronize()
+        return buf[:k]
 
     def scatter(self, clients: Tensor, values: Tensor) -> None:
         """Write ``values [K, *row]`` to the rows of ``clients`` (new clients get a row)."""
@@ -344,7 +368,8 @@ class _DeviceRows:
         return self.owner._buffers[self.name]
 
     def gather(self, clients: Tensor) -> Tensor:
-        return self.buf[clients]
+        span = client_range(clients) if reading_read_only() else None
+        return self.buf[clients] if span is None else self.buf[span[0] : span[1]]  # a view under read_only_rows()
 
     def scatter(self, clients: Tensor, values: Tensor) -> None:
         buf = self.buf
