@@ -82,7 +82,10 @@ def fit(m, dm, rounds: int, device: str):
                       check_val_every_n_epoch=None, val_check_interval=rounds, limit_val_batches=0)
     t = time.perf_counter()
     trainer.fit(m, datamodule=dm)
-    return time.perf_counter() - t
+    elapsed = time.perf_counter() - t
+    if device == "gpu":  # Lightning's teardown puts the module back on the CPU; the run's data stays on the device
+        m.to("cuda")
+    return elapsed
 
 
 def one_by_one(run, clients, row_of) -> torch.Tensor:

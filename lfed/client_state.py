@@ -371,13 +371,28 @@ class _DeviceRows:
         span = client_range(clients) if reading_read_only() else None
         return self.buf[clients] if span is None else self.buf[span[0] : span[1]]  # a view under read_only_rows()
 
-    def scatter(self, clients: Tensor, values: Tensor) -> None:
-        buf = self.buf
-        buf[clients] = values.to(buf.dtype)
-        self.written[clients.detach().to("cpu", torch.long)] = True
+    def _written(self) -> Tensor:
+        """Which clients were written, kept beside the buffer (marking them reads nothing back to the host)."""
+        if self.written.device != self.buf.device:
+            self.written = self.written.to(self.buf.device)
+        return self.written
+
+    def scatter(self, clients: Tensor, values: Tensor, mask: Tensor | None = None) -> None:
+        """Write ``values`` to the rows of ``clients``; with ``mask`` only the selected ones (``torch.where``, not a
+        boolean index: no device read)."""
+        buf, written = self.buf, self._written()
+        clients = clients.to(buf.device)
+        values = values.to(device=buf.device, dtype=buf.dtype)
+        if mask is None:
+            buf[clients] = values
+            written[clients] = True
+            return
+        keep = mask.to(buf.device)
+        buf[clients] = torch.where(keep.view(-1, *([1] * (values.dim() - 1))), values, buf[clients])
+        written[clients] = written[clients] | keep
 
     def clients(self) -> Tensor:
-        return self.written.nonzero().squeeze(1)
+        return self.written.nonzero().squeeze(1).cpu()
 
     def export(self) -> tuple[Tensor, Tensor]:
         ids = self.clients()
@@ -476,7 +491,9 @@ class ClientStateStore(ModuleStateStore):
         rows = self._lazy(owner, name)
         if rows is None:
             return super().write_rows(owner, name, clients, values, mask)
-        if mask is not None:
+        if isinstance(rows, _DeviceRows):
+            return rows.scatter(clients, values, mask)
+        if mask is not None:  # host / disk rows: the cohort's rows go to the host anyway (a device read there)
             clients, values = clients[mask], values[mask]
         rows.scatter(clients, values)
 
