@@ -103,6 +103,31 @@ def one_by_one(run, clients, row_of) -> torch.Tensor:
     return out
 
 
+def agreement(run, clients, row_of, loop: torch.Tensor, vmapped: torch.Tensor, margin: float = 1e-4) -> dict:
+    """The loop's and the vmapped accuracies compared: ``equal`` bit for bit (on the CPU they are), else each
+    client that differs must have a near tie among its held-out examples: recomputed in float64 from its row,
+    an example whose two largest logits are within ``margin`` (relative). On a GPU the two paths run other
+    kernels (batched against single matrix products), and float32 round-off may then flip such an argmax;
+    any other difference is a defect. Returns ``{"equal", "clients_differing", "explained"}``."""
+    import copy
+
+    differ = (loop != vmapped).nonzero().squeeze(1).tolist()
+    explained = True
+    if differ:
+        d, layout = run.data, run.layout
+        net = copy.deepcopy(run.net).double().eval()
+        for i in differ:
+            k = int(clients[i])
+            idx = d.holdout_index[k, : int(d.holdout_sizes[k])]
+            with torch.no_grad():
+                logits = functional_call(net, {n: v.double() for n, v in layout.unflatten(row_of(k)).items()},
+                                         (d.train_x[idx].double(),))
+            top = logits.topk(2, dim=-1).values
+            gap = (top[:, 0] - top[:, 1]).abs() / top[:, 0].abs().clamp(min=1.0)
+            explained = explained and bool((gap < margin).any())
+    return {"equal": not differ, "clients_differing": len(differ), "explained": not differ or explained}
+
+
 def evaluation(args, N: int, device: str) -> None:
     from lfed.distributed import Ranks
     from lfed.personal.ditto import Ditto
@@ -134,14 +159,15 @@ def evaluation(args, N: int, device: str) -> None:
     # both read their rows from the client state: the vmapped one a chunk at a time, the loop one row at a time
     t_vmap, t_loop = interleaved([lambda: personal_evaluation(run), lambda: one_by_one(run, clients, row_of)], args.repeat)
     vmapped = run.last_personal["personal"]
-    assert torch.equal(one_by_one(run, clients, row_of), vmapped), "the two evaluations disagree"
+    agree = agreement(run, clients, row_of, one_by_one(run, clients, row_of), vmapped)
+    assert agree["explained"], f"the two evaluations disagree beyond float32 near-ties: {agree}"
     ft = module(FedAvgFT(epochs=1), args.features, args.hidden, device, personal_chunk=args.chunk)
     fit(ft, dm, 1, device)
     ft_run = ft.runs[0]
     ft_evaluated = (ft_run.client_accuracy(), None)
     t_ft = median_seconds(lambda: ft_run.personal_evaluation(ft_evaluated, Ranks(), lambda t: t, False, 2048), args.repeat)
     print(f"N={N:>6}  P={run.layout.num_params:,}  client_state={placement}  vmapped {t_vmap:8.3f} s  one by one {t_loop:8.3f} s  "
-          f"({t_loop / t_vmap:5.1f}x)  FedAvg-FT (fine-tuning included) {t_ft:8.3f} s", flush=True)
+          f"({t_loop / t_vmap:5.1f}x)  accuracies {'equal' if agree['equal'] else str(agree['clients_differing']) + ' clients differ (near ties)'}  FedAvg-FT (fine-tuning included) {t_ft:8.3f} s", flush=True)
 
 
 def param_count(args) -> int:

@@ -385,7 +385,7 @@ class _DeviceRows:
         values = values.to(device=buf.device, dtype=buf.dtype)
         if mask is None:
             buf[clients] = values
-            written[clients] = True
+            written.index_fill_(0, clients, True)  # (``written[clients] = True`` copies a host True to the device: a sync)
             return
         keep = mask.to(buf.device)
         buf[clients] = torch.where(keep.view(-1, *([1] * (values.dim() - 1))), values, buf[clients])
