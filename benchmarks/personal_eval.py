@@ -42,6 +42,39 @@ def median_seconds(f, n: int) -> float:
     return statistics.median(times)
 
 
+def _status_kb(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def peak_growth_mb(f) -> float | None:
+    """How far the process's resident memory rose above where it was while ``f`` ran (MB): the peak RSS
+    (VmHWM, reset through /proc/self/clear_refs) minus the RSS before. None where Linux does not allow it.
+    On CUDA, torch's own peak allocation of the device instead."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        f()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / 2**20
+    try:
+        with open("/proc/self/clear_refs", "w") as c:
+            c.write("5")
+    except OSError:
+        return None
+    before = _status_kb("VmRSS")
+    f()
+    peak = _status_kb("VmHWM")
+    return None if before is None or peak is None else (peak - before) / 1024
+
+
 def interleaved(fs, n: int) -> list[float]:
     """Medians of ``n`` timings of each of ``fs``, taken in turn (f0, f1, f0, f1, ...), so a change of load
     hits both; the load average is printed before each turn."""
@@ -164,6 +197,8 @@ def evaluation(args, N: int, device: str) -> None:
     t_vmap, t_loop = interleaved([lambda: personal_evaluation(run), lambda: one_by_one(run, clients, row_of)], args.repeat)
     vmapped = run.last_personal["personal"]
     agree = agreement(run, clients, row_of, one_by_one(run, clients, row_of), vmapped)
+    mem_vmap = peak_growth_mb(lambda: personal_evaluation(run))
+    mem_loop = peak_growth_mb(lambda: one_by_one(run, clients, row_of))
     assert agree["explained"], f"the two evaluations disagree beyond float32 near-ties: {agree}"
     ft = module(FedAvgFT(epochs=1), args.features, args.hidden, device, personal_chunk=args.chunk)
     fit(ft, dm, 1, device)
@@ -171,7 +206,7 @@ def evaluation(args, N: int, device: str) -> None:
     ft_evaluated = (ft_run.client_accuracy(), None)
     t_ft = median_seconds(lambda: ft_run.personal_evaluation(ft_evaluated, Ranks(), lambda t: t, False, 2048), args.repeat)
     print(f"N={N:>6}  P={run.layout.num_params:,}  client_state={placement}  vmapped {t_vmap:8.3f} s  one by one {t_loop:8.3f} s  "
-          f"({t_loop / t_vmap:5.1f}x)  accuracies {'equal' if agree['equal'] else str(agree['clients_differing']) + ' clients differ (near ties)'}  FedAvg-FT (fine-tuning included) {t_ft:8.3f} s", flush=True)
+          f"({t_loop / t_vmap:5.1f}x)  memory growth vmapped {mem_vmap:.0f} MB, one by one {mem_loop:.0f} MB  accuracies {'equal' if agree['equal'] else str(agree['clients_differing']) + ' clients differ (near ties)'}  FedAvg-FT (fine-tuning included) {t_ft:8.3f} s", flush=True)
 
 
 def param_count(args) -> int:
