@@ -238,6 +238,7 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=256, help="personal_chunk")
     p.add_argument("--rounds", type=int, nargs=2, default=[5, 25], help="R1 R2 of the round-time fits")
     p.add_argument("--round-clients", type=int, default=1000)
+    p.add_argument("--no-round-time", action="store_true", help="skip part 2 (the Ditto round against a FedAvg round)")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--client-state", default="auto", choices=["auto", "device", "host", "disk"],
                    help="where Ditto's personal models live (auto: host when a dense [N, P] state passes 2 GB)")
@@ -248,7 +249,8 @@ def main() -> None:
     print(f"device {args.device}, torch threads {torch.get_num_threads()}, load before {os.getloadavg()[0]:.2f}")
     for N in args.clients:
         evaluation(args, N, device)
-    round_time(args, device)
+    if not args.no_round_time:
+        round_time(args, device)
     print(f"load after {os.getloadavg()[0]:.2f}")
 
 
