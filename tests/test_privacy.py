@@ -355,6 +355,7 @@ def test_the_accountant_state_round_trips():
     (dict(noise_multiplier=None), "give a noise multiplier z >= 0, or target_epsilon"),
     (dict(clip=math.inf), "infinite clip"),
     (dict(noise_multiplier=1.0, local_noise=1.0), "local DP adds each client's own noise and no server noise"),
+    (dict(log_unaccounted="yes"), "log_unaccounted: must be true or false, got 'yes'"),
 ])
 def test_bad_settings_are_refused_naming_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -497,3 +498,151 @@ def test_every_component_under_dp_is_refused_in_one_line_before_round_0_or_runs_
     assert message.startswith(refused) and "\n" not in message, message
     if "ε would not hold" in message:  # a release: what to use instead
         assert message.endswith("with DP"), message
+
+
+# ---------------------------------------------------------------------- metrics under DP (docs/privacy.md)
+def test_the_metric_gate_by_hand():
+    from lfed.privacy.metrics import MetricGate
+
+    metrics = {"test/acc": 0.5, "train/loss": 1.0, "final/rounds_to_0.8": 3.0, "global_val/acc_mean": 0.2}
+    private = ("test/*", "final/rounds_to_*", "val/*")
+    assert MetricGate("all", private)(metrics) == metrics
+    assert MetricGate("drop", private)(metrics) == {"test/acc": 0.5, "final/rounds_to_0.8": 3.0}
+    assert MetricGate("mark", private)(metrics) == {"test/acc": 0.5, "unaccounted/train/loss": 1.0,
+                                                    "final/rounds_to_0.8": 3.0, "unaccounted/global_val/acc_mean": 0.2}
+    dp = DPFedAvg(noise_multiplier=1.0, clip=0.5)
+    gate = MetricGate.of([dp, dp, torch.nn.Identity()], ("test/*",))  # the strictest policy; a component counted once
+    assert gate.mode == "drop" and gate.private == ("test/*", "privacy/epsilon", "privacy/noise_multiplier", "privacy/clip")
+    assert MetricGate.of([DPFedAvg(noise_multiplier=1.0, clip=0.5, log_unaccounted=True)]).mode == "mark"
+    assert MetricGate.of([torch.nn.Identity()]).mode == "all"
+
+
+#: What a DP run reads from the clients' data without noise and logs (with log_unaccounted: as unaccounted/<name>).
+UNNOISED = ["train/loss", "client/local_acc_mean", "privacy/clipped_fraction", "privacy/clients", "round/clients",
+            "round/active", "round/weight_sum", "comm/uploads", "comm/bits_up", "client/acc_mean", "client/acc_worst10",
+            "global/acc_mean", "final/bmta_local", "final/bmta_global", "final/uploads_total"]
+
+
+class _Capture:
+    """Every metric a Lightning logger is given, by name (a Lightning Logger made at call time)."""
+
+    @staticmethod
+    def make():
+        from lightning.pytorch.loggers import Logger
+
+        class Capture(Logger):
+            name, version = "capture", 0
+
+            def __init__(self):
+                super().__init__()
+                self.logged: dict[str, list[float]] = {}
+
+            def log_hyperparams(self, *args, **kwargs):
+                pass
+
+            def log_metrics(self, metrics, step=None):
+                for k, v in metrics.items():
+                    self.logged.setdefault(k, []).append(float(v))
+
+        return Capture()
+
+
+def _logged_dp_run(backend, **dp_settings):
+    from lightning.pytorch import Trainer
+
+    m = _module(backend, algorithm="dp_fedavg", fraction=0.5, personal_clients=5,
+                aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5, **dp_settings))
+    logger = _Capture.make()
+    t = Trainer(max_steps=3, accelerator="cpu", logger=logger, enable_progress_bar=False, enable_model_summary=False,
+                enable_checkpointing=False, num_sanity_val_steps=0, precision="64-true", log_every_n_steps=1,
+                check_val_every_n_epoch=None, val_check_interval=3)
+    t.fit(m, datamodule=_digits(20))
+    return m, {k: v for k, v in logger.logged.items() if k not in ("epoch",)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_dp_run_logs_no_unnoised_client_statistic_by_default_and_marks_them_with_log_unaccounted(backend):
+    """Default: the logs hold ε, z, the (fixed) clip, the test split's figures and the summary's test figures, and
+    nothing else (so no name of UNNOISED, and nothing new slips through undeclared). log_unaccounted: the same private
+    names, unchanged, and every UNNOISED name as unaccounted/<name>, never bare; the marked values are the run's own."""
+    private = {"privacy/epsilon", "privacy/noise_multiplier", "privacy/clip", "test/acc", "test/loss",
+               "final/test_acc", "final/test_acc_last10pct"}
+    m, logged = _logged_dp_run(backend)
+    assert set(logged) == private, sorted(set(logged) ^ private)
+    assert set(m.runs[0].final_summary) == {"final/test_acc", "final/test_acc_last10pct"}
+    assert not any(name in logged for name in UNNOISED)
+
+    m, logged = _logged_dp_run(backend, log_unaccounted=True)
+    marked = {k for k in logged if k.startswith("unaccounted/")}
+    assert set(logged) - marked == private
+    assert {"unaccounted/" + name for name in UNNOISED} <= marked, sorted({"unaccounted/" + n for n in UNNOISED} - marked)
+    assert not any(k[len("unaccounted/"):] in private for k in marked)
+    last = m.last_round
+    counting = int(last.cohort.counting.sum())
+    assert logged["unaccounted/privacy/clients"][-1] == counting == logged["unaccounted/comm/uploads"][-1]
+    active = last.cohort.active
+    assert logged["unaccounted/train/loss"][-1] == pytest.approx(float(last.losses[active].mean()), rel=1e-12)
+    assert "final/bmta_local" not in m.runs[0].final_summary and "unaccounted/final/bmta_local" in m.runs[0].final_summary
+
+
+def test_a_run_without_dp_logs_every_metric_under_its_own_name():
+    from lightning.pytorch import Trainer
+
+    m = _module(algorithm="fedavg", fraction=0.5, personal_clients=5)
+    logger = _Capture.make()
+    t = Trainer(max_steps=3, accelerator="cpu", logger=logger, enable_progress_bar=False, enable_model_summary=False,
+                enable_checkpointing=False, num_sanity_val_steps=0, precision="64-true", log_every_n_steps=1,
+                check_val_every_n_epoch=None, val_check_interval=3)
+    t.fit(m, datamodule=_digits(20))
+    assert not any(k.startswith("unaccounted/") for k in logger.logged)
+    assert {"train/loss", "client/local_acc_mean", "client/acc_mean", "round/clients", "comm/uploads"} <= set(logger.logged)
+
+
+def test_the_clipped_fraction_is_the_noised_count_by_hand():
+    """Adaptive clipping: privacy/clipped_fraction = 1 - b̃, b̃ = (Σ_k 1[‖Δ_k‖ ≤ C] + σ_b ξ) / m with ξ the first draw of
+    the round's stream (seed 7, round r, "dp-noise"), m the expected cohort; the same b̃ moves the clip. A fixed clip
+    reports the un-noised share of the counting clients, not declared private (not logged under DP by default)."""
+    from lfed.rng import round_generator
+
+    sigma_b, m, C, gamma, lr = 0.7, 4.0, 1.0, 0.5, 0.2
+    dp = _dp(2, noise_multiplier=0.5, clip=C, target_quantile=gamma, clip_lr=lr, count_noise=sigma_b)
+    updates = torch.tensor([[0.5, 0.0], [2.0, 0.0], [3.0, 0.0], [0.0, 0.9]], dtype=torch.float64)  # norms .5, 2, 3, .9
+    for r in range(2):
+        dp.set_state("clip", torch.tensor(C, dtype=torch.float64))
+        dp.combine(updates, None, _cohort(r, 4, m, counting=[True, True, True, False]))
+        xi = float(torch.randn((), generator=round_generator(7, r, "dp-noise"), dtype=torch.float64))
+        b_noised = (1 + sigma_b * xi) / m  # of the counting clients, only the first is under C = 1 (the 4th does not count)
+        report = dp.report(None)
+        assert float(report["privacy/clipped_fraction"]) == pytest.approx(1 - b_noised, rel=1e-15, abs=1e-15)
+        assert float(report["privacy/clipped_fraction"]) != pytest.approx(2 / 3)  # not the un-noised share
+        assert float(report["privacy/clip_next"]) == pytest.approx(C * math.exp(-lr * (b_noised - gamma)), rel=1e-15)
+    assert "privacy/clipped_fraction" in dp.private_metrics and "privacy/clients" not in dp.private_metrics
+
+    fixed = _dp(2, noise_multiplier=0.5, clip=C)
+    fixed.combine(updates, None, _cohort(0, 4, m, counting=[True, True, True, False]))
+    assert float(fixed.report(None)["privacy/clipped_fraction"]) == pytest.approx(2 / 3, rel=1e-15)
+    assert "privacy/clipped_fraction" not in fixed.private_metrics
+
+
+def test_log_unaccounted_is_reachable_from_the_command_line(tmp_path):
+    """configs/dp_digits.yaml with --model.aggregation.init_args.log_unaccounted=true: metrics.csv has the marked
+    columns; without it, none of them and none bare."""
+    import csv
+
+    from lfed.cli import run_cli
+
+    from conftest import REPO
+
+    def columns(where, *extra):
+        run_cli(["fit", "--config", str(REPO / "configs" / "dp_digits.yaml"), "--trainer.max_steps=2",
+                 "--trainer.val_check_interval=2", "--trainer.enable_checkpointing=false",
+                 "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path / where}", *extra])
+        (path,) = (tmp_path / where).rglob("metrics.csv")
+        with open(path, newline="") as f:
+            return set(next(csv.reader(f)))
+
+    marked = columns("marked", "--model.aggregation.init_args.log_unaccounted=true")
+    assert {"unaccounted/train/loss", "unaccounted/privacy/clipped_fraction", "unaccounted/client/acc_mean"} <= marked
+    plain = columns("plain")
+    assert "privacy/epsilon" in plain and "test/acc" in plain
+    assert not any(c.startswith("unaccounted/") or c in UNNOISED for c in plain)

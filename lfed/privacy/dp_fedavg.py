@@ -50,6 +50,10 @@ class DPFedAvg(ServerCombination):
         count_noise: ``σ_b >= 0``, the noise of the clipped-count query (default ``m / 20``).
         local_noise: ``σ_l >= 0``: each client adds ``N(0, σ_l² C² I)`` to its clipped update (local DP; then ``z = 0``).
         accountant: ``rdp`` (default) or ``pld`` (dp-accounting's).
+        log_unaccounted: False (default): the run logs only metrics computed from the noised releases or from
+            server-held data (:attr:`private_metrics`, the test split; :mod:`lfed.privacy.metrics`). True: also the
+            metrics read from the clients' data without noise (the training loss, the cohort's local accuracy, the
+            realised cohort size, the clients' held-out accuracies), each renamed ``unaccounted/<name>``.
     """
 
     name = "dp"
@@ -57,8 +61,12 @@ class DPFedAvg(ServerCombination):
 
     def __init__(self, noise_multiplier: float | None = 1.0, clip: float = 1.0, target_epsilon: float | None = None,
                  delta: float | None = None, target_quantile: float | None = None, clip_lr: float = 0.2,
-                 count_noise: float | None = None, local_noise: float = 0.0, accountant: str = "rdp") -> None:
+                 count_noise: float | None = None, local_noise: float = 0.0, accountant: str = "rdp",
+                 log_unaccounted: bool = False) -> None:
         super().__init__()
+        if not isinstance(log_unaccounted, bool):
+            raise ValueError(f"log_unaccounted: must be true or false, got {log_unaccounted!r}")
+        self.log_unaccounted = log_unaccounted
         if target_epsilon is not None:
             number("target_epsilon", target_epsilon, above=0)
             if noise_multiplier is not None:
@@ -102,6 +110,20 @@ class DPFedAvg(ServerCombination):
         self.accountant = PrivacyAccountant(accountant)
         self.update_multiplier = z  # z_Δ: the updates' share of z under adaptive clipping (prepare_run)
         self._report: dict[str, float] = {}
+
+    @property
+    def metric_policy(self) -> str:
+        """DP guards the run's metrics (:mod:`lfed.privacy.metrics`): ``mark`` with ``log_unaccounted``, else ``drop``."""
+        return "mark" if self.log_unaccounted else "drop"
+
+    @property
+    def private_metrics(self) -> tuple[str, ...]:
+        """What :meth:`report` computes from public settings and noised releases only: ε, ``z``, the clip (fixed: a
+        setting; adaptive: ``C_t`` from the noised counts of earlier rounds) and, with adaptive clipping, the next clip
+        and the clipped fraction ``1 - b̃`` from the noised count. Not ``privacy/clients`` (the realised cohort size)
+        nor, with a fixed clip, ``privacy/clipped_fraction`` (an un-noised count)."""
+        fixed = ("privacy/epsilon", "privacy/noise_multiplier", "privacy/clip")
+        return fixed if self.target_quantile is None else fixed + ("privacy/clip_next", "privacy/clipped_fraction")
 
     def hparams(self) -> dict:
         """The settings as the user gave them, not as :meth:`prepare_run` resolves them.
@@ -210,15 +232,18 @@ class DPFedAvg(ServerCombination):
             delta = torch.where(counting, 1.0 / m, 0.0).to(updates.dtype) @ (clipped + self.local_noise * C * own)
         else:
             delta = a.to(updates.dtype) @ updates
-        clipped_share = (((norms > C) & counting).double().sum() / n_counting) if n_counting else 0.0
-        report = {"privacy/clip": C, "privacy/clients": float(n_counting), "privacy/clipped_fraction": clipped_share}
-        if self.target_quantile is not None:  # Andrew et al.: the noised count of clients under the bound
+        report = {"privacy/clip": C, "privacy/clients": float(n_counting)}  # the realised cohort: unaccounted
+        if self.target_quantile is None:  # the un-noised share of the cohort clipped: unaccounted (private_metrics)
+            clipped_share = (((norms > C) & counting).double().sum() / n_counting) if n_counting else 0.0
+            report["privacy/clipped_fraction"] = clipped_share
+        else:  # Andrew et al.: the noised count of clients under the bound, b̃ = (Σ b_k + N(0, σ_b²)) / m
             below = ((norms <= C) & counting).double().sum()
             draw = torch.randn((), generator=g, dtype=torch.float64).to(below.device, non_blocking=True)
-            noisy = below + float(self.count_noise) * draw
-            C_next = C * torch.exp(-self.clip_lr * (noisy / m - self.target_quantile))
+            b_noised = (below + float(self.count_noise) * draw) / m
+            C_next = C * torch.exp(-self.clip_lr * (b_noised - self.target_quantile))
             self.set_state("clip", C_next.to(self.state("clip").device))
             report["privacy/clip_next"] = C_next
+            report["privacy/clipped_fraction"] = 1.0 - b_noised  # post-processing of b̃ (private)
         if self.update_multiplier > 0:
             noise = torch.randn(P, generator=g, dtype=updates.dtype).to(updates.device, non_blocking=True)
             delta = delta + (self.update_multiplier * C / m) * noise
