@@ -431,6 +431,9 @@ COMPONENTS_UNDER_DP = {
     "objective: plain": (lambda: _dp_row(objective="plain"), None),
     "objective: prox": (lambda: _dp_row(objective="prox"), None),
     "objective: scaffold": (lambda: _dp_row(objective="scaffold"), "objective: SCAFFOLD's server control variate c"),
+    "objective: scaffold with control_clip, control_noise (DP-SCAFFOLD)": (lambda: _dp_row(
+        objective=__import__("lfed.client.objectives").client.objectives.Scaffold(control_clip=1.0, control_noise=3.0)),
+        None),
     "objective: efl": (lambda: _dp_row(objective="efl"), "objective: EFL's Fisher sums U and V"),
     "objective: igfl": (lambda: _dp_row(objective="igfl"), "objective: IGFL-C scales every client's step"),
     "objective: feddyn": (lambda: _dp_row(objective="lfed.client.feddyn.FedDyn"), "objective: FedDyn's server state h"),
@@ -646,3 +649,78 @@ def test_log_unaccounted_is_reachable_from_the_command_line(tmp_path):
     plain = columns("plain")
     assert "privacy/epsilon" in plain and "test/acc" in plain
     assert not any(c.startswith("unaccounted/") or c in UNNOISED for c in plain)
+
+
+# ---------------------------------------------------------------------- DP-SCAFFOLD (docs/privacy.md)
+def test_dp_scaffold_control_variate_by_hand():
+    """c ← c + (Σ_{k counting} clip(Δc_k, C_c) + z_c C_c ξ) / N, Δc_k = c_k_new - c_k = -c + (w_start - w_end_k)/(K_k η),
+    ξ the round's stream (seed 7, round r, "dp-control-noise"); a client that does not count adds 0 but keeps its own
+    c_k_new (SCAFFOLD's client state stays on the client)."""
+    from lfed.client.objectives import Scaffold
+    from lfed.rng import round_generator
+
+    N, P, lr, C_c, z_c = 10, 3, 0.1, 0.5, 1.7
+    rule = Scaffold(control_clip=C_c, control_noise=z_c)
+    rule.setup_state(standalone_store(), torch.ones(N), P, torch.zeros(1, dtype=torch.float64))
+    w_start = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
+    w_end = torch.tensor([[0.9, -1.0, 0.5], [1.0, -1.3, 0.1], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    cohort = _cohort(0, 3, 3.0, N=N, counting=[True, True, False])
+    cohort.clients = torch.tensor([2, 5, 7])
+    cohort.steps_done = torch.tensor([2, 4, 1])
+    rule.after_local(cohort, w_start, w_end, lr, None)
+    change = (w_start - w_end) / (torch.tensor([2.0, 4.0, 1.0], dtype=torch.float64)[:, None] * lr)  # c = c_k = 0
+    xi = torch.randn(P, generator=round_generator(7, 0, "dp-control-noise"), dtype=torch.float64)
+    clipped = [row * min(1.0, C_c / float(torch.linalg.vector_norm(row))) for row in change[:2]]
+    want = (clipped[0] + clipped[1] + z_c * C_c * xi) / N
+    torch.testing.assert_close(rule.state("control"), want, atol=1e-15, rtol=0)
+    torch.testing.assert_close(rule.rows("client_control", torch.tensor([2, 5, 7])), change, atol=1e-15, rtol=0)
+    assert float(torch.linalg.vector_norm(change[1])) > C_c  # the second row was clipped
+    assert rule.releases == () and rule.dp_shares == (z_c,)
+    assert Scaffold().releases and Scaffold().dp_shares == ()
+    with pytest.raises(ValueError, match="control_clip, control_noise: DP-SCAFFOLD clips the control updates"):
+        Scaffold(control_clip=0.5)
+    with pytest.raises(ValueError, match="control_noise: must be a finite number > 0"):
+        Scaffold(control_clip=0.5, control_noise=0.0)
+
+
+def test_dp_scaffold_takes_its_share_of_the_noise_multiplier():
+    """z_Δ = (z⁻² - z_c⁻²)^(-1/2) (with adaptive clipping also - (2σ_b)⁻²), so the round stays one Gaussian mechanism
+    of multiplier z: the accountant's (q, z). z_c ≤ z leaves the updates nothing: refused, naming control_noise."""
+    from lfed.client.objectives import Scaffold
+    from lfed.component import CompositionContext
+
+    def prepared(z, z_c, **extra):
+        dp = DPFedAvg(noise_multiplier=z, clip=0.5, delta=1e-5, **extra)
+        dp.prepare_run(CompositionContext(frozenset(), num_clients=10, cohort_sizes=[5],
+                                          components={"objective": Scaffold(control_clip=1.0, control_noise=z_c),
+                                                      "combination": dp}))
+        return dp
+
+    assert prepared(1.0, 2.0).update_multiplier == pytest.approx((1 - 1 / 4) ** -0.5, rel=1e-15)
+    assert prepared(1.0, 2.0, target_quantile=0.5, count_noise=1.5).update_multiplier == pytest.approx(
+        (1 - 1 / 4 - 1 / 9) ** -0.5, rel=1e-15)
+    with pytest.raises(ValueError, match="control_noise: the components' own noise multipliers \\[1.0\\] leave"):
+        prepared(1.0, 1.0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_dp_scaffold_run_is_accounted_at_z_and_its_control_variate_is_noised(backend):
+    """Two rounds of DP-SCAFFOLD at q = 0.5: ε is dp-accounting's for (q, z) (the shares are inside z); the server's c
+    moves with the noise: z_c = 2 and z_c = 2000 give controls whose difference is the noise's (norm ~ z_c C_c √P / N)."""
+    import dp_accounting
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    from lfed.client.objectives import Scaffold
+
+    controls = {}
+    for z_c in (2.0, 2000.0):
+        m = _module(backend, algorithm="dp_fedavg", fraction=0.5, objective=Scaffold(control_clip=0.5, control_noise=z_c),
+                    aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5))
+        run_rounds(m, _digits(), 2)
+        library = rdp_privacy_accountant.RdpAccountant()
+        library.compose(dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(1.0)), 2)
+        assert m.last_round.extra["privacy/epsilon"] == library.get_epsilon(1 / 10 ** 1.1)
+        controls[z_c] = m.objective.state("control").clone()
+    gap = float(torch.linalg.vector_norm(controls[2000.0] - controls[2.0]))
+    expected = 1998 * 0.5 * math.sqrt(2 * 1210) / 10  # two rounds of noise, the same draws scaled by z_c
+    assert gap == pytest.approx(expected, rel=0.1)

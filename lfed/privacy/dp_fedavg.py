@@ -109,6 +109,7 @@ class DPFedAvg(ServerCombination):
         self.target_quantile, self.clip_lr, self.count_noise = target_quantile, float(clip_lr), count_noise
         self.accountant = PrivacyAccountant(accountant)
         self.update_multiplier = z  # z_Δ: the updates' share of z under adaptive clipping (prepare_run)
+        self.shares: tuple[float, ...] = ()  # the components' own noised releases (Component.dp_shares; prepare_run)
         self._report: dict[str, float] = {}
 
     @property
@@ -149,6 +150,11 @@ class DPFedAvg(ServerCombination):
         """Refuse what the accountant cannot account for; fix δ; calibrate ``z``; split ``z`` for adaptive clipping."""
         roles = context.components or {}
         check_releases(roles, context.net_releases)  # every value the accountant cannot account (lfed.privacy.releases)
+        self.shares = tuple(float(z) for c in {id(c): c for c in roles.values()}.values()
+                            for z in getattr(c, "dp_shares", ()))  # DP-SCAFFOLD's control updates
+        if self.shares and self.local_noise > 0:
+            raise ValueError("local_noise: a component's own noised release (DP-SCAFFOLD's control updates) is noised "
+                             "on the server and accounted as a share of noise_multiplier; use server noise with it")
         sampler, weighting, channel = roles.get("sampler"), roles.get("weighting"), roles.get("channel")
         if sampler is not None and getattr(sampler, "name", None) != "poisson":
             raise ValueError(f"sampler: DP-FedAvg's accountant assumes Poisson sampling (each client independently "
@@ -179,15 +185,27 @@ class DPFedAvg(ServerCombination):
         self.update_multiplier = self._update_multiplier()
 
     def _update_multiplier(self) -> float:
-        """``z_Δ = (z⁻² - (2σ_b)⁻²)^(-1/2)`` with adaptive clipping (the count query takes its share), else ``z``."""
+        """``z_Δ = (z⁻² - (2σ_b)⁻² - Σ_i z_i⁻²)^(-1/2)``: the updates' share of ``z`` once the count query of adaptive
+        clipping (multiplier ``2σ_b``) and the components' own releases (``z_i``, :attr:`shares`) take theirs; ``z``
+        without either. The round's Gaussian mechanisms on one sampled cohort, each scaled by its noise, are one
+        Gaussian mechanism of multiplier ``(Σ z_j⁻²)^(-1/2) = z``, which the accountant composes."""
         z = self.noise_multiplier
-        if self.target_quantile is None or z == 0:
+        shares = getattr(self, "shares", ())
+        if (self.target_quantile is None and not shares) or z == 0:
             return z
-        two_sb = 2 * float(self.count_noise)
-        if two_sb <= z:
-            raise ValueError(f"count_noise: adaptive clipping needs 2·count_noise > noise_multiplier to keep the total "
-                             f"multiplier z = {z:.4g}; got count_noise = {self.count_noise:.4g}")
-        return (z ** -2 - two_sb ** -2) ** -0.5
+        left = z ** -2
+        if self.target_quantile is not None:
+            two_sb = 2 * float(self.count_noise)
+            if two_sb <= z:
+                raise ValueError(f"count_noise: adaptive clipping needs 2·count_noise > noise_multiplier to keep the total "
+                                 f"multiplier z = {z:.4g}; got count_noise = {self.count_noise:.4g}")
+            left -= two_sb ** -2
+        left -= sum(s ** -2 for s in shares)
+        if left <= 0:
+            raise ValueError(f"control_noise: the components' own noise multipliers {list(shares)} leave the updates no "
+                             f"share of noise_multiplier z = {z:.4g} (need Σ z_i⁻² < z⁻²); give a larger control_noise "
+                             "or a smaller noise_multiplier")
+        return left ** -0.5
 
     def stop_before(self, round: int, cohort_size: int, num_clients: int) -> str | None:
         """Stop before a round that would spend more than ``target_epsilon``."""
