@@ -724,3 +724,16 @@ def test_a_dp_scaffold_run_is_accounted_at_z_and_its_control_variate_is_noised(b
     gap = float(torch.linalg.vector_norm(controls[2000.0] - controls[2.0]))
     expected = 1998 * 0.5 * math.sqrt(2 * 1210) / 10  # two rounds of noise, the same draws scaled by z_c
     assert gap == pytest.approx(expected, rel=0.1)
+
+
+@pytest.mark.parametrize("log_unaccounted", [False, True])
+def test_the_communication_table_of_a_dp_run_is_kept_only_with_log_unaccounted(tmp_path, log_unaccounted):
+    """lfed.callbacks.CommunicationCost records the realised uploads (an un-noised count of the clients)."""
+    from lfed.callbacks import CommunicationCost
+
+    cost = CommunicationCost(dirpath=str(tmp_path))
+    m = _module(algorithm="dp_fedavg", fraction=0.5,
+                aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5, log_unaccounted=log_unaccounted))
+    run_rounds(m, _digits(), 2, callbacks=[cost])
+    assert (tmp_path / "communication.csv").exists() == log_unaccounted
+    assert len(cost.rows) == (2 if log_unaccounted else 0)
