@@ -550,7 +550,7 @@ class _Capture:
         return Capture()
 
 
-def _logged_dp_run(backend, **dp_settings):
+def _logged_dp_run(backend, root, **dp_settings):
     from lightning.pytorch import Trainer
 
     m = _module(backend, algorithm="dp_fedavg", fraction=0.5, personal_clients=5,
@@ -558,24 +558,26 @@ def _logged_dp_run(backend, **dp_settings):
     logger = _Capture.make()
     t = Trainer(max_steps=3, accelerator="cpu", logger=logger, enable_progress_bar=False, enable_model_summary=False,
                 enable_checkpointing=False, num_sanity_val_steps=0, precision="64-true", log_every_n_steps=1,
-                check_val_every_n_epoch=None, val_check_interval=3)
+                check_val_every_n_epoch=None, val_check_interval=3, default_root_dir=root)
     t.fit(m, datamodule=_digits(20))
     return m, {k: v for k, v in logger.logged.items() if k not in ("epoch",)}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_dp_run_logs_no_unnoised_client_statistic_by_default_and_marks_them_with_log_unaccounted(backend):
+def test_a_dp_run_logs_no_unnoised_client_statistic_by_default_and_marks_them_with_log_unaccounted(backend, tmp_path):
     """Default: the logs hold ε, z, the (fixed) clip, the test split's figures and the summary's test figures, and
     nothing else (so no name of UNNOISED, and nothing new slips through undeclared). log_unaccounted: the same private
     names, unchanged, and every UNNOISED name as unaccounted/<name>, never bare; the marked values are the run's own."""
     private = {"privacy/epsilon", "privacy/noise_multiplier", "privacy/clip", "test/acc", "test/loss",
                "final/test_acc", "final/test_acc_last10pct"}
-    m, logged = _logged_dp_run(backend)
+    m, logged = _logged_dp_run(backend, tmp_path / "default")
     assert set(logged) == private, sorted(set(logged) ^ private)
+    assert not list((tmp_path / "default").rglob("personal_accuracy.png"))  # per-client accuracies: not drawn
     assert set(m.runs[0].final_summary) == {"final/test_acc", "final/test_acc_last10pct"}
     assert not any(name in logged for name in UNNOISED)
 
-    m, logged = _logged_dp_run(backend, log_unaccounted=True)
+    m, logged = _logged_dp_run(backend, tmp_path / "marked", log_unaccounted=True)
+    assert list((tmp_path / "marked").rglob("personal_accuracy.png"))
     marked = {k for k in logged if k.startswith("unaccounted/")}
     assert set(logged) - marked == private
     assert {"unaccounted/" + name for name in UNNOISED} <= marked, sorted({"unaccounted/" + n for n in UNNOISED} - marked)
@@ -588,14 +590,14 @@ def test_a_dp_run_logs_no_unnoised_client_statistic_by_default_and_marks_them_wi
     assert "final/bmta_local" not in m.runs[0].final_summary and "unaccounted/final/bmta_local" in m.runs[0].final_summary
 
 
-def test_a_run_without_dp_logs_every_metric_under_its_own_name():
+def test_a_run_without_dp_logs_every_metric_under_its_own_name(tmp_path):
     from lightning.pytorch import Trainer
 
     m = _module(algorithm="fedavg", fraction=0.5, personal_clients=5)
     logger = _Capture.make()
     t = Trainer(max_steps=3, accelerator="cpu", logger=logger, enable_progress_bar=False, enable_model_summary=False,
                 enable_checkpointing=False, num_sanity_val_steps=0, precision="64-true", log_every_n_steps=1,
-                check_val_every_n_epoch=None, val_check_interval=3)
+                check_val_every_n_epoch=None, val_check_interval=3, default_root_dir=tmp_path)
     t.fit(m, datamodule=_digits(20))
     assert not any(k.startswith("unaccounted/") for k in logger.logged)
     assert {"train/loss", "client/local_acc_mean", "client/acc_mean", "round/clients", "comm/uploads"} <= set(logger.logged)
