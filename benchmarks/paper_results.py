@@ -186,8 +186,9 @@ class Recorder(Callback):
             self.weight_sum.append(float(metrics["attention/weight_sum"]))
         for key in ("round/amplification", "attention/logit_spread", "attention/mean_sq_norm", "efl/max_lr_lambda_u",
                     "privacy/epsilon", "privacy/noise_multiplier", "privacy/clip"):  # DP: final ε = privacy/epsilon_max
-            if key in metrics:
-                self.per_round.setdefault(key, []).append(float(metrics[key]))
+            for logged in (key, "unaccounted/" + key):  # a DP run with log_unaccounted marks what it logs un-noised
+                if logged in metrics:
+                    self.per_round.setdefault(key, []).append(float(metrics[logged]))
 
     def extra(self) -> dict:
         """The run's diagnostics: per-round keys' mean, last-10% mean and max; attention entropy and weight sums."""

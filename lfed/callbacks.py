@@ -357,6 +357,9 @@ class CommunicationCost(Callback):
     ``dirpath`` (default ``<trainer.log_dir>``) and logs the table to W&B when a ``WandbLogger``
     is attached.
 
+    The realised uploads are an un-noised count of the clients: a DP run (:mod:`lfed.privacy.metrics`) keeps no table
+    by default, and with ``log_unaccounted`` logs it to W&B as ``unaccounted/<key>``.
+
     Args:
         every_n_rounds: Also write/log the table every this many rounds (None: at the end only).
         dirpath: Folder of the CSV file.
@@ -385,7 +388,11 @@ class CommunicationCost(Callback):
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        comm = _watched_run(pl_module, self.run).comm
+        run = _watched_run(pl_module, self.run)
+        self._shown_key = run.metric_gate.name(self.key)  # under DP: None (not kept) or unaccounted/<key>
+        if self._shown_key is None:
+            return
+        comm = run.comm
         if self.rows and self.rows[-1][0] == comm.rounds:
             return
         self.rows.append([
@@ -409,7 +416,8 @@ class CommunicationCost(Callback):
             writer.writerow(self.COLUMNS)
             writer.writerows(self.rows)
         for logger in _wandb_loggers(trainer):
-            logger.log_table(key=self.key, columns=self.COLUMNS, data=[list(r) for r in self.rows])
+            logger.log_table(key=getattr(self, "_shown_key", None) or self.key, columns=self.COLUMNS,
+                             data=[list(r) for r in self.rows])
         return self.path
 
     def state_dict(self) -> dict[str, Any]:

@@ -221,6 +221,17 @@ class Component(nn.Module):
     #: DP-FedAvg refuses a run with any before round 0 (:mod:`lfed.privacy.releases`). State that stays on its
     #: client (a personal model, a local layer) is no release. None by default.
     releases: tuple[str, ...] = ()
+    #: The noise multipliers of the component's own Gaussian releases of each round on the sampled cohort, each of
+    #: clipped contributions and noise ``z_i`` times their clip (DP-SCAFFOLD's control updates): DP-FedAvg gives each
+    #: its share of the round's multiplier ``z`` (``z_Δ = (z⁻² - Σ z_i⁻²)^(-1/2)``). None by default.
+    dp_shares: tuple[float, ...] = ()
+    #: The metrics of :meth:`report` (names, or prefixes ending in ``*``) computed only from values a DP run releases
+    #: privatized (the noised aggregate, a noised count) or from server-held data: the ones a DP run logs by default
+    #: (:mod:`lfed.privacy.metrics`). A metric not declared here is taken as read from the clients' data un-noised.
+    private_metrics: tuple[str, ...] = ()
+    #: How the run's metrics are gated (:mod:`lfed.privacy.metrics`): None (no opinion), ``"drop"`` (log only private
+    #: metrics) or ``"mark"`` (log the rest as ``unaccounted/<name>``); DP-FedAvg guards its run's metrics.
+    metric_policy: str | None = None
 
     def state_specs(self) -> list[StateSpec]:
         """The tensors this component keeps between rounds (none by default)."""

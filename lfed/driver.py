@@ -238,7 +238,8 @@ class FederatedDriver(LightningModule):
         if not self.grouped:
             raise error
         rank_zero_warn(f"lfed: {run.name} stopped at round {int(self.global_step)}: {error}")
-        self.log(self._prefix(run) + "run/diverged", run.diverged(error)["run/diverged"])
+        for key, value in run.diverged(error).items():  # gated (lfed.privacy.metrics)
+            self.log(self._prefix(run) + key, value)
         if not any(r.running for r in self.runs):
             self.trainer.should_stop = True
 
@@ -264,7 +265,7 @@ class FederatedDriver(LightningModule):
             if record:
                 run.record_evaluation(int(self.global_step), metrics, per_client)
             p = self._prefix(run)
-            for key, value in metrics.items():
+            for key, value in run.metric_gate(metrics).items():  # under DP: what it may release (lfed.privacy.metrics)
                 self.log(p + key, value, prog_bar=key == "test/acc" and not self.grouped)
 
     def client_accuracy(self) -> torch.Tensor | None:
@@ -312,7 +313,7 @@ class FederatedDriver(LightningModule):
                 loggers += logger.members.get(run.name, []) if isinstance(logger, MemberLoggers) else [logger]
             for logger in loggers:
                 if isinstance(logger, WandbLogger):
-                    logger.log_image(key="personal/acc_histogram", images=[str(path)])
+                    logger.log_image(key=run.metric_gate.name("personal/acc_histogram"), images=[str(path)])
 
     def on_fit_end(self) -> None:
         """A run that trained every round is ``done`` (also when a resume found nothing left to train)."""

@@ -44,6 +44,7 @@ from lfed.evaluation import (
 )
 from lfed.host import device_rows, values
 from lfed.params import ParamLayout
+from lfed.privacy.metrics import MetricGate
 from lfed.round import Algorithm, LocalTraining, PreparedRound, finish_round, prepare_round, setup_state, verify_round
 from lfed.server.optimizers import apply_pseudo_gradient
 
@@ -124,7 +125,19 @@ class FederatedRun(nn.Module):
         self.final_summary: dict[str, float] = {}
         self.last_round = None  # the RoundRecord of the last round trained (callbacks read it)
 
+    #: The run's own metrics computed on server-held data only (the test split, the server's validation split
+    #: carved out before partitioning) or from public counts (rounds): what a DP run logs of them by default
+    #: (:mod:`lfed.privacy.metrics`). Everything else the run logs reads the clients' data without noise.
+    private_metrics: tuple[str, ...] = ("test/*", "val/*", "final/test_acc", "final/test_acc_last10pct",
+                                        "final/val_acc_last10pct", "final/rounds_to_*")
+
     # ------------------------------------------------------------------ what it is
+    @property
+    def metric_gate(self) -> MetricGate:
+        """What of the run's metrics may be logged, and under which names (:mod:`lfed.privacy.metrics`): all of them,
+        unless a component guards them (DP-FedAvg)."""
+        return MetricGate.of(self.components.roles().values(), self.private_metrics)
+
     @property
     def composition(self) -> dict[str, Any]:
         """The names of the round's components (logs, the fingerprint, composition checks)."""
@@ -232,7 +245,7 @@ class FederatedRun(nn.Module):
             self.last_round = rec
             self.rounds_done = r + 1
             # the cohort was sampled and sent the model, but nobody's upload counts
-            return ({"round/skipped": 1.0, **self.comm.record(0, bits_down=rec.bits_down)},
+            return (self.metric_gate({"round/skipped": 1.0, **self.comm.record(0, bits_down=rec.bits_down)}),
                     [f"round {r}: no client's work counts (all inactive or dropped); the round is skipped"])
         w_new, rec = finish_round(self.components, prepared, result, self.engine,
                                   server_step=self.server_step(optimizer), ranks=ranks)
@@ -262,12 +275,12 @@ class FederatedRun(nn.Module):
             local_mean = None
         self.bmta.add_round(host.clients, local_mean)
         metrics.update(self.comm.record(rec.uploads, bits_up=rec.bits_up, bits_down=rec.bits_down))
-        return metrics, [f"round {r}: {m}" for m in rec.warnings]
+        return self.metric_gate(metrics), [f"round {r}: {m}" for m in rec.warnings]
 
     def diverged(self, error: Exception) -> dict[str, float]:
         """Stop the run (NaN or Inf); the metric that records it."""
         self.status, self.error = "diverged", str(error)
-        return {"run/diverged": 1.0}
+        return self.metric_gate({"run/diverged": 1.0})  # found in the clients' raw updates too: unaccounted under DP
 
     def net_releases(self) -> tuple[str, ...]:
         """What the run releases of the net beyond its parameters (:attr:`lfed.component.Component.releases`): the
@@ -400,7 +413,7 @@ class FederatedRun(nn.Module):
         """A histogram of the last evaluation's per-client accuracies (personalized and global) saved to ``path``
         (PNG, matplotlib); None when there was none or matplotlib is missing."""
         last = self.last_personal
-        if last is None:
+        if last is None or self.metric_gate.name("personal/acc_histogram") is None:  # per-client accuracies: not under DP
             return None
         try:
             import matplotlib
@@ -465,6 +478,7 @@ class FederatedRun(nn.Module):
                 out[f"final/uploads_to_{target:g}"] = hit[1]
         out["final/uploads_total"] = self.comm.uploads
         out.update(self.bmta.summary())
+        out = self.metric_gate(out)
         self.final_summary = out
         return out
 

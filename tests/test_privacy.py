@@ -355,6 +355,7 @@ def test_the_accountant_state_round_trips():
     (dict(noise_multiplier=None), "give a noise multiplier z >= 0, or target_epsilon"),
     (dict(clip=math.inf), "infinite clip"),
     (dict(noise_multiplier=1.0, local_noise=1.0), "local DP adds each client's own noise and no server noise"),
+    (dict(log_unaccounted="yes"), "log_unaccounted: must be true or false, got 'yes'"),
 ])
 def test_bad_settings_are_refused_naming_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -430,6 +431,9 @@ COMPONENTS_UNDER_DP = {
     "objective: plain": (lambda: _dp_row(objective="plain"), None),
     "objective: prox": (lambda: _dp_row(objective="prox"), None),
     "objective: scaffold": (lambda: _dp_row(objective="scaffold"), "objective: SCAFFOLD's server control variate c"),
+    "objective: scaffold with control_clip, control_noise (DP-SCAFFOLD)": (lambda: _dp_row(
+        objective=__import__("lfed.client.objectives").client.objectives.Scaffold(control_clip=1.0, control_noise=3.0)),
+        None),
     "objective: efl": (lambda: _dp_row(objective="efl"), "objective: EFL's Fisher sums U and V"),
     "objective: igfl": (lambda: _dp_row(objective="igfl"), "objective: IGFL-C scales every client's step"),
     "objective: feddyn": (lambda: _dp_row(objective="lfed.client.feddyn.FedDyn"), "objective: FedDyn's server state h"),
@@ -497,3 +501,241 @@ def test_every_component_under_dp_is_refused_in_one_line_before_round_0_or_runs_
     assert message.startswith(refused) and "\n" not in message, message
     if "ε would not hold" in message:  # a release: what to use instead
         assert message.endswith("with DP"), message
+
+
+# ---------------------------------------------------------------------- metrics under DP (docs/privacy.md)
+def test_the_metric_gate_by_hand():
+    from lfed.privacy.metrics import MetricGate
+
+    metrics = {"test/acc": 0.5, "train/loss": 1.0, "final/rounds_to_0.8": 3.0, "global_val/acc_mean": 0.2}
+    private = ("test/*", "final/rounds_to_*", "val/*")
+    assert MetricGate("all", private)(metrics) == metrics
+    assert MetricGate("drop", private)(metrics) == {"test/acc": 0.5, "final/rounds_to_0.8": 3.0}
+    assert MetricGate("mark", private)(metrics) == {"test/acc": 0.5, "unaccounted/train/loss": 1.0,
+                                                    "final/rounds_to_0.8": 3.0, "unaccounted/global_val/acc_mean": 0.2}
+    dp = DPFedAvg(noise_multiplier=1.0, clip=0.5)
+    gate = MetricGate.of([dp, dp, torch.nn.Identity()], ("test/*",))  # the strictest policy; a component counted once
+    assert gate.mode == "drop" and gate.private == ("test/*", "privacy/epsilon", "privacy/noise_multiplier", "privacy/clip")
+    assert MetricGate.of([DPFedAvg(noise_multiplier=1.0, clip=0.5, log_unaccounted=True)]).mode == "mark"
+    assert MetricGate.of([torch.nn.Identity()]).mode == "all"
+
+
+#: What a DP run reads from the clients' data without noise and logs (with log_unaccounted: as unaccounted/<name>).
+UNNOISED = ["train/loss", "client/local_acc_mean", "privacy/clipped_fraction", "privacy/clients", "round/clients",
+            "round/active", "round/weight_sum", "comm/uploads", "comm/bits_up", "client/acc_mean", "client/acc_worst10",
+            "global/acc_mean", "final/bmta_local", "final/bmta_global", "final/uploads_total"]
+
+
+class _Capture:
+    """Every metric a Lightning logger is given, by name (a Lightning Logger made at call time)."""
+
+    @staticmethod
+    def make():
+        from lightning.pytorch.loggers import Logger
+
+        class Capture(Logger):
+            name, version = "capture", 0
+
+            def __init__(self):
+                super().__init__()
+                self.logged: dict[str, list[float]] = {}
+
+            def log_hyperparams(self, *args, **kwargs):
+                pass
+
+            def log_metrics(self, metrics, step=None):
+                for k, v in metrics.items():
+                    self.logged.setdefault(k, []).append(float(v))
+
+        return Capture()
+
+
+def _logged_dp_run(backend, root, **dp_settings):
+    from lightning.pytorch import Trainer
+
+    m = _module(backend, algorithm="dp_fedavg", fraction=0.5, personal_clients=5,
+                aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5, **dp_settings))
+    logger = _Capture.make()
+    t = Trainer(max_steps=3, accelerator="cpu", logger=logger, enable_progress_bar=False, enable_model_summary=False,
+                enable_checkpointing=False, num_sanity_val_steps=0, precision="64-true", log_every_n_steps=1,
+                check_val_every_n_epoch=None, val_check_interval=3, default_root_dir=root)
+    t.fit(m, datamodule=_digits(20))
+    return m, {k: v for k, v in logger.logged.items() if k not in ("epoch",)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_dp_run_logs_no_unnoised_client_statistic_by_default_and_marks_them_with_log_unaccounted(backend, tmp_path):
+    """Default: the logs hold ε, z, the (fixed) clip, the test split's figures and the summary's test figures, and
+    nothing else (so no name of UNNOISED, and nothing new slips through undeclared). log_unaccounted: the same private
+    names, unchanged, and every UNNOISED name as unaccounted/<name>, never bare; the marked values are the run's own."""
+    private = {"privacy/epsilon", "privacy/noise_multiplier", "privacy/clip", "test/acc", "test/loss",
+               "final/test_acc", "final/test_acc_last10pct"}
+    m, logged = _logged_dp_run(backend, tmp_path / "default")
+    assert set(logged) == private, sorted(set(logged) ^ private)
+    assert not list((tmp_path / "default").rglob("personal_accuracy.png"))  # per-client accuracies: not drawn
+    assert set(m.runs[0].final_summary) == {"final/test_acc", "final/test_acc_last10pct"}
+    assert not any(name in logged for name in UNNOISED)
+
+    m, logged = _logged_dp_run(backend, tmp_path / "marked", log_unaccounted=True)
+    assert list((tmp_path / "marked").rglob("personal_accuracy.png"))
+    marked = {k for k in logged if k.startswith("unaccounted/")}
+    assert set(logged) - marked == private
+    assert {"unaccounted/" + name for name in UNNOISED} <= marked, sorted({"unaccounted/" + n for n in UNNOISED} - marked)
+    assert not any(k[len("unaccounted/"):] in private for k in marked)
+    last = m.last_round
+    counting = int(last.cohort.counting.sum())
+    assert logged["unaccounted/privacy/clients"][-1] == counting == logged["unaccounted/comm/uploads"][-1]
+    active = last.cohort.active
+    assert logged["unaccounted/train/loss"][-1] == pytest.approx(float(last.losses[active].mean()), rel=1e-12)
+    assert "final/bmta_local" not in m.runs[0].final_summary and "unaccounted/final/bmta_local" in m.runs[0].final_summary
+
+
+def test_a_run_without_dp_logs_every_metric_under_its_own_name(tmp_path):
+    from lightning.pytorch import Trainer
+
+    m = _module(algorithm="fedavg", fraction=0.5, personal_clients=5)
+    logger = _Capture.make()
+    t = Trainer(max_steps=3, accelerator="cpu", logger=logger, enable_progress_bar=False, enable_model_summary=False,
+                enable_checkpointing=False, num_sanity_val_steps=0, precision="64-true", log_every_n_steps=1,
+                check_val_every_n_epoch=None, val_check_interval=3, default_root_dir=tmp_path)
+    t.fit(m, datamodule=_digits(20))
+    assert not any(k.startswith("unaccounted/") for k in logger.logged)
+    assert {"train/loss", "client/local_acc_mean", "client/acc_mean", "round/clients", "comm/uploads"} <= set(logger.logged)
+
+
+def test_the_clipped_fraction_is_the_noised_count_by_hand():
+    """Adaptive clipping: privacy/clipped_fraction = 1 - b̃, b̃ = (Σ_k 1[‖Δ_k‖ ≤ C] + σ_b ξ) / m with ξ the first draw of
+    the round's stream (seed 7, round r, "dp-noise"), m the expected cohort; the same b̃ moves the clip. A fixed clip
+    reports the un-noised share of the counting clients, not declared private (not logged under DP by default)."""
+    from lfed.rng import round_generator
+
+    sigma_b, m, C, gamma, lr = 0.7, 4.0, 1.0, 0.5, 0.2
+    dp = _dp(2, noise_multiplier=0.5, clip=C, target_quantile=gamma, clip_lr=lr, count_noise=sigma_b)
+    updates = torch.tensor([[0.5, 0.0], [2.0, 0.0], [3.0, 0.0], [0.0, 0.9]], dtype=torch.float64)  # norms .5, 2, 3, .9
+    for r in range(2):
+        dp.set_state("clip", torch.tensor(C, dtype=torch.float64))
+        dp.combine(updates, None, _cohort(r, 4, m, counting=[True, True, True, False]))
+        xi = float(torch.randn((), generator=round_generator(7, r, "dp-noise"), dtype=torch.float64))
+        b_noised = (1 + sigma_b * xi) / m  # of the counting clients, only the first is under C = 1 (the 4th does not count)
+        report = dp.report(None)
+        assert float(report["privacy/clipped_fraction"]) == pytest.approx(1 - b_noised, rel=1e-15, abs=1e-15)
+        assert float(report["privacy/clipped_fraction"]) != pytest.approx(2 / 3)  # not the un-noised share
+        assert float(report["privacy/clip_next"]) == pytest.approx(C * math.exp(-lr * (b_noised - gamma)), rel=1e-15)
+    assert "privacy/clipped_fraction" in dp.private_metrics and "privacy/clients" not in dp.private_metrics
+
+    fixed = _dp(2, noise_multiplier=0.5, clip=C)
+    fixed.combine(updates, None, _cohort(0, 4, m, counting=[True, True, True, False]))
+    assert float(fixed.report(None)["privacy/clipped_fraction"]) == pytest.approx(2 / 3, rel=1e-15)
+    assert "privacy/clipped_fraction" not in fixed.private_metrics
+
+
+def test_log_unaccounted_is_reachable_from_the_command_line(tmp_path):
+    """configs/dp_digits.yaml with --model.aggregation.init_args.log_unaccounted=true: metrics.csv has the marked
+    columns; without it, none of them and none bare."""
+    import csv
+
+    from lfed.cli import run_cli
+
+    from conftest import REPO
+
+    def columns(where, *extra):
+        run_cli(["fit", "--config", str(REPO / "configs" / "dp_digits.yaml"), "--trainer.max_steps=2",
+                 "--trainer.val_check_interval=2", "--trainer.enable_checkpointing=false",
+                 "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path / where}", *extra])
+        (path,) = (tmp_path / where).rglob("metrics.csv")
+        with open(path, newline="") as f:
+            return set(next(csv.reader(f)))
+
+    marked = columns("marked", "--model.aggregation.init_args.log_unaccounted=true")
+    assert {"unaccounted/train/loss", "unaccounted/privacy/clipped_fraction", "unaccounted/client/acc_mean"} <= marked
+    plain = columns("plain")
+    assert "privacy/epsilon" in plain and "test/acc" in plain
+    assert not any(c.startswith("unaccounted/") or c in UNNOISED for c in plain)
+
+
+# ---------------------------------------------------------------------- DP-SCAFFOLD (docs/privacy.md)
+def test_dp_scaffold_control_variate_by_hand():
+    """c ← c + (Σ_{k counting} clip(Δc_k, C_c) + z_c C_c ξ) / N, Δc_k = c_k_new - c_k = -c + (w_start - w_end_k)/(K_k η),
+    ξ the round's stream (seed 7, round r, "dp-control-noise"); a client that does not count adds 0 but keeps its own
+    c_k_new (SCAFFOLD's client state stays on the client)."""
+    from lfed.client.objectives import Scaffold
+    from lfed.rng import round_generator
+
+    N, P, lr, C_c, z_c = 10, 3, 0.1, 0.5, 1.7
+    rule = Scaffold(control_clip=C_c, control_noise=z_c)
+    rule.setup_state(standalone_store(), torch.ones(N), P, torch.zeros(1, dtype=torch.float64))
+    w_start = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
+    w_end = torch.tensor([[0.9, -1.0, 0.5], [1.0, -1.3, 0.1], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    cohort = _cohort(0, 3, 3.0, N=N, counting=[True, True, False])
+    cohort.clients = torch.tensor([2, 5, 7])
+    cohort.steps_done = torch.tensor([2, 4, 1])
+    rule.after_local(cohort, w_start, w_end, lr, None)
+    change = (w_start - w_end) / (torch.tensor([2.0, 4.0, 1.0], dtype=torch.float64)[:, None] * lr)  # c = c_k = 0
+    xi = torch.randn(P, generator=round_generator(7, 0, "dp-control-noise"), dtype=torch.float64)
+    clipped = [row * min(1.0, C_c / float(torch.linalg.vector_norm(row))) for row in change[:2]]
+    want = (clipped[0] + clipped[1] + z_c * C_c * xi) / N
+    torch.testing.assert_close(rule.state("control"), want, atol=1e-15, rtol=0)
+    torch.testing.assert_close(rule.rows("client_control", torch.tensor([2, 5, 7])), change, atol=1e-15, rtol=0)
+    assert float(torch.linalg.vector_norm(change[1])) > C_c  # the second row was clipped
+    assert rule.releases == () and rule.dp_shares == (z_c,)
+    assert Scaffold().releases and Scaffold().dp_shares == ()
+    with pytest.raises(ValueError, match="control_clip, control_noise: DP-SCAFFOLD clips the control updates"):
+        Scaffold(control_clip=0.5)
+    with pytest.raises(ValueError, match="control_noise: must be a finite number > 0"):
+        Scaffold(control_clip=0.5, control_noise=0.0)
+
+
+def test_dp_scaffold_takes_its_share_of_the_noise_multiplier():
+    """z_Δ = (z⁻² - z_c⁻²)^(-1/2) (with adaptive clipping also - (2σ_b)⁻²), so the round stays one Gaussian mechanism
+    of multiplier z: the accountant's (q, z). z_c ≤ z leaves the updates nothing: refused, naming control_noise."""
+    from lfed.client.objectives import Scaffold
+    from lfed.component import CompositionContext
+
+    def prepared(z, z_c, **extra):
+        dp = DPFedAvg(noise_multiplier=z, clip=0.5, delta=1e-5, **extra)
+        dp.prepare_run(CompositionContext(frozenset(), num_clients=10, cohort_sizes=[5],
+                                          components={"objective": Scaffold(control_clip=1.0, control_noise=z_c),
+                                                      "combination": dp}))
+        return dp
+
+    assert prepared(1.0, 2.0).update_multiplier == pytest.approx((1 - 1 / 4) ** -0.5, rel=1e-15)
+    assert prepared(1.0, 2.0, target_quantile=0.5, count_noise=1.5).update_multiplier == pytest.approx(
+        (1 - 1 / 4 - 1 / 9) ** -0.5, rel=1e-15)
+    with pytest.raises(ValueError, match="control_noise: the components' own noise multipliers \\[1.0\\] leave"):
+        prepared(1.0, 1.0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_dp_scaffold_run_is_accounted_at_z_and_its_control_variate_is_noised(backend):
+    """Two rounds of DP-SCAFFOLD at q = 0.5: ε is dp-accounting's for (q, z) (the shares are inside z); the server's c
+    moves with the noise: z_c = 2 and z_c = 2000 give controls whose difference is the noise's (norm ~ z_c C_c √P / N)."""
+    import dp_accounting
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    from lfed.client.objectives import Scaffold
+
+    controls = {}
+    for z_c in (2.0, 2000.0):
+        m = _module(backend, algorithm="dp_fedavg", fraction=0.5, objective=Scaffold(control_clip=0.5, control_noise=z_c),
+                    aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5))
+        run_rounds(m, _digits(), 2)
+        library = rdp_privacy_accountant.RdpAccountant()
+        library.compose(dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(1.0)), 2)
+        assert m.last_round.extra["privacy/epsilon"] == library.get_epsilon(1 / 10 ** 1.1)
+        controls[z_c] = m.objective.state("control").clone()
+    gap = float(torch.linalg.vector_norm(controls[2000.0] - controls[2.0]))
+    expected = 1998 * 0.5 * math.sqrt(2 * 1210) / 10  # two rounds of noise, the same draws scaled by z_c
+    assert gap == pytest.approx(expected, rel=0.1)
+
+
+@pytest.mark.parametrize("log_unaccounted", [False, True])
+def test_the_communication_table_of_a_dp_run_is_kept_only_with_log_unaccounted(tmp_path, log_unaccounted):
+    """lfed.callbacks.CommunicationCost records the realised uploads (an un-noised count of the clients)."""
+    from lfed.callbacks import CommunicationCost
+
+    cost = CommunicationCost(dirpath=str(tmp_path))
+    m = _module(algorithm="dp_fedavg", fraction=0.5,
+                aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5, log_unaccounted=log_unaccounted))
+    run_rounds(m, _digits(), 2, callbacks=[cost])
+    assert (tmp_path / "communication.csv").exists() == log_unaccounted
+    assert len(cost.rows) == (2 if log_unaccounted else 0)

@@ -168,11 +168,47 @@ class Scaffold(ClientRule):
     Step ``w ← w - eta_l (g_k(w) - c_k + c)``; after ``K`` steps
     ``c_k ← c_k - c + (w_start - w_end) / (K eta_l)`` and
     ``c ← c + (1/N) Σ_{k∈S} (c_k_new - c_k)`` (= ``|S|/N`` times the uniform mean).
+
+    With ``control_clip`` ``C_c`` and ``control_noise`` ``z_c`` (DP-SCAFFOLD at the client level, docs/privacy.md):
+    each counting client's control update ``Δc_k = c_k_new - c_k`` is clipped to L2 norm ``C_c`` and the sum is noised
+    once on the server, ``c ← c + (Σ_{k∈S} clip(Δc_k, C_c) + N(0, z_c² C_c² I)) / N`` (the noise from the stream
+    ``(seed, round, "dp-control-noise")``, every round, also when nobody counts); the client keeps its own ``c_k``.
+    A DP-FedAvg run accounts it as its own share of the round's multiplier (:attr:`dp_shares`).
+
+    Args:
+        control_clip: ``C_c > 0`` (None: SCAFFOLD as published, refused under DP).
+        control_noise: ``z_c > 0``, with ``control_clip``.
     """
 
     name = "scaffold"
-    releases = ("SCAFFOLD's server control variate c is averaged from the clients' raw control updates, unclipped "
-                "and un-noised, and sent to every later cohort",)
+    RELEASE = ("SCAFFOLD's server control variate c is averaged from the clients' raw control updates, unclipped "
+               "and un-noised, and sent to every later cohort")
+
+    def __init__(self, control_clip: float | None = None, control_noise: float | None = None) -> None:
+        super().__init__()
+        from lfed.validation import number
+
+        if (control_clip is None) != (control_noise is None):
+            raise ValueError("control_clip, control_noise: DP-SCAFFOLD clips the control updates to control_clip and "
+                             f"noises their sum with control_noise; give both or neither (got {control_clip}, {control_noise})")
+        self.control_clip = None if control_clip is None else number("control_clip", control_clip, above=0)
+        self.control_noise = None if control_noise is None else number("control_noise", control_noise, above=0)
+
+    @property
+    def private(self) -> bool:
+        """Whether the server control variate is built from clipped, noised control updates (DP-SCAFFOLD)."""
+        return self.control_clip is not None
+
+    @property
+    def releases(self) -> tuple[str, ...]:  # type: ignore[override]
+        return () if self.private else (self.RELEASE,)
+
+    @property
+    def dp_shares(self) -> tuple[float, ...]:  # type: ignore[override]
+        return (self.control_noise,) if self.private else ()
+
+    def hparams(self) -> dict:
+        return {"control_clip": self.control_clip, "control_noise": self.control_noise} if self.private else {}
 
     def state_specs(self) -> list[StateSpec]:
         return [StateSpec("control", per_client=False), StateSpec("client_control")]
@@ -187,7 +223,19 @@ class Scaffold(ClientRule):
         new = old - control + (w_start - w_end) / (steps * lr)
         change = torch.where(cohort.active[:, None], new - old, torch.zeros_like(new))
         self.write_rows("client_control", cohort.clients, old + change)
-        self.set_state("control", control + change.sum(0) / cohort.num_clients)
+        if not self.private:
+            self.set_state("control", control + change.sum(0) / cohort.num_clients)
+            return
+        from lfed.rng import round_generator
+
+        counting = (cohort.active if cohort.counting is None else cohort.counting).to(change.device)
+        norms = torch.linalg.vector_norm(change, dim=1)
+        factor = torch.where(counting, (self.control_clip / norms.clamp_min(1e-300)).clamp(max=1.0),
+                             torch.zeros((), dtype=norms.dtype, device=norms.device))  # min(1, C_c/‖Δc_k‖); 0 if not counting
+        g = round_generator(cohort.seed, cohort.round, "dp-control-noise")
+        noise = torch.randn(change.shape[1], generator=g, dtype=change.dtype).to(change.device, non_blocking=True)
+        total = factor.to(change.dtype) @ change + (self.control_noise * self.control_clip) * noise
+        self.set_state("control", control + total / cohort.num_clients)
 
 
 class IGFL(ClientRule):

@@ -50,6 +50,10 @@ class DPFedAvg(ServerCombination):
         count_noise: ``σ_b >= 0``, the noise of the clipped-count query (default ``m / 20``).
         local_noise: ``σ_l >= 0``: each client adds ``N(0, σ_l² C² I)`` to its clipped update (local DP; then ``z = 0``).
         accountant: ``rdp`` (default) or ``pld`` (dp-accounting's).
+        log_unaccounted: False (default): the run logs only metrics computed from the noised releases or from
+            server-held data (:attr:`private_metrics`, the test split; :mod:`lfed.privacy.metrics`). True: also the
+            metrics read from the clients' data without noise (the training loss, the cohort's local accuracy, the
+            realised cohort size, the clients' held-out accuracies), each renamed ``unaccounted/<name>``.
     """
 
     name = "dp"
@@ -57,8 +61,12 @@ class DPFedAvg(ServerCombination):
 
     def __init__(self, noise_multiplier: float | None = 1.0, clip: float = 1.0, target_epsilon: float | None = None,
                  delta: float | None = None, target_quantile: float | None = None, clip_lr: float = 0.2,
-                 count_noise: float | None = None, local_noise: float = 0.0, accountant: str = "rdp") -> None:
+                 count_noise: float | None = None, local_noise: float = 0.0, accountant: str = "rdp",
+                 log_unaccounted: bool = False) -> None:
         super().__init__()
+        if not isinstance(log_unaccounted, bool):
+            raise ValueError(f"log_unaccounted: must be true or false, got {log_unaccounted!r}")
+        self.log_unaccounted = log_unaccounted
         if target_epsilon is not None:
             number("target_epsilon", target_epsilon, above=0)
             if noise_multiplier is not None:
@@ -101,7 +109,22 @@ class DPFedAvg(ServerCombination):
         self.target_quantile, self.clip_lr, self.count_noise = target_quantile, float(clip_lr), count_noise
         self.accountant = PrivacyAccountant(accountant)
         self.update_multiplier = z  # z_Δ: the updates' share of z under adaptive clipping (prepare_run)
+        self.shares: tuple[float, ...] = ()  # the components' own noised releases (Component.dp_shares; prepare_run)
         self._report: dict[str, float] = {}
+
+    @property
+    def metric_policy(self) -> str:
+        """DP guards the run's metrics (:mod:`lfed.privacy.metrics`): ``mark`` with ``log_unaccounted``, else ``drop``."""
+        return "mark" if self.log_unaccounted else "drop"
+
+    @property
+    def private_metrics(self) -> tuple[str, ...]:
+        """What :meth:`report` computes from public settings and noised releases only: ε, ``z``, the clip (fixed: a
+        setting; adaptive: ``C_t`` from the noised counts of earlier rounds) and, with adaptive clipping, the next clip
+        and the clipped fraction ``1 - b̃`` from the noised count. Not ``privacy/clients`` (the realised cohort size)
+        nor, with a fixed clip, ``privacy/clipped_fraction`` (an un-noised count)."""
+        fixed = ("privacy/epsilon", "privacy/noise_multiplier", "privacy/clip")
+        return fixed if self.target_quantile is None else fixed + ("privacy/clip_next", "privacy/clipped_fraction")
 
     def hparams(self) -> dict:
         """The settings as the user gave them, not as :meth:`prepare_run` resolves them.
@@ -127,6 +150,11 @@ class DPFedAvg(ServerCombination):
         """Refuse what the accountant cannot account for; fix δ; calibrate ``z``; split ``z`` for adaptive clipping."""
         roles = context.components or {}
         check_releases(roles, context.net_releases)  # every value the accountant cannot account (lfed.privacy.releases)
+        self.shares = tuple(float(z) for c in {id(c): c for c in roles.values()}.values()
+                            for z in getattr(c, "dp_shares", ()))  # DP-SCAFFOLD's control updates
+        if self.shares and self.local_noise > 0:
+            raise ValueError("local_noise: a component's own noised release (DP-SCAFFOLD's control updates) is noised "
+                             "on the server and accounted as a share of noise_multiplier; use server noise with it")
         sampler, weighting, channel = roles.get("sampler"), roles.get("weighting"), roles.get("channel")
         if sampler is not None and getattr(sampler, "name", None) != "poisson":
             raise ValueError(f"sampler: DP-FedAvg's accountant assumes Poisson sampling (each client independently "
@@ -157,15 +185,27 @@ class DPFedAvg(ServerCombination):
         self.update_multiplier = self._update_multiplier()
 
     def _update_multiplier(self) -> float:
-        """``z_Δ = (z⁻² - (2σ_b)⁻²)^(-1/2)`` with adaptive clipping (the count query takes its share), else ``z``."""
+        """``z_Δ = (z⁻² - (2σ_b)⁻² - Σ_i z_i⁻²)^(-1/2)``: the updates' share of ``z`` once the count query of adaptive
+        clipping (multiplier ``2σ_b``) and the components' own releases (``z_i``, :attr:`shares`) take theirs; ``z``
+        without either. The round's Gaussian mechanisms on one sampled cohort, each scaled by its noise, are one
+        Gaussian mechanism of multiplier ``(Σ z_j⁻²)^(-1/2) = z``, which the accountant composes."""
         z = self.noise_multiplier
-        if self.target_quantile is None or z == 0:
+        shares = getattr(self, "shares", ())
+        if (self.target_quantile is None and not shares) or z == 0:
             return z
-        two_sb = 2 * float(self.count_noise)
-        if two_sb <= z:
-            raise ValueError(f"count_noise: adaptive clipping needs 2·count_noise > noise_multiplier to keep the total "
-                             f"multiplier z = {z:.4g}; got count_noise = {self.count_noise:.4g}")
-        return (z ** -2 - two_sb ** -2) ** -0.5
+        left = z ** -2
+        if self.target_quantile is not None:
+            two_sb = 2 * float(self.count_noise)
+            if two_sb <= z:
+                raise ValueError(f"count_noise: adaptive clipping needs 2·count_noise > noise_multiplier to keep the total "
+                                 f"multiplier z = {z:.4g}; got count_noise = {self.count_noise:.4g}")
+            left -= two_sb ** -2
+        left -= sum(s ** -2 for s in shares)
+        if left <= 0:
+            raise ValueError(f"control_noise: the components' own noise multipliers {list(shares)} leave the updates no "
+                             f"share of noise_multiplier z = {z:.4g} (need Σ z_i⁻² < z⁻²); give a larger control_noise "
+                             "or a smaller noise_multiplier")
+        return left ** -0.5
 
     def stop_before(self, round: int, cohort_size: int, num_clients: int) -> str | None:
         """Stop before a round that would spend more than ``target_epsilon``."""
@@ -210,15 +250,18 @@ class DPFedAvg(ServerCombination):
             delta = torch.where(counting, 1.0 / m, 0.0).to(updates.dtype) @ (clipped + self.local_noise * C * own)
         else:
             delta = a.to(updates.dtype) @ updates
-        clipped_share = (((norms > C) & counting).double().sum() / n_counting) if n_counting else 0.0
-        report = {"privacy/clip": C, "privacy/clients": float(n_counting), "privacy/clipped_fraction": clipped_share}
-        if self.target_quantile is not None:  # Andrew et al.: the noised count of clients under the bound
+        report = {"privacy/clip": C, "privacy/clients": float(n_counting)}  # the realised cohort: unaccounted
+        if self.target_quantile is None:  # the un-noised share of the cohort clipped: unaccounted (private_metrics)
+            clipped_share = (((norms > C) & counting).double().sum() / n_counting) if n_counting else 0.0
+            report["privacy/clipped_fraction"] = clipped_share
+        else:  # Andrew et al.: the noised count of clients under the bound, b̃ = (Σ b_k + N(0, σ_b²)) / m
             below = ((norms <= C) & counting).double().sum()
             draw = torch.randn((), generator=g, dtype=torch.float64).to(below.device, non_blocking=True)
-            noisy = below + float(self.count_noise) * draw
-            C_next = C * torch.exp(-self.clip_lr * (noisy / m - self.target_quantile))
+            b_noised = (below + float(self.count_noise) * draw) / m
+            C_next = C * torch.exp(-self.clip_lr * (b_noised - self.target_quantile))
             self.set_state("clip", C_next.to(self.state("clip").device))
             report["privacy/clip_next"] = C_next
+            report["privacy/clipped_fraction"] = 1.0 - b_noised  # post-processing of b̃ (private)
         if self.update_multiplier > 0:
             noise = torch.randn(P, generator=g, dtype=updates.dtype).to(updates.device, non_blocking=True)
             delta = delta + (self.update_multiplier * C / m) * noise

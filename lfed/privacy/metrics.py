@@ -1,0 +1,86 @@
+"""Which logged values a DP run may release: the metric gate (docs/privacy.md "Metrics under DP").
+
+A DP run's guarantee covers what the accountant accounts, and post-processing of it: the noised releases (the
+aggregate, the noised clipped count) and what the server computes on its own data (the test split, its validation
+split). Every other metric read from the clients' data without noise (the training loss, the cohort's local
+accuracy, the realised cohort size, the clients' held-out accuracies) is an unaccounted release.
+
+A metric is *private* when its producer declares it so: :attr:`lfed.component.Component.private_metrics` for what a
+component reports, :attr:`lfed.run.FederatedRun.private_metrics` for the run's own (evaluation on server-held data,
+the summary figures built from it). A metric nobody declares is unaccounted: a new metric cannot leak by omission.
+A component that guards a run's metrics (:attr:`lfed.component.Component.metric_policy`: DP-FedAvg) sets the gate:
+
+* ``drop`` (DP's default): only private metrics are logged;
+* ``mark`` (``log_unaccounted: true``): the rest too, each renamed ``unaccounted/<name>``;
+* no guard (a run without DP): every metric as it is.
+
+The run applies the gate (:class:`MetricGate`) to every metric it logs, prints or writes to a summary, in one place
+each: the round's metrics, the evaluation's, the end-of-run summary, the accuracy histogram.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["MODES", "UNACCOUNTED", "MetricGate", "matches"]
+
+#: The marker of a metric logged although no accountant covers it (``log_unaccounted: true``).
+UNACCOUNTED = "unaccounted/"
+#: ``all``: no gate; ``mark``: unaccounted metrics renamed; ``drop``: unaccounted metrics not logged (strictest last).
+MODES = ("all", "mark", "drop")
+
+
+def matches(name: str, patterns: Iterable[str]) -> bool:
+    """Whether ``name`` is one of ``patterns`` (an exact name, or a prefix ending in ``*``)."""
+    return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in patterns)
+
+
+@dataclass(frozen=True)
+class MetricGate:
+    """The gate (module docstring).
+
+    Args:
+        mode: One of :data:`MODES`.
+        private: The private metrics' names or ``prefix*`` patterns.
+    """
+
+    mode: str = "all"
+    private: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode: {self.mode!r} is not one of {MODES}")
+
+    @classmethod
+    def of(cls, components: Iterable[Any], declared: Iterable[str] = ()) -> MetricGate:
+        """The gate of a run: the strictest policy of its ``components`` and every private metric they and the run
+        (``declared``) declare."""
+        components = list({id(c): c for c in components}.values())
+        policies = [getattr(c, "metric_policy", None) or "all" for c in components]
+        mode = max(policies, key=MODES.index, default="all")
+        private = tuple(declared) + tuple(p for c in components for p in getattr(c, "private_metrics", ()))
+        return cls(mode, private)
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "all"
+
+    def is_private(self, name: str) -> bool:
+        return matches(name, self.private)
+
+    def name(self, name: str) -> str | None:
+        """The name ``name`` is logged under: itself, ``unaccounted/<name>``, or None (not logged)."""
+        if self.mode == "all" or self.is_private(name):
+            return name
+        return UNACCOUNTED + name if self.mode == "mark" else None
+
+    def __call__(self, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """``metrics`` as the run may log them (their order kept)."""
+        out = {}
+        for key, value in metrics.items():
+            shown = self.name(key)
+            if shown is not None:
+                out[shown] = value
+        return out
