@@ -216,3 +216,61 @@ def test_compositions_that_are_not_defined_asynchronously_are_refused_before_rou
         run_rounds(module, _data(), rounds=1)
     assert "\n" not in str(info.value)
     assert module.runs[0].rounds_done == 0
+
+
+# ----------------------------------------------------------------------------- exact resume
+
+
+ASYNC = {"class_path": "lfed.asynchronous.FedBuff",
+         "init_args": {"concurrency": 6, "buffer": 2, "clock": {"class_path": "lfed.clock.SimulatedClock",
+                                                                "init_args": {"distribution": "lognormal",
+                                                                              "speed_sigma": 1.0, "jitter_sigma": 0.2}}}}
+
+
+def _async_state(cli) -> dict:
+    from test_resume import run_state
+
+    state = run_state(cli)
+    a = cli.model.runs[0].components.asynchronous
+    state["async"] = (a.events, a.seq, a.times, a.clock.now)
+    return state
+
+
+@pytest.mark.parametrize("placement", ["device", "host"])
+def test_resume_from_a_middle_checkpoint_with_clients_in_flight_is_bit_identical(tmp_path, placement):
+    """FedBuff C = 6, M = 2 on digits, log-normal clock: resumed at server step 3 with 4 clients in flight."""
+    from test_resume import assert_same_state, fit, load, write_config
+
+    keep_all = {"callbacks": [{"class_path": "lfed.checkpoint.RoundCheckpoint",
+                               "init_args": {"dirpath": str(tmp_path / "ckpts"), "every_n_train_steps": 3, "save_top_k": -1}}]}
+    config = write_config(tmp_path / "cfg.yaml", "fedavg", trainer=keep_all, asynchronous=ASYNC, client_state=placement,
+                          fraction=None)
+    want = _async_state(fit(config))
+    middle = load(tmp_path / "ckpts" / "epoch=0-step=3.ckpt")
+    assert middle["global_step"] == 3
+    assert len(middle["state_dict"]["asynchronous._extra_state"]["events"]) == 4  # in flight, with their rows:
+    assert middle["state_dict"]["asynchronous.update.rows"].shape[0] == 6  # every slot written once by then
+    assert middle["state_dict"]["asynchronous.clock._extra_state"]["now"] > 0
+    got = _async_state(fit(config, "--ckpt_path", str(tmp_path / "ckpts" / "epoch=0-step=3.ckpt")))
+    assert got["async"][0] and got["async"] == want["async"]
+    assert_same_state(got, want)
+
+
+def test_sigkill_mid_run_then_resume_last_is_bit_identical(tmp_path):
+    from resume_helpers import RoundLog
+    from test_resume import (ROUNDS, assert_same_state, checkpoint_dir, fit, kill_when_holding, load, start_lfed,
+                             write_config)
+
+    ref_dir, kill_dir = tmp_path / "ref", tmp_path / "killed"
+    ref_dir.mkdir(), kill_dir.mkdir()
+    want = _async_state(fit(write_config(ref_dir / "cfg.yaml", "fedavg", asynchronous=ASYNC, fraction=None)))
+    config = write_config(kill_dir / "cfg.yaml", "fedavg", asynchronous=ASYNC, fraction=None)
+    kill_when_holding(start_lfed(config, "--trainer.callbacks+=resume_helpers.HoldInRound", "--trainer.callbacks.round=4"))
+    last = checkpoint_dir(kill_dir / "run") / "last.ckpt"
+    assert load(last)["global_step"] == ROUNDS // 2
+    resumed = fit(config, "--ckpt_path", "last", "--trainer.callbacks+=resume_helpers.RoundLog")
+    log = next(c for c in resumed.trainer.callbacks if isinstance(c, RoundLog))
+    assert log.rounds == [3, 4, 5]
+    got = _async_state(resumed)
+    assert got["async"] == want["async"]
+    assert_same_state(got, want)
