@@ -473,6 +473,13 @@ class FederatedRun(nn.Module):
                 out[f"final/rounds_to_{target:g}"] = hit[0]
                 out[f"final/uploads_to_{target:g}"] = hit[1]
         out["final/uploads_total"] = self.comm.uploads
+        asynchronous = self.components.asynchronous
+        if asynchronous is not None and asynchronous.times:  # simulated seconds (lfed.asynchronous)
+            out["final/simulated_time"] = asynchronous.times[-1]
+            for target in self.accuracy_targets:
+                hit = self.comm.rounds_to_reach(target)
+                if hit is not None and 0 < hit[0] <= len(asynchronous.times):
+                    out[f"final/time_to_{target:g}"] = asynchronous.times[hit[0] - 1]
         out.update(self.bmta.summary())
         self.final_summary = out
         return out

@@ -274,3 +274,21 @@ def test_sigkill_mid_run_then_resume_last_is_bit_identical(tmp_path):
     got = _async_state(resumed)
     assert got["async"] == want["async"]
     assert_same_state(got, want)
+
+
+def test_the_digits_config_runs_and_reports_simulated_time(tmp_path):
+    from conftest import REPO
+
+    from lfed.cli import run_cli
+
+    cli = run_cli(["fit", "--config", str(REPO / "configs" / "fedbuff_digits.yaml"), "--trainer.logger=false",
+                   "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
+                   f"--trainer.default_root_dir={tmp_path}", "--model.accuracy_targets=[0.2]"])
+    a = cli.model.runs[0].components.asynchronous
+    summary = cli.model.final_summary
+    assert len(a.times) == 60 and a.times == sorted(a.times) and len(a.events) == 5
+    assert summary["final/simulated_time"] == a.times[-1]
+    assert cli.trainer.callback_metrics["clock/time"].item() == pytest.approx(a.times[-1], rel=1e-6)  # logged as float32
+    hit = cli.model.comm.rounds_to_reach(0.2)
+    assert summary["final/time_to_0.2"] == a.times[hit[0] - 1]
+    assert summary["final/uploads_total"] == 60 * 5 and summary["final/test_acc"] > 0.5
