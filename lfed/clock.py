@@ -9,7 +9,7 @@ simulated time, independent of how long the computation takes on this machine. A
   ``m_k = exp(speed_sigma z_k)`` drawn once per client and a per-participation jitter
   ``j = exp(jitter_sigma z)`` drawn at each dispatch (``z ~ N(0, 1)``). ``m_k`` is log-normal, so a
   few clients are much slower than the median: the heavy right tail of cross-device durations that
-  FedBuff (Nguyen et al., AISTATS 2022, §6) and FLSim simulate.
+  FedBuff's (Nguyen et al., AISTATS 2022) and FLSim's simulations model.
 * ``file``: ``durations_file`` holds one duration per client (one number per line, ``N`` lines, in
   simulated seconds), the duration of every participation of that client.
 

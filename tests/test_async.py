@@ -128,13 +128,14 @@ def _hand_simulation(data, w0, durations, *, C, M, steps, lr, rounds, seed, serv
     """The event simulation of FedBuff / FedAsync: a heap over arrival times (module docstring)."""
     x, y, index, sizes = data.train_x, data.train_y, data.client_index, data.client_sizes
     w, now, seq, events, taus = w0.clone(), 0.0, 0, [], []
+    m_a = v_a = None
     for t in range(rounds):
         busy = {e[2] for e in events}
         perm = torch.randperm(N, generator=round_generator(seed, t, "sample")).tolist()
         for c in sorted([c for c in perm if c not in busy][: C - len(events)]):
             rows = index[c, : sizes[c]]
             w_c = _hand_local(w, x[rows], y[rows], steps, lr)
-            heapq.heappush(events, (now + durations[c], seq, c, t, w_c - w if server[0] == "fedbuff" else w_c))
+            heapq.heappush(events, (now + durations[c], seq, c, t, w_c if server[0] == "fedasync" else w_c - w))
             seq += 1
         popped = [heapq.heappop(events) for _ in range(M)]
         now = popped[-1][0]
@@ -142,6 +143,14 @@ def _hand_simulation(data, w0, durations, *, C, M, steps, lr, rounds, seed, serv
         if server[0] == "fedbuff":  # Nguyen et al. 2022, Alg. 1: w ← w + η_g (1/M) Σ s(τ) Δ_k, s = (1 + τ)^-1/2
             _, eta = server
             w = w + eta * sum((1 + t - e[3]) ** -0.5 * e[4] for e in popped) / M
+        elif server[0] == "fedbuff_fedadam":  # the same Δ into Reddi et al.'s FedAdam (no bias correction, v_0 = τ²)
+            _, lr_s, b1, b2, tau_a = server
+            delta = sum((1 + t - e[3]) ** -0.5 * e[4] for e in popped) / M
+            if t == 0:
+                m_a, v_a = torch.zeros_like(w), torch.full_like(w, tau_a**2)
+            m_a = b1 * m_a + (1 - b1) * delta
+            v_a = b2 * v_a + (1 - b2) * delta**2
+            w = w + lr_s * m_a / (v_a.sqrt() + tau_a)
         else:  # Xie et al. 2019: w ← (1 - α s) w + α s w_k, hinge s
             _, alpha, a, b = server
             (e,) = popped
@@ -152,7 +161,7 @@ def _hand_simulation(data, w0, durations, *, C, M, steps, lr, rounds, seed, serv
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind", ["fedbuff", "fedasync"])
+@pytest.mark.parametrize("kind", ["fedbuff", "fedasync", "fedbuff_fedadam"])
 def test_twenty_server_steps_equal_the_hand_event_simulation(tmp_path, backend, kind):
     path, durations = _durations_file(tmp_path)
     clock = SimulatedClock("file", durations_file=str(path))
@@ -163,6 +172,13 @@ def test_twenty_server_steps_equal_the_hand_event_simulation(tmp_path, backend, 
     if kind == "fedbuff":
         asynchronous = FedBuff(concurrency=5, buffer=2, clock=clock)
         server, optimizer = ("fedbuff", 1.5), functools.partial(torch.optim.SGD, lr=1.5)
+        C, M = 5, 2
+    elif kind == "fedbuff_fedadam":
+        from lfed.server.optimizers import FedAdam
+
+        asynchronous = FedBuff(concurrency=5, buffer=2, clock=clock)
+        server = ("fedbuff_fedadam", 0.05, 0.9, 0.99, 0.01)
+        optimizer = functools.partial(FedAdam, lr=0.05, betas=(0.9, 0.99), tau=0.01)
         C, M = 5, 2
     else:
         asynchronous = FedAsync(concurrency=4, mixing=0.6, staleness="hinge", staleness_exponent=0.5, hinge_start=1,
@@ -258,8 +274,7 @@ def test_resume_from_a_middle_checkpoint_with_clients_in_flight_is_bit_identical
 
 def test_sigkill_mid_run_then_resume_last_is_bit_identical(tmp_path):
     from resume_helpers import RoundLog
-    from test_resume import (ROUNDS, assert_same_state, checkpoint_dir, fit, kill_when_holding, load, start_lfed,
-                             write_config)
+    from test_resume import ROUNDS, assert_same_state, checkpoint_dir, fit, kill_when_holding, load, start_lfed, write_config
 
     ref_dir, kill_dir = tmp_path / "ref", tmp_path / "killed"
     ref_dir.mkdir(), kill_dir.mkdir()
