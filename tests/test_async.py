@@ -307,3 +307,19 @@ def test_the_digits_config_runs_and_reports_simulated_time(tmp_path):
     hit = cli.model.comm.rounds_to_reach(0.2)
     assert summary["final/time_to_0.2"] == a.times[hit[0] - 1]
     assert summary["final/uploads_total"] == 60 * 5 and summary["final/test_acc"] > 0.5
+
+
+def test_two_processes_give_the_one_process_async_run(tmp_path):
+    """DDP 2 processes = 1 (docs/distributed.md): each server step's dispatched cohort is split over the ranks and
+    gathered, every rank keeps the same queue, clock and slot rows (ReplicaCheck after every step)."""
+    from test_distributed import _assert_same_state, _one_process, _two_processes
+
+    extra = ["--model.asynchronous", "lfed.asynchronous.FedBuff", "--model.asynchronous.init_args.concurrency", "5",
+             "--model.asynchronous.init_args.buffer", "2", "--model.client_state", "host"]
+    log = _two_processes(tmp_path, extra, "lightning")
+    assert "ReplicaCheck: the state of all 2 ranks was identical at each of 4 checks" in log
+    ddp = torch.load(tmp_path / "ckpt" / "end.ckpt", map_location="cpu", weights_only=False)
+    one = _one_process(tmp_path, extra, "one")
+    state = {k: v.cpu() if torch.is_tensor(v) else v for k, v in one.model.state_dict().items()}
+    assert ddp["state_dict"]["asynchronous._extra_state"]["events"]  # clients in flight at the end
+    _assert_same_state(ddp["state_dict"], state, "async: 2 processes vs 1")
