@@ -252,7 +252,7 @@ def _async_state(cli) -> dict:
     return state
 
 
-@pytest.mark.parametrize("placement", ["device", "host"])
+@pytest.mark.parametrize("placement", ["device", "host", "disk"])
 def test_resume_from_a_middle_checkpoint_with_clients_in_flight_is_bit_identical(tmp_path, placement):
     """FedBuff C = 6, M = 2 on digits, log-normal clock: resumed at server step 3 with 4 clients in flight."""
     from test_resume import assert_same_state, fit, load, write_config
