@@ -3,6 +3,7 @@
 One run per call (the shared machine's lock is taken per run by the caller):
 
     python benchmarks/async_study.py RUN SEED [--steps S] [--out DIR]
+    python benchmarks/async_study.py --table [DIR]      # the RESULTS.md table from the runs' files
 
 RUN is one of the keys of :data:`RUNS`. Every run: MNIST, 100 clients of 2 label shards each (McMahan et al.
 2017's pathological split), the 2NN MLP (784-200-200-10), E = 1, B = 10, client lr 0.05, server SGD lr 1;
@@ -35,7 +36,49 @@ RUNS = {
 }
 
 
+def table(out: Path) -> None:
+    """The markdown table of RESULTS.md from the runs' files in ``out``: per run (mean ± sd over seeds) the test
+    accuracy after 1,000 uploads, the simulated time of those 1,000 uploads, and the simulated time and uploads to
+    first reach synchronous FedAvg's mean final accuracy minus 1 point (the first evaluation at or above it)."""
+    import statistics as st
+
+    runs: dict[str, list[dict]] = {}
+    for path in sorted(out.glob("*.json")):
+        r = json.loads(path.read_text())
+        runs.setdefault(r["run"], []).append(r)
+    if "fedavg_sync" not in runs:
+        raise SystemExit("no fedavg_sync run yet")
+    target = st.mean(r["points"][-1]["acc"] for r in runs["fedavg_sync"]) - 0.01
+
+    def ms(xs):
+        xs = [x for x in xs if x is not None]
+        if not xs:
+            return "not reached"
+        return f"{st.mean(xs):.4g}" + (f" ± {st.stdev(xs):.2g}" if len(xs) > 1 else "") + f" (n={len(xs)})"
+
+    print(f"target: {target:.4f} (sync FedAvg's mean final accuracy - 0.01)\n")
+    print("| run | seeds | test acc at 1,000 uploads | simulated s for 1,000 uploads | simulated s to target | uploads to target | clients trained |")
+    print("|---|---|---|---|---|---|---|")
+    for name in RUNS:
+        rs = runs.get(name)
+        if not rs:
+            continue
+        hits = [next((p for p in r["points"] if p["acc"] >= target), None) for r in rs]
+        print(f"| {name} | {','.join(str(r['seed']) for r in rs)} | {ms([r['points'][-1]['acc'] for r in rs])} | "
+              f"{ms([r['points'][-1]['time'] for r in rs])} | {ms([h['time'] if h else None for h in hits])} "
+              f"[{sum(h is not None for h in hits)}/{len(rs)} reached] | {ms([h['uploads'] if h else None for h in hits])} | "
+              f"{ms([r['trained'] for r in rs])} |")
+    print("\naccuracy against simulated time (seed 0; step: simulated s -> test acc):\n")
+    for name in RUNS:
+        r = next((r for r in runs.get(name, []) if r["seed"] == 0), None)
+        if r:
+            print(f"* {name}: " + ", ".join(f"{p['time']:.0f} s {p['acc']:.3f}" for p in r["points"]))
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--table"]:
+        table(Path(sys.argv[2]) if len(sys.argv) > 2 else Path(__file__).parent / "results" / "async_study")
+        return
     parser = argparse.ArgumentParser()
     parser.add_argument("run", choices=sorted(RUNS))
     parser.add_argument("seed", type=int)

@@ -323,3 +323,14 @@ def test_two_processes_give_the_one_process_async_run(tmp_path):
     state = {k: v.cpu() if torch.is_tensor(v) else v for k, v in one.model.state_dict().items()}
     assert ddp["state_dict"]["asynchronous._extra_state"]["events"]  # clients in flight at the end
     _assert_same_state(ddp["state_dict"], state, "async: 2 processes vs 1")
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_grid_of_async_runs_equals_each_run_alone(tmp_path):
+    """lfed grid: the members' dispatched clients are trained in one engine call per server step (lfed.lockstep),
+    each member bit for bit its run alone (float64, one thread)."""
+    from test_group import F64, assert_members_equal_alone, config
+
+    assert_members_equal_alone([config("fedbuff_digits.yaml")], {"model.client_lr": [0.05, 0.1], "model.seed": [0, 1]},
+                               ["--trainer.max_steps=4", "--trainer.val_check_interval=2", *F64], tmp_path,
+                               merged_calls_per_round=1)
