@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from lfed import algorithms
+from lfed.asynchronous import Asynchronous
 from lfed.client.objectives import ClientRule
 from lfed.client_state import PLACEMENTS, ClientStateStore
 from lfed.driver import FederatedDriver
@@ -80,6 +81,8 @@ class FederatedModule(FederatedDriver):
         personal_chunk: Clients whose personalized models are built and evaluated per vmapped call (bounds memory).
         round_local_accuracy: Score the cohort's trained models on their held-out splits every round
             (``client/local_acc_mean``, ``bmta_local``).
+        asynchronous: Asynchronous training on a simulated clock (:class:`lfed.asynchronous.FedBuff`,
+            :class:`~lfed.asynchronous.FedAsync`; docs/async.md): each training step is a server step. None: synchronous.
     """
 
     def __init__(
@@ -116,6 +119,7 @@ class FederatedModule(FederatedDriver):
         personal_clients: int | None = None,
         personal_chunk: int = 256,
         round_local_accuracy: bool = True,
+        asynchronous: Asynchronous | None = None,
     ) -> None:
         given = dict(objective=objective, weighting=weighting, partial_work=partial_work, aggregation=aggregation,
                      compression=compression, sampler=sampler, fraction=fraction, server_optimizer=server_optimizer)
@@ -136,6 +140,7 @@ class FederatedModule(FederatedDriver):
             cfg, mu=mu, efl_lambda=efl_lambda, fisher_samples=fisher_samples, attention_temperature=attention_temperature,
             time_weights=time_weights, sampler_alpha=sampler_alpha, p_inactive=p_inactive, p_incomplete=p_incomplete,
         )
+        components.asynchronous = asynchronous
         run = FederatedRun(
             components, LocalTraining(float(client_lr), batch_size, local_epochs, local_steps), cfg["server_optimizer"],
             net=net, loss=loss, backend=backend, chunk_size=chunk_size, seed=seed, accuracy_targets=accuracy_targets,
@@ -146,4 +151,6 @@ class FederatedModule(FederatedDriver):
         )
         super().__init__([run])
         objects = [k for k, v in given.items() if isinstance(v, nn.Module)]  # rebuilt from the config, not pickled
+        if asynchronous is not None:
+            objects.append("asynchronous")
         self.save_hyperparameters(ignore=["net", "loss", *objects])

@@ -95,6 +95,7 @@ class Algorithm:
     participation: Participation
     history: UpdateHistory | None = None
     sharing: Any = None
+    asynchronous: Any = None  # lfed.asynchronous.Asynchronous: the round is a server step of FedBuff / FedAsync
 
     def __post_init__(self) -> None:
         if self.history is None and any(c.uses_history for c in self.roles().values()):
@@ -118,6 +119,8 @@ class Algorithm:
         }
         if self.history is not None:
             out["history"] = self.history
+        if self.asynchronous is not None:  # first: its refusals come before the other components' preparations
+            out = {"asynchronous": self.asynchronous, **out}
         return out
 
 

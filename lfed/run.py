@@ -142,9 +142,12 @@ class FederatedRun(nn.Module):
     def composition(self) -> dict[str, Any]:
         """The names of the round's components (logs, the fingerprint, composition checks)."""
         c = self.components
-        return {"objective": c.objective.name, "weighting": c.weighting.name, "partial_work": c.weighting.partial_work,
-                "aggregation": c.combination.name, "compression": c.channel.sparsity, "sampler": c.sampler.name,
-                "fraction": c.participation.fraction}
+        out = {"objective": c.objective.name, "weighting": c.weighting.name, "partial_work": c.weighting.partial_work,
+               "aggregation": c.combination.name, "compression": c.channel.sparsity, "sampler": c.sampler.name,
+               "fraction": c.participation.fraction}
+        if c.asynchronous is not None:  # lfed.asynchronous: its one line
+            out["asynchronous"] = c.asynchronous.describe()
+        return out
 
     @property
     def label(self) -> str:
@@ -212,7 +215,9 @@ class FederatedRun(nn.Module):
         return None
 
     def prepare(self, round: int, total_rounds: int | None, ranks: Ranks | None = None) -> PreparedRound:
-        """The round up to its local training (:func:`lfed.round.prepare_round`)."""
+        """The round up to its local training (:func:`lfed.round.prepare_round`); asynchronous: a server step's dispatch."""
+        if self.components.asynchronous is not None:  # lfed.asynchronous: FedBuff / FedAsync on a simulated clock
+            return self.components.asynchronous.prepare(self, round, total_rounds, ranks)
         return prepare_round(self.components, self.layout.module_vector(self.net), self.data, self.training_plan,
                              self.engine, round=round, seed=self.seed, total_rounds=total_rounds, sizes=self.layout.sizes,
                              ranks=ranks)
@@ -236,6 +241,8 @@ class FederatedRun(nn.Module):
         A skipped round (no client's work counts) steps the optimizer with no gradient (the round
         counter only). Raises ``FloatingPointError`` if the round produced NaN or Inf.
         """
+        if self.components.asynchronous is not None:  # the arrivals' server update (lfed.asynchronous)
+            return self.components.asynchronous.finish(self, prepared, result, optimizer, ranks)
         rec = prepared.record
         r = rec.round
         if prepared.skipped:
@@ -325,6 +332,8 @@ class FederatedRun(nn.Module):
         tokens = not (d.train_x.dtype.is_floating_point or d.train_x.dtype.is_complex)  # a language model: perplexity too
         evaluated = client_evaluation(self.net, d, ranks.rank, ranks.world_size, reduce_sum, batch_size, nll=tokens)
         per_client = None if evaluated is None else evaluated[0]
+        if self.components.asynchronous is not None:  # metrics against simulated time too (lfed.asynchronous)
+            metrics["clock/time"] = self.components.asynchronous.now
         if per_client is not None:
             client = per_client[~torch.isnan(per_client)]
             metrics["client/acc_mean"] = float(client.mean())
@@ -477,6 +486,13 @@ class FederatedRun(nn.Module):
                 out[f"final/rounds_to_{target:g}"] = hit[0]
                 out[f"final/uploads_to_{target:g}"] = hit[1]
         out["final/uploads_total"] = self.comm.uploads
+        asynchronous = self.components.asynchronous
+        if asynchronous is not None and asynchronous.times:  # simulated seconds (lfed.asynchronous)
+            out["final/simulated_time"] = asynchronous.times[-1]
+            for target in self.accuracy_targets:
+                hit = self.comm.rounds_to_reach(target)
+                if hit is not None and 0 < hit[0] <= len(asynchronous.times):
+                    out[f"final/time_to_{target:g}"] = asynchronous.times[hit[0] - 1]
         out.update(self.bmta.summary())
         out = self.metric_gate(out)
         self.final_summary = out

@@ -1,0 +1,94 @@
+"""The cost of an asynchronous server step against a synchronous round of the same cohort size (BENCHMARKS.md).
+
+    python benchmarks/async_step.py [--repeats 3] [--steps 30]
+
+MNIST, 100 clients (shards), the 2NN MLP, E = 1, B = 10, CPU. Synchronous FedAvg with K = 10 against FedBuff
+with M = 10 and C = 100 (in steady state each server step dispatches and trains 10 clients, like the round,
+and pops 10 stored results from the host store). The time of each training step (round or server step) is
+taken between Lightning's batch hooks; the figure of a run is the median over steps 5.., the figure reported
+the median of ``repeats`` runs. Also: the bytes of C = 1,000 in-flight results in host placement
+(``ClientStateStore.nbytes``). Prints the load average before and after; quote it only at load < 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+
+class StepTimes(Callback):
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._t = 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._t = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.times.append(time.perf_counter() - self._t)
+
+
+def one(kind: str, steps: int) -> float:
+    from lightning.pytorch import Trainer
+
+    from lfed.asynchronous import FedBuff
+    from lfed.clock import SimulatedClock
+    from lfed.data.datamodule import FederatedDataModule
+    from lfed.models import MLP
+    from lfed.module import FederatedModule
+
+    torch.manual_seed(0)
+    net = MLP(in_features=784, hidden=[200, 200], num_classes=10)
+    common = dict(client_lr=0.05, batch_size=10, local_epochs=1, round_local_accuracy=False)
+    if kind == "sync":
+        module = FederatedModule(net, fraction=0.1, **common)
+    else:
+        module = FederatedModule(net, client_state="host", asynchronous=FedBuff(
+            concurrency=100, buffer=10, clock=SimulatedClock("lognormal")), **common)
+    dm = FederatedDataModule(dataset="mnist", num_clients=100, partition="shards", shards_per_client=2,
+                             holdout_fraction=0.0)
+    timer = StepTimes()
+    trainer = Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                      limit_val_batches=0, callbacks=[timer])
+    trainer.fit(module, datamodule=dm)
+    return statistics.median(timer.times[5:])
+
+
+def host_bytes(concurrency: int, num_params: int) -> int:
+    from lfed.asynchronous import FedBuff
+    from lfed.client_state import ClientStateStore
+
+    a = FedBuff(concurrency=concurrency, buffer=10)
+    store = ClientStateStore("host")
+    store.register_owner("asynchronous", a)
+    a.setup_state(store, torch.zeros(5000), num_params, torch.zeros(1))
+    a.write_rows("update", torch.arange(concurrency), torch.ones(concurrency, num_params))
+    return sum(store.nbytes().values())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=30)
+    args = parser.parse_args()
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    load0 = os.getloadavg()
+    out = {"load_before": load0, "threads": torch.get_num_threads()}
+    for kind in ("sync", "fedbuff"):
+        runs = [one(kind, args.steps) for _ in range(args.repeats)]
+        out[kind] = {"medians_s": runs, "median_s": statistics.median(runs)}
+    out["ratio"] = out["fedbuff"]["median_s"] / out["sync"]["median_s"]
+    out["host_bytes_C1000_P199210"] = host_bytes(1000, 199_210)
+    out["load_after"] = os.getloadavg()
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Synchronous FedAvg against FedBuff and FedAsync on MNIST shards with heavy-tailed client durations (RESULTS.md).
+
+One run per call (the shared machine's lock is taken per run by the caller):
+
+    python benchmarks/async_study.py RUN SEED [--steps S] [--out DIR]
+    python benchmarks/async_study.py --table [DIR]      # the RESULTS.md table from the runs' files
+
+RUN is one of the keys of :data:`RUNS`. Every run: MNIST, 100 clients of 2 label shards each (McMahan et al.
+2017's pathological split), the 2NN MLP (784-200-200-10), E = 1, B = 10, client lr 0.05, server SGD lr 1;
+client durations from a log-normal clock (per-client speed exp(N(0, 1)), jitter exp(N(0, 0.1^2)), 1 s per
+local step). The budget is 1,000 used client trainings (uploads): 100 server steps of M = 10, 1,000 of M = 1.
+Synchronous FedAvg is FedBuff with C = M = 10 and s = 1 (lfed.asynchronous: the synchronous round, with the
+round's simulated time the slowest client's). Writes ``<out>/<run>_s<seed>.json``: per evaluation the
+server step, the uploads so far, the simulated time and the test accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+CLOCK = {"class_path": "lfed.clock.SimulatedClock",
+         "init_args": {"distribution": "lognormal", "time_per_step": 1.0, "speed_sigma": 1.0, "jitter_sigma": 0.1}}
+
+#: name -> (asynchronous init_args, class, server steps per 1,000 uploads, evaluate every)
+RUNS = {
+    "fedavg_sync": ("FedBuff", {"concurrency": 10, "buffer": 10, "staleness": "constant"}, 100, 10),
+    "fedbuff_c20": ("FedBuff", {"concurrency": 20, "buffer": 10}, 100, 10),
+    "fedbuff_c50": ("FedBuff", {"concurrency": 50, "buffer": 10}, 100, 10),
+    "fedbuff_c100": ("FedBuff", {"concurrency": 100, "buffer": 10}, 100, 10),
+    "fedasync_c10": ("FedAsync", {"concurrency": 10, "mixing": 0.6}, 1000, 100),
+}
+
+
+def table(out: Path) -> None:
+    """The markdown table of RESULTS.md from the runs' files in ``out``: per run (mean ± sd over seeds) the test
+    accuracy after 1,000 uploads, the simulated time of those 1,000 uploads, and the simulated time and uploads to
+    first reach a target (the first evaluation at or above it): 0.85, and synchronous FedAvg's mean final accuracy
+    minus 1 point."""
+    import statistics as st
+
+    runs: dict[str, list[dict]] = {}
+    for path in sorted(out.glob("*.json")):
+        r = json.loads(path.read_text())
+        runs.setdefault(r["run"], []).append(r)
+    if "fedavg_sync" not in runs:
+        raise SystemExit("no fedavg_sync run yet")
+    sync_target = round(st.mean(r["points"][-1]["acc"] for r in runs["fedavg_sync"]) - 0.01, 4)
+
+    def ms(xs):
+        xs = [x for x in xs if x is not None]
+        if not xs:
+            return "not reached"
+        return f"{st.mean(xs):.4g}" + (f" ± {st.stdev(xs):.2g}" if len(xs) > 1 else "")
+
+    for target in (0.85, sync_target):
+        print(f"\ntarget {target:.4f}" + (" (sync FedAvg's mean final accuracy - 0.01)" if target == sync_target else "") + "\n")
+        print("| run | seeds | test acc at 1,000 uploads | simulated s for 1,000 uploads | simulated s to target | "
+              "uploads to target | clients trained |")
+        print("|---|---|---|---|---|---|---|")
+        for name in RUNS:
+            rs = runs.get(name)
+            if not rs:
+                continue
+            hits = [next((p for p in r["points"] if p["acc"] >= target), None) for r in rs]
+            print(f"| {name} | {','.join(str(r['seed']) for r in rs)} | {ms([r['points'][-1]['acc'] for r in rs])} | "
+                  f"{ms([r['points'][-1]['time'] for r in rs])} | {ms([h['time'] if h else None for h in hits])} "
+                  f"({sum(h is not None for h in hits)}/{len(rs)} reached) | {ms([h['uploads'] if h else None for h in hits])} | "
+                  f"{ms([r['trained'] for r in rs])} |")
+    print("\naccuracy against simulated time (seed 0; step: simulated s -> test acc):\n")
+    for name in RUNS:
+        r = next((r for r in runs.get(name, []) if r["seed"] == 0), None)
+        if r:
+            print(f"* {name}: " + ", ".join(f"{p['time']:.0f} s {p['acc']:.3f}" for p in r["points"]))
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--table"]:
+        table(Path(sys.argv[2]) if len(sys.argv) > 2 else Path(__file__).parent / "results" / "async_study")
+        return
+    parser = argparse.ArgumentParser()
+    parser.add_argument("run", choices=sorted(RUNS))
+    parser.add_argument("seed", type=int)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "async_study"))
+    parser.add_argument("--steps", type=int, default=None, help="server steps (default: 1,000 uploads)")
+    args = parser.parse_args()
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    from lfed.cli import run_cli
+
+    kind, init, steps, every = RUNS[args.run]
+    steps = args.steps or steps
+    init = {**init, "clock": CLOCK}
+    cli_args = [
+        "fit", "--seed_everything", str(args.seed),
+        "--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(every), "--trainer.logger=false",
+        "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false", "--trainer.accelerator=cpu",
+        f"--trainer.default_root_dir=/tmp/async_study/{args.run}_{args.seed}",
+        "--model.net=lfed.models.MLP", "--model.net.init_args.in_features=784", "--model.net.init_args.hidden=[200,200]",
+        "--model.net.init_args.num_classes=10", "--model.client_lr=0.05", "--model.batch_size=10",
+        "--model.local_epochs=1", "--model.weighting=uniform", f"--model.seed={args.seed}",
+        "--model.round_local_accuracy=false",
+        "--model.asynchronous", json.dumps({"class_path": f"lfed.asynchronous.{kind}", "init_args": init}),
+        "--data.dataset=mnist", "--data.num_clients=100", "--data.partition=shards", "--data.shards_per_client=2",
+        "--data.holdout_fraction=0.0",
+    ]
+    t0 = time.perf_counter()
+    cli = run_cli(cli_args)
+    wall = time.perf_counter() - t0
+    run = cli.model.runs[0]
+    a = run.components.asynchronous
+    uploads = {r: u for r, u, _ in run.comm.history}
+    points = [{"step": r, "uploads": uploads.get(r), "time": a.times[r - 1], "acc": acc} for r, acc in run.eval_history]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{args.run}_s{args.seed}.json"
+    path.write_text(json.dumps({"run": args.run, "seed": args.seed, "steps": steps, "wall_s": wall,
+                                "trained": a.seq, "points": points}, indent=1))
+    print(f"{args.run} seed {args.seed}: {points[-1]} in {wall:.1f} s -> {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

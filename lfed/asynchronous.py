@@ -1,0 +1,316 @@
+"""Asynchronous federated training on a simulated clock: FedBuff and FedAsync as a composition choice (issue 40).
+
+An :class:`Asynchronous` component (``model.asynchronous``) turns the run's round into a *server step*
+of buffered asynchronous training; the driver, the engine, the other components and the checkpoint
+are the synchronous run's own. One server step ``t`` (one Lightning ``training_step``, so
+``global_step == t`` counts server steps):
+
+1. **Dispatch.** Clients are dispatched to keep ``concurrency`` ``C`` in flight (``C`` at step 0,
+   ``M`` after): drawn uniformly among the clients not in flight (``randperm(N)`` seeded by
+   ``(seed, t, "sample")``, the clients in flight skipped, the first ones sorted: with none in
+   flight exactly the synchronous uniform sampler's draw), each with its full step budget. All of
+   them start from the current model ``w^t`` (model version ``t``), so they train together as ONE
+   engine call now (:func:`lfed.round.prepare_round`, the driver's :func:`lfed.lockstep.train_together`):
+   a client's update does not depend on when it arrives. Each client's result waits in a slot of the
+   client state store (``asynchronous.update``, ``[C, P]``: on the device, in host memory or on disk,
+   ``client_state``) until its arrival time ``now + d_k`` (``d_k`` from the :class:`~lfed.clock.SimulatedClock`).
+2. **Arrivals.** The ``M`` (``buffer``) earliest arrivals are popped (ties in dispatch order); the
+   clock moves to the last one's arrival time. A popped client dispatched at version ``v`` has
+   staleness ``τ = t - v``.
+3. **Server update.** With the weighting component's ``a_k`` over the popped clients (``uniform``:
+   ``1/M``, FedBuff's mean; ``size``: ``n_k / Σ n``) and the staleness weight ``s(τ)``:
+
+   * FedBuff (``mixing=None``; Nguyen et al., AISTATS 2022, Algorithm 1):
+     ``Δ = Σ_k a_k s(τ_k) Δ_k``, ``Δ_k = w_k - w^{v_k}`` the client's own update; the server optimizer
+     steps on the pseudo-gradient ``-Δ`` (SGD with ``lr = η_g``: ``w ← w + η_g Δ``, FedBuff's server
+     learning rate; FedAdam etc. compose).
+   * FedAsync (``mixing=α``; Xie, Koyejo, Gupta 2019, Algorithm 1 / Eq. "x_t = (1 - α_t) x_{t-1} + α_t x_new",
+     ``α_t = α s(t - τ)``): ``Δ = Σ_k a_k α s(τ_k) (w_k - w^t)``, so with ``M = 1`` and server SGD ``lr = 1``,
+     ``w ← (1 - α s(τ)) w + α s(τ) w_k``.
+
+   Staleness weights ``s(τ)``: ``constant`` 1; ``polynomial`` ``(1 + τ)^{-a}`` (FedBuff uses
+   ``a = 1/2``); ``hinge`` 1 for ``τ <= b``, else ``1 / (a (τ - b) + 1)`` (FedAsync).
+
+Synchronous FedAvg is the special case ``C = M = K`` with equal durations (``clock.distribution:
+constant``): every step dispatches the sampler's cohort, all arrive with ``τ = 0``, and the server
+update is the synchronous round's, bit for bit (``tests/test_async.py``).
+
+Dispatch happens after each server step (all ``M`` freed slots refilled with the new model at once).
+With ``M = 1`` this is FLSim's event order exactly; with ``M > 1``, FLSim refills a slot at each arrival
+with the model of that moment (the same version until the buffer fills), so clients freed before the
+buffer fills start later here (at the server step's time) but from the same model version. docs/async.md.
+
+State (all in the state dict, so a checkpoint resumes exactly): the slot rows (the store), the event
+queue, the model version counter and the simulated time (``asynchronous._extra_state``,
+``asynchronous.clock._extra_state``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from lfed.clock import SimulatedClock
+from lfed.component import Component, CompositionContext
+from lfed.host import read_metrics, to_device
+from lfed.state import StateSpec
+from lfed.validation import integer, number, one_of
+
+__all__ = ["STALENESS", "Asynchronous", "FedAsync", "FedBuff", "staleness_weight"]
+
+STALENESS = ("constant", "polynomial", "hinge")
+
+
+def staleness_weight(tau: int, kind: str, a: float = 0.5, b: int = 0) -> float:
+    """``s(τ)``: ``constant`` 1; ``polynomial`` ``(1 + τ)^{-a}``; ``hinge`` 1 if ``τ <= b`` else ``1 / (a (τ - b) + 1)``."""
+    if kind == "constant":
+        return 1.0
+    if kind == "polynomial":
+        return float((1.0 + tau) ** (-a))
+    if kind == "hinge":
+        return 1.0 if tau <= b else 1.0 / (a * (tau - b) + 1.0)
+    raise ValueError(f"staleness: {kind!r} is not one of {STALENESS}")
+
+
+class Asynchronous(Component):
+    """Buffered asynchronous training on a simulated clock (module docstring).
+
+    Args:
+        concurrency: ``C``, clients in flight (``<= N``).
+        buffer: ``M``, arrivals per server step (``1 <= M <= C``).
+        staleness: ``constant``, ``polynomial`` or ``hinge``.
+        staleness_exponent: ``a`` of ``polynomial`` and ``hinge``.
+        hinge_start: ``b`` of ``hinge``.
+        mixing: None: FedBuff's update (the clients' own deltas); a number ``α`` in (0, 1]: FedAsync's
+            mixing ``w ← (1 - α s) w + α s w_k``.
+        clock: The :class:`~lfed.clock.SimulatedClock` (default: log-normal speeds).
+    """
+
+    name = "async"
+
+    def __init__(self, concurrency: int = 10, buffer: int = 10,
+                 staleness: Literal["constant", "polynomial", "hinge"] = "polynomial", staleness_exponent: float = 0.5,
+                 hinge_start: int = 0, mixing: float | None = None, clock: SimulatedClock | None = None) -> None:
+        super().__init__()
+        self.concurrency = integer("concurrency", concurrency, at_least=1)
+        self.buffer = integer("buffer", buffer, at_least=1)
+        if self.buffer > self.concurrency:
+            raise ValueError(f"buffer: {buffer} arrivals per server step cannot exceed concurrency={concurrency} "
+                             "clients in flight")
+        one_of("staleness", staleness, STALENESS)
+        self.staleness = staleness
+        self.staleness_exponent = number("staleness_exponent", staleness_exponent, at_least=0)
+        self.hinge_start = integer("hinge_start", hinge_start, at_least=0)
+        if mixing is not None:
+            mixing = number("mixing", mixing, above=0, at_most=1, detail=" (FedAsync's α) or None (FedBuff)")
+        self.mixing = mixing
+        self.clock = clock if clock is not None else SimulatedClock()
+        # the event queue: (arrival, seq, slot, client, version, steps); and the counters
+        self.events: list[tuple[float, int, int, int, int, int]] = []
+        self.seq = 0
+        self.times: list[float] = []  # simulated time after each server step
+
+    # ------------------------------------------------------------------ what it is
+    def structure(self) -> dict[str, Any]:
+        return {"concurrency": self.concurrency, "buffer": self.buffer, "mixing": self.mixing is not None}
+
+    def hparams(self) -> dict[str, Any]:
+        out = {"staleness": self.staleness, "staleness_exponent": self.staleness_exponent,
+               "hinge_start": self.hinge_start, "mixing": self.mixing}
+        out.update({f"clock.{k}": v for k, v in self.clock.hparams().items()})
+        return out
+
+    def describe(self) -> str:
+        """One line for the run's start-up message."""
+        kind = "FedBuff" if self.mixing is None else f"FedAsync(mixing={self.mixing:g})"
+        return (f"{kind}(concurrency={self.concurrency}, buffer={self.buffer}, staleness={self.staleness}, "
+                f"clock={self.clock.distribution})")
+
+    def state_specs(self) -> list[StateSpec]:
+        return [StateSpec("update")]  # one row per slot: FedBuff Δ_k, FedAsync w_k
+
+    def setup_state(self, store, num_examples: Tensor, num_params: int, like: Tensor) -> None:
+        """The rows are per slot (``C``), not per client: memory ``C x P`` whatever ``N``."""
+        super().setup_state(store, torch.zeros(self.concurrency, dtype=num_examples.dtype), num_params, like)
+
+    def s(self, tau: int) -> float:
+        """The staleness weight ``s(τ)``."""
+        return staleness_weight(tau, self.staleness, self.staleness_exponent, self.hinge_start)
+
+    @property
+    def now(self) -> float:
+        """Simulated seconds at the last server step."""
+        return self.clock.now
+
+    # ------------------------------------------------------------------ checks before round 0
+    def prepare_run(self, context: CompositionContext) -> None:
+        c = context.components or {}
+        refuse = None
+        comb, obj = c.get("combination"), c.get("objective")
+        from lfed.client.objectives import Plain, Prox
+        from lfed.sampling import UniformSampler
+        from lfed.server.channel import Dense
+        from lfed.server.combination import IGFLAttention, ServerCombination
+
+        if comb is not None and type(comb).__name__ == "DPFedAvg":
+            refuse = ("aggregation: DP-FedAvg is not implemented asynchronously (its sensitivity would be max_k a_k s(τ_k) "
+                      "x clip per server step and its accountant would need sampling among the clients not in flight, "
+                      "docs/async.md); use a non-private aggregation")
+        elif type(obj) not in (Plain, Prox):
+            refuse = (f"objective: {type(obj).__name__} keeps client or server state or changes the round, which is "
+                      "not defined asynchronously yet; use plain or prox")
+        elif isinstance(comb, IGFLAttention) or type(comb) is not ServerCombination and type(comb).__name__ != "Mean":
+            refuse = (f"aggregation: {type(comb).__name__} is not defined on a buffer of stale updates yet; use mean")
+        elif c.get("weighting") is not None and c["weighting"].name not in ("size", "uniform"):
+            refuse = f"weighting: {c['weighting'].name!r} is not defined asynchronously yet; use size or uniform"
+        elif c.get("channel") is not None and not isinstance(c["channel"], Dense):
+            refuse = "compression: not tested asynchronously yet; leave compression unset"
+        elif c.get("sampler") is not None and type(c["sampler"]) is not UniformSampler:
+            refuse = (f"sampler: {type(c['sampler']).__name__}; asynchronous dispatch draws uniformly among the "
+                      "clients not in flight; leave sampler unset")
+        elif context.p_inactive > 0 or context.p_incomplete > 0:
+            refuse = ("p_inactive / p_incomplete: the simulated clock is the asynchronous run's straggler model; "
+                      "set them to 0")
+        elif c.get("history") is not None:
+            refuse = "a component reading the update history is not defined asynchronously yet"
+        elif obj is not None and getattr(obj, "sharing", None) is not None:
+            refuse = "objective: partial sharing is not defined asynchronously yet"
+        elif context.num_clients is not None and self.concurrency > context.num_clients:
+            refuse = f"concurrency: {self.concurrency} clients in flight, but the data has {context.num_clients} clients"
+        if refuse:
+            raise ValueError(f"asynchronous: {refuse}")
+
+    def composition_warnings(self, context: CompositionContext) -> list[str]:
+        if "fraction" in context.explicit:
+            return ["fraction is not used by asynchronous training: concurrency and buffer set who trains"]
+        return []
+
+    # ------------------------------------------------------------------ one server step
+    def _in_flight(self) -> tuple[set[int], set[int]]:
+        return {e[3] for e in self.events}, {e[2] for e in self.events}
+
+    def prepare(self, run: Any, step: int, total_rounds: int | None, ranks: Any = None) -> Any:
+        """Dispatch clients to keep ``C`` in flight with the current model: the engine job of the step."""
+        from lfed.rng import round_generator
+        from lfed.round import prepare_round
+
+        data = run.data
+        N = data.num_clients
+        busy, _ = self._in_flight()
+        k = self.concurrency - len(self.events)
+        perm = torch.randperm(N, generator=round_generator(run.seed, step, "sample"))
+        if busy:
+            perm = perm[~torch.isin(perm, torch.tensor(sorted(busy), dtype=perm.dtype))]
+        clients = perm[:k].sort().values
+        budget = run.training_plan.step_budget(data.host("client_sizes")[clients])
+        return prepare_round(run.components, run.layout.module_vector(run.net), data, run.training_plan, run.engine,
+                             round=step, seed=run.seed, clients=clients, steps_done=budget, total_rounds=total_rounds,
+                             sizes=run.layout.sizes, ranks=ranks)
+
+    def finish(self, run: Any, prepared: Any, result: Any, optimizer: Any, ranks: Any) -> tuple[dict[str, float], list[str]]:
+        """Queue the dispatched clients' results, pop the ``M`` earliest arrivals and step the server."""
+        from lfed.round import RoundRecord, draw_cohort
+
+        if prepared.skipped:
+            raise RuntimeError("asynchronous: a dispatch trained nobody (every dispatched client has a zero budget)")
+        alg, data, job, rec = run.components, run.data, prepared.job, prepared.record
+        step, w = rec.round, prepared.w
+        host = rec.cohort.host_values()
+        # 1. the dispatched clients' results wait in free slots until their arrival times
+        _, used = self._in_flight()
+        free = [i for i in range(self.concurrency) if i not in used][: host.clients.numel()]
+        slots = torch.tensor(free, dtype=torch.long)
+        rows = result.weights - job.w_start if self.mixing is None else result.weights
+        self.write_rows("update", to_device(slots, rows.device), rows)
+        durations = self.clock.durations(host.clients, host.steps_done, step, run.seed, data.num_clients).tolist()
+        start = self.clock.now
+        for slot, client, steps, d in zip(free, host.clients.tolist(), host.steps_done.tolist(), durations):
+            heapq.heappush(self.events, (start + d, self.seq, slot, client, step, int(steps)))
+            self.seq += 1
+        # 2. the M earliest arrivals
+        popped = [heapq.heappop(self.events) for _ in range(self.buffer)]
+        self.clock.now = popped[-1][0]
+        self.times.append(self.clock.now)
+        clients_p = torch.tensor([e[3] for e in popped], dtype=torch.long)
+        taus = [step - e[4] for e in popped]
+        cohort = draw_cohort(alg, data, run.training_plan, step, run.seed, clients=clients_p,
+                             steps_done=torch.tensor([e[5] for e in popped]))
+        counts = data.host("label_counts")
+        a = alg.weighting.weights(cohort, counts[cohort.host.clients], counts.sum(0))
+        cohort.host.counting = alg.weighting.counting(cohort).detach().cpu()
+        cohort.counting = to_device(cohort.host.counting, cohort.clients.device)
+        alpha = 1.0 if self.mixing is None else self.mixing
+        scale = torch.tensor([alpha * self.s(t) for t in taus], dtype=torch.float64)
+        if not all(x == 1.0 for x in scale.tolist()):  # s = 1 leaves the weights (and the sync case) untouched
+            a = a.detach().cpu() * scale
+        weights = to_device(a, cohort.clients.device)
+        # 3. the server update
+        stored = self.rows("update", to_device(torch.tensor([e[2] for e in popped]), rows.device))
+        updates = stored if self.mixing is None else stored - w
+        sizes = prepared.sizes
+        sent = alg.channel.upstream(updates, cohort, sizes)
+        delta, _ = alg.combination.combine(sent, weights, cohort)
+        delta = alg.channel.downstream(delta, sizes)
+        w_new = run.server_step(optimizer)(delta)
+        record = RoundRecord(step, cohort, weights, losses=None, delta=delta, bits_down=rec.bits_down)
+        record.bits_up = record.uploads * alg.channel.bits(sizes)
+        record.result = result
+        record.check(result.loss[:, None], "training losses")
+        record.check(rows, "client updates")
+        record.check(w_new, "the global model")
+        metrics: dict[str, Any] = {
+            "round/clients": float(len(popped)), "round/dispatched": float(host.clients.numel()),
+            "round/weight_sum": weights.sum(), "train/loss": result.loss.mean(),
+            "async/staleness_mean": sum(taus) / len(taus), "async/staleness_max": float(max(taus)),
+            "async/in_flight": float(len(self.events)), "clock/time": self.clock.now,
+        }
+        metrics, flags = read_metrics(metrics, record.finite_flags())
+        try:
+            record.raise_if_nonfinite(flags)
+        except FloatingPointError:
+            run.layout.load_into(run.net, w)
+            raise
+        run.last_round = record
+        run.rounds_done = step + 1
+        run.bmta.add_round(cohort.host.clients, None)
+        metrics.update(run.comm.record(record.uploads, bits_up=record.bits_up, bits_down=record.bits_down))
+        return metrics, [f"server step {step}: {m}" for m in rec.warnings]
+
+    # ------------------------------------------------------------------ checkpoint state
+    def get_extra_state(self) -> dict[str, Any]:
+        return {"events": [list(e) for e in self.events], "seq": self.seq, "times": list(self.times)}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        self.events = [tuple(e) for e in state["events"]]
+        heapq.heapify(self.events)
+        self.seq = int(state["seq"])
+        self.times = [float(t) for t in state["times"]]
+
+
+class FedBuff(Asynchronous):
+    """FedBuff (Nguyen et al., AISTATS 2022): ``Δ = Σ a_k (1 + τ_k)^{-1/2} Δ_k``; the server learning rate is the
+    server optimizer's (SGD ``lr = η_g``). Arguments as :class:`Asynchronous` without ``mixing``."""
+
+    def __init__(self, concurrency: int = 10, buffer: int = 10,
+                 staleness: Literal["constant", "polynomial", "hinge"] = "polynomial", staleness_exponent: float = 0.5,
+                 hinge_start: int = 0, clock: SimulatedClock | None = None) -> None:
+        super().__init__(concurrency, buffer, staleness, staleness_exponent, hinge_start, None, clock)
+
+
+class FedAsync(Asynchronous):
+    """FedAsync (Xie, Koyejo, Gupta 2019): ``M = 1``, ``w ← (1 - α s(τ)) w + α s(τ) w_k`` (server SGD ``lr = 1``).
+
+    Args:
+        concurrency: ``C``, clients in flight.
+        mixing: ``α`` in (0, 1].
+        staleness, staleness_exponent, hinge_start: ``s(τ)`` (FedAsync's hinge: ``a``, ``b``).
+        clock: The simulated clock.
+    """
+
+    def __init__(self, concurrency: int = 10, mixing: float = 0.6,
+                 staleness: Literal["constant", "polynomial", "hinge"] = "hinge", staleness_exponent: float = 0.5,
+                 hinge_start: int = 4, clock: SimulatedClock | None = None) -> None:
+        super().__init__(concurrency, 1, staleness, staleness_exponent, hinge_start, mixing, clock)

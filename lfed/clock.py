@@ -1,0 +1,130 @@
+"""A simulated clock: how long each client's local work takes, in simulated seconds (issue 40).
+
+Asynchronous training (:mod:`lfed.asynchronous`) orders the clients' arrivals at the server by
+simulated time, independent of how long the computation takes on this machine. A
+:class:`SimulatedClock` gives the duration of one participation of each dispatched client:
+
+* ``constant``: ``d = time_per_step x s_k`` (``s_k`` the client's local steps): every client equally fast.
+* ``lognormal`` (the default): ``d = time_per_step x s_k x m_k x j``, with a per-client speed
+  ``m_k = exp(speed_sigma z_k)`` drawn once per client and a per-participation jitter
+  ``j = exp(jitter_sigma z)`` drawn at each dispatch (``z ~ N(0, 1)``). ``m_k`` is log-normal, so a
+  few clients are much slower than the median: the heavy right tail of cross-device durations that
+  FedBuff's (Nguyen et al., AISTATS 2022) and FLSim's simulations model.
+* ``file``: ``durations_file`` holds one duration per client (one number per line, ``N`` lines, in
+  simulated seconds), the duration of every participation of that client.
+
+Every draw is seeded: the speeds by ``(seed, 0, "clock_speed")``, a dispatch's jitter by
+``(seed, step, "clock")`` (:func:`lfed.rng.round_generator`), so a run resumed from a checkpoint
+draws exactly what the uninterrupted run drew. The clock's state is its time ``now`` (the time of the
+last server step), saved in the state dict as ``asynchronous.clock._extra_state``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from lfed.component import Component
+from lfed.rng import round_generator
+from lfed.validation import number, one_of
+
+__all__ = ["DISTRIBUTIONS", "SimulatedClock"]
+
+DISTRIBUTIONS = ("constant", "lognormal", "file")
+
+
+class SimulatedClock(Component):
+    """Durations of the clients' local work in simulated seconds (module docstring).
+
+    Args:
+        distribution: ``constant``, ``lognormal`` or ``file``.
+        time_per_step: Simulated seconds per local step of a client of median speed (> 0).
+        speed_sigma: ``lognormal``: standard deviation of ``log m_k`` (per-client speed), >= 0.
+        jitter_sigma: ``lognormal``: standard deviation of ``log j`` (per participation), >= 0.
+        durations_file: ``file``: a text file of one duration per client (``N`` lines).
+    """
+
+    name = "clock"
+
+    def __init__(self, distribution: Literal["constant", "lognormal", "file"] = "lognormal", time_per_step: float = 1.0,
+                 speed_sigma: float = 1.0, jitter_sigma: float = 0.1, durations_file: str | None = None) -> None:
+        super().__init__()
+        one_of("distribution", distribution, DISTRIBUTIONS)
+        self.distribution = distribution
+        self.time_per_step = number("time_per_step", time_per_step, above=0)
+        self.speed_sigma = number("speed_sigma", speed_sigma, at_least=0)
+        self.jitter_sigma = number("jitter_sigma", jitter_sigma, at_least=0)
+        if (durations_file is None) != (distribution != "file"):
+            raise ValueError("durations_file: give it exactly when distribution='file' "
+                             f"(got distribution={distribution!r}, durations_file={durations_file!r})")
+        self.durations_file = durations_file
+        self.now = 0.0  # simulated seconds at the last server step
+        self._speeds: tuple[tuple[int, int], Tensor] | None = None
+
+    def hparams(self) -> dict[str, Any]:
+        return {"distribution": self.distribution, "time_per_step": self.time_per_step,
+                "speed_sigma": self.speed_sigma, "jitter_sigma": self.jitter_sigma,
+                "durations_file": self.durations_file}
+
+    # ------------------------------------------------------------------ durations
+    def speeds(self, seed: int, num_clients: int) -> Tensor:
+        """``[N]`` float64 per-client duration multipliers (1 for ``constant``; the file's durations for ``file``)."""
+        key = (seed, num_clients)
+        if self._speeds is not None and self._speeds[0] == key:
+            return self._speeds[1]
+        if self.distribution == "constant":
+            m = torch.ones(num_clients, dtype=torch.float64)
+        elif self.distribution == "lognormal":
+            z = torch.randn(num_clients, generator=round_generator(seed, 0, "clock_speed"), dtype=torch.float64)
+            m = torch.exp(self.speed_sigma * z)
+        else:
+            m = read_durations(self.durations_file, num_clients)
+        self._speeds = (key, m)
+        return m
+
+    def durations(self, clients: Tensor, steps: Tensor, step: int, seed: int, num_clients: int) -> Tensor:
+        """``[K]`` float64 simulated seconds of the dispatched ``clients`` (host ids) doing ``steps`` local steps,
+        dispatched at server step ``step``."""
+        clients = clients.detach().cpu().long()
+        m = self.speeds(seed, num_clients)[clients]
+        if self.distribution == "file":
+            return m.clone()
+        d = self.time_per_step * steps.detach().cpu().to(torch.float64) * m
+        if self.distribution == "lognormal" and self.jitter_sigma > 0:
+            z = torch.randn(clients.numel(), generator=round_generator(seed, step, "clock"), dtype=torch.float64)
+            d = d * torch.exp(self.jitter_sigma * z)
+        return d
+
+    # ------------------------------------------------------------------ state
+    def get_extra_state(self) -> dict[str, float]:
+        return {"now": float(self.now)}
+
+    def set_extra_state(self, state: dict[str, float]) -> None:
+        self.now = float(state["now"])
+
+
+def read_durations(path: str | Path, num_clients: int) -> Tensor:
+    """``[N]`` float64 durations from a text file of one positive number per line (blank lines and ``#`` comments skipped)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"durations_file: {str(p)!r} is not a file")
+    values = []
+    for i, line in enumerate(p.read_text().splitlines(), 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            v = float(text)
+        except ValueError:
+            raise ValueError(f"durations_file: {p}:{i}: {text!r} is not a number") from None
+        if not (v > 0 and math.isfinite(v)):
+            raise ValueError(f"durations_file: {p}:{i}: a duration must be positive and finite, got {v}")
+        values.append(v)
+    if len(values) != num_clients:
+        raise ValueError(f"durations_file: {p} holds {len(values)} durations, the data has {num_clients} clients "
+                         "(one per client, one per line)")
+    return torch.tensor(values, dtype=torch.float64)

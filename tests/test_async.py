@@ -1,0 +1,336 @@
+"""Asynchronous FL on a simulated clock (lfed.clock, lfed.asynchronous; docs/async.md).
+
+The exactness tests run lfed's FedBuff and FedAsync for 20 server steps through the Trainer and
+compare the server model with a hand-written float64 event simulation: a heap over arrival times,
+plain torch, no lfed code but the documented seeding of the dispatch draw
+(``randperm(N)`` from :func:`lfed.rng.round_generator` ``(seed, step, "sample")``, the clients in
+flight skipped). Synchronous FedAvg is the special case ``C = M = K`` with equal durations, bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import math
+
+import pytest
+import torch
+from conftest import flat_weights, run_rounds
+from torch import nn
+from torch.nn import functional as F
+
+from lfed.asynchronous import Asynchronous, FedAsync, FedBuff, staleness_weight
+from lfed.clock import SimulatedClock
+from lfed.data.datamodule import FederatedDataModule
+from lfed.module import FederatedModule
+from lfed.rng import round_generator
+
+BACKENDS = ["vmap", "loop"]
+N, D, CLASSES = 12, 5, 3
+
+
+# ----------------------------------------------------------------------------- the clock
+
+
+def test_constant_durations_are_time_per_step_times_steps():
+    clock = SimulatedClock("constant", time_per_step=0.5)
+    d = clock.durations(torch.tensor([3, 1]), torch.tensor([4, 6]), step=7, seed=0, num_clients=5)
+    assert d.dtype == torch.float64 and d.tolist() == [2.0, 3.0]
+
+
+def test_lognormal_durations_are_seeded_per_client_speed_times_jitter():
+    clock = SimulatedClock("lognormal", time_per_step=2.0, speed_sigma=1.0, jitter_sigma=0.0)
+    clients, steps = torch.tensor([0, 4, 9]), torch.tensor([3, 3, 3])
+    d0 = clock.durations(clients, steps, step=0, seed=1, num_clients=10)
+    d5 = clock.durations(clients, steps, step=5, seed=1, num_clients=10)
+    assert torch.equal(d0, d5)  # no jitter: a client's speed is its own, every participation
+    z = torch.randn(10, generator=round_generator(1, 0, "clock_speed"), dtype=torch.float64)
+    assert torch.equal(d0, 2.0 * 3 * torch.exp(z[clients]))
+    other = SimulatedClock("lognormal", speed_sigma=1.0, jitter_sigma=0.0).durations(clients, steps, 0, 2, 10)
+    assert not torch.equal(other / 3, d0 / 6)  # another seed, other speeds
+    jitter = SimulatedClock("lognormal", time_per_step=2.0, speed_sigma=1.0, jitter_sigma=0.3)
+    j0, j1 = (jitter.durations(clients, steps, step=s, seed=1, num_clients=10) for s in (0, 1))
+    assert not torch.equal(j0, j1) and torch.equal(j0, jitter.durations(clients, steps, step=0, seed=1, num_clients=10))
+    # heavy right tail: the mean of many speeds is well above the median (log-normal, sigma 1: e^0.5 = 1.65)
+    m = SimulatedClock("lognormal", speed_sigma=1.0).speeds(0, 20000)
+    assert m.mean() / m.median() == pytest.approx(math.exp(0.5), rel=0.05)
+
+
+def test_durations_from_a_file(tmp_path):
+    path = tmp_path / "d.txt"
+    path.write_text("# seconds\n1.5\n2\n\n0.25\n")
+    clock = SimulatedClock("file", durations_file=str(path))
+    assert clock.durations(torch.tensor([2, 0]), torch.tensor([9, 9]), 0, 0, 3).tolist() == [0.25, 1.5]
+    with pytest.raises(ValueError, match="holds 3 durations, the data has 4 clients"):
+        clock.speeds(1, 4)
+    path.write_text("1\n-2\n3\n")
+    with pytest.raises(ValueError, match="positive and finite"):
+        SimulatedClock("file", durations_file=str(path)).speeds(0, 3)
+    with pytest.raises(ValueError, match="durations_file"):
+        SimulatedClock("lognormal", durations_file=str(path))
+
+
+def test_the_clock_and_the_queue_are_in_the_state_dict():
+    a = Asynchronous(concurrency=3, buffer=1, clock=SimulatedClock("constant"))
+    a.clock.now, a.events, a.seq, a.times = 4.5, [(5.0, 2, 0, 7, 1, 3)], 3, [1.0, 4.5]
+    state = a.state_dict()
+    b = Asynchronous(concurrency=3, buffer=1, clock=SimulatedClock("constant"))
+    b.load_state_dict(state)
+    assert (b.clock.now, b.events, b.seq, b.times) == (4.5, [(5.0, 2, 0, 7, 1, 3)], 3, [1.0, 4.5])
+
+
+def test_staleness_weights():
+    assert staleness_weight(5, "constant") == 1.0
+    assert staleness_weight(3, "polynomial", 0.5) == 0.5  # FedBuff: 1 / sqrt(1 + τ)
+    assert staleness_weight(2, "hinge", 0.5, 2) == 1.0 and staleness_weight(6, "hinge", 0.5, 2) == 1 / 3
+    with pytest.raises(ValueError, match="buffer"):
+        Asynchronous(concurrency=2, buffer=3)
+    with pytest.raises(ValueError, match="mixing"):
+        FedAsync(mixing=1.5)
+
+
+# ----------------------------------------------------------------------------- the exactness of a run
+
+
+def _data(tmp_path=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(96, D, generator=g, dtype=torch.float64)
+    y = torch.randint(0, CLASSES, (96,), generator=g)
+    return FederatedDataModule.from_tensors(x, y, x[:12], y[:12], num_clients=N, partition="dirichlet", rho=0.5,
+                                            holdout_fraction=0.0)
+
+
+def _durations_file(tmp_path):
+    g = torch.Generator().manual_seed(3)
+    d = 0.5 + 4.0 * torch.rand(N, generator=g, dtype=torch.float64) ** 3  # distinct, a few slow clients
+    path = tmp_path / "durations.txt"
+    path.write_text("\n".join(repr(float(v)) for v in d))
+    return path, d.tolist()
+
+
+def _net(seed=0):
+    torch.manual_seed(seed)
+    return nn.Linear(D, CLASSES).double()
+
+
+def _hand_local(w, x, y, steps, lr):
+    """Full-batch gradient descent on one client's data, plain torch (layout: weight then bias)."""
+    w = w.clone()
+    for _ in range(steps):
+        v = w.detach().requires_grad_(True)
+        loss = F.cross_entropy(x @ v[: CLASSES * D].view(CLASSES, D).T + v[CLASSES * D:], y)
+        (g,) = torch.autograd.grad(loss, v)
+        w = w - lr * g
+    return w
+
+
+def _hand_simulation(data, w0, durations, *, C, M, steps, lr, rounds, seed, server):
+    """The event simulation of FedBuff / FedAsync: a heap over arrival times (module docstring)."""
+    x, y, index, sizes = data.train_x, data.train_y, data.client_index, data.client_sizes
+    w, now, seq, events, taus = w0.clone(), 0.0, 0, [], []
+    m_a = v_a = None
+    for t in range(rounds):
+        busy = {e[2] for e in events}
+        perm = torch.randperm(N, generator=round_generator(seed, t, "sample")).tolist()
+        for c in sorted([c for c in perm if c not in busy][: C - len(events)]):
+            rows = index[c, : sizes[c]]
+            w_c = _hand_local(w, x[rows], y[rows], steps, lr)
+            heapq.heappush(events, (now + durations[c], seq, c, t, w_c if server[0] == "fedasync" else w_c - w))
+            seq += 1
+        popped = [heapq.heappop(events) for _ in range(M)]
+        now = popped[-1][0]
+        taus += [t - e[3] for e in popped]
+        if server[0] == "fedbuff":  # Nguyen et al. 2022, Alg. 1: w ← w + η_g (1/M) Σ s(τ) Δ_k, s = (1 + τ)^-1/2
+            _, eta = server
+            w = w + eta * sum((1 + t - e[3]) ** -0.5 * e[4] for e in popped) / M
+        elif server[0] == "fedbuff_fedadam":  # the same Δ into Reddi et al.'s FedAdam (no bias correction, v_0 = τ²)
+            _, lr_s, b1, b2, tau_a = server
+            delta = sum((1 + t - e[3]) ** -0.5 * e[4] for e in popped) / M
+            if t == 0:
+                m_a, v_a = torch.zeros_like(w), torch.full_like(w, tau_a**2)
+            m_a = b1 * m_a + (1 - b1) * delta
+            v_a = b2 * v_a + (1 - b2) * delta**2
+            w = w + lr_s * m_a / (v_a.sqrt() + tau_a)
+        else:  # Xie et al. 2019: w ← (1 - α s) w + α s w_k, hinge s
+            _, alpha, a, b = server
+            (e,) = popped
+            tau = t - e[3]
+            s = 1.0 if tau <= b else 1.0 / (a * (tau - b) + 1.0)
+            w = (1 - alpha * s) * w + alpha * s * e[4]
+    return w, now, taus
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["fedbuff", "fedasync", "fedbuff_fedadam"])
+def test_twenty_server_steps_equal_the_hand_event_simulation(tmp_path, backend, kind):
+    path, durations = _durations_file(tmp_path)
+    clock = SimulatedClock("file", durations_file=str(path))
+    dm = _data()
+    data = dm.build()
+    net = _net()
+    w0 = torch.cat([net.weight.detach().flatten(), net.bias.detach().flatten()])
+    if kind == "fedbuff":
+        asynchronous = FedBuff(concurrency=5, buffer=2, clock=clock)
+        server, optimizer = ("fedbuff", 1.5), functools.partial(torch.optim.SGD, lr=1.5)
+        C, M = 5, 2
+    elif kind == "fedbuff_fedadam":
+        from lfed.server.optimizers import FedAdam
+
+        asynchronous = FedBuff(concurrency=5, buffer=2, clock=clock)
+        server = ("fedbuff_fedadam", 0.05, 0.9, 0.99, 0.01)
+        optimizer = functools.partial(FedAdam, lr=0.05, betas=(0.9, 0.99), tau=0.01)
+        C, M = 5, 2
+    else:
+        asynchronous = FedAsync(concurrency=4, mixing=0.6, staleness="hinge", staleness_exponent=0.5, hinge_start=1,
+                                clock=clock)
+        server, optimizer = ("fedasync", 0.6, 0.5, 1), None
+        C, M = 4, 1
+    module = FederatedModule(net, weighting="uniform", client_lr=0.3, batch_size=None, local_steps=2, backend=backend,
+                             seed=4, server_optimizer=optimizer, asynchronous=asynchronous)
+    run_rounds(module, dm, rounds=20)
+    want, now, taus = _hand_simulation(data, w0, durations, C=C, M=M, steps=2, lr=0.3, rounds=20, seed=4, server=server)
+    assert max(taus) >= 3  # stale updates were aggregated (and the hinge's tail was used)
+    torch.testing.assert_close(flat_weights(module), want, atol=1e-12, rtol=0)
+    assert module.runs[0].components.asynchronous.now == now and len(asynchronous.times) == 20
+    assert len(asynchronous.events) == C - M and module.comm.uploads == 20 * M
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("placement", ["device", "host"])
+def test_sync_fedavg_is_the_case_c_equals_m_equals_k_with_equal_durations(backend, placement):
+    """C = M = K = 3 of 12 clients, equal durations (constant clock, 2 local steps each), size weights, mini-batches:
+    FedAvg bit for bit."""
+    rounds = 6
+    sync = FederatedModule(_net(1), fraction=0.25, client_lr=0.2, batch_size=3, local_steps=2, backend=backend)
+    run_rounds(sync, _data(), rounds=rounds)
+    asynchronous = FedBuff(concurrency=3, buffer=3, clock=SimulatedClock("constant", time_per_step=0.5))
+    a = FederatedModule(_net(1), client_lr=0.2, batch_size=3, local_steps=2, backend=backend,
+                        asynchronous=asynchronous, client_state=placement)
+    run_rounds(a, _data(), rounds=rounds)
+    assert torch.equal(flat_weights(a), flat_weights(sync))
+    assert a.comm.uploads == sync.comm.uploads == rounds * 3
+    assert asynchronous.events == [] and asynchronous.times == [float(t) for t in range(1, rounds + 1)]
+
+
+@pytest.mark.parametrize(
+    "settings, expected",
+    [
+        ({"algorithm": "scaffold"}, "asynchronous: objective: Scaffold"),
+        ({"algorithm": "dp_fedavg"}, "asynchronous: aggregation: DP-FedAvg is not implemented asynchronously"),
+        ({"aggregation": "self"}, "asynchronous: aggregation: IGFLAttention"),
+        ({"weighting": "dwfed"}, "asynchronous: weighting: 'dwfed'"),
+        ({"sampler": "attention"}, "asynchronous: sampler: AttentionSampler"),
+        ({"p_inactive": 0.2}, "asynchronous: p_inactive"),
+        ({"compression": 0.3}, "asynchronous: compression"),
+        ({"asynchronous": FedBuff(concurrency=13, buffer=2)}, "asynchronous: concurrency: 13 clients in flight"),
+    ],
+)
+def test_compositions_that_are_not_defined_asynchronously_are_refused_before_round_0(settings, expected):
+    settings = {"asynchronous": FedBuff(concurrency=4, buffer=2), **settings}
+    module = FederatedModule(_net(), client_lr=0.1, batch_size=None, local_steps=1, **settings)
+    with pytest.raises(ValueError, match=expected) as info:
+        run_rounds(module, _data(), rounds=1)
+    assert "\n" not in str(info.value)
+    assert module.runs[0].rounds_done == 0
+
+
+# ----------------------------------------------------------------------------- exact resume
+
+
+ASYNC = {"class_path": "lfed.asynchronous.FedBuff",
+         "init_args": {"concurrency": 6, "buffer": 2, "clock": {"class_path": "lfed.clock.SimulatedClock",
+                                                                "init_args": {"distribution": "lognormal",
+                                                                              "speed_sigma": 1.0, "jitter_sigma": 0.2}}}}
+
+
+def _async_state(cli) -> dict:
+    from test_resume import run_state
+
+    state = run_state(cli)
+    a = cli.model.runs[0].components.asynchronous
+    state["async"] = (a.events, a.seq, a.times, a.clock.now)
+    return state
+
+
+@pytest.mark.parametrize("placement", ["device", "host", "disk"])
+def test_resume_from_a_middle_checkpoint_with_clients_in_flight_is_bit_identical(tmp_path, placement):
+    """FedBuff C = 6, M = 2 on digits, log-normal clock: resumed at server step 3 with 4 clients in flight."""
+    from test_resume import assert_same_state, fit, load, write_config
+
+    keep_all = {"callbacks": [{"class_path": "lfed.checkpoint.RoundCheckpoint",
+                               "init_args": {"dirpath": str(tmp_path / "ckpts"), "every_n_train_steps": 3, "save_top_k": -1}}]}
+    config = write_config(tmp_path / "cfg.yaml", "fedavg", trainer=keep_all, asynchronous=ASYNC, client_state=placement,
+                          fraction=None)
+    want = _async_state(fit(config))
+    middle = load(tmp_path / "ckpts" / "epoch=0-step=3.ckpt")
+    assert middle["global_step"] == 3
+    assert len(middle["state_dict"]["asynchronous._extra_state"]["events"]) == 4  # in flight, with their rows:
+    assert middle["state_dict"]["asynchronous.update.rows"].shape[0] == 6  # every slot written once by then
+    assert middle["state_dict"]["asynchronous.clock._extra_state"]["now"] > 0
+    got = _async_state(fit(config, "--ckpt_path", str(tmp_path / "ckpts" / "epoch=0-step=3.ckpt")))
+    assert got["async"][0] and got["async"] == want["async"]
+    assert_same_state(got, want)
+
+
+def test_sigkill_mid_run_then_resume_last_is_bit_identical(tmp_path):
+    from resume_helpers import RoundLog
+    from test_resume import ROUNDS, assert_same_state, checkpoint_dir, fit, kill_when_holding, load, start_lfed, write_config
+
+    ref_dir, kill_dir = tmp_path / "ref", tmp_path / "killed"
+    ref_dir.mkdir(), kill_dir.mkdir()
+    want = _async_state(fit(write_config(ref_dir / "cfg.yaml", "fedavg", asynchronous=ASYNC, fraction=None)))
+    config = write_config(kill_dir / "cfg.yaml", "fedavg", asynchronous=ASYNC, fraction=None)
+    kill_when_holding(start_lfed(config, "--trainer.callbacks+=resume_helpers.HoldInRound", "--trainer.callbacks.round=4"))
+    last = checkpoint_dir(kill_dir / "run") / "last.ckpt"
+    assert load(last)["global_step"] == ROUNDS // 2
+    resumed = fit(config, "--ckpt_path", "last", "--trainer.callbacks+=resume_helpers.RoundLog")
+    log = next(c for c in resumed.trainer.callbacks if isinstance(c, RoundLog))
+    assert log.rounds == [3, 4, 5]
+    got = _async_state(resumed)
+    assert got["async"] == want["async"]
+    assert_same_state(got, want)
+
+
+def test_the_digits_config_runs_and_reports_simulated_time(tmp_path):
+    from conftest import REPO
+
+    from lfed.cli import run_cli
+
+    cli = run_cli(["fit", "--config", str(REPO / "configs" / "fedbuff_digits.yaml"), "--trainer.logger=false",
+                   "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
+                   f"--trainer.default_root_dir={tmp_path}", "--model.accuracy_targets=[0.2]"])
+    a = cli.model.runs[0].components.asynchronous
+    summary = cli.model.final_summary
+    assert len(a.times) == 60 and a.times == sorted(a.times) and len(a.events) == 5
+    assert summary["final/simulated_time"] == a.times[-1]
+    assert cli.trainer.callback_metrics["clock/time"].item() == pytest.approx(a.times[-1], rel=1e-6)  # logged as float32
+    hit = cli.model.comm.rounds_to_reach(0.2)
+    assert summary["final/time_to_0.2"] == a.times[hit[0] - 1]
+    assert summary["final/uploads_total"] == 60 * 5 and summary["final/test_acc"] > 0.5
+
+
+def test_two_processes_give_the_one_process_async_run(tmp_path):
+    """DDP 2 processes = 1 (docs/distributed.md): each server step's dispatched cohort is split over the ranks and
+    gathered, every rank keeps the same queue, clock and slot rows (ReplicaCheck after every step)."""
+    from test_distributed import _assert_same_state, _one_process, _two_processes
+
+    extra = ["--model.asynchronous", "lfed.asynchronous.FedBuff", "--model.asynchronous.init_args.concurrency", "5",
+             "--model.asynchronous.init_args.buffer", "2", "--model.client_state", "host"]
+    log = _two_processes(tmp_path, extra, "lightning")
+    assert "ReplicaCheck: the state of all 2 ranks was identical at each of 4 checks" in log
+    ddp = torch.load(tmp_path / "ckpt" / "end.ckpt", map_location="cpu", weights_only=False)
+    one = _one_process(tmp_path, extra, "one")
+    state = {k: v.cpu() if torch.is_tensor(v) else v for k, v in one.model.state_dict().items()}
+    assert ddp["state_dict"]["asynchronous._extra_state"]["events"]  # clients in flight at the end
+    _assert_same_state(ddp["state_dict"], state, "async: 2 processes vs 1")
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_grid_of_async_runs_equals_each_run_alone(tmp_path):
+    """lfed grid: the members' dispatched clients are trained in one engine call per server step (lfed.lockstep),
+    each member bit for bit its run alone (float64, one thread)."""
+    from test_group import F64, assert_members_equal_alone, config
+
+    assert_members_equal_alone([config("fedbuff_digits.yaml")], {"model.client_lr": [0.05, 0.1], "model.seed": [0, 1]},
+                               ["--trainer.max_steps=4", "--trainer.val_check_interval=2", *F64], tmp_path,
+                               merged_calls_per_round=1)
