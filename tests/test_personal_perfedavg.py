@@ -1,0 +1,96 @@
+"""Per-FedAvg (SPEC §11; Fallah, Mokhtari, Ozdaglar 2020, Algorithm 1): per local step w̃ = w − α∇f(w),
+w ← w − β∇f(w̃) (FO), w ← w − β(∇f(w̃) − α[∇f(w + δg) − ∇f(w − δg)]/(2δ)) (HF); two rounds by hand on both
+backends with partial participation and stragglers; the personalized model (steps of size α from w); resume."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import flat_weights, run_rounds
+from test_client_objectives import BACKENDS, CLIENT_ROWS, W_INIT, X, Recorder, grad, toy_data, toy_module
+
+from lfed.distributed import Ranks
+from lfed.module import FederatedModule
+from lfed.personal.perfedavg import PerFedAvg
+
+TOL = dict(atol=1e-12, rtol=0)
+SIZES = [2, 3, 4]
+
+
+def hessian(k):
+    """``∇²f_k = (2/n_k) Σ_i x_i x_iᵀ`` of the toy squared loss (constant: the gradient is linear in w)."""
+    x = X[CLIENT_ROWS[k]]
+    return 2 * x.T @ x / len(CLIENT_ROWS[k])
+
+
+def perfedavg_by_hand(rec, rounds, alpha, beta, variant, delta):
+    """Algorithm 1 literally, full batch (D = D' = D'' = the client's data), size-weighted FedAvg of the models."""
+    w = W_INIT.clone()
+    for r in range(rounds):
+        ends = []
+        for k, s in zip(rec.rounds[r]["clients"], rec.rounds[r]["steps"]):
+            y = w.clone()
+            for _ in range(s):
+                w_tilde = y - alpha * grad(y, k)
+                g = grad(w_tilde, k)
+                if variant == "hf":
+                    d = (grad(y + delta * g, k) - grad(y - delta * g, k)) / (2 * delta)
+                    torch.testing.assert_close(d, hessian(k) @ g, atol=1e-10, rtol=0)  # the HVP it estimates
+                    g = g - alpha * d
+                y = y - beta * g
+            ends.append(y)
+        n = [SIZES[k] for k in rec.rounds[r]["clients"]]
+        w = w + sum(nk / sum(n) * (e - w) for nk, e in zip(n, ends))
+    return w
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("variant", ["fo", "hf"])
+def test_perfedavg_two_rounds_by_hand(backend, variant):
+    alpha, beta, delta = 0.3, 0.1, 1e-3
+    m = toy_module(PerFedAvg(alpha=alpha, variant=variant, delta=delta), backend, fraction=2 / 3, local_steps=3,
+                   p_incomplete=0.6, seed=7, client_lr=beta)
+    rec = Recorder(m)
+    run_rounds(m, toy_data(), rounds=2, callbacks=[rec])
+    assert any(s < 3 for r in rec.rounds for s in r["steps"]) and any(s == 3 for r in rec.rounds for s in r["steps"])
+    w = perfedavg_by_hand(rec, 2, alpha, beta, variant, delta)
+    torch.testing.assert_close(flat_weights(m), w, **TOL)
+    other = perfedavg_by_hand(rec, 2, alpha, beta, "fo" if variant == "hf" else "hf", delta)
+    assert (other - w).abs().max() > 1e-4  # the Hessian term matters here: the test tells the variants apart
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("eval_steps", [1, 2])
+def test_perfedavg_personalized_model_is_steps_of_size_alpha_from_w(backend, eval_steps):
+    alpha = 0.3
+    m = toy_module(PerFedAvg(alpha=alpha, eval_steps=eval_steps), backend)
+    run_rounds(m, toy_data(), rounds=1)
+    w = flat_weights(m)
+    clients = torch.tensor([2, 0, 1])
+    got = m.objective.personal_rows(clients, w, m.runs[0].local_work(clients, Ranks()))
+    for i, k in enumerate(clients.tolist()):
+        v = w.clone()
+        for _ in range(eval_steps):
+            v = v - alpha * grad(v, k)
+        torch.testing.assert_close(got[i], v, **TOL)
+
+
+def test_perfedavg_in_a_run_logs_personal_accuracies():
+    from test_personal_eval import classification_data, classification_module
+
+    m = classification_module(PerFedAvg(alpha=0.05, variant="hf"))
+    trainer = run_rounds(m, classification_data(), rounds=2, evaluate_every=2)
+    assert {"personal/acc_mean", "global/acc_mean"} <= set(trainer.logged_metrics)
+
+
+def test_the_preset_is_perfedavg():
+    m = FederatedModule(torch.nn.Linear(2, 3), algorithm="perfedavg")
+    assert type(m.objective) is PerFedAvg and m.objective.personalized
+
+
+@pytest.mark.parametrize("kwargs, match", [({"alpha": 0.0}, "alpha"), ({"alpha": float("nan")}, "alpha"),
+                                           ({"variant": "so"}, "variant: 'so' is not one of \\('fo', 'hf'\\)"),
+                                           ({"delta": 0.0}, "delta"), ({"eval_steps": 0}, "eval_steps")])
+def test_perfedavg_bad_settings(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        PerFedAvg(**kwargs)
