@@ -94,3 +94,28 @@ def test_the_preset_is_perfedavg():
 def test_perfedavg_bad_settings(kwargs, match):
     with pytest.raises(ValueError, match=match):
         PerFedAvg(**kwargs)
+
+
+@pytest.mark.parametrize("variant", ["fo", "hf"])
+def test_perfedavg_resume_is_bit_identical(variant, tmp_path):
+    """Stopped after round 2 and resumed to 4 (mini-batches, stragglers): the same model as 4 rounds straight,
+    bit for bit, and the same personalized models (Per-FedAvg keeps no per-client state)."""
+    from test_personal_sharing import resume_data, resume_module, trainer
+
+    def make():
+        return PerFedAvg(alpha=0.2, variant=variant)
+
+    straight = resume_module(make(), "device", tmp_path)
+    run_rounds(straight, resume_data(), rounds=4, default_root_dir=tmp_path)
+    a = resume_module(make(), "device", tmp_path)
+    t = trainer(tmp_path, 2)
+    t.fit(a, datamodule=resume_data())
+    t.save_checkpoint(tmp_path / "r2.ckpt")
+    b = resume_module(make(), "host", tmp_path)
+    trainer(tmp_path, 4).fit(b, datamodule=resume_data(), ckpt_path=tmp_path / "r2.ckpt")
+    assert torch.equal(flat_weights(b), flat_weights(straight))
+    assert not torch.equal(flat_weights(b), flat_weights(a))
+    clients = torch.arange(6)
+    rows = [m.objective.personal_rows(clients, flat_weights(m), m.runs[0].local_work(clients, Ranks()))
+            for m in (straight, b)]
+    assert torch.equal(rows[0], rows[1])

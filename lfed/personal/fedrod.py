@@ -115,7 +115,7 @@ class FedRoD(ClientRule):
         return self._index
 
     def state_specs(self) -> list[StateSpec]:
-        return [StateSpec("personal_head", shape=(int(self._head().numel()),))]  # φ_k, 0 at first
+        return [StateSpec("personal_head", shape=(int(self._head().numel()),), rows=True)]  # φ_k, 0 at first
 
     def _merged(self, w: Tensor, phi: Tensor) -> Tensor:
         """``[K, P]``: ``w`` (``[P]`` or ``[K, P]``) with the head ``ψ + φ_k`` (the personalized model)."""
