@@ -1,5 +1,5 @@
 """FedRoD (Chen & Chao 2022, "On Bridging Generic and Personalized Federated Learning for Image Classification",
-ICLR; Sections 4.2-4.3 and Algorithm 1 of its appendix; SPEC §11).
+ICLR; the linear personal head; SPEC §11).
 
 The net is a body ``z = f(x; θ)`` and a linear head, the *generic* head ``G(z) = W z + b`` (``ψ = (W, b)``),
 both shared and averaged by the server as FedAvg. Each client ``k`` also keeps a *personal* head
@@ -10,7 +10,7 @@ from the step's values (one simultaneous step, as one optimizer over both losses
     φ_k  ← φ_k − η ∇_φ CE( sg[G(z)] + P_k(sg[z]), y )
 
 ``n_{k,c}`` is client ``k``'s count of class ``c`` among its training examples: the balanced softmax (Ren
-et al. 2020; FedRoD's Eq. 5 with the class-prior correction) is cross-entropy on ``G(z) + log n_k``, a class
+et al. 2020, the class-prior correction FedRoD trains its generic head with) is cross-entropy on ``G(z) + log n_k``, a class
 the client does not have dropping out of the normalizer (``log 0 = −∞``). ``sg`` stops the gradient: the
 personal head trains on the body's detached features on top of the detached generic logits (the
 "personalized predictor learned on top of the generic one"). The personalized prediction is

@@ -1,5 +1,5 @@
 """Per-FedAvg (Fallah, Mokhtari, Ozdaglar 2020, "Personalized Federated Learning with Theoretical Guarantees:
-A Model-Agnostic Meta-Learning Approach", NeurIPS; Algorithm 1, Eq. (8)-(10); SPEC §11).
+A Model-Agnostic Meta-Learning Approach", NeurIPS; Algorithm 1 and its FO and HF variants; SPEC §11).
 
 The global model minimizes the MAML objective ``(1/n) Σ_k F_k(w)``, ``F_k(w) = f_k(w − α ∇f_k(w))``: the
 loss of client ``k`` after one gradient step of size ``α`` on its own data. Each local step ``t`` of client
@@ -7,10 +7,10 @@ loss of client ``k`` after one gradient step of size ``α`` on its own data. Eac
 
     w̃ = w − α ∇f_k(w; D_t)                                              (the inner, "personal" step)
     FO:  w ← w − β ∇f_k(w̃; D'_t)                                        (the Hessian term dropped)
-    HF:  w ← w − β (∇f_k(w̃; D'_t) − α d_t),                             (Eq. 10)
+    HF:  w ← w − β (∇f_k(w̃; D'_t) − α d_t),
          d_t = [∇f_k(w + δ g; D''_t) − ∇f_k(w − δ g; D''_t)] / (2δ),  g = ∇f_k(w̃; D'_t)
 
-``d_t`` is the finite-difference estimate of the Hessian-vector product ``∇²f_k(w; D''_t) g`` (Eq. 9-10, δ
+``d_t`` is the finite-difference estimate of the Hessian-vector product ``∇²f_k(w; D''_t) g`` (δ
 ``delta``). ``β`` is the run's ``client_lr`` and ``α`` this rule's ``alpha``. The server averages the clients'
 models as FedAvg. The personalized model of client ``k`` is the global model after ``eval_steps`` (default
 1) steps of SGD at ``α`` on its training data (the paper's evaluation: "one step of stochastic gradient
@@ -92,7 +92,7 @@ class PerFedAvg(ClientRule):
                 probes = torch.cat([w + self.delta * g, w - self.delta * g])
                 grads = probes - both.train(probes, steps=torch.cat([moving, moving]), lr=1.0,
                                             schedule=(torch.cat([pos, pos]), torch.cat([ok, ok]))).weights
-                d = (grads[:K] - grads[K:]) / (2 * self.delta)  # ≈ ∇²f(w; D'') g (Eq. 10)
+                d = (grads[:K] - grads[K:]) / (2 * self.delta)  # ≈ ∇²f(w; D'') g
                 g = g - self.alpha * d
             w = torch.where(moving[:, None].bool(), w - lr * g, w)
         return w
