@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import flat_weights, run_rounds
-from test_client_objectives import BACKENDS, CLIENT_ROWS, W_INIT, X, Recorder, grad, toy_data, toy_module
+from test_client_objectives import (BACKENDS, CLIENT_ROWS, W_INIT, X, Recorder, grad, per_example_grads, toy_data,
+                                    toy_module)
 
 from lfed.distributed import Ranks
 from lfed.module import FederatedModule
@@ -57,6 +58,39 @@ def test_perfedavg_two_rounds_by_hand(backend, variant):
     torch.testing.assert_close(flat_weights(m), w, **TOL)
     other = perfedavg_by_hand(rec, 2, alpha, beta, "fo" if variant == "hf" else "hf", delta)
     assert (other - w).abs().max() > 1e-4  # the Hessian term matters here: the test tells the variants apart
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_perfedavg_hf_draws_three_independent_batches_a_step(backend):
+    """Batch size 1: D_t is the round's own batch, D'_t and D''_t come from the streams "perfedavg_outer" and
+    "perfedavg_hessian" (the schedule is lfed's seeded draw; the maths by hand on the drawn examples)."""
+    from lfed.engine import batch_schedule
+    from lfed.rng import round_generator
+
+    alpha, beta, delta, T, seed = 0.3, 0.1, 1e-3, 3, 5
+    m = toy_module(PerFedAvg(alpha=alpha, variant="hf", delta=delta), backend, batch_size=1, local_steps=T, seed=seed,
+                   client_lr=beta)
+    rec = Recorder(m)
+    run_rounds(m, toy_data(), rounds=1, callbacks=[rec])
+    S = rec.rounds[0]["clients"]
+    n = torch.tensor([SIZES[k] for k in S])
+    batches = {s: batch_schedule(n, T, 1, round_generator(seed, 0, s))[0][:, :, 0]
+               for s in ("batches", "perfedavg_outer", "perfedavg_hessian")}
+    assert not torch.equal(batches["perfedavg_outer"], batches["perfedavg_hessian"])
+    ends = []
+    for i, k in enumerate(S):
+        def g1(v, stream, t):  # the gradient on one drawn example
+            return per_example_grads(v, k)[batches[stream][i, t]]
+
+        y = W_INIT.clone()
+        for t in range(T):
+            w_tilde = y - alpha * g1(y, "batches", t)
+            g = g1(w_tilde, "perfedavg_outer", t)
+            d = (g1(y + delta * g, "perfedavg_hessian", t) - g1(y - delta * g, "perfedavg_hessian", t)) / (2 * delta)
+            y = y - beta * (g - alpha * d)
+        ends.append(y)
+    w = W_INIT + sum(nk / sum(SIZES) * (e - W_INIT) for nk, e in zip([SIZES[k] for k in S], ends))
+    torch.testing.assert_close(flat_weights(m), w, **TOL)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
