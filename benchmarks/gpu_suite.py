@@ -371,6 +371,9 @@ class Suite:
     def __init__(self, args) -> None:
         self.args = args
         self.s = Settings(args.quick)
+        if getattr(args, "cohorts", None):
+            self.s.cohorts = sorted(args.cohorts)
+            self.s.pfl_cohorts = [k for k in self.s.pfl_cohorts if k in self.s.cohorts] or self.s.cohorts[:1]
         self.device = torch.device(args.device)
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -1279,6 +1282,7 @@ class Suite:
             def __init__(self) -> None:
                 self.syncs: list[int] = []
                 self.scalars: list[int] = []
+                self.sites: dict[str, int] = {}  # where each sync was called (innermost non-torch frames first)
 
             def on_train_batch_start(self, trainer, *a) -> None:
                 self.live = trainer.global_step >= s.sync_warmup
@@ -1289,10 +1293,22 @@ class Suite:
                 if cuda:
                     import warnings
 
-                    self.caught = self.stack.enter_context(warnings.catch_warnings(record=True))
+                    self.caught = []
+                    self.stack.enter_context(warnings.catch_warnings())
                     warnings.simplefilter("always")
+                    warnings.showwarning = self.show  # called where the warning is raised: the stack is the sync's
                     torch.cuda.set_sync_debug_mode("warn")
                 self.mode = self.stack.enter_context(Scalars())
+
+            def show(self, message, category, filename, lineno, file=None, line=None) -> None:
+                import traceback as tb
+
+                if "called a synchronizing CUDA operation" not in str(message):
+                    return
+                self.caught.append(message)
+                frames = [f for f in tb.extract_stack()[:-1] if "/torch/" not in f.filename and "warnings" not in f.filename]
+                site = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames[-3:][::-1])
+                self.sites[site] = self.sites.get(site, 0) + 1
 
             def on_train_batch_end(self, trainer, *a) -> None:
                 if not self.live:
@@ -1302,7 +1318,7 @@ class Suite:
                 self.stack.close()
                 self.scalars.append(self.mode.n)
                 if cuda:
-                    self.syncs.append(sum("called a synchronizing CUDA operation" in str(w.message) for w in self.caught))
+                    self.syncs.append(len(self.caught))
 
         rows = h.setdefault("runs", [])
         for name, (make, data) in self.sync_cases().items():
@@ -1324,6 +1340,7 @@ class Suite:
                 if cuda:
                     row["sync_warnings_per_round"] = count.syncs
                     row["at_most_one_per_round"] = bool(count.syncs) and max(count.syncs) <= 1
+                    row["sync_sites"] = count.sites
                 else:
                     row["sync_warnings_per_round"] = "not applicable on cpu"
                 row["status"] = "ok"
@@ -1478,11 +1495,13 @@ class Suite:
                 return m.objective.rows("personal", torch.tensor([k], device=clients.device), first=w)[0]
 
             t_vmap, t_loop = pe.interleaved([vmapped, lambda: pe.one_by_one(run, clients, row_of)], cfg["repeat"])
-            same = bool(torch.equal(pe.one_by_one(run, clients, row_of), run.last_personal["personal"]))
-            if not same:
-                raise AssertionError("the vmapped and the per-client evaluation disagree")
+            agree = pe.agreement(run, clients, row_of, pe.one_by_one(run, clients, row_of), run.last_personal["personal"])
+            same = agree["equal"]
+            if not agree["explained"]:
+                raise AssertionError(f"the vmapped and the per-client evaluation disagree beyond float32 near-ties: {agree}")
             return {"steady_s_per_round": t_vmap, "vmapped_s": t_vmap, "loop_s": t_loop, "loop_over_vmapped": t_loop / t_vmap,
-                    "client_state": placement, "params": params, "accuracies_equal": same, **peak_memory(self.device)}
+                    "client_state": placement, "params": params, "accuracies_equal": same,
+                    "clients_differing_by_near_ties": agree["clients_differing"], **peak_memory(self.device)}
 
         last = None
         for N in cfg["clients"]:
@@ -1492,16 +1511,13 @@ class Suite:
                 last = (N, c["loop_s"] + c["vmapped_s"])
 
     def run(self) -> int:
-        self.section("environment", self.environment)
-        self.section("correctness", self.correctness)
-        self.section("setup", self.setup)
-        self.section("host_sync", self.host_sync)
-        self.section("timing", self.timing)
-        self.section("profile", self.profile)
-        self.section("compile_graphs", self.compile_graphs)
-        self.section("precision", self.precision)
-        self.section("lora", self.lora)
-        self.section("personal_eval", self.personal)
+        wanted = getattr(self.args, "sections", None)
+        for name, fn in (("environment", self.environment), ("correctness", self.correctness), ("setup", self.setup),
+                         ("host_sync", self.host_sync), ("timing", self.timing), ("profile", self.profile),
+                         ("compile_graphs", self.compile_graphs), ("precision", self.precision), ("lora", self.lora),
+                         ("personal_eval", self.personal)):
+            if name == "environment" or not wanted or name in wanted:
+                self.section(name, fn)
         self.write()
         self.tmp.cleanup()
         status = self.exit_status()
@@ -1625,6 +1641,12 @@ def markdown(r: dict) -> str:
             L.append(f"| {r['run']} | {_status(r)} | {_f(r.get('sync_warnings_per_round'))} | {_f(r.get('at_most_one_per_round'))} | "
                      f"{_f(r.get('local_scalar_dense_per_round'))} |")
         L.append("")
+        sites = [(r["run"], site, n) for r in hs["runs"] for site, n in (r.get("sync_sites") or {}).items()]
+        if sites:
+            L += ["Where the syncs were called (the innermost frames outside torch, innermost first; count over the measured rounds):",
+                  "", "| run | site | syncs |", "| --- | --- | --- |"]
+            L += [f"| {run} | `{site}` | {n} |" for run, site, n in sites]
+            L.append("")
     pr = secs.get("precision", {})
     if pr.get("cases"):
         L += ["## bf16-mixed against float32", "", _cap(pr.get("round_job", "")), "", "| case | status | steady s/round | TFLOP/s | peak memory |",
@@ -1649,10 +1671,11 @@ def markdown(r: dict) -> str:
     pe = secs.get("personal_eval", {})
     if pe.get("cases"):
         L += ["## Personalized evaluation of every client against a per-client loop", "", _cap(pe.get("job", "")), "",
-              "| case | status | vmapped s | loop s | loop / vmapped | client state | accuracies equal |",
+              "| case | status | vmapped s | loop s | loop / vmapped | client state | accuracies equal (else: clients differing, each at a float32 near tie) |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
         L += [f"| {c['name']} | {_status(c)} | {_f(c.get('vmapped_s'))} | {_f(c.get('loop_s'))} | {_f(c.get('loop_over_vmapped'), 3)} | "
-              f"{_f(c.get('client_state'))} | {_f(c.get('accuracies_equal'))} |" for c in pe["cases"]]
+              f"{_f(c.get('client_state'))} | "
+              f"{'yes' if c.get('accuracies_equal') else _f(c.get('clients_differing_by_near_ties'))} |" for c in pe["cases"]]
         L.append("")
     p = secs.get("profile", {})
     if p.get("status") == "ok":
@@ -1687,6 +1710,10 @@ def markdown(r: dict) -> str:
     return "\n".join(L)
 
 
+SECTIONS = ("correctness", "setup", "host_sync", "timing", "profile", "compile_graphs", "precision", "lora",
+            "personal_eval")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
@@ -1696,7 +1723,14 @@ def main(argv=None) -> int:
     ap.add_argument("--case-cap-s", type=float, default=None, help="stop timing a case after this many timed seconds "
                     "(at least 3 timed rounds; default 20 s)")
     ap.add_argument("--compile-backend", default=None, help="torch.compile backend (default inductor; --quick aot_eager)")
+    ap.add_argument("--sections", type=lambda v: [x.strip() for x in v.split(",") if x.strip()], default=None,
+                    help="only these sections, comma-separated (environment always runs): " + ", ".join(SECTIONS))
+    ap.add_argument("--cohorts", type=lambda v: [int(x) for x in v.split(",")], default=None,
+                    help="the timing section's cohorts, comma-separated (default 50,200,1000; --quick 2,4)")
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.sections or []) - set(SECTIONS))
+    if unknown:
+        ap.error(f"--sections: {', '.join(unknown)} not among {', '.join(SECTIONS)}")
     if args.budget_s is None:
         args.budget_s = 120.0 if args.quick else 480.0
     if args.case_cap_s is None:

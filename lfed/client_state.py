@@ -59,7 +59,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lfed.state import ModuleStateStore, StateSpec, state_shape_error, state_shape_errors
+from lfed.state import client_range, reading_read_only, ModuleStateStore, StateSpec, state_shape_error, state_shape_errors
 
 __all__ = ["PLACEMENTS", "ClientStateStore", "ClientStateFileError", "dense_rows"]
 
@@ -182,16 +182,40 @@ class _Rows:
         pin = device.type == "cuda"
         idx = self.slot[ids]
         have = idx >= 0
+        staged = False
         if not self.blocks or not bool(have.any()):
             out = torch.full((ids.numel(), *self.row), self.init, dtype=self.dtype(), pin_memory=pin)
         else:
             if self._stored_dtype() != self.dtype():
                 self._ensure(self.count)
-            out = torch.empty((ids.numel(), *self.row), dtype=self._stored_dtype(), pin_memory=pin)
+            staged = reading_read_only()
+            out = self._staging(ids.numel(), pin) if staged else \
+                torch.empty((ids.numel(), *self.row), dtype=self._stored_dtype(), pin_memory=pin)
             self._read(idx.clamp(min=0), out=out)  # one pass over the rows
             if not bool(have.all()):
                 out[~have] = self.init
-        return out.to(device, non_blocking=pin)
+        moved = out.to(device, non_blocking=pin)
+        if pin and staged:  # its staging buffer is rewritten only once this copy is done
+            self._stage_done[self._stage_turn] = torch.cuda.Event()
+            self._stage_done[self._stage_turn].record()
+        return moved
+
+    def _staging(self, k: int, pin: bool) -> Tensor:
+        """The reused buffer of a :func:`~lfed.state.read_only_rows` read. On the CPU one buffer, and the rows
+        returned ARE it (valid until the next read). On CUDA two pinned buffers taken in turn: the host gathers
+        the next chunk into one while the device copies (and scores) the other; a buffer is rewritten only
+        after its copy to the device finished (an event). Grown when a read needs more rows."""
+        if "_stage" not in self.__dict__:
+            self._stage, self._stage_done, self._stage_pinned, self._stage_turn = [None, None], [None, None], pin, 1
+        turn = 1 - self._stage_turn if pin else 0
+        self._stage_turn = turn
+        buf = self._stage[turn]
+        if buf is None or buf.shape[0] < k or buf.dtype != self._stored_dtype() or self._stage_pinned != pin:
+            self._stage_pinned = pin
+            buf = self._stage[turn] = torch.empty((max(k, 0), *self.row), dtype=self._stored_dtype(), pin_memory=pin)
+        elif self._stage_done[turn] is not None:
+            self._stage_done[turn].synchronize()
+        return buf[:k]
 
     def scatter(self, clients: Tensor, values: Tensor) -> None:
         """Write ``values [K, *row]`` to the rows of ``clients`` (new clients get a row)."""
@@ -344,15 +368,31 @@ class _DeviceRows:
         return self.owner._buffers[self.name]
 
     def gather(self, clients: Tensor) -> Tensor:
-        return self.buf[clients]
+        span = client_range(clients) if reading_read_only() else None
+        return self.buf[clients] if span is None else self.buf[span[0] : span[1]]  # a view under read_only_rows()
 
-    def scatter(self, clients: Tensor, values: Tensor) -> None:
-        buf = self.buf
-        buf[clients] = values.to(buf.dtype)
-        self.written[clients.detach().to("cpu", torch.long)] = True
+    def _written(self) -> Tensor:
+        """Which clients were written, kept beside the buffer (marking them reads nothing back to the host)."""
+        if self.written.device != self.buf.device:
+            self.written = self.written.to(self.buf.device)
+        return self.written
+
+    def scatter(self, clients: Tensor, values: Tensor, mask: Tensor | None = None) -> None:
+        """Write ``values`` to the rows of ``clients``; with ``mask`` only the selected ones (``torch.where``, not a
+        boolean index: no device read)."""
+        buf, written = self.buf, self._written()
+        clients = clients.to(buf.device)
+        values = values.to(device=buf.device, dtype=buf.dtype)
+        if mask is None:
+            buf[clients] = values
+            written.index_fill_(0, clients, True)  # (``written[clients] = True`` copies a host True to the device: a sync)
+            return
+        keep = mask.to(buf.device)
+        buf[clients] = torch.where(keep.view(-1, *([1] * (values.dim() - 1))), values, buf[clients])
+        written[clients] = written[clients] | keep
 
     def clients(self) -> Tensor:
-        return self.written.nonzero().squeeze(1)
+        return self.written.nonzero().squeeze(1).cpu()
 
     def export(self) -> tuple[Tensor, Tensor]:
         ids = self.clients()
@@ -451,7 +491,9 @@ class ClientStateStore(ModuleStateStore):
         rows = self._lazy(owner, name)
         if rows is None:
             return super().write_rows(owner, name, clients, values, mask)
-        if mask is not None:
+        if isinstance(rows, _DeviceRows):
+            return rows.scatter(clients, values, mask)
+        if mask is not None:  # host / disk rows: the cohort's rows go to the host anyway (a device read there)
             clients, values = clients[mask], values[mask]
         rows.scatter(clients, values)
 

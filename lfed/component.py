@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lfed.state import GLOBAL, ModuleStateStore, StateSpec, StateStore
+from lfed.state import GLOBAL, ModuleStateStore, StateSpec, StateStore, reading_read_only
 
 __all__ = ["Cohort", "Component", "HostCohort", "CompositionContext", "LocalWork"]
 
@@ -314,6 +314,8 @@ class Component(nn.Module):
             raise ValueError(f"{type(self).__name__}: state {name!r} starts as the global model (StateSpec init='global'); "
                              f"read it with self.rows({name!r}, clients, first=w)")
         started = store.rows(self, f"{name}_started", clients).to(rows.device)
+        if rows.device.type == "cpu" and reading_read_only() and bool(started.all()):
+            return rows  # every row was written: as read (a view, under read_only_rows: no copy)
         return torch.where(started.view(-1, *[1] * (rows.dim() - 1)), rows, first.to(rows.dtype).expand_as(rows))
 
     def write_rows(self, name: str, clients: Tensor, values: Tensor, mask: Tensor | None = None) -> None:

@@ -414,7 +414,11 @@ def personal_scores(net: nn.Module, layout, data, clients: Tensor, rows_of: Call
     ``clients`` are taken ``chunk`` at a time: ``rows_of(chunk_clients)`` gives their ``[C, P]`` models
     (or ``([C, P], {buffer: [C, ...]})`` with per-client buffers, FedBN's running statistics), made once
     per chunk and evaluated on every split of ``splits`` (:func:`own_split_scores`, one vmapped call per
-    split, at most ``batch`` examples per call); so at most ``[chunk, P]`` models exist at once.
+    split, at most ``batch`` examples per call); so at most ``[chunk, P]`` models exist at once. The rows
+    are read under :func:`lfed.state.read_only_rows`: a dense state's rows of a contiguous range of
+    clients (the evaluation of every client) are a view of the state, host or disk rows go through one
+    reused (on CUDA: two pinned, alternating) ``[chunk, P]`` buffer, so nothing of ``[chunk, P]`` is
+    allocated per chunk; ``rows_of`` must not write into what it reads there.
 
     Returns:
         ``{split: ([S] accuracies, [S] mean NLL or None)}`` of ``clients`` (NaN for a client without
@@ -424,9 +428,12 @@ def personal_scores(net: nn.Module, layout, data, clients: Tensor, rows_of: Call
     out = {s: (torch.full((S,), float("nan"), dtype=torch.float64, device=clients.device),
                torch.full((S,), float("nan"), dtype=torch.float64, device=clients.device) if nll else None)
            for s in splits}
+    from lfed.state import read_only_rows
+
     for lo in range(0, S, chunk):
         part = clients[lo : lo + chunk]
-        rows = rows_of(part)
+        with read_only_rows():  # the chunk's rows in place where the store can (a view, a reused buffer): no copy
+            rows = rows_of(part)
         buffers = None
         if isinstance(rows, tuple):
             rows, buffers = rows

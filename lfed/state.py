@@ -26,7 +26,9 @@ of the state dict (docs/state.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +38,45 @@ from torch import Tensor, nn
 #: ``StateSpec(init=GLOBAL)``: a client's row starts as the round's global model at its first participation.
 GLOBAL = "global"
 
-__all__ = ["GLOBAL", "StateSpec", "StateStore", "ModuleStateStore", "check_state_shapes", "state_shape_errors", "state_shape_error"]
+__all__ = ["GLOBAL", "StateSpec", "StateStore", "ModuleStateStore", "check_state_shapes", "client_range", "read_only_rows",
+           "reading_read_only", "state_shape_errors", "state_shape_error"]
+
+_READ_ONLY: ContextVar[bool] = ContextVar("lfed_read_only_rows", default=False)
+
+
+@contextlib.contextmanager
+def read_only_rows() -> Iterator[None]:
+    """Inside, :meth:`StateStore.rows` may answer without a copy: rows read here are READ-ONLY and valid until
+    the next read of the same tensor.
+
+    For a reader that takes rows chunk after chunk and keeps nothing (the personalized evaluation of
+    every client, :func:`lfed.evaluation.personal_scores`): a dense store returns a view of its buffer
+    for a contiguous range of clients (``clients`` on the CPU), a host or disk store gathers into one
+    reused buffer (pinned, and copied to the device without blocking, on CUDA), and a row that starts as
+    the global model (``init="global"``) is returned as read when every client of the range has
+    started. Outside (every round), rows are copies, as always.
+    """
+    token = _READ_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _READ_ONLY.reset(token)
+
+
+def reading_read_only() -> bool:
+    """Whether the caller is inside :func:`read_only_rows`."""
+    return _READ_ONLY.get()
+
+
+def client_range(clients: Tensor) -> tuple[int, int] | None:
+    """``(lo, hi)`` when ``clients`` are ``lo, lo + 1, ..., hi - 1`` on the CPU, else None (also for device
+    tensors: reading them would stall the device, and a device gather is cheap there)."""
+    if clients.device.type != "cpu" or clients.dim() != 1 or clients.numel() == 0:
+        return None
+    lo, n = int(clients[0]), clients.numel()
+    if int(clients[-1]) - lo + 1 != n or (n > 1 and not bool((clients[1:] - clients[:-1] == 1).all())):
+        return None
+    return lo, lo + n
 
 
 @dataclass(frozen=True)
@@ -181,7 +221,9 @@ class ModuleStateStore(StateStore):
         owner._buffers[name].copy_(value)
 
     def rows(self, owner: nn.Module, name: str, clients: Tensor) -> Tensor:
-        return owner._buffers[name][clients]
+        buf = owner._buffers[name]
+        span = client_range(clients) if reading_read_only() else None
+        return buf[clients] if span is None else buf[span[0] : span[1]]  # a view under read_only_rows()
 
     def write_rows(self, owner: nn.Module, name: str, clients: Tensor, values: Tensor, mask: Tensor | None = None) -> None:
         buf = owner._buffers[name]

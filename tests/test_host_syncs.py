@@ -164,3 +164,51 @@ def test_a_diverged_round_raises_and_keeps_the_last_good_global_model():
     w = module.layout.module_vector(module.net)
     assert torch.isfinite(w).all()
     assert torch.equal(w, seen[-1])  # the failing round's start weights
+
+
+class ShapeReads(TorchDispatchMode):
+    """Counts the ops whose output shape depends on a tensor's values (``nonzero``, a boolean index,
+    ``masked_select``, ``unique``): on CUDA each waits for the device to know how much to allocate."""
+
+    DATA_DEPENDENT = {"aten::nonzero", "aten::masked_select", "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        boolean_index = name == "aten::index" and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 else []) if i is not None)
+        if name in self.DATA_DEPENDENT or boolean_index:
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_shape_counter_sees_a_boolean_index():
+    x, mask = torch.arange(4.0), torch.tensor([True, False, True, False])
+    with ShapeReads() as reads:
+        x[mask], mask.nonzero()
+    assert len(reads.seen) >= 2
+
+
+def test_a_masked_write_of_device_rows_has_no_data_dependent_shape():
+    """SCAFFOLD's and Ditto's masked writes (inactive clients keep their rows) on the ``device`` placement: the H100
+    run of 2026-11-26 saw one CUDA sync per write from a boolean index; ``torch.where`` has none. Same values."""
+    from torch import nn
+
+    from lfed.client_state import ClientStateStore
+    from lfed.state import StateSpec
+
+    store, owner = ClientStateStore("device"), nn.Module()
+    store.register_owner("o", owner)
+    store.allocate(owner, [StateSpec("c")], torch.ones(6, dtype=torch.long), 3, torch.zeros((), dtype=torch.float64))
+    clients, mask = torch.tensor([4, 1, 3]), torch.tensor([True, False, True])
+    values = torch.arange(9.0, dtype=torch.float64).view(3, 3) + 1
+    with ShapeReads() as reads:
+        store.write_rows(owner, "c", clients, values, mask=mask)
+    assert reads.seen == []
+    expected = torch.zeros(6, 3, dtype=torch.float64)
+    expected[4], expected[3] = values[0], values[2]
+    assert torch.equal(store.rows(owner, "c", torch.arange(6)), expected)
+    assert store.participants(owner, "c").tolist() == [3, 4]  # client 1 (masked out) was not written
