@@ -96,6 +96,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "fedrep": {"objective": "lfed.personal.fedrep.FedRep"},
     "fedbn": {"objective": "lfed.personal.fedbn.FedBN"},
     "apfl": {"objective": "lfed.personal.apfl.APFL"},
+    "perfedavg": {"objective": "lfed.personal.perfedavg.PerFedAvg"},
+    "fedrod": {"objective": "lfed.personal.fedrod.FedRoD"},
 }
 
 #: The preset names, as a ``Literal`` so configs and ``--help`` list and check them.

@@ -21,7 +21,7 @@ in one of three placements:
     whose state does not fit in RAM. The file is checked before every access: a state file that
     was deleted, replaced or truncated during the run raises :class:`ClientStateFileError` naming it.
 
-Per-client specs without ``"P"`` (AdaFL's scores: one number per client) and specs with a
+Per-client specs without ``"P"`` (AdaFL's scores: one number per client; unless ``rows=True``: FedRoD's personal head) and specs with a
 callable ``init`` (AdaFL's ``n_k / n``) stay dense buffers in every placement: they are small,
 and a non-constant initial value has no lazy reading.
 
@@ -74,8 +74,8 @@ class ClientStateFileError(RuntimeError):
 
 
 def is_lazy(spec: StateSpec) -> bool:
-    """Whether ``spec`` is kept as lazy rows (per-client, ``"P"`` in its row, a constant init)."""
-    return spec.per_client and "P" in spec.shape and not callable(spec.init)
+    """Whether ``spec`` is kept as lazy rows (per-client, ``"P"`` in its row or ``rows=True``, a constant init)."""
+    return spec.per_client and ("P" in spec.shape or spec.rows) and not callable(spec.init)
 
 
 def dense_rows(state_dict: dict[str, Any], key: str, init: float = 0.0) -> Tensor:

@@ -143,6 +143,19 @@ class LocalWork:
     host_num_examples: Tensor | None = None
     host_steps_done: Tensor | None = None
 
+    def tiled(self, times: int) -> LocalWork:
+        """The same clients ``times`` over, stacked (``times·K`` rows: client ``k`` at rows ``k, K + k, ...``).
+
+        A rule that needs several models of each client through one engine call (APFL's ``[w; v̄]``, Per-FedAvg's
+        ``w ± δ g``, FedRoD's generic and personalized rows) trains the tiled work with ``times·K`` start rows.
+        """
+        def tile(x):
+            return None if x is None else torch.cat([x] * times)
+
+        return replace(self, index=tile(self.index), num_examples=tile(self.num_examples),
+                       steps_done=tile(self.steps_done), host_num_examples=tile(self.host_num_examples),
+                       host_steps_done=tile(self.host_steps_done), buffers=None)
+
     def train(self, w_start: Tensor, rule: Any = None, *, steps: Tensor | None = None, lr: float | Tensor | None = None,
               stream: str = "extra", schedule: tuple[Tensor, Tensor] | None = None) -> Any:
         """A second local training of the cohort, split over the ranks like the round's own.

@@ -93,6 +93,9 @@ class StateSpec:
             row is the round's global model until it is first written (a personal model, MOON's
             previous model; read with ``Component.rows(name, clients, first=w)``).
         dtype: A fixed dtype (e.g. ``torch.float64`` for scores), or None for the model's dtype.
+        rows: Keep a per-client tensor without ``"P"`` in its row as rows in the run's ``client_state`` placement
+            (device, host or disk; only clients with a row are saved) like a ``"P"`` row: a model-sized part
+            (FedRoD's personal head, ``P_h`` numbers). False: a dense buffer in every placement (small state).
     """
 
     name: str
@@ -100,6 +103,7 @@ class StateSpec:
     per_client: bool = True
     init: float | str | Callable[[Tensor], Tensor] = 0.0
     dtype: torch.dtype | None = None
+    rows: bool = False
 
     def full_shape(self, num_clients: int, num_params: int) -> tuple[int, ...]:
         """The allocated shape for ``num_clients`` clients and ``num_params`` parameters."""

@@ -272,13 +272,14 @@ def objectives():
     from lfed.personal.apfl import APFL
     from lfed.personal.ditto import Ditto
     from lfed.personal.fedbn import FedBN
+    from lfed.personal.fedrod import FedRoD
 
     return {"ditto": lambda: Ditto(lam=0.3), "fedper": lambda: FedPer(), "fedrep": lambda: FedRep(body_steps=2),
-            "apfl": lambda: APFL(alpha=0.3, alpha_lr=0.2), "fedbn": lambda: FedBN()}
+            "apfl": lambda: APFL(alpha=0.3, alpha_lr=0.2), "fedbn": lambda: FedBN(), "fedrod": lambda: FedRoD()}
 
 
 @pytest.mark.parametrize("first,then", [("device", "host"), ("host", "disk"), ("disk", "device")])
-@pytest.mark.parametrize("method", ["ditto", "fedper", "fedrep", "apfl", "fedbn"])
+@pytest.mark.parametrize("method", ["ditto", "fedper", "fedrep", "apfl", "fedbn", "fedrod"])
 def test_resume_with_personal_state_is_bit_identical(method, first, then, tmp_path):
     make = objectives()[method]
     straight = resume_module(make(), "device", tmp_path)

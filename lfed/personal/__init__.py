@@ -5,6 +5,8 @@
 * :class:`~lfed.personal.fedper.FedPer`, :class:`~lfed.personal.fedrep.FedRep`,
   :class:`~lfed.personal.fedbn.FedBN`: partial sharing (:mod:`lfed.personal.sharing`), a local part per client.
 * :class:`~lfed.personal.apfl.APFL`: a learned per-client mixture of a personal and the global model.
+* :class:`~lfed.personal.perfedavg.PerFedAvg`: a meta-learned global model, personalized by steps of size α (FO / HF).
+* :class:`~lfed.personal.fedrod.FedRoD`: a generic head on the balanced softmax and a personal head per client on top.
 
 Every evaluation scores each client's personalized model (:meth:`~lfed.client.objectives.ClientRule.personal_rows`)
 and the global model on the client's own held-out split (``personal/acc_*``, ``global/acc_*``:
