@@ -85,6 +85,19 @@ def test_invert_pixels_refuses_inputs_that_are_no_image_in_0_1(x, match):
         dm.build()
 
 
+def test_invert_pixels_is_in_the_data_fingerprint_so_a_resume_across_it_is_refused():
+    from lfed.fingerprint import data_fingerprint
+
+    x, y = pixels()
+    from lfed.fingerprint import verify_fingerprint
+
+    inv, raw = data_fingerprint(data(x, y, True)), data_fingerprint(data(x, y, False))
+    assert inv["data.invert_pixels"] is True and raw["data.invert_pixels"] is False
+    assert {k: v for k, v in inv.items() if k != "data.invert_pixels"} == {k: v for k, v in raw.items() if k != "data.invert_pixels"}
+    with pytest.raises(ValueError, match="data.invert_pixels: checkpoint True, this run False"):
+        verify_fingerprint(inv, raw)
+
+
 def test_invert_pixels_must_be_a_bool():
     with pytest.raises(ValueError, match="invert_pixels"):
         FederatedDataModule(dataset="digits", invert_pixels="yes")
@@ -99,3 +112,11 @@ def test_femnist_inverted_has_ink_one_as_emnist():
     assert float(inv.train_x.mean()) < 0.1  # ink = 1 on a background of 0, as lfed's mnist / emnist
     assert torch.equal(inv.train_x, 1 - raw.train_x) and torch.equal(inv.test_x, 1 - raw.test_x)
     assert torch.equal(inv.client_index, raw.client_index) and torch.equal(inv.holdout_index, raw.holdout_index)
+
+
+def test_a_datamodule_state_of_the_raw_pixels_is_refused_by_an_inverting_one():
+    a = FederatedDataModule("digits", num_clients=10, partition="iid", seed=0)
+    b = FederatedDataModule("digits", num_clients=10, partition="iid", seed=0, invert_pixels=True)
+    b.load_state_dict(b.state_dict())  # the same data loads
+    with pytest.raises(ValueError, match="data.invert_pixels: checkpoint False, this run True"):
+        b.load_state_dict(a.state_dict())

@@ -147,6 +147,24 @@ def main():
     g_acc = local_accuracy(mnet, layout, w32.expand(N, -1), d, clients)
     p_acc = local_accuracy(mnet, layout, rows, d, clients)
     print(f"all {N} writers: global mean {float(g_acc.nanmean()):.4f} personal (lfed rows) mean {float(p_acc.nanmean()):.4f}")
+    for lr2 in a.ft_lrs:  # lfed's FedAvg-FT at other fine-tuning lrs, every writer
+        rows2 = FedAvgFT(epochs=1, lr=lr2).personal_rows(clients, w32, run.local_work(clients, Ranks())).detach()
+        print(f"  FedAvg-FT fine-tuning lr {lr2}: personal mean over the {N} writers "
+              f"{float(local_accuracy(mnet, layout, rows2, d, clients).nanmean()):.4f}")
+    if a.sharpness:  # the pooled training loss of all writers (size-weighted: what FedAvg's average descends)
+        idx = torch.cat([d.client_index[k, : int(d.client_sizes[k])] for k in range(N)])
+        xa, ya = d.train_x[idx].double().flatten(1), d.train_y[idx]
+        w64 = w32.double()
+        u = torch.randn(w64.numel(), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        u /= u.norm()
+        for _ in range(30):
+            wv = w64.clone().requires_grad_(True)
+            (g,) = torch.autograd.grad(torch.nn.functional.cross_entropy(functional_call(net64, unflat(wv), (xa,)), ya), wv,
+                                       create_graph=True)
+            (hv,) = torch.autograd.grad(g @ u, wv)
+            lam = float(hv @ u)
+            u = hv / hv.norm()
+        print(f"pooled training loss of the {N} writers: lambda_max {lam:.1f} (2/client_lr = {2 / a.lr:.1f})")
 
 
 if __name__ == "__main__":
