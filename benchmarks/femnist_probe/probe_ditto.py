@@ -132,7 +132,7 @@ def main():
     for lo, hi in [(0, 40), (40, 80), (80, 120), (120, 160)]:
         rs = [r for r in obj.log if lo <= r["round"] < hi]
         if rs:
-            mean = lambda key: sum(r[key] for r in rs) / len(rs)  # noqa: E731
+            mean = lambda key: sum(r[key] for r in rs) / len(rs)  # noqa: E731, B023
             print(f"rounds {lo}-{hi - 1}: {len(rs)} participations: held-out acc w^r {mean('acc_w'):.3f}, v before "
                   f"{mean('acc_v0'):.3f} after {mean('acc_v1'):.3f}; train loss w^r {mean('loss_w'):.3f}, v before "
                   f"{mean('loss_v0'):.3f} after {mean('loss_v1'):.3f}; ||v - w^r|| {mean('dist'):.2f}")

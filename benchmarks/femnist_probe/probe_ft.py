@@ -21,7 +21,7 @@ from conftest import run_rounds  # noqa: E402
 
 from lfed.data.datamodule import FederatedDataModule  # noqa: E402
 from lfed.distributed import Ranks  # noqa: E402
-from lfed.engine import batch_schedule, steps_per_epoch  # noqa: E402
+from lfed.engine import batch_schedule  # noqa: E402
 from lfed.models import MLP  # noqa: E402
 from lfed.module import FederatedModule  # noqa: E402
 from lfed.personal.finetune import FedAvgFT  # noqa: E402
@@ -105,11 +105,11 @@ def main():
             v = (v - ft_lr * g).detach()
             hist.append(acc(v, xh, yh))
         def full_loss(w):
-            return torch.nn.functional.cross_entropy(functional_call(net64, unflat(w), (xt,)), yt)
+            return torch.nn.functional.cross_entropy(functional_call(net64, unflat(w), (xt,)), yt)  # noqa: B023 (used in this iteration)
 
         def held_loss(w):
             with torch.no_grad():
-                return float(torch.nn.functional.cross_entropy(functional_call(net64, unflat(w), (xh,)), yh))
+                return float(torch.nn.functional.cross_entropy(functional_call(net64, unflat(w), (xh,)), yh))  # noqa: B023
 
         lfed_row_acc = acc(rows[k].double(), xh, yh)
         w64 = w32.double()
@@ -141,7 +141,7 @@ def main():
         print(f"writer {k}: n_train {n} held-out {h} steps {int(steps[k])}: held-out acc by step "
               + " ".join(f"{x:.3f}" for x in hist) + f" | lfed row {lfed_row_acc:.3f}"
               + f" | max |row - hand| {float((rows[k].double() - v).abs().max()):.2e}"
-              + f" | batch losses " + " ".join(f"{x:.2f}" for x in losses))
+              + " | batch losses " + " ".join(f"{x:.2f}" for x in losses))
     # all writers: lfed's numbers
     from lfed.evaluation import local_accuracy
     g_acc = local_accuracy(mnet, layout, w32.expand(N, -1), d, clients)

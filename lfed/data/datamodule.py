@@ -10,7 +10,6 @@ client-side evaluation (SPEC §9). Lightning's ``train_dataloader`` yields one i
 from __future__ import annotations
 
 import dataclasses
-
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
