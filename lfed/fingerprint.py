@@ -79,6 +79,7 @@ def data_fingerprint(datamodule: Any) -> dict[str, Any]:
     if getattr(datamodule, "client_validation_fraction", 0.0) > 0:  # absent otherwise: older fingerprints still match
         out["data.client_validation_fraction"] = datamodule.client_validation_fraction
         out["data.client_val_hash"] = tensor_digest(d.client_val_sizes, d.client_val_index)
+    out["data.invert_pixels"] = bool(getattr(datamodule, "invert_pixels", False))  # a checkpoint without it: not compared
     param = {"dirichlet": "rho", "shards": "shards_per_client", "classes": "classes_per_client"}.get(datamodule.partition)
     if param is not None:
         out[f"data.{param}"] = getattr(datamodule, param)

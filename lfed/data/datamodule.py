@@ -9,6 +9,7 @@ client-side evaluation (SPEC §9). Lightning's ``train_dataloader`` yields one i
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -287,6 +288,18 @@ def _as_tensors(data: tuple[Tensor, Tensor] | Dataset, what: str) -> tuple[Tenso
     return x, y
 
 
+def _inverted(ds: DatasetTensors) -> DatasetTensors:
+    """``ds`` with inputs ``1 - x`` (new tensors: a loaded dataset may be shared by other modules)."""
+    for part, x in (("train", ds.train_x), ("test", ds.test_x)):
+        if not x.is_floating_point():
+            raise ValueError(f"invert_pixels: {ds.name}'s {part} inputs are {x.dtype}, not pixels; "
+                             "only floating inputs in [0, 1] can be inverted")
+        if x.numel() and (float(x.min()) < 0 or float(x.max()) > 1):
+            raise ValueError(f"invert_pixels: {ds.name}'s {part} inputs span [{float(x.min()):g}, {float(x.max()):g}], "
+                             "not [0, 1]; 1 - x would not be an image of the same range")
+    return dataclasses.replace(ds, train_x=1 - ds.train_x, test_x=1 - ds.test_x)
+
+
 class FederatedDataModule(LightningDataModule):
     """A dataset partitioned over ``num_clients`` simulated clients (SPEC §8).
 
@@ -310,6 +323,12 @@ class FederatedDataModule(LightningDataModule):
             ``final/val_acc_last10pct``): choose hyper-parameters on those, report ``test/*``.
         seed: Seed of the partition.
         eval_batch_size: Examples per forward pass of every evaluation.
+        invert_pixels: Use ``1 - x`` for the inputs (floating, every value in ``[0, 1]``; train and test).
+            LEAF FEMNIST stores its images with 1.0 = white background (mean pixel 0.96), the opposite of
+            lfed's ``mnist`` / ``emnist`` (0 = background, 1 = ink); ``invert_pixels: true`` gives FEMNIST
+            their convention. On the raw pixels every image shares a large constant component
+            (mean ``||x||^2`` 746; 23 inverted, 88 for MNIST), which makes an MLP's loss much sharper
+            (RESULTS.md, FEMNIST personalization, issue 39).
         train: Your own training data instead of ``dataset``: ``(x, y)`` tensors or a torch
             ``Dataset`` of ``(x, y)`` pairs. A ``Dataset`` is read once into tensors: a random
             transform (augmentation) is drawn once per example and then frozen for the run
@@ -337,6 +356,7 @@ class FederatedDataModule(LightningDataModule):
         client_validation_fraction: float = 0.0,
         seed: int = 0,
         eval_batch_size: int = 2048,
+        invert_pixels: bool = False,
         train: tuple[Tensor, Tensor] | Dataset | None = None,
         test: tuple[Tensor, Tensor] | Dataset | None = None,
         num_classes: int | None = None,
@@ -372,6 +392,9 @@ class FederatedDataModule(LightningDataModule):
         self.client_validation_fraction = client_validation_fraction
         self.seed = seed
         self.eval_batch_size = eval_batch_size
+        if not isinstance(invert_pixels, bool):
+            raise ValueError(f"invert_pixels: must be true or false, got {invert_pixels!r}")
+        self.invert_pixels = invert_pixels
         self._user_train = train
         self._user_test = test
         self._user_num_classes = num_classes
@@ -389,7 +412,8 @@ class FederatedDataModule(LightningDataModule):
     # ------------------------------------------------------------------ building
     def dataset_key(self) -> tuple | None:
         """What identifies the loaded dataset (None for tensors of the user's): modules with one key share a load."""
-        return None if self._user_train is not None else (self.dataset, str(self.data_dir), self.download)
+        return None if self._user_train is not None else (self.dataset, str(self.data_dir), self.download,
+                                                          self.invert_pixels)
 
     def use_dataset(self, loaded: DatasetTensors) -> None:
         """Partition ``loaded`` (the dataset another module of the same :meth:`dataset_key` loaded) instead of loading it."""
@@ -398,6 +422,10 @@ class FederatedDataModule(LightningDataModule):
     def _load(self) -> DatasetTensors:
         if getattr(self, "_loaded", None) is not None:
             return self._loaded
+        ds = self._load_as_stored()
+        return _inverted(ds) if self.invert_pixels else ds
+
+    def _load_as_stored(self) -> DatasetTensors:
         if self._user_train is None:
             return load_dataset(self.dataset, self.data_dir, self.download)
         tx, ty = _as_tensors(self._user_train, "train")

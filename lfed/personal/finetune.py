@@ -28,7 +28,9 @@ class FedAvgFT(ClientRule):
     Args:
         epochs: ``E_ft`` local epochs of fine-tuning (``E_ft · ceil(n_k / B)`` steps, ``B`` the run's batch size).
         steps: ``T_ft`` steps instead (then leave ``epochs`` None).
-        lr: ``eta_ft`` (None: the run's ``client_lr``).
+        lr: ``eta_ft`` (None: the run's ``client_lr``). Choose it on the clients' validation splits: one client's
+            steps have no cohort average to damp them, and a client lr FedAvg trains well with can be past the
+            stability limit ``2 / λ_max`` of one client's loss (LEAF FEMNIST, issue 39: RESULTS.md).
     """
 
     name = "fedavg_ft"
