@@ -443,6 +443,8 @@ COMPONENTS_UNDER_DP = {
     "objective: fedrep": (lambda: _dp_row(objective="lfed.personal.fedrep.FedRep"), None),
     "objective: apfl": (lambda: _dp_row(objective="lfed.personal.apfl.APFL"), None),
     "objective: fedbn": (lambda: _dp_row(objective="lfed.personal.fedbn.FedBN", net=_norm_net("layer")), None),
+    "objective: perfedavg": (lambda: _dp_row(objective="lfed.personal.perfedavg.PerFedAvg"), None),
+    "objective: fedrod": (lambda: _dp_row(objective="lfed.personal.fedrod.FedRoD"), None),
     "aggregation: self, global, time": (lambda: _dp_row() | {"aggregation": "global"},
                                         "aggregation: 'global' would replace the preset's DP-FedAvg"),
     "aggregation: mean": (lambda: _dp_row() | {"aggregation": "mean"}, "aggregation: 'mean' would replace"),
@@ -465,6 +467,8 @@ COMPONENTS_UNDER_DP = {
         noise_multiplier=1.0, clip=0.5, target_quantile=0.5, count_noise=2.0)}, None),
     "local_noise (local DP)": (lambda: _dp_row() | {"aggregation": DPFedAvg(noise_multiplier=0.0, local_noise=1.0)},
                                None),
+    "asynchronous: FedBuff, FedAsync": (lambda: _dp_row(asynchronous=__import__("lfed.asynchronous").asynchronous.FedBuff(
+        concurrency=4, buffer=2)), "asynchronous: aggregation: DP-FedAvg is not implemented asynchronously"),
     "local_noise with target_quantile": (lambda: _dp_row() | {"aggregation": DPFedAvg(
         noise_multiplier=0.0, local_noise=1.0, target_quantile=0.5)}, "target_quantile: adaptive clipping sends each "
         "client's clipped-or-not bit to the server un-noised"),
