@@ -69,6 +69,7 @@ from lfed.reporting import (
     run_name,
     silence_library_noise,
 )
+from lfed.validation import HookError
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
@@ -354,7 +355,7 @@ class LfedCLI(LightningCLI):
                 raise
             raise ConfigError(one_line(str(err))) from err
         except CONFIG_ERRORS as err:
-            if not config_errors or self.first_step.started:
+            if not config_errors or (self.first_step.started and not isinstance(err, HookError)):
                 raise
             raise ConfigError(one_line(str(err))) from err
 
