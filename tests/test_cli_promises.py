@@ -1,0 +1,96 @@
+"""The command line keeps the README's promise (issue 41): each mistake a new user makes is one line naming the
+argument, exit status 2, and leaves no run directory behind; what a run promises to show, it shows.
+
+Most tests call the console script's entry point in-process (tests/test_cli_errors.py's ``run_main``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from test_cli_errors import QUICK, base, last_line, run_main
+
+from lfed.cli import run_cli
+
+PERSONAL = REPO / "configs" / "personal_digits.yaml"
+
+
+def runs_left(root: Path) -> list[Path]:
+    return sorted(p for p in (root / "runs").rglob("*")) if (root / "runs").exists() else []
+
+
+def one_error_line(err: str, sub: str = "fit") -> str:
+    lines = [ln for ln in err.splitlines() if ln.startswith(f"lfed {sub}: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def quick_checkpoint(tmp_path: Path, *extra: str) -> Path:
+    run_cli(["fit", "--config", str(QUICK), "--trainer.max_steps", "1", "--checkpoint_every", "1", "--trainer.logger", "false",
+             "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path), *extra])
+    [ckpt] = list((tmp_path / "runs").rglob("last.ckpt"))
+    return ckpt
+
+
+# ------------------------------------------------------------------------------- 1. a preset against a component
+
+
+def test_a_preset_and_an_objective_that_contradict_it_are_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    code, err = run_main(monkeypatch, capsys, ["fit", "--config", str(PERSONAL), "--model.algorithm", "fedrep",
+                                               "--trainer.max_steps", "1", "--trainer.default_root_dir", str(tmp_path)])
+    line = one_error_line(err)
+    assert code == 2
+    assert line.startswith("lfed fit: error: objective: Ditto contradicts algorithm='fedrep', whose objective is FedRep")
+    assert "--model.objective null" in line
+    assert runs_left(tmp_path) == []
+
+
+def test_the_preset_alone_trains_what_it_names(tmp_path):
+    cli = run_cli(["fit", "--config", str(PERSONAL), "--model.algorithm", "fedrep", "--model.objective", "null",
+                   "--trainer.max_steps", "1", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+                   "--trainer.default_root_dir", str(tmp_path)])
+    assert type(cli.model.objective).__name__ == "FedRep"
+
+
+# ------------------------------------------------------------------------------- 2. validate/test need a checkpoint
+
+
+@pytest.mark.parametrize("sub", ["validate", "test"])
+def test_validate_and_test_without_a_checkpoint_are_refused(sub, tmp_path, monkeypatch, capsys):
+    code, err = run_main(monkeypatch, capsys, [sub, "--config", str(QUICK), "--trainer.default_root_dir", str(tmp_path)])
+    line = one_error_line(err, sub)
+    assert code == 2 and line.startswith(f"lfed {sub}: error: ckpt_path: lfed {sub} scores a trained model")
+    assert runs_left(tmp_path) == []
+
+
+def test_a_config_that_contradicts_the_checkpoint_is_refused_and_its_own_config_is_not(tmp_path, monkeypatch, capsys):
+    ckpt = quick_checkpoint(tmp_path / "fit")
+    other = REPO / "configs" / "fedprox_digits.yaml"
+    code, err = run_main(monkeypatch, capsys, ["test", "--config", str(other), "--ckpt_path", str(ckpt),
+                                               "--trainer.default_root_dir", str(tmp_path / "test")])
+    line = one_error_line(err, "test")
+    assert code == 2 and line.startswith(f"lfed test: error: ckpt_path: {ckpt} was written by another configuration")
+    assert "model.algorithm: checkpoint 'fedavg', config 'fedprox'" in line
+    assert runs_left(tmp_path / "test") == []
+    cli = run_cli(["test", "--config", str(QUICK), "--ckpt_path", str(ckpt), "--trainer.logger", "false",
+                   "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "own")])
+    assert cli.trainer.callback_metrics["test/acc"] > 0  # the run's own config: scored
+
+
+def test_a_run_with_no_end_is_refused(tmp_path, monkeypatch, capsys):
+    code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--trainer.max_steps", "-1"])
+    line = one_error_line(err)
+    assert code == 2 and line == "lfed fit: error: trainer.max_steps: the rounds of the run, an integer >= 1, got -1 (a run with no end)"
+    assert runs_left(tmp_path) == []
+
+
+# ------------------------------------------------------------------------------- 5. a refusal leaves nothing behind
+
+
+def test_a_refusal_during_set_up_leaves_no_run_directory_or_wandb_run(tmp_path, monkeypatch, capsys):
+    code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--model.algorithm", "dp_fedavg", "--model.weighting", "size"])
+    line = one_error_line(err)
+    assert code == 2 and "weighting" in line
+    assert runs_left(tmp_path) == []
