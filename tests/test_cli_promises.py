@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from test_cli_errors import QUICK, base, last_line, run_main
+from test_cli_errors import QUICK, base, run_main
 
 from lfed.cli import run_cli
 
