@@ -94,3 +94,28 @@ def test_a_refusal_during_set_up_leaves_no_run_directory_or_wandb_run(tmp_path, 
     line = one_error_line(err)
     assert code == 2 and "weighting" in line
     assert runs_left(tmp_path) == []
+
+
+# ------------------------------------------------------------------------------- 4. the README's grid command
+
+
+def test_the_readmes_grid_command_runs_as_written_with_an_override_as_fit_takes_it(tmp_path, monkeypatch):
+    import re
+    import shlex
+    import shutil
+
+    from lfed.grid import run_grid
+
+    [command] = re.findall(r"`(lfed grid [^`]+)`", (REPO / "README.md").read_text())
+    words = shlex.split(command)
+    assert "--trainer.max_steps" in words  # "--key value", as lfed fit takes it
+    for word in words:  # the repository's files it names, at the same relative paths
+        if word.endswith(".yaml"):
+            (tmp_path / word).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(REPO / word, tmp_path / word)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    group, directory = run_grid([*words[2:], "--trainer.enable_progress_bar", "false"])
+    steps = int(words[words.index("--trainer.max_steps") + 1])
+    assert len(group.runs) == 2 and all(run.rounds_done == steps for run in group.runs)
+    assert directory.parent == tmp_path / "grids"
