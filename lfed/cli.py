@@ -366,7 +366,45 @@ class LfedCLI(LightningCLI):
                 self._discard_run_dir()
             if not config_errors or (self.first_step.started and not isinstance(err, HookError)):
                 raise
-            raise ConfigError(one_line(str(err))) from err
+            raise ConfigError(self._nested_message(str(err)) or one_line(str(err))) from err
+
+    def _nested_message(self, text: str) -> str | None:
+        """lfed's own message of a component's setting under a ``class_path`` first, as one line with its argument path.
+
+        jsonargparse reports a ``ValueError`` of a component's ``__init__`` (``delta: must be ... in (0, 1), got 1.5``)
+        inside its "Does not validate against any of the Union subtypes" text, without the key; this finds the
+        component's key in the config by its class path: ``model.aggregation.init_args.delta: must be ...``.
+        """
+        if "Union subtypes" not in text or "Errors:" not in text:
+            return None
+        reasons = [ln.strip()[2:] for ln in text.split("Errors:", 1)[1].splitlines() if ln.strip().startswith("- ")]
+        own = [r for r in reasons if not r.startswith(("Expected a ", "Not a valid", "Problem with given class_path",
+                                                         "Import path", "Type "))]
+        found = re.search(r"class_path='([^']+)'", text)
+        if not own or found is None:
+            return None
+        key = None
+        try:
+            settings = self._settings(self._subconfig())
+        except Exception:  # noqa: BLE001 - the message without its key is still lfed's
+            settings = {}
+
+        def walk(value: Any, path: str) -> None:
+            nonlocal key
+            if isinstance(value, dict):
+                if value.get("class_path") == found.group(1) and key is None:
+                    key = path
+                for k, v in value.items():
+                    walk(v, f"{path}.{k}" if path else k)
+
+        walk({k: v for k, v in settings.items() if k in ("model", "data")}, "")
+        reason = own[0]
+        name = re.match(r"([A-Za-z_][\w.]*): (.*)", reason)
+        if key is None:
+            return f"{found.group(1)}: {reason}"
+        if name:
+            return f"{key}.init_args.{name.group(1)}: {name.group(2)}"
+        return f"{key}: {reason}"
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(

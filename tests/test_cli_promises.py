@@ -119,3 +119,25 @@ def test_the_readmes_grid_command_runs_as_written_with_an_override_as_fit_takes_
     steps = int(words[words.index("--trainer.max_steps") + 1])
     assert len(group.runs) == 2 and all(run.rounds_done == steps for run in group.runs)
     assert directory.parent == tmp_path / "grids"
+
+
+# ------------------------------------------------------------------------------- 3. nested class_path settings
+
+NESTED = {
+    "dp_delta": ("dp_digits.yaml", "--model.aggregation.init_args.delta", "1.5",
+                 "model.aggregation.init_args.delta: must be a finite number in (0, 1), got 1.5"),
+    "ditto_lam": ("personal_digits.yaml", "--model.objective.init_args.lam", "-1",
+                  "model.objective.init_args.lam: must be a finite number >= 0 (Ditto's coefficient λ), got -1.0"),
+    "lora_rank": ("lora_digits.yaml", "--model.net.init_args.rank", "0", "model.net.init_args.rank: need an integer >= 1, got 0"),
+}
+
+
+@pytest.mark.parametrize("name", list(NESTED))
+def test_a_nested_settings_error_is_lfeds_own_line_with_its_argument_path(name, tmp_path, monkeypatch, capsys):
+    config, key, value, expected = NESTED[name]
+    if name == "lora_rank":
+        pytest.importorskip("peft")
+    code, err = run_main(monkeypatch, capsys, ["fit", "--config", str(REPO / "configs" / config), key, value,
+                                               "--trainer.max_steps", "1", "--trainer.default_root_dir", str(tmp_path)])
+    assert code == 2 and one_error_line(err) == f"lfed fit: error: {expected}"
+    assert "Union subtypes" not in err
