@@ -282,6 +282,11 @@ class Component(nn.Module):
         """Scalars of this round to log, after the server step (none by default; DP's ``privacy/epsilon``)."""
         return {}
 
+    def summary(self) -> dict[str, float]:
+        """End-of-run figures of this component (``final/*``), shown in the run's end line and logged with its
+        summary (none by default; DP-FedAvg's ε spent, δ and the noise multiplier z)."""
+        return {}
+
     def composition_warnings(self, context: CompositionContext) -> list[str]:
         """Settings of the run that make this component do nothing, or something else than its name says.
 

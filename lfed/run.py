@@ -474,6 +474,8 @@ class FederatedRun(nn.Module):
                 out[f"final/uploads_to_{target:g}"] = hit[1]
         out["final/uploads_total"] = self.comm.uploads
         out.update(self.bmta.summary())
+        for component in {id(c): c for c in self.components.roles().values()}.values():  # DP: ε, δ, z
+            out.update(component.summary())
         self.final_summary = out
         return out
 

@@ -141,3 +141,19 @@ def test_a_nested_settings_error_is_lfeds_own_line_with_its_argument_path(name, 
                                                "--trainer.max_steps", "1", "--trainer.default_root_dir", str(tmp_path)])
     assert code == 2 and one_error_line(err) == f"lfed fit: error: {expected}"
     assert "Union subtypes" not in err
+
+
+# ------------------------------------------------------------------------------- 6. a DP run's end shows ε, δ and z
+
+
+def test_a_dp_runs_end_line_shows_epsilon_delta_and_the_calibrated_noise(tmp_path, monkeypatch):
+    lines: list[str] = []
+    monkeypatch.setattr("lfed.driver.rank_zero_info", lambda message, *a, **k: lines.append(message))
+    cli = run_cli(["fit", "--config", str(REPO / "configs" / "dp_digits.yaml"), "--trainer.max_steps", "2",
+                   "--model.aggregation.init_args.noise_multiplier", "null", "--model.aggregation.init_args.target_epsilon", "8",
+                   "--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path)])
+    dp = cli.model.combination
+    [end] = [m for m in lines if "final/privacy_epsilon=" in m]
+    assert f"final/privacy_delta={dp.delta:.4g}" in end
+    assert f"final/privacy_noise_multiplier={dp.noise_multiplier:.4g}" in end and dp.noise_multiplier > 0  # calibrated z
+    assert 0 < cli.model.final_summary["final/privacy_epsilon"] <= 8

@@ -235,6 +235,14 @@ class DPFedAvg(ServerCombination):
     def report(self, cohort) -> dict[str, float | Tensor]:
         return dict(self._report)
 
+    def summary(self) -> dict[str, float]:
+        """The end of the run: ε spent at δ, δ, and the noise multiplier z (calibrated, where target_epsilon gave it)."""
+        out = {"final/privacy_noise_multiplier": float(self.noise_multiplier)}
+        if self.delta is not None:
+            out["final/privacy_epsilon"] = float(self.accountant.epsilon(self.delta))
+            out["final/privacy_delta"] = float(self.delta)
+        return out
+
     # ------------------------------------------------------------------ checkpoint
     def get_extra_state(self) -> dict[str, Any]:
         return {"accountant": self.accountant.state_dict(), "noise_multiplier": self.noise_multiplier,
