@@ -157,3 +157,19 @@ def test_a_dp_runs_end_line_shows_epsilon_delta_and_the_calibrated_noise(tmp_pat
     assert f"final/privacy_delta={dp.delta:.4g}" in end
     assert f"final/privacy_noise_multiplier={dp.noise_multiplier:.4g}" in end and dp.noise_multiplier > 0  # calibrated z
     assert 0 < cli.model.final_summary["final/privacy_epsilon"] <= 8
+
+
+# ------------------------------------------------------------------------------- 7. where the data comes from
+
+
+def test_the_readme_says_where_data_comes_from_and_a_missing_file_says_it_too(tmp_path, monkeypatch, capsys):
+    readme = (REPO / "README.md").read_text()
+    assert "--data.download true" in readme and "DIR/mnist/" in readme and "$LFED_DATA_DIR" in readme
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    code, err = run_main(monkeypatch, capsys, ["fit", "--config", str(REPO / "configs" / "fedavg_mnist.yaml"),
+                                               "--data.data_dir", str(empty), "--trainer.max_steps", "1",
+                                               "--trainer.default_root_dir", str(tmp_path)])
+    line = one_error_line(err)
+    assert code == 2 and str(empty) in line and "--data.download true" in line
+    assert runs_left(tmp_path) == []
