@@ -7,7 +7,8 @@ component sets ``needs_start_loss``: :attr:`lfed.component.Cohort.start_loss`) a
 
     Δ_k = F_k^q Δw_k,   h_k = q F_k^{q−1} ||Δw_k||² + L F_k^q,   w^{t+1} = w^t − Σ_k Δ_k / Σ_k h_k
 
-over the clients whose work counts. ``L`` is the Lipschitz estimate (the paper sets ``L = 1/η``).
+over the clients whose work counts. ``L`` is the Lipschitz estimate; left unset it is the paper's
+``L = 1/η``, from the round's client learning rate (``cohort.plan.client_lr``).
 q = 0 is FedAvg with uniform weights and a step of ``Σ u_k / K``.
 
     model:
@@ -23,11 +24,11 @@ class QFedAvg(ServerCombination):
     name = "qffl"
     needs_start_loss = True
 
-    def __init__(self, q: float = 1.0, lipschitz: float = 10.0) -> None:
+    def __init__(self, q: float = 1.0, lipschitz: float | None = None) -> None:
         super().__init__()
-        if not q >= 0 or not lipschitz > 0:
-            raise ValueError(f"q: must be >= 0 and lipschitz: > 0, got q={q}, lipschitz={lipschitz}")
-        self.q, self.lipschitz = float(q), float(lipschitz)
+        if not q >= 0 or not (lipschitz is None or lipschitz > 0):
+            raise ValueError(f"q: must be >= 0 and lipschitz: > 0 or None (1/client_lr), got q={q}, lipschitz={lipschitz}")
+        self.q, self.lipschitz = float(q), None if lipschitz is None else float(lipschitz)
 
     def hparams(self) -> dict:
         return {"q": self.q, "lipschitz": self.lipschitz}
@@ -36,7 +37,8 @@ class QFedAvg(ServerCombination):
         counted = cohort.counting
         u = updates[counted]
         F = cohort.start_loss[counted].to(u.dtype)
-        dw = -self.lipschitz * u  # Δw_k = L(w^t − w̄_k)
+        L = self.lipschitz if self.lipschitz is not None else 1.0 / cohort.plan.client_lr
+        dw = -L * u  # Δw_k = L(w^t − w̄_k)
         Fq = F.pow(self.q)
-        h = self.q * F.pow(self.q - 1) * dw.square().sum(1) + self.lipschitz * Fq if self.q > 0 else self.lipschitz * Fq
+        h = self.q * F.pow(self.q - 1) * dw.square().sum(1) + L * Fq if self.q > 0 else L * Fq
         return -(Fq[:, None] * dw).sum(0) / h.sum(), None

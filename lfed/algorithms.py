@@ -104,10 +104,46 @@ PRESETS: dict[str, dict[str, Any]] = {
 AlgorithmName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 
 
+def _objective_class(value: Any) -> type | None:
+    """The client-rule class of an objective setting (a name, a dotted class path or a component); None if unknown."""
+    from lfed.client.objectives import EFL, IGFL, ClientRule, Plain, Prox, Scaffold
+
+    if isinstance(value, ClientRule):
+        return type(value)
+    named = {"plain": Plain, "prox": Prox, "scaffold": Scaffold, "igfl": IGFL, "efl": EFL}
+    if isinstance(value, str) and value in named:
+        return named[value]
+    if isinstance(value, str) and "." in value:
+        from lfed.component import load_class
+
+        try:
+            return load_class(value, ClientRule, "objective")
+        except ValueError:
+            return None
+    return None
+
+
+def _check_preset_objective(algorithm: str, given: Any) -> None:
+    """A preset that names an objective and an explicit objective of another class contradict each other: refused.
+
+    (An explicit objective of the preset's class, or a subclass of it, sets the preset's objective's own settings:
+    ``algorithm: ditto`` with ``objective: {class_path: Ditto, init_args: {lam: 0.1}}``.)
+    """
+    preset = PRESETS[algorithm].get("objective")
+    if preset is None or given is None:
+        return
+    want, have = _objective_class(preset), _objective_class(given)
+    if want is None or have is None or issubclass(have, want):
+        return
+    raise ValueError(f"objective: {have.__name__} contradicts algorithm={algorithm!r}, whose objective is {want.__name__}; "
+                     f"set objective: null (--model.objective null) to train {algorithm}, or the algorithm of your objective")
+
+
 def resolve(algorithm: str, **explicit: Any) -> dict[str, Any]:
     """Fill the arguments left ``None`` in ``explicit`` from preset ``algorithm``, then from :data:`BASE`."""
     if algorithm not in PRESETS:
         raise ValueError(f"algorithm: {algorithm!r} is not one of {sorted(PRESETS)}")
+    _check_preset_objective(algorithm, explicit.get("objective"))
     out = dict(BASE)
     out["server_optimizer"] = _server("sgd", lr=1.0)
     out.update(PRESETS[algorithm])

@@ -69,6 +69,7 @@ from lfed.reporting import (
     run_name,
     silence_library_noise,
 )
+from lfed.validation import HookError
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
@@ -292,17 +293,24 @@ class RunConfig(Callback):
     """The run's ``model``, ``data`` and ``seed_everything`` settings: in every checkpoint and in the loggers.
 
     ``lfed validate|test --ckpt_path X`` rebuilds the model and data from them (no config needed).
-    At setup every logger gets them as hyperparameters under their config names
+    Once the run's checks have passed (the start of training or evaluation) every logger gets them as
+    hyperparameters under their config names
     (``model.seed``, ``data.seed``: :func:`lfed.reporting.flat_settings`).
     """
 
     def __init__(self, settings: dict[str, Any]) -> None:
         self.settings = settings
 
-    def setup(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+    def _log(self, trainer: Trainer, *args: Any) -> None:
+        """The settings to every logger, once, when the run's checks have passed (a refused run starts no W&B run)."""
+        if getattr(self, "_logged", False):
+            return
+        self._logged = True
         params = flat_settings(self.settings)
         for logger in trainer.loggers:
             logger.log_hyperparams(params)
+
+    on_train_start = on_validation_start = on_test_start = on_predict_start = _log
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         checkpoint[CONFIG_KEY] = self.settings
@@ -354,9 +362,49 @@ class LfedCLI(LightningCLI):
                 raise
             raise ConfigError(one_line(str(err))) from err
         except CONFIG_ERRORS as err:
-            if not config_errors or self.first_step.started:
+            if not self.first_step.started:  # a refusal during set-up: the run never was
+                self._discard_run_dir()
+            if not config_errors or (self.first_step.started and not isinstance(err, HookError)):
                 raise
-            raise ConfigError(one_line(str(err))) from err
+            raise ConfigError(self._nested_message(str(err)) or one_line(str(err))) from err
+
+    def _nested_message(self, text: str) -> str | None:
+        """lfed's own message of a component's setting under a ``class_path`` first, as one line with its argument path.
+
+        jsonargparse reports a ``ValueError`` of a component's ``__init__`` (``delta: must be ... in (0, 1), got 1.5``)
+        inside its "Does not validate against any of the Union subtypes" text, without the key; this finds the
+        component's key in the config by its class path: ``model.aggregation.init_args.delta: must be ...``.
+        """
+        if "Union subtypes" not in text or "Errors:" not in text:
+            return None
+        reasons = [ln.strip()[2:] for ln in text.split("Errors:", 1)[1].splitlines() if ln.strip().startswith("- ")]
+        own = [r for r in reasons if not r.startswith(("Expected a ", "Not a valid", "Problem with given class_path",
+                                                         "Import path", "Type "))]
+        found = re.search(r"class_path='([^']+)'", text)
+        if not own or found is None:
+            return None
+        key = None
+        try:
+            settings = self._settings(self._subconfig())
+        except Exception:  # noqa: BLE001 - the message without its key is still lfed's
+            settings = {}
+
+        def walk(value: Any, path: str) -> None:
+            nonlocal key
+            if isinstance(value, dict):
+                if value.get("class_path") == found.group(1) and key is None:
+                    key = path
+                for k, v in value.items():
+                    walk(v, f"{path}.{k}" if path else k)
+
+        walk({k: v for k, v in settings.items() if k in ("model", "data")}, "")
+        reason = own[0]
+        name = re.match(r"([A-Za-z_][\w.]*): (.*)", reason)
+        if key is None:
+            return f"{found.group(1)}: {reason}"
+        if name:
+            return f"{key}.init_args.{name.group(1)}: {name.group(2)}"
+        return f"{key}: {reason}"
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
@@ -389,6 +437,7 @@ class LfedCLI(LightningCLI):
             if refused:
                 parser.error(refused)
             args = resolve_short_names(args)
+            self.given_args = args
             self.config = parser.parse_args(args)  # Lightning's parse_arguments, without its warning about sys.argv
         else:
             super().parse_arguments(parser, args)
@@ -426,8 +475,16 @@ class LfedCLI(LightningCLI):
         ckpt = cfg.get("ckpt_path")
         root = Path(cfg.get("trainer", {}).get("default_root_dir") or os.getcwd())
         settings = self._settings(cfg)
-        if ckpt is not None and ckpt != "last" and self.subcommand in ("validate", "test", "predict"):
+        evaluating = self.subcommand in ("validate", "test", "predict")
+        if evaluating and ckpt is None:
+            raise ValueError(f"ckpt_path: lfed {self.subcommand} scores a trained model; give --ckpt_path <file.ckpt> "
+                             "(or last: the latest checkpoint of this configuration)")
+        if self.subcommand == "fit":
+            _check_an_end(cfg.get("trainer", {}))
+        given = settings
+        if ckpt is not None and ckpt != "last" and evaluating:
             settings = self._settings_from_checkpoint(str(ckpt))
+            self._check_config_fits_checkpoint(str(ckpt), given, settings)
         config_dir = root / "runs" / run_name(settings_label(settings["model"] or {}), settings["data"].get("dataset"), config_id(settings))
         run_dir = None
         if ckpt == "last":
@@ -440,7 +497,10 @@ class LfedCLI(LightningCLI):
                 cfg["ckpt_path"] = str(found)
                 if self.subcommand == "fit":
                     run_dir = found.parent.parent
-            if self.subcommand in ("validate", "test", "predict") and found is not None:
+            if evaluating and found is None:
+                raise ValueError(f"ckpt_path: 'last' found no checkpoint of this configuration under {config_dir}; "
+                                 f"lfed {self.subcommand} scores a trained model: give its --ckpt_path <file.ckpt>")
+            if evaluating and found is not None:
                 settings = self._settings_from_checkpoint(str(found))
         elif ckpt is not None and self.subcommand == "fit":
             read_checkpoint(ckpt)  # a file that is not an lfed checkpoint fails here, before any round
@@ -468,6 +528,26 @@ class LfedCLI(LightningCLI):
             if str(lg.get("class_path")).endswith("MetricsCSV") and init.get("dirpath") is None:
                 init["dirpath"] = str(run_dir)
 
+    def _check_config_fits_checkpoint(self, ckpt: str, given: dict[str, Any], saved: dict[str, Any]) -> None:
+        """``lfed validate|test --config A --ckpt_path <run of B>``: refused, naming the settings that differ.
+
+        Only settings the command gave (``--config``, ``--model.*``, ``--data.*``, ``--seed_everything``) are
+        compared; without them the checkpoint's own settings are used. ``data.data_dir`` may differ (where the
+        data is on this machine).
+        """
+        flags = [a for a in getattr(self, "given_args", []) or [] if isinstance(a, str) and a.startswith("--")]
+        if not any(a.split("=", 1)[0] == "--config" or (a.startswith(("--model", "--data", "--seed_everything"))
+                                                         and not a.startswith("--data.data_dir")) for a in flags):
+            return
+        mine, theirs = flat_settings(given), flat_settings(saved)
+        differ = [k for k in sorted(set(mine) | set(theirs))
+                  if k != "data.data_dir" and mine.get(k) != theirs.get(k)]
+        if differ:
+            shown = "; ".join(f"{k}: checkpoint {theirs.get(k)!r}, config {mine.get(k)!r}" for k in differ[:4])
+            more = f"; ... {len(differ)} settings in all" if len(differ) > 4 else ""
+            raise ValueError(f"ckpt_path: {ckpt} was written by another configuration than this command's ({shown}{more}); "
+                             "drop --config (the checkpoint holds its own settings) or give the run's own")
+
     def instantiate_classes(self) -> None:
         """Lightning's, but a run that fails to start leaves no empty run directory behind."""
         try:
@@ -475,10 +555,28 @@ class LfedCLI(LightningCLI):
         except BaseException:
             created = getattr(self, "_created_run_dir", None)
             if created is not None and created.is_dir() and not any(created.iterdir()):
-                created.rmdir()
-                if not any(created.parent.iterdir()):
-                    created.parent.rmdir()
+                self._discard_run_dir()
             raise
+
+    def _discard_run_dir(self) -> None:
+        """Remove the run directory this command made (its ``config.yaml``, an offline W&B run), and its
+        configuration's directory when that is left empty: a run refused before its first step leaves nothing."""
+        import shutil
+
+        created = getattr(self, "_created_run_dir", None)
+        if created is None or not created.is_dir() or os.environ.get("LOCAL_RANK", "0") != "0":
+            return
+        for logger in (getattr(getattr(self, "trainer", None), "loggers", None) or []):
+            finish = getattr(getattr(logger, "_experiment", None), "finish", None)
+            if callable(finish):  # a W&B run that was started: closed before its files go
+                try:
+                    finish(quiet=True)
+                except Exception:  # noqa: BLE001 - the refusal is what the user must see
+                    pass
+        shutil.rmtree(created, ignore_errors=True)
+        if created.parent.is_dir() and not any(created.parent.iterdir()):
+            created.parent.rmdir()
+        self._created_run_dir = None
 
     def _settings_from_checkpoint(self, ckpt: str) -> dict[str, Any]:
         """Apply the checkpoint's model and data settings to the config (validate/test); return them."""
@@ -534,6 +632,17 @@ class LfedCLI(LightningCLI):
         trainer = super().instantiate_trainer(**kwargs)
         install_atomic_io(trainer.strategy)
         return trainer
+
+
+def _check_an_end(trainer: Any) -> None:
+    """``lfed fit`` needs an end: ``trainer.max_steps`` >= 1 rounds (or a ``max_epochs`` / ``max_time`` of its own)."""
+    steps = trainer.get("max_steps")
+    if steps is not None and steps >= 1:
+        return
+    epochs, time = trainer.get("max_epochs"), trainer.get("max_time")
+    if (epochs is not None and epochs >= 0) or time is not None:
+        return
+    raise ValueError(f"trainer.max_steps: the rounds of the run, an integer >= 1, got {steps} (a run with no end)")
 
 
 def run_cli(args: list[str] | None = None) -> LfedCLI:

@@ -22,7 +22,7 @@ writes its state only through :meth:`Component.state`, :meth:`Component.rows` an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -54,6 +54,13 @@ class Cohort:
         seed: The run's seed: a component's own random stream is ``lfed.rng.round_generator(seed, round, name)``.
         host: The same cohort's host values (:class:`HostCohort`, CPU tensors read without a device sync,
             :mod:`lfed.host`), or None for a cohort made by hand (then :meth:`host_values` makes them once).
+        plan: The round's training plan (:class:`lfed.round.LocalTraining`): ``plan.client_lr`` (the clients'
+            learning rate η, q-FFL's ``L = 1/η``), ``batch_size``, ``local_epochs``, ``local_steps``.
+        label_counts: ``[K, C]`` each cohort client's training label counts (on the device; ``[K, 0]`` for
+            regression targets), for methods that weigh or correct by the clients' label distributions (FedLC).
+
+    Reading :attr:`start_loss` in a round that did not compute it (no component sets ``needs_start_loss``)
+    raises a :class:`~lfed.validation.HookError` naming the flag.
     """
 
     round: int
@@ -65,10 +72,12 @@ class Cohort:
     counting: Tensor | None = None
     previous_update: Tensor | None = None
     global_change: Tensor | None = None
-    start_loss: Tensor | None = None
+    start_loss: Tensor | None = field(default=None, repr=False, compare=False)
     expected_size: float | None = None
     seed: int = 0
     host: HostCohort | None = None
+    plan: Any = None
+    label_counts: Tensor | None = None
 
     @property
     def active(self) -> Tensor:
@@ -83,6 +92,24 @@ class Cohort:
         if self.host.counting is None and self.counting is not None:
             self.host.counting = self.counting.detach().cpu()
         return self.host
+
+
+def _start_loss(self: Cohort) -> Tensor:
+    value = self.__dict__.get("_start_loss")
+    if value is None:
+        from lfed.validation import HookError
+
+        raise HookError("cohort.start_loss: the round did not compute it; set needs_start_loss = True (a class "
+                        "attribute) on the component that reads it, and the round computes each client's loss F_k(w) first")
+    return value
+
+
+def _set_start_loss(self: Cohort, value: Tensor | None) -> None:
+    self.__dict__["_start_loss"] = value
+
+
+Cohort.start_loss = property(_start_loss, _set_start_loss,  # type: ignore[assignment]
+                             doc="``[K]`` F_k(w) of each cohort client, when a component sets ``needs_start_loss``.")
 
 
 @dataclass
@@ -277,6 +304,11 @@ class Component(nn.Module):
 
     def report(self, cohort: Cohort) -> dict[str, float]:
         """Scalars of this round to log, after the server step (none by default; DP's ``privacy/epsilon``)."""
+        return {}
+
+    def summary(self) -> dict[str, float]:
+        """End-of-run figures of this component (``final/*``), shown in the run's end line and logged with its
+        summary (none by default; DP-FedAvg's ε spent, δ and the noise multiplier z)."""
         return {}
 
     def composition_warnings(self, context: CompositionContext) -> list[str]:

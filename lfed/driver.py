@@ -113,6 +113,20 @@ class FederatedDriver(LightningModule):
         return target.load_state_dict(state_dict, strict=strict, assign=assign)
 
     @property
+    def fed(self) -> Any:
+        """lfed 0.2's ``pl_module.fed`` (the federated data on the device): now ``pl_module.data`` (one run), or
+        ``run.data`` of each of ``pl_module.runs``. Warns (a ``FutureWarning``, shown by default) and returns it for one
+        run; a grid raises (its runs may hold different data)."""
+        import warnings
+
+        message = ("pl_module.fed (lfed 0.2) is gone: the federated data on the device is pl_module.data (one run), "
+                   "or run.data for run in pl_module.runs")
+        if len(self.runs) != 1:
+            raise RuntimeError(message)  # not AttributeError: nn.Module's __getattr__ would hide the message
+        warnings.warn(message, FutureWarning, stacklevel=2)
+        return self.runs[0].data
+
+    @property
     def server_optimizers(self) -> list[torch.optim.Optimizer]:
         """Each run's server optimizer, in the runs' order (once the Trainer has made them)."""
         return list(self.trainer.optimizers[0].optimizers)

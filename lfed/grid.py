@@ -144,10 +144,26 @@ def _member_logs(members: list[GroupMember], directory: Path, wandb_group: str |
             m.loggers.append(QuietWandbLogger(experiment=run))
 
 
+def _joined_overrides(rest: list[str]) -> list[str]:
+    """``["--trainer.max_steps", "3"]`` -> ``["--trainer.max_steps=3"]``: an override's value given as the next word
+    (as ``lfed fit`` takes it) joined to its key, so every override is one ``--key=value``."""
+    out, i = [], 0
+    while i < len(rest):
+        a = rest[i]
+        if a.startswith("--") and "=" not in a and i + 1 < len(rest) and not rest[i + 1].startswith("--"):
+            out.append(f"{a}={rest[i + 1]}")
+            i += 2
+        else:
+            out.append(a)
+            i += 1
+    return out
+
+
 def run_grid(argv: list[str] | None = None) -> tuple[RunGroup, Path]:
     """Run ``lfed grid`` with ``argv`` (without the ``grid`` word); return the group and its directory."""
     silence_library_noise()
-    args, overrides = parser().parse_known_args(argv)
+    args, rest = parser().parse_known_args(argv)
+    overrides = _joined_overrides(rest)
     bad = [a for a in overrides if not a.startswith(("--model", "--data", "--trainer", "--seed_everything"))]
     if bad:
         raise ValueError(f"grid: unknown arguments {bad}; allowed: --config, --sweep, --root, --ckpt_path, --checkpoint_every "

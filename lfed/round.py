@@ -316,6 +316,9 @@ def prepare_round(
     sizes = sizes if sizes is not None else engine.layout.sizes
     cohort = draw_cohort(algorithm, data, training, round, seed, total_rounds, clients, steps_done)
     clients, n_k = cohort.clients, cohort.num_examples
+    cohort.plan = training  # the hooks' context: the round's lr, batch size, budget, and the clients' label counts
+    counts_all = getattr(data, "label_counts", None)
+    cohort.label_counts = None if counts_all is None else counts_all[clients.to(counts_all.device)]
     if any(c.needs_start_loss for c in algorithm.roles().values()):
         cohort.start_loss = client_losses(engine, w, data.train_x, data.train_y, data.client_index[clients], n_k,
                                           ranks or Ranks())
@@ -398,7 +401,7 @@ def finish_round(
     else:
         w_up, ends = w, result.weights
     sent = algorithm.channel.upstream(updates, cohort, sizes)
-    delta, record.attention = algorithm.combination.combine(sent, record.weights, cohort)
+    delta, record.attention = _combined(algorithm.combination.combine(sent, record.weights, cohort), algorithm.combination)
     delta = algorithm.channel.downstream(delta, sizes)
     record.check(delta, "the aggregated update")
     record.delta = delta
@@ -419,6 +422,18 @@ def finish_round(
     for component in {id(c): c for c in algorithm.roles().values()}.values():  # what the components report
         record.extra.update(component.report(cohort))
     return w_new, record
+
+
+def _combined(out: Any, combination: ServerCombination) -> tuple[Tensor, AttentionResult | None]:
+    """``combine``'s return as ``(delta, attention or None)``: a bare ``[P]`` tensor is the update."""
+    if isinstance(out, Tensor):
+        return out, None
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], Tensor):
+        return out
+    from lfed.validation import HookError
+
+    raise HookError(f"combine: {type(combination).__name__}.combine returned {type(out).__name__}; return the "
+                    "update Δ [P], or (Δ, None) (an attention combination: (Δ, AttentionResult))")
 
 
 def run_round(

@@ -193,6 +193,9 @@ class FederatedRun(nn.Module):
         if objective.personalized and type(objective).personal_rows is ClientRule.personal_rows:
             raise ValueError(f"objective: {type(objective).__name__} says it is personalized but does not say what a "
                              "client's model is; define personal_rows(clients, w, local) -> [K, P] (docs/personalization.md)")
+        if not objective.personalized and type(objective).personal_rows is not ClientRule.personal_rows:
+            raise ValueError(f"objective: {type(objective).__name__} defines personal_rows but is not personalized, so no "
+                             "personal/* would be evaluated; set personalized = True (a class attribute) on it")
         if self.composition["weighting"] == "dwfed":
             data.require_labels("weighting='dwfed' (label-count weights)")
         return algorithms.validate_composition(self.components, self.explicit, num_clients=data.num_clients,
@@ -225,6 +228,12 @@ class FederatedRun(nn.Module):
     def server_step(self, optimizer: torch.optim.Optimizer) -> Callable[[Tensor], Tensor]:
         """``Δ -> w'``: ``optimizer`` steps once on the pseudo-gradient ``-Δ`` (SPEC §4.1); the new flat weights."""
         trainable = [p for p in self.net.parameters() if p.requires_grad]
+        inner = getattr(optimizer, "optimizers", None)  # the driver's RunOptimizers (configure_optimizers()): its step ticks
+        if isinstance(inner, list):
+            if len(inner) != 1:
+                raise ValueError(f"server_step: configure_optimizers() holds the server optimizers of {len(inner)} runs; "
+                                 "give each run its own: run.server_step(optimizers.optimizers[i])")
+            optimizer = inner[0]
 
         def step(delta: Tensor) -> Tensor:
             optimizer.zero_grad(set_to_none=True)
@@ -494,6 +503,8 @@ class FederatedRun(nn.Module):
                 if hit is not None and 0 < hit[0] <= len(asynchronous.times):
                     out[f"final/time_to_{target:g}"] = asynchronous.times[hit[0] - 1]
         out.update(self.bmta.summary())
+        for component in {id(c): c for c in self.components.roles().values()}.values():  # DP: ε, δ, z
+            out.update(component.summary())
         out = self.metric_gate(out)
         self.final_summary = out
         return out

@@ -24,7 +24,16 @@ import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["integer", "number", "one_of"]
+__all__ = ["HookError", "integer", "number", "one_of"]
+
+
+class HookError(ValueError):
+    """A component broke the contract of one of its hooks (a user's own component, docs/extending.md).
+
+    Its message is one line that names the hook and the fix (``"loss_term: ... return [B] ..."``). It may
+    be raised in round 0, where the hook first runs: the ``lfed`` command shows it as one line and exit
+    status 2 all the same (:mod:`lfed.cli`), as a mistake in the configuration.
+    """
 
 
 def number(

@@ -181,7 +181,7 @@ def _idx_missing_error(name: str, searched: list[Path], missing: list[str]) -> F
         f"{name}: missing file(s) {', '.join(missing)}; searched {', '.join(str(d) for d in searched)} "
         f"(as the four {name} IDX .gz files, or decompressed in torchvision's layout). "
         f"Put the files in one of these directories, point data_dir or $LFED_DATA_DIR at a directory "
-        f"holding them, or pass download=True when online."
+        f"holding them, or pass download=True (--data.download true) when online."
     )
 
 

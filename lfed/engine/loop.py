@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from lfed.engine.losses import per_example_mean
 from lfed.engine.precision import local_autocast
 from lfed.engine.result import CohortResult
-from lfed.engine.rule import _apply_step_, _is_plain
+from lfed.engine.rule import _apply_step_, _is_plain, term_per_example
 from lfed.engine.term import TermModel
 
 
@@ -112,7 +112,7 @@ class LoopBackend:
                             else:
                                 out = work(x_t)
                                 extra = term.fn(named, out, x_t, y_t, aux_k)
-                            loss = (per_example_mean(self.loss_fn(out, y_t)) + extra).mean()
+                            loss = (per_example_mean(self.loss_fn(out, y_t)) + term_per_example(extra, x_t.shape[0])).mean()
                     grads = torch.autograd.grad(loss, params)
                     with torch.no_grad():
                         if plain:

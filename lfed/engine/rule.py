@@ -62,6 +62,24 @@ class LossTerm:
         return _pick_rows(self.aux, k, None)
 
 
+def term_per_example(extra, batch: int):
+    """A loss term's value, checked: ``[B]`` (one value per example) or a scalar (one for the batch).
+
+    The one rule of both backends (the vmap backend sees one client's view, the loop backend one
+    client): any other shape, ``[B, 1]`` or ``[B, C]``, would broadcast against the ``[B]`` losses
+    differently in each, so it is refused with one line naming the hook and the fix.
+    """
+    from torch import Tensor as _Tensor
+
+    if not isinstance(extra, _Tensor) or extra.dim() == 0 or (extra.dim() == 1 and extra.shape[0] == batch):
+        return extra
+    shape = ", ".join("B" if i == 0 and n == batch else str(n) for i, n in enumerate(extra.shape))
+    from lfed.validation import HookError
+
+    raise HookError(f"loss_term: its function returned shape [{shape}] for a batch of B examples; return [B] "
+                    "(one value per example) or a scalar (one value for the batch), e.g. .reshape(-1) or .sum(-1)")
+
+
 def _pick_rows(aux, rows, num_clients: int | None):
     if aux is None:
         return None

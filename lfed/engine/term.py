@@ -24,12 +24,28 @@ class TermModel:
     """The net of a loss term (module docstring).
 
     Attributes:
-        features: The current model's output of ``layer`` on the batch (None without a layer).
+        features: The current model's output of ``layer`` on the batch; reading it for a term without a
+            ``layer`` raises a :class:`~lfed.validation.HookError` that names the fix.
     """
 
     def __init__(self, net: nn.Module, layout: Any, buffers: dict[str, Tensor], layer: str | None) -> None:
         self.net, self.layout, self.buffers, self.layer = net, layout, buffers, layer
-        self.features: Tensor | None = None
+        self._features: Tensor | None = None
+
+    @property
+    def features(self) -> Tensor:
+        if self.layer is None:
+            from lfed.validation import HookError
+
+            names = [n for n, _ in self.net.named_modules() if n]
+            shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+            raise HookError("loss_term: model.features is the output of the term's layer, and the LossTerm names none; "
+                            f"give it one: LossTerm(fn, aux, layer='<submodule>') (this net's submodules: {shown})")
+        return self._features
+
+    @features.setter
+    def features(self, value: Tensor | None) -> None:
+        self._features = value
 
     def _params(self, weights: Tensor | dict[str, Tensor]) -> dict[str, Tensor]:
         return weights if isinstance(weights, dict) else self.layout.unflatten(weights)

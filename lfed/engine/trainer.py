@@ -128,6 +128,8 @@ class CohortTrainer(VmapBackend, LoopBackend):
         # the same with a LossTerm (its function and its per-client aux rows as the last two arguments)
         self._vmapped_term = vmap(grad_and_value(self._client_loss_with_term), in_dims=(0, 0, 0, 0, None, None, 0),
                                   randomness="different")
+        self._vmapped_term_no_aux = vmap(grad_and_value(self._client_loss_with_term),  # a term with aux=None
+                                         in_dims=(0, 0, 0, 0, None, None, None), randomness="different")
         self._work: nn.Module | None = None  # the loop backend's private copy of ``net``
         self.trace = bool(trace)
         self._traced: dict[tuple, Callable] = {}  # recorded vmap steps by shapes, dtypes, device, mode

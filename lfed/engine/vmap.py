@@ -21,7 +21,7 @@ from lfed.engine.losses import per_example_mean
 from lfed.engine.precision import local_autocast
 from lfed.engine.recorded import RecordedStep
 from lfed.engine.result import CohortResult
-from lfed.engine.rule import LossTerm, _is_plain, _pick_rows
+from lfed.engine.rule import LossTerm, _is_plain, _pick_rows, term_per_example
 from lfed.engine.term import TermModel
 from lfed.host import to_device
 
@@ -91,7 +91,7 @@ class VmapBackend(RecordedStep):
             else:
                 out = functional_call(self.net, (params, buffers), (x,))
                 extra = term.fn(params, out, x, y, aux)
-            per_example = per_example_mean(self.loss_fn(out, y)) + extra
+            per_example = per_example_mean(self.loss_fn(out, y)) + term_per_example(extra, x.shape[0])
         return (per_example * mask).sum() / mask.sum().clamp_min(1)
 
     def _train_vmap(self, w_start, data_x, data_y, index, positions, valid, steps, rule, lr) -> CohortResult:
@@ -143,7 +143,8 @@ class VmapBackend(RecordedStep):
                 g, loss = self._step(params, data_x[ids], data_y[ids], mask_all[:n, t], buffers, n == K)
             else:  # a loss term: the eager vmapped step (its function is not part of a recorded graph's key)
                 aux = term.aux if n == K else _pick_rows(term.aux, slice(0, n), K)
-                g, loss = self._vmapped_term(params, data_x[ids], data_y[ids], mask_all[:n, t], buffers, term, aux)
+                vmapped = self._vmapped_term if aux is not None else self._vmapped_term_no_aux  # aux=None: nothing per client
+                g, loss = vmapped(params, data_x[ids], data_y[ids], mask_all[:n, t], buffers, term, aux)
             if plain:
                 for a, b, lr_ in runs:  # one run of rows per learning rate (one run when lr is a float)
                     if a >= n:

@@ -123,7 +123,7 @@ class DPFedAvg(ServerCombination):
         setting; adaptive: ``C_t`` from the noised counts of earlier rounds) and, with adaptive clipping, the next clip
         and the clipped fraction ``1 - b̃`` from the noised count. Not ``privacy/clients`` (the realised cohort size)
         nor, with a fixed clip, ``privacy/clipped_fraction`` (an un-noised count)."""
-        fixed = ("privacy/epsilon", "privacy/noise_multiplier", "privacy/clip")
+        fixed = ("privacy/epsilon", "privacy/noise_multiplier", "privacy/clip", "final/privacy_*")  # (summary: settings, ε)
         return fixed if self.target_quantile is None else fixed + ("privacy/clip_next", "privacy/clipped_fraction")
 
     def hparams(self) -> dict:
@@ -277,6 +277,14 @@ class DPFedAvg(ServerCombination):
 
     def report(self, cohort) -> dict[str, float | Tensor]:
         return dict(self._report)
+
+    def summary(self) -> dict[str, float]:
+        """The end of the run: ε spent at δ, δ, and the noise multiplier z (calibrated, where target_epsilon gave it)."""
+        out = {"final/privacy_noise_multiplier": float(self.noise_multiplier)}
+        if self.delta is not None:
+            out["final/privacy_epsilon"] = float(self.accountant.epsilon(self.delta))
+            out["final/privacy_delta"] = float(self.delta)
+        return out
 
     # ------------------------------------------------------------------ checkpoint
     def get_extra_state(self) -> dict[str, Any]:
