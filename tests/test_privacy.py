@@ -519,7 +519,8 @@ def test_the_metric_gate_by_hand():
                                                     "final/rounds_to_0.8": 3.0, "unaccounted/global_val/acc_mean": 0.2}
     dp = DPFedAvg(noise_multiplier=1.0, clip=0.5)
     gate = MetricGate.of([dp, dp, torch.nn.Identity()], ("test/*",))  # the strictest policy; a component counted once
-    assert gate.mode == "drop" and gate.private == ("test/*", "privacy/epsilon", "privacy/noise_multiplier", "privacy/clip")
+    assert gate.mode == "drop" and gate.private == ("test/*", "privacy/epsilon", "privacy/noise_multiplier", "privacy/clip",
+                                                "final/privacy_*")
     assert MetricGate.of([DPFedAvg(noise_multiplier=1.0, clip=0.5, log_unaccounted=True)]).mode == "mark"
     assert MetricGate.of([torch.nn.Identity()]).mode == "all"
 
@@ -572,12 +573,13 @@ def test_a_dp_run_logs_no_unnoised_client_statistic_by_default_and_marks_them_wi
     """Default: the logs hold ε, z, the (fixed) clip, the test split's figures and the summary's test figures, and
     nothing else (so no name of UNNOISED, and nothing new slips through undeclared). log_unaccounted: the same private
     names, unchanged, and every UNNOISED name as unaccounted/<name>, never bare; the marked values are the run's own."""
-    private = {"privacy/epsilon", "privacy/noise_multiplier", "privacy/clip", "test/acc", "test/loss",
-               "final/test_acc", "final/test_acc_last10pct"}
+    summary = {"final/test_acc", "final/test_acc_last10pct",  # the test split's, and DP's own end line: ε, δ, z
+               "final/privacy_epsilon", "final/privacy_delta", "final/privacy_noise_multiplier"}
+    private = {"privacy/epsilon", "privacy/noise_multiplier", "privacy/clip", "test/acc", "test/loss"} | summary
     m, logged = _logged_dp_run(backend, tmp_path / "default")
     assert set(logged) == private, sorted(set(logged) ^ private)
     assert not list((tmp_path / "default").rglob("personal_accuracy.png"))  # per-client accuracies: not drawn
-    assert set(m.runs[0].final_summary) == {"final/test_acc", "final/test_acc_last10pct"}
+    assert set(m.runs[0].final_summary) == summary
     assert not any(name in logged for name in UNNOISED)
 
     m, logged = _logged_dp_run(backend, tmp_path / "marked", log_unaccounted=True)
