@@ -59,7 +59,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lfed.state import client_range, reading_read_only, ModuleStateStore, StateSpec, state_shape_error, state_shape_errors
+from lfed.state import ModuleStateStore, StateSpec, client_range, reading_read_only, state_shape_error, state_shape_errors
 
 __all__ = ["PLACEMENTS", "ClientStateStore", "ClientStateFileError", "dense_rows"]
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import flat_weights, run_rounds
-from test_client_objectives import BACKENDS, CLIENT_ROWS, X, Y, Recorder, toy_data
+from test_client_objectives import BACKENDS, CLIENT_ROWS, Recorder, X, Y, toy_data
 from torch import nn
 
 from lfed.module import FederatedModule

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import flat_weights, run_rounds
-from test_client_objectives import (BACKENDS, CLIENT_ROWS, W_INIT, X, Recorder, grad, per_example_grads, toy_data,
-                                    toy_module)
+from test_client_objectives import BACKENDS, CLIENT_ROWS, W_INIT, Recorder, X, grad, per_example_grads, toy_data, toy_module
 
 from lfed.distributed import Ranks
 from lfed.module import FederatedModule
@@ -79,7 +78,7 @@ def test_perfedavg_hf_draws_three_independent_batches_a_step(backend):
     assert not torch.equal(batches["perfedavg_outer"], batches["perfedavg_hessian"])
     ends = []
     for i, k in enumerate(S):
-        def g1(v, stream, t):  # the gradient on one drawn example
+        def g1(v, stream, t, k=k, i=i):  # the gradient on one drawn example
             return per_example_grads(v, k)[batches[stream][i, t]]
 
         y = W_INIT.clone()

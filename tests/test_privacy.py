@@ -640,9 +640,9 @@ def test_log_unaccounted_is_reachable_from_the_command_line(tmp_path):
     columns; without it, none of them and none bare."""
     import csv
 
-    from lfed.cli import run_cli
-
     from conftest import REPO
+
+    from lfed.cli import run_cli
 
     def columns(where, *extra):
         run_cli(["fit", "--config", str(REPO / "configs" / "dp_digits.yaml"), "--trainer.max_steps=2",

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_personal_eval import accuracy_by_hand, classification_data, classification_module
 from conftest import flat_weights, run_rounds
+from test_personal_eval import accuracy_by_hand, classification_data, classification_module
 from torch import nn
 
 from lfed.client_state import ClientStateStore
