@@ -33,6 +33,43 @@ from lfed.state import GLOBAL, ModuleStateStore, StateSpec, StateStore, reading_
 __all__ = ["Cohort", "Component", "HostCohort", "CompositionContext", "LocalWork"]
 
 
+_NOT_COMPUTED_MESSAGE = ("cohort.start_loss: the round did not compute it; set needs_start_loss = True (a class attribute) "
+                         "on the component that reads it, and the round computes each client's loss F_k(w) first")
+
+
+class _NotComputed:
+    """``cohort.start_loss`` of a round that did not compute it: reading it is fine (``dataclasses.replace`` copies
+    it), any use of it (indexing, arithmetic, a tensor method, a torch function) raises the HookError naming
+    ``needs_start_loss``."""
+
+    __slots__ = ()
+
+    def _fail(self, *args: Any, **kwargs: Any) -> Any:
+        from lfed.validation import HookError
+
+        raise HookError(_NOT_COMPUTED_MESSAGE)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle and friends probe dunders: not a use
+            raise AttributeError(name)
+        self._fail()
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        cls._fail(None)
+
+    def __repr__(self) -> str:
+        return "<cohort.start_loss: not computed (needs_start_loss = False)>"
+
+    __getitem__ = __len__ = __iter__ = __bool__ = __float__ = __int__ = __neg__ = _fail
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _fail
+    __pow__ = __rpow__ = __matmul__ = __rmatmul__ = __lt__ = __le__ = __gt__ = __ge__ = _fail
+
+
+#: ``Cohort.start_loss`` when no component set ``needs_start_loss`` (every use raises, naming the flag).
+NOT_COMPUTED = _NotComputed()
+
+
 @dataclass
 class Cohort:
     """The clients of one round, as the components see them.
@@ -59,8 +96,8 @@ class Cohort:
         label_counts: ``[K, C]`` each cohort client's training label counts (on the device; ``[K, 0]`` for
             regression targets), for methods that weigh or correct by the clients' label distributions (FedLC).
 
-    Reading :attr:`start_loss` in a round that did not compute it (no component sets ``needs_start_loss``)
-    raises a :class:`~lfed.validation.HookError` naming the flag.
+    :attr:`start_loss` in a round that did not compute it (no component sets ``needs_start_loss``) is
+    :data:`NOT_COMPUTED`: using it raises a :class:`~lfed.validation.HookError` naming the flag.
     """
 
     round: int
@@ -72,7 +109,7 @@ class Cohort:
     counting: Tensor | None = None
     previous_update: Tensor | None = None
     global_change: Tensor | None = None
-    start_loss: Tensor | None = field(default=None, repr=False, compare=False)
+    start_loss: Any = field(default_factory=lambda: NOT_COMPUTED, repr=False, compare=False)
     expected_size: float | None = None
     seed: int = 0
     host: HostCohort | None = None
@@ -93,23 +130,6 @@ class Cohort:
             self.host.counting = self.counting.detach().cpu()
         return self.host
 
-
-def _start_loss(self: Cohort) -> Tensor:
-    value = self.__dict__.get("_start_loss")
-    if value is None:
-        from lfed.validation import HookError
-
-        raise HookError("cohort.start_loss: the round did not compute it; set needs_start_loss = True (a class "
-                        "attribute) on the component that reads it, and the round computes each client's loss F_k(w) first")
-    return value
-
-
-def _set_start_loss(self: Cohort, value: Tensor | None) -> None:
-    self.__dict__["_start_loss"] = value
-
-
-Cohort.start_loss = property(_start_loss, _set_start_loss,  # type: ignore[assignment]
-                             doc="``[K]`` F_k(w) of each cohort client, when a component sets ``needs_start_loss``.")
 
 
 @dataclass

@@ -308,3 +308,20 @@ def test_server_step_with_configure_optimizers_moves_the_model_outside_a_trainer
         after = m.server_step(m.configure_optimizers())(delta)
     torch.testing.assert_close(after, before + delta, atol=0, rtol=0)  # SGD(lr=1) on -Δ: w + Δ
     torch.testing.assert_close(flat_weights(m), before + delta, atol=0, rtol=0)
+
+
+def test_a_cohort_without_a_start_loss_can_be_copied_and_every_use_names_the_flag():
+    """dataclasses.replace / deepcopy of such a cohort work (the one-run audit adds its canaries this way); any
+    use of the missing start loss raises the HookError naming needs_start_loss."""
+    import copy
+    import dataclasses
+
+    from lfed.component import Cohort
+
+    c = Cohort(0, torch.tensor([1, 2]), torch.tensor([3, 4]), torch.tensor([1, 1]), torch.tensor([1, 1]), 5)
+    d = dataclasses.replace(c, round=1)
+    copy.deepcopy(d)
+    for use in (lambda: d.start_loss[0], lambda: d.start_loss * 2.0, lambda: 2.0 * d.start_loss,
+                lambda: torch.exp(d.start_loss), lambda: d.start_loss.to(torch.float64), lambda: float(d.start_loss)):
+        with pytest.raises(HookError, match="needs_start_loss = True"):
+            use()
