@@ -117,7 +117,8 @@ def default_logger() -> dict | bool:
 
 #: lfed classes that are subclasses of a torch type but no value a user passes (they are lfed's own parts).
 _INTERNAL = ("lfed.FederatedModule", "lfed.module.", "lfed.client.", "lfed.engine.", "lfed.sampling.ClientSampler",
-             "lfed.sampling.UniformSampler", "lfed.sampling.AttentionSampler")
+             "lfed.sampling.UniformSampler", "lfed.sampling.AttentionSampler", "lfed.component.Component",
+             "lfed.driver.", "lfed.clock.")
 
 
 def shorten_subclass_list(text: str, keep: int = 4) -> str:

@@ -42,27 +42,24 @@ class FederatedModule(FederatedDriver):
 
     Args:
         net: The global model (any ``nn.Module``). None builds lfed's MLP 2NN sized from the data.
-        algorithm: Preset name (:data:`lfed.algorithms.PRESETS`): fedavg, fedavgm, fedadam, fedyogi,
-            fedadagrad, fedprox, scaffold, igfl, igfl_c, igfl_s, igfl_s_self, igfl_s_global,
-            igfl_s_time, dwfed, adafl, adafl_scaffold, adafl_fedprox, efl, feddyn, dp_fedavg, dp_fedadam.
-        objective: Client rule (SPEC §2): plain, prox, scaffold, igfl, efl, or a ``ClientRule``.
+        algorithm: A preset (:data:`lfed.algorithms.PRESETS`; every name in the type's choices).
+        objective: Client rule (SPEC §2): a name or a ``ClientRule``.
         mu: FedProx proximal coefficient.
         efl_lambda: EFL elastic coefficient λ.
         fisher_samples: EFL examples per client for the Fisher diagonal.
-        weighting: Aggregation weights (SPEC §3): size, uniform, dwfed, or an ``AggregationWeights``.
+        weighting: Aggregation weights (SPEC §3): a name or an ``AggregationWeights``.
         partial_work: What stragglers' partial work counts for: keep, drop, scale (EFL T/s).
         aggregation: Server combination (SPEC §4): mean, or IGFL-S attention with query self,
             global or time; or a ``ServerCombination``.
         attention_temperature: Temperature τ of the attention softmax (ψ/τ), > 0.
         time_weights: Time attention's weights (SPEC §4): softmax (default) or diagonal (literal).
-        compression: Sparsity q in (0, 1] of ternary compression with residuals (SPEC §7), or a
-            ``Channel``; None takes the preset's choice (off for all but ``efl``); False: dense.
-        sampler: Client sampler (SPEC §5): uniform, attention (AdaFL), poisson (SPEC §10, DP), or a ``ClientSampler``.
+        compression: Ternary sparsity q in (0, 1] (SPEC §7) or a ``Channel``; None: the preset's; False: dense.
+        sampler: Client sampler (SPEC §5): uniform, attention (AdaFL), poisson (DP), or a ``ClientSampler``.
         sampler_alpha: AdaFL score decay α in [0, 1).
-        fraction: Participation fraction C in (0, 1], or a schedule (lfed.sampling.StepwiseFraction ...).
+        fraction: Participation fraction C in (0, 1], or a schedule (lfed.sampling).
         p_inactive: Probability that a sampled client does no work (SPEC §6).
         p_incomplete: Probability that a sampled client stops early.
-        server_optimizer: Optimizer on the pseudo-gradient -Δ, e.g. ``torch.optim.SGD`` (lr=1 is FedAvg).
+        server_optimizer: Optimizer on the pseudo-gradient -Δ (``torch.optim.SGD``, lr=1: FedAvg).
         client_lr: Client learning rate η_l.
         batch_size: Client mini-batch size B (None: full-batch).
         local_epochs: Local epochs E; the step budget is ``E * ceil(n_k / B)``.
@@ -78,11 +75,9 @@ class FederatedModule(FederatedDriver):
         client_state_dir: Directory of the ``disk`` files (None: ``<trainer.default_root_dir>/client_state``).
         personal_clients: Clients scored on their own held-out splits at every evaluation (``global/*``,
             ``personal/*``; docs/personalization.md): None, all; a number, a seeded sample of that many.
-        personal_chunk: Clients whose personalized models are built and evaluated per vmapped call (bounds memory).
-        round_local_accuracy: Score the cohort's trained models on their held-out splits every round
-            (``client/local_acc_mean``, ``bmta_local``).
-        asynchronous: Asynchronous training on a simulated clock (:class:`lfed.asynchronous.FedBuff`,
-            :class:`~lfed.asynchronous.FedAsync`; docs/async.md): each training step is a server step. None: synchronous.
+        personal_chunk: Clients whose personal models are scored per vmapped call (bounds memory).
+        round_local_accuracy: Score the trained models on their held-out splits each round (``bmta_local``).
+        asynchronous: FedBuff / FedAsync on a simulated clock (docs/async.md). None: synchronous.
     """
 
     def __init__(

@@ -323,19 +323,11 @@ class FederatedDataModule(LightningDataModule):
             ``final/val_acc_last10pct``): choose hyper-parameters on those, report ``test/*``.
         seed: Seed of the partition.
         eval_batch_size: Examples per forward pass of every evaluation.
-        invert_pixels: Use ``1 - x`` for the inputs (floating, every value in ``[0, 1]``; train and test).
-            LEAF FEMNIST stores its images with 1.0 = white background (mean pixel 0.96), the opposite of
-            lfed's ``mnist`` / ``emnist`` (0 = background, 1 = ink); ``invert_pixels: true`` gives FEMNIST
-            their convention. On the raw pixels every image shares a large constant component
-            (mean ``||x||^2`` 746; 23 inverted, 88 for MNIST), which makes an MLP's loss much sharper
-            (RESULTS.md, FEMNIST personalization, issue 39).
-        train: Your own training data instead of ``dataset``: ``(x, y)`` tensors or a torch
-            ``Dataset`` of ``(x, y)`` pairs. A ``Dataset`` is read once into tensors: a random
-            transform (augmentation) is drawn once per example and then frozen for the run
-            (lfed warns when it sees one). Inputs: floating, or int64 token ids. Targets: integer
-            class labels (classification: loss and accuracy), or floating values (regression:
-            loss only; a 1-D target becomes one column ``[n, 1]``; only ``partition='iid'``, no
-            label-based weighting).
+        invert_pixels: Use ``1 - x`` (float inputs in ``[0, 1]``): LEAF FEMNIST's white background
+            (1.0) becomes MNIST's convention, ink = 1 (why: docs/personalization.md).
+        train: Your own training data instead of ``dataset``: ``(x, y)`` tensors or a ``Dataset`` of
+            pairs (read once; a random transform is frozen). Targets: class labels, or floats (regression:
+            loss only, ``partition='iid'``).
         test: Your own test data, same forms.
         num_classes: Number of classes of your own data (default: largest training label + 1;
             a test label outside the training classes is refused unless this is given).
