@@ -59,7 +59,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lfed.state import ModuleStateStore, StateSpec, client_range, reading_read_only, state_shape_error, state_shape_errors
+from lfed.state import ModuleStateStore, StateSpec, client_range, masked_rows, reading_read_only, state_shape_error, state_shape_errors
 
 __all__ = ["PLACEMENTS", "ClientStateStore", "ClientStateFileError", "dense_rows"]
 
@@ -382,14 +382,11 @@ class _DeviceRows:
         boolean index: no device read)."""
         buf, written = self.buf, self._written()
         clients = clients.to(buf.device)
-        values = values.to(device=buf.device, dtype=buf.dtype)
+        buf[clients] = masked_rows(buf, clients, values, mask)
         if mask is None:
-            buf[clients] = values
             written.index_fill_(0, clients, True)  # (``written[clients] = True`` copies a host True to the device: a sync)
-            return
-        keep = mask.to(buf.device)
-        buf[clients] = torch.where(keep.view(-1, *([1] * (values.dim() - 1))), values, buf[clients])
-        written[clients] = written[clients] | keep
+        else:
+            written[clients] = written[clients] | mask.to(buf.device)
 
     def clients(self) -> Tensor:
         return self.written.nonzero().squeeze(1).cpu()

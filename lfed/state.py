@@ -68,6 +68,17 @@ def reading_read_only() -> bool:
     return _READ_ONLY.get()
 
 
+def masked_rows(buf: Tensor, clients: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+    """The rows to write to ``buf[clients]``: ``values`` (moved to the buffer's device and dtype: a host-made flag
+    joins its buffer), and where ``mask`` is False the rows as they are (``torch.where``, not a boolean index: no
+    device read)."""
+    values = values.to(device=buf.device, dtype=buf.dtype)
+    if mask is None:
+        return values
+    keep = mask.to(buf.device).reshape(-1, *([1] * (values.dim() - 1)))
+    return torch.where(keep, values, buf[clients])
+
+
 def client_range(clients: Tensor) -> tuple[int, int] | None:
     """``(lo, hi)`` when ``clients`` are ``lo, lo + 1, ..., hi - 1`` on the CPU, else None (also for device
     tensors: reading them would stall the device, and a device gather is cheap there)."""
@@ -227,11 +238,7 @@ class ModuleStateStore(StateStore):
 
     def write_rows(self, owner: nn.Module, name: str, clients: Tensor, values: Tensor, mask: Tensor | None = None) -> None:
         buf = owner._buffers[name]
-        values = values.to(device=buf.device, dtype=buf.dtype)  # a host-made value (a flag, a count) joins its buffer
-        if mask is not None:  # the masked-out rows keep their values: torch.where, not a boolean index (no device read)
-            keep = mask.to(buf.device).reshape(-1, *([1] * (values.dim() - 1)))
-            values = torch.where(keep, values, buf[clients])
-        buf[clients] = values
+        buf[clients] = masked_rows(buf, clients, values, mask)
 
     def describe(self) -> dict[str, list[int]]:
         out = {}
