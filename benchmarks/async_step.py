@@ -1,12 +1,12 @@
 """The cost of an asynchronous server step against a synchronous round of the same cohort size (BENCHMARKS.md).
 
-    python benchmarks/async_step.py [--repeats 3] [--steps 30]
+    python benchmarks/async_step.py [--repeats 3] [--steps 30] [--accelerator cpu|cuda]
 
 MNIST, 100 clients (shards), the 2NN MLP, E = 1, B = 10, CPU. Synchronous FedAvg with K = 10 against FedBuff
 with M = 10 and C = 100 (in steady state each server step dispatches and trains 10 clients, like the round,
 and pops 10 stored results from the host store). The time of each training step (round or server step) is
 taken between Lightning's batch hooks; the figure of a run is the median over steps 5.., the figure reported
-the median of ``repeats`` runs. Also: the bytes of C = 1,000 in-flight results in host placement
+the median of ``repeats`` runs, the two kinds taken in turn (sync, fedbuff, sync, ...). Also: the bytes of C = 1,000 in-flight results in host placement
 (``ClientStateStore.nbytes``). Prints the load average before and after; quote it only at load < 1.
 """
 
@@ -28,13 +28,17 @@ class StepTimes(Callback):
         self._t = 0.0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         self._t = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         self.times.append(time.perf_counter() - self._t)
 
 
-def one(kind: str, steps: int) -> float:
+def one(kind: str, steps: int, accelerator: str = "cpu") -> float:
     from lightning.pytorch import Trainer
 
     from lfed.asynchronous import FedBuff
@@ -54,7 +58,7 @@ def one(kind: str, steps: int) -> float:
     dm = FederatedDataModule(dataset="mnist", num_clients=100, partition="shards", shards_per_client=2,
                              holdout_fraction=0.0)
     timer = StepTimes()
-    trainer = Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+    trainer = Trainer(max_steps=steps, accelerator=accelerator, devices=1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                       limit_val_batches=0, callbacks=[timer])
     trainer.fit(module, datamodule=dm)
@@ -77,13 +81,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--accelerator", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
     os.environ.setdefault("WANDB_MODE", "disabled")
     load0 = os.getloadavg()
-    out = {"load_before": load0, "threads": torch.get_num_threads()}
-    for kind in ("sync", "fedbuff"):
-        runs = [one(kind, args.steps) for _ in range(args.repeats)]
-        out[kind] = {"medians_s": runs, "median_s": statistics.median(runs)}
+    out = {"load_before": load0, "threads": torch.get_num_threads(), "accelerator": args.accelerator}
+    runs: dict[str, list[float]] = {"sync": [], "fedbuff": []}
+    for _ in range(args.repeats):
+        for kind in runs:
+            runs[kind].append(one(kind, args.steps, args.accelerator))
+    for kind, times in runs.items():
+        out[kind] = {"medians_s": times, "median_s": statistics.median(times)}
     out["ratio"] = out["fedbuff"]["median_s"] / out["sync"]["median_s"]
     out["host_bytes_C1000_P199210"] = host_bytes(1000, 199_210)
     out["load_after"] = os.getloadavg()
