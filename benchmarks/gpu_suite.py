@@ -1495,7 +1495,11 @@ class Suite:
                 return m.objective.rows("personal", torch.tensor([k], device=clients.device), first=w)[0]
 
             t_vmap, t_loop = pe.interleaved([vmapped, lambda: pe.one_by_one(run, clients, row_of)], cfg["repeat"])
+            first = run.last_personal["personal"].clone()
+            vmapped()
+            repeatable = bool((run.last_personal["personal"] == first).all())
             agree = pe.agreement(run, clients, row_of, pe.one_by_one(run, clients, row_of), run.last_personal["personal"])
+            agree["vmapped_repeatable"] = repeatable
             same = agree["equal"]
             if not agree["explained"]:
                 raise AssertionError(f"the vmapped and the per-client evaluation disagree beyond float32 near-ties: {agree}")

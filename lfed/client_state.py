@@ -171,6 +171,9 @@ class _Rows:
         return out
 
     def _write(self, slots: Tensor, values: Tensor) -> None:
+        if getattr(self, "_view_done", None) is not None:  # a copy to the device may still read a block in place
+            self._view_done.synchronize()
+            self._view_done = None
         for block, pos, local in self._parts(slots):
             block[local] = values if pos is None else values[pos]
 
@@ -189,6 +192,13 @@ class _Rows:
             if self._stored_dtype() != self.dtype():
                 self._ensure(self.count)
             staged = reading_read_only()
+            view = self._view(idx) if staged and bool(have.all()) else None
+            if view is not None:  # the rows as stored, in place: no gather (pinned host blocks: an async copy)
+                moved = view.to(device, non_blocking=pin)
+                if pin:
+                    self._view_done = torch.cuda.Event()
+                    self._view_done.record()
+                return moved
             out = self._staging(ids.numel(), pin) if staged else \
                 torch.empty((ids.numel(), *self.row), dtype=self._stored_dtype(), pin_memory=pin)
             self._read(idx.clamp(min=0), out=out)  # one pass over the rows
@@ -199,6 +209,17 @@ class _Rows:
             self._stage_done[self._stage_turn] = torch.cuda.Event()
             self._stage_done[self._stage_turn].record()
         return moved
+
+    def _view(self, slots: Tensor) -> Tensor | None:
+        """The stored rows at ``slots`` as a view when they are consecutive slots of one block (a read of every
+        client in order), else None."""
+        span = client_range(slots)
+        if span is None:
+            return None
+        for start, block in zip(self.starts, self.blocks):
+            if start <= span[0] and span[1] <= start + block.shape[0]:
+                return block[span[0] - start : span[1] - start]
+        return None
 
     def _staging(self, k: int, pin: bool) -> Tensor:
         """The reused buffer of a :func:`~lfed.state.read_only_rows` read. On the CPU one buffer, and the rows

@@ -416,9 +416,10 @@ def personal_scores(net: nn.Module, layout, data, clients: Tensor, rows_of: Call
     per chunk and evaluated on every split of ``splits`` (:func:`own_split_scores`, one vmapped call per
     split, at most ``batch`` examples per call); so at most ``[chunk, P]`` models exist at once. The rows
     are read under :func:`lfed.state.read_only_rows`: a dense state's rows of a contiguous range of
-    clients (the evaluation of every client) are a view of the state, host or disk rows go through one
-    reused (on CUDA: two pinned, alternating) ``[chunk, P]`` buffer, so nothing of ``[chunk, P]`` is
-    allocated per chunk; ``rows_of`` must not write into what it reads there.
+    clients (the evaluation of every client) are a view of the state, host or disk rows a view of their
+    block when stored in consecutive slots (on CUDA copied from pinned memory without blocking), else they go
+    through one reused (on CUDA: two pinned, alternating) ``[chunk, P]`` buffer, so nothing of ``[chunk, P]``
+    is allocated on the host per chunk; ``rows_of`` must not write into what it reads there.
 
     Returns:
         ``{split: ([S] accuracies, [S] mean NLL or None)}`` of ``clients`` (NaN for a client without

@@ -51,8 +51,9 @@ def read_only_rows() -> Iterator[None]:
 
     For a reader that takes rows chunk after chunk and keeps nothing (the personalized evaluation of
     every client, :func:`lfed.evaluation.personal_scores`): a dense store returns a view of its buffer
-    for a contiguous range of clients (``clients`` on the CPU), a host or disk store gathers into one
-    reused buffer (pinned, and copied to the device without blocking, on CUDA), and a row that starts as
+    for a contiguous range of clients (``clients`` on the CPU), a host or disk store a view of its block
+    for rows in consecutive slots (copied to the device from pinned memory without blocking, on CUDA) and
+    otherwise gathers into one reused buffer (two pinned ones taken in turn, on CUDA), and a row that starts as
     the global model (``init="global"``) is returned as read when every client of the range has
     started. Outside (every round), rows are copies, as always.
     """

@@ -1,5 +1,6 @@
 """Rows read without a copy (issue 39): under :func:`lfed.state.read_only_rows` a dense state answers a
-contiguous range of clients with a view of itself, host and disk rows go through one reused buffer, and
+contiguous range of clients with a view of itself, host and disk rows stored in consecutive slots too (else they
+go through one reused buffer), and
 a row that starts as the global model is returned as read once every client of the range has started.
 Outside the context every read is a copy, as before. The personalized evaluation of every client reads
 its rows this way and gives the same accuracies as a by-hand loop in every placement."""
@@ -54,11 +55,15 @@ def test_rows_under_the_context_equal_the_copies_and_share_storage_where_they_ca
         assert torch.equal(second, values[5:8])
         scattered = store.rows(owner, "c", torch.tensor([8, 0, 4]))
         assert torch.equal(scattered, values[[8, 0, 4]])
+        scattered_ptr = scattered.data_ptr()
+        again_scattered = store.rows(owner, "c", torch.tensor([7, 1]))
+        assert torch.equal(again_scattered, values[[7, 1]])
     if kind in ("module", "device"):  # a view of the dense state: no copy
         buf = owner._buffers["c"]
         assert ptr == buf[2].data_ptr() and second.data_ptr() == buf[5].data_ptr()
-    else:  # one reused buffer: the second read is written where the first was
-        assert second.data_ptr() == ptr
+    else:  # consecutive slots are a view of the stored block (no gather); others go through one reused buffer
+        assert second.data_ptr() - ptr == 3 * P * values.element_size()
+        assert again_scattered.data_ptr() == scattered_ptr
     # outside the context a read is a copy again: writing into it leaves the state alone
     again = store.rows(owner, "c", torch.arange(2, 6))
     again.add_(1.0)
