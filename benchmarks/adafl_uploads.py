@@ -71,7 +71,7 @@ def cli_args(name: str, args: argparse.Namespace) -> list[str]:
         "--trainer.enable_checkpointing", "false",
         "--trainer.enable_progress_bar", "false",
         "--model.seed", str(args.seed),
-        "--model.accuracy_targets", json.dumps(sorted(set(args.targets + [args.target]))),
+        "--model.evaluation.accuracy_targets", json.dumps(sorted(set(args.targets + [args.target]))),
         # stop as soon as the target is reached: later rounds cannot change "rounds to reach"
         "--trainer.callbacks+=lightning.pytorch.callbacks.EarlyStopping",
         "--trainer.callbacks.monitor=test/acc",

@@ -36,7 +36,7 @@ def main() -> None:
     from lfed.grid import build_members
     from lfed.sweep import Sweep
 
-    sweep = Sweep("round-time", {"model.client_lr": LRS, "model.seed": [0, 1, 2]})
+    sweep = Sweep("round-time", {"model.training.client_lr": LRS, "model.seed": [0, 1, 2]})
     overrides = ["--model.algorithm=igfl", f"--trainer.max_steps={a.rounds}", f"--trainer.val_check_interval={a.rounds}",
                  "--data.dataset=mnist", f"--data.data_dir={a.data_dir}", "--trainer.accelerator=cpu"]
     load = os.getloadavg()[0]

@@ -51,12 +51,12 @@ def overrides(a) -> list[str]:
     if a.net == "cnn":
         out.append(f"--model.net={CNN}")
     if a.batch_size is not None:
-        out.append(f"--model.batch_size={a.batch_size}")
+        out.append(f"--model.training.batch_size={a.batch_size}")
     return out
 
 
 def sweep(a) -> Sweep:
-    return Sweep("many-runs", {"model.client_lr": LRS[: a.lrs], "model.seed": list(range(a.seeds))})
+    return Sweep("many-runs", {"model.training.client_lr": LRS[: a.lrs], "model.seed": list(range(a.seeds))})
 
 
 def run_group(a) -> tuple[float, float]:

@@ -1,7 +1,7 @@
 """The papers' experiments under a fair protocol: a grid per method, chosen on validation, seeds.
 
 A study is one YAML file of ``configs/paper/grids/``: a base config, overrides, the rounds, the
-seeds, and for each method its config and its grid (``model.client_lr`` for most; FedAdam's server
+seeds, and for each method its config and its grid (``model.training.client_lr`` for most; FedAdam's server
 learning rate at the client learning rate another method chose). For every method the script
 
 1. runs every grid point with the first seed and picks the point with the best

@@ -466,7 +466,7 @@ def igfl_cross_device(r: Runner, s: Scale) -> dict:
 
 def igfl_cross_silo(r: Runner, s: Scale) -> dict:
     r.log("IGFL cross-silo, FashionMNIST, 10 clients, 2 shards each")
-    extra = [f"--model.local_steps={s.silo_local_steps}"] if s.silo_local_steps else []
+    extra = [f"--model.training.local_steps={s.silo_local_steps}"] if s.silo_local_steps else []
     return {alg: r.run(alg, [IGFL / "cross_silo_mnist.yaml", IGFL / ALG[alg]],
                        ["--data.dataset=fashion_mnist", *extra, *rounds_overrides(s.silo_rounds, s.silo_eval)])
             for alg in s.silo_algs}
@@ -479,7 +479,7 @@ FEMNIST_MLP = ["--model.net=lfed.models.MLP", "--model.net.init_args.in_features
 def igfl_femnist(r: Runner, s: Scale) -> dict:
     r.log("IGFL algorithms on LEAF FEMNIST, natural writer split (MLP 2NN)")
     return {alg: r.run(alg, [PAPER / "leaf" / "femnist.yaml", IGFL / ALG[alg]],
-                       [*FEMNIST_MLP, f"--model.client_lr={s.femnist_lr}", *rounds_overrides(s.femnist_rounds, s.femnist_eval)])
+                       [*FEMNIST_MLP, f"--model.training.client_lr={s.femnist_lr}", *rounds_overrides(s.femnist_rounds, s.femnist_eval)])
             for alg in s.femnist_algs}
 
 
@@ -544,7 +544,7 @@ def igfl_attention_check(r: Runner, s: Scale) -> dict:
     r.log("IGFL-S self-attention on paired populations (FashionMNIST)")
     labels = load_dataset("fashion_mnist", str(r.data_dir)).train_y
     base = [IGFL / "cross_silo_mnist.yaml", IGFL / "alg_igfl_s_self.yaml"]
-    over = ["--data.dataset=fashion_mnist", f"--model.local_steps={s.paired_local_steps}",
+    over = ["--data.dataset=fashion_mnist", f"--model.training.local_steps={s.paired_local_steps}",
             *rounds_overrides(s.paired_rounds, s.paired_rounds)]
     populations = []
     for p in range(s.paired_populations):
@@ -570,7 +570,7 @@ def adafl_base() -> tuple[list[Path], list[str], str]:
     over = ["--data.dataset=mnist", "--data.partition=shards", "--data.shards_per_client=2",
             "--model.net=lfed.models.MLP", "--model.net.init_args.in_features=784",
             "--model.net.init_args.hidden=[200, 200]", "--model.net.init_args.num_classes=10",
-            "--model.batch_size=10", "--model.client_lr=0.05"]
+            "--model.training.batch_size=10", "--model.training.client_lr=0.05"]
     return [PAPER / "adafl_cifar10.yaml"], over, ("configs/paper/adafl_cifar10.yaml with MNIST overrides "
                                                   "(2 shards per client, MLP 2NN, B = 10, lr 0.05)")
 
@@ -592,8 +592,8 @@ def adafl(r: Runner, s: Scale) -> dict:
     stage = s.adafl_rounds // 5  # the paper's 5 stages of 0.1, 0.2, ..., 0.5, shrunk with the run
     points = [[i * stage, round(0.1 * (i + 1), 1)] for i in range(5)]
     schedule = json.dumps({"class_path": "lfed.sampling.ExplicitFraction", "init_args": {"points": points}})
-    scaled = [f"--model.fraction={schedule}", f"--model.batch_size={s.adafl_batch}"]
-    runs = {name: r.run(name, configs, [*over, *scaled, *v, f"--model.accuracy_targets={targets}",
+    scaled = [f"--model.fraction={schedule}", f"--model.training.batch_size={s.adafl_batch}"]
+    runs = {name: r.run(name, configs, [*over, *scaled, *v, f"--model.evaluation.accuracy_targets={targets}",
                                         *rounds_overrides(s.adafl_rounds, s.adafl_eval)])
             for name, v in ADAFL_VARIANTS.items()}
     return {"runs": runs, "base": described, "targets": list(s.adafl_report)}
@@ -627,7 +627,7 @@ def dwfed(r: Runner, s: Scale) -> dict:
     for rho in (1.0, 0.1):
         r.log(f"DWFed vs FedAvg, MNIST Dirichlet rho = {rho:g}")
         out[rho] = {name: r.run(name, [PAPER / "dwfed" / "noniid_mnist.yaml"],
-                                [f"--model.algorithm={alg}", f"--data.rho={rho}", "--model.batch_size=50",
+                                [f"--model.algorithm={alg}", f"--data.rho={rho}", "--model.training.batch_size=50",
                                  *rounds_overrides(s.dwfed_rounds, s.dwfed_eval)])
                     for name, alg in (("FedAvg", "fedavg"), ("DWFed", "dwfed"))}
     return out

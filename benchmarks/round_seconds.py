@@ -50,7 +50,7 @@ def main() -> None:
             FederatedModule, FederatedDataModule, run=False, save_config_callback=None,
             args=["--config", a.config, "--trainer.max_steps", str(a.rounds), "--trainer.logger", "false",
                   "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "0",
-                  "--checkpoint_every", "0", "--model.backend", backend],
+                  "--checkpoint_every", "0", "--model.engine.backend", backend],
         )
         timer = RoundTimer()
         cli.trainer.callbacks.append(timer)

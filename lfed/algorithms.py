@@ -20,10 +20,10 @@ BASE: dict[str, Any] = {
     "objective": "plain",
     "weighting": "size",
     "partial_work": "keep",
-    "aggregation": "mean",
+    "combination": "mean",
     "sampler": "uniform",
     "fraction": 0.1,
-    "compression": None,
+    "channel": None,
 }
 
 
@@ -64,13 +64,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # time for cross-silo with every client each round (Table 1), global for cross-device
     # CIFAR-10 (Table 2), self for EMNIST-62 (Table 3); §5.4: time suits full participation,
     # global suits 10 classes. lfed's defaults are Table 2's setting (C = 0.1, 10 classes):
-    # global. Pick another with `aggregation:` or igfl_s_self / igfl_s_time.
-    "igfl": {"objective": "igfl", "aggregation": "global"},
+    # global. Pick another with `combination:` or igfl_s_self / igfl_s_time.
+    "igfl": {"objective": "igfl", "combination": "global"},
     "igfl_c": {"objective": "igfl"},
-    "igfl_s": {"aggregation": "global"},
-    "igfl_s_self": {"aggregation": "self"},
-    "igfl_s_global": {"aggregation": "global"},
-    "igfl_s_time": {"aggregation": "time"},
+    "igfl_s": {"combination": "global"},
+    "igfl_s_self": {"combination": "self"},
+    "igfl_s_global": {"combination": "global"},
+    "igfl_s_time": {"combination": "time"},
     # Chen et al. (002)
     "dwfed": {"weighting": "dwfed"},
     # Chen, Chong, Quek (003): attention sampling, fraction 0.1 -> 0.5, size weights
@@ -79,15 +79,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     "adafl_fedprox": {"sampler": "attention", "fraction": ("stepwise", 0.1, 0.5, 5), "objective": "prox"},
     # Ma et al. (004): Fisher-elastic objective, T/s weights for partial work, ternary compression
     # with residuals both ways. 004's text gives no sparsity q (its implementation details are in
-    # a supplement we do not have): q = 0.1 is ours; `compression: false` switches it off.
-    "efl": {"objective": "efl", "partial_work": "scale", "compression": 0.1},
+    # a supplement we do not have): q = 0.1 is ours; `channel: false` switches it off.
+    "efl": {"objective": "efl", "partial_work": "scale", "channel": 0.1},
     # Acar et al. 2021 (SPEC §2 feddyn): one file, lfed/client/feddyn.py (client rule + server combination)
     "feddyn": {"objective": "lfed.client.feddyn.FedDyn"},
     # McMahan et al. 2018 (SPEC §10): Poisson sampling, uniform weights, clip + noise + fixed denominator;
-    # set its noise, clip and budget with aggregation: {class_path: lfed.privacy.DPFedAvg, init_args: {...}}
-    "dp_fedavg": {"sampler": "poisson", "weighting": "uniform", "aggregation": "lfed.privacy.dp_fedavg.DPFedAvg"},
+    # set its noise, clip and budget with combination: {class_path: lfed.privacy.DPFedAvg, init_args: {...}}
+    "dp_fedavg": {"sampler": "poisson", "weighting": "uniform", "combination": "lfed.privacy.dp_fedavg.DPFedAvg"},
     # the same with Reddi et al.'s FedAdam server (DP-FedAdam: the server optimizer is post-processing)
-    "dp_fedadam": {"sampler": "poisson", "weighting": "uniform", "aggregation": "lfed.privacy.dp_fedavg.DPFedAvg",
+    "dp_fedadam": {"sampler": "poisson", "weighting": "uniform", "combination": "lfed.privacy.dp_fedavg.DPFedAvg",
                    "server_optimizer": _server("FedAdam", lr=0.01, tau=0.01)},
     # SPEC §11, personalized FL: one client rule per method (lfed/personal/), each with a personalized model per client
     "fedavg_ft": {"objective": "lfed.personal.finetune.FedAvgFT"},
@@ -150,45 +150,44 @@ def resolve(algorithm: str, **explicit: Any) -> dict[str, Any]:
     for key, value in explicit.items():
         if value is not None:
             out[key] = value
-    out["aggregation_explicit"] = explicit.get("aggregation") is not None
-    out["preset_aggregation"] = PRESETS[algorithm].get("aggregation")
+    out["combination_explicit"] = explicit.get("combination") is not None
+    out["preset_combination"] = PRESETS[algorithm].get("combination")
     if isinstance(out["fraction"], tuple) and out["fraction"][0] == "stepwise":
         out["fraction"] = _stepwise(*out["fraction"][1:])
     return out
 
 
-def build(cfg: dict[str, Any], *, mu: float = 0.01, efl_lambda: float = 0.1, fisher_samples: int = 64,
-          attention_temperature: float = 1.0, time_weights: str = "softmax", sampler_alpha: float = 0.9,
-          p_inactive: float = 0.0, p_incomplete: float = 0.0):
+def build(cfg: dict[str, Any], stragglers=None):
     """The :class:`~lfed.round.Algorithm` of a resolved composition (:func:`resolve`'s output).
 
-    Each entry of ``cfg`` is a name (built with the keyword hyper-parameters) or a component
-    object (used as it is). An objective that brings its own server combination
+    Each entry of ``cfg`` is a name (its component with its own defaults) or a component object (used
+    as it is: a method's settings are its component's, ``Prox(mu=0.1)``); ``stragglers`` a
+    :class:`~lfed.stragglers.Stragglers` (None: none). An objective that brings its own server combination
     (:meth:`~lfed.client.objectives.ClientRule.server_combination`) gets it unless the user set
     another, which is refused.
     """
     from lfed.client.objectives import ClientRule, build_objective
     from lfed.participation import Participation
     from lfed.round import Algorithm
-    from lfed.sampling import SAMPLERS, AttentionSampler, ClientSampler
+    from lfed.sampling import SAMPLERS, ClientSampler
     from lfed.server.channel import Channel, Dense, TernaryTopK
-    from lfed.server.combination import ServerCombination, build_combination, check_attention_settings
+    from lfed.server.combination import ServerCombination, build_combination
     from lfed.server.weighting import AggregationWeights, build_weights
+    from lfed.stragglers import Stragglers
 
-    check_attention_settings(attention_temperature, time_weights)  # checked even where unused
-
+    stragglers = stragglers if stragglers is not None else Stragglers()
     obj = cfg["objective"]
-    objective = obj if isinstance(obj, ClientRule) else build_objective(obj, mu, efl_lambda, fisher_samples)
+    objective = obj if isinstance(obj, ClientRule) else build_objective(obj)
     w = cfg["weighting"]
     weighting = w if isinstance(w, AggregationWeights) else build_weights(w, cfg["partial_work"])
-    comb = cfg["aggregation"]
+    comb = cfg["combination"]
     own = objective.server_combination()
     _check_dp_kept(cfg, objective, own)
     if own is not None:
-        if cfg.get("aggregation_explicit") and comb is not own:
+        if cfg.get("combination_explicit") and comb is not own:
             raise ValueError(
-                f"aggregation: objective {objective.name!r} brings its own server combination "
-                f"({type(own).__name__}); leave aggregation unset"
+                f"combination: objective {objective.name!r} brings its own server combination "
+                f"({type(own).__name__}); leave combination unset"
             )
         combination = own
     elif isinstance(comb, ServerCombination):
@@ -196,10 +195,10 @@ def build(cfg: dict[str, Any], *, mu: float = 0.01, efl_lambda: float = 0.1, fis
     elif isinstance(comb, str) and "." in comb:  # a preset's component by class path (DP-FedAvg)
         from lfed.component import load_class
 
-        combination = load_class(comb, ServerCombination, "aggregation")()
+        combination = load_class(comb, ServerCombination, "combination")()
     else:
-        combination = build_combination(comb, attention_temperature, time_weights)
-    q = cfg["compression"]
+        combination = build_combination(comb)
+    q = cfg["channel"]
     if isinstance(q, Channel):
         channel = q
     elif q is None or q is False:
@@ -212,19 +211,19 @@ def build(cfg: dict[str, Any], *, mu: float = 0.01, efl_lambda: float = 0.1, fis
     elif s not in SAMPLERS:
         raise ValueError(f"sampler: {s!r} is not one of {tuple(SAMPLERS)}")
     else:
-        sampler = AttentionSampler(sampler_alpha) if s == "attention" else SAMPLERS[s]()
-    participation = Participation(cfg["fraction"], p_inactive, p_incomplete)
+        sampler = SAMPLERS[s]()
+    participation = Participation(cfg["fraction"], stragglers.p_inactive, stragglers.p_incomplete)
     return Algorithm(objective, weighting, combination, channel, sampler, participation)
 
 
 def _is_dp(choice: Any) -> bool:
-    """Whether an aggregation choice (a component, or a class path) is DP-FedAvg or a subclass of it."""
+    """Whether a combination choice (a component, or a class path) is DP-FedAvg or a subclass of it."""
     from lfed.component import load_class
     from lfed.privacy.dp_fedavg import DPFedAvg
 
     if isinstance(choice, str) and "." in choice:
         try:
-            choice = load_class(choice, DPFedAvg, "aggregation")
+            choice = load_class(choice, DPFedAvg, "combination")
         except ValueError:  # another combination, or no class: build says which
             return False
         return True
@@ -233,23 +232,23 @@ def _is_dp(choice: Any) -> bool:
 
 def _check_dp_kept(cfg: dict[str, Any], objective: Any, own: Any) -> None:
     """Refuse a composition in which DP-FedAvg, asked for, would be replaced by another server combination (an
-    objective's own, FedDyn's; or an explicit aggregation over a DP preset's): the run would not be private."""
+    objective's own, FedDyn's; or an explicit combination over a DP preset's): the run would not be private."""
     from lfed.privacy.releases import refusal
 
-    if _is_dp(cfg["aggregation"]) and own is not None:
+    if _is_dp(cfg["combination"]) and own is not None:
         what = next(iter(objective.releases), f"{type(objective).__name__} brings its own server combination, which "
                                               "would replace DP-FedAvg")
         raise ValueError(refusal("objective", what))
-    if cfg.get("aggregation_explicit") and _is_dp(cfg.get("preset_aggregation")) and not _is_dp(cfg["aggregation"]):
-        comb = cfg["aggregation"]
+    if cfg.get("combination_explicit") and _is_dp(cfg.get("preset_combination")) and not _is_dp(cfg["combination"]):
+        comb = cfg["combination"]
         name = comb if isinstance(comb, str) else type(comb).__name__
-        raise ValueError(f"aggregation: {name!r} would replace the preset's DP-FedAvg (no clipping, no noise: the run "
-                         "would not be private); give aggregation: lfed.privacy.DPFedAvg (its class_path and "
+        raise ValueError(f"combination: {name!r} would replace the preset's DP-FedAvg (no clipping, no noise: the run "
+                         "would not be private); give combination: lfed.privacy.DPFedAvg (its class_path and "
                          "init_args), or a preset without DP")
 
 
 #: The model settings that choose a component (by name or ``class_path``).
-ROLES = ("objective", "weighting", "partial_work", "aggregation", "compression", "sampler", "fraction", "server_optimizer")
+ROLES = ("objective", "weighting", "partial_work", "combination", "channel", "sampler", "fraction", "server_optimizer")
 
 
 def composition_label(algorithm: str, class_paths: Iterable[str]) -> str:

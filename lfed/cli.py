@@ -69,6 +69,7 @@ from lfed.reporting import (
     run_name,
     silence_library_noise,
 )
+from lfed.settings import upgrade_args
 from lfed.validation import HookError
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -270,8 +271,8 @@ def _parser_key_message(key: str, body: list[str]) -> str:
 def one_line(message: str) -> str:
     """An error message as one line (jsonargparse's ``Parser key`` messages: key, allowed, given).
 
-    >>> one_line('Parser key "model.client_lr":\\n  Expected a <class ' + "'float'>. Got value: abc")
-    'model.client_lr: expected float, got abc'
+    >>> one_line('Parser key "model.training.client_lr":\\n  Expected a <class ' + "'float'>. Got value: abc")
+    'model.training.client_lr: expected float, got abc'
     >>> one_line("ckpt_path: x.ckpt does not match this configuration:\\n  data.seed: checkpoint 0, this run 1")
     'ckpt_path: x.ckpt does not match this configuration: data.seed: checkpoint 0, this run 1'
     """
@@ -374,7 +375,7 @@ class LfedCLI(LightningCLI):
 
         jsonargparse reports a ``ValueError`` of a component's ``__init__`` (``delta: must be ... in (0, 1), got 1.5``)
         inside its "Does not validate against any of the Union subtypes" text, without the key; this finds the
-        component's key in the config by its class path: ``model.aggregation.init_args.delta: must be ...``.
+        component's key in the config by its class path: ``model.combination.init_args.delta: must be ...``.
         """
         if "Union subtypes" not in text or "Errors:" not in text:
             return None
@@ -437,6 +438,12 @@ class LfedCLI(LightningCLI):
             refused = _refused_in_args(args)
             if refused:
                 parser.error(refused)
+            try:
+                args, deprecated = upgrade_args(args)  # lfed 0.3's flat keys, one line each (lfed.settings)
+            except ValueError as err:
+                parser.error(str(err))
+            for message in deprecated:
+                print(f"lfed: deprecated: {message}", file=sys.stderr)
             args = resolve_short_names(args)
             self.given_args = args
             self.config = parser.parse_args(args)  # Lightning's parse_arguments, without its warning about sys.argv

@@ -1,7 +1,7 @@
 """Where per-client state lives: on the device, in host memory, or in a memory-mapped file.
 
 :class:`ClientStateStore` is the :class:`~lfed.state.StateStore` of
-:class:`~lfed.module.FederatedModule` (``client_state=``, ``--model.client_state``). It keeps
+:class:`~lfed.module.FederatedModule` (``engine.client_state``, ``--model.engine.client_state``). It keeps
 every per-client tensor whose row has ``"P"`` entries (SCAFFOLD ``c_k``, IGFL previous updates,
 EFL Fisher reports, compression residuals, FedDyn ``h_k``: the ones that cost ``N x P`` numbers)
 in one of three placements:

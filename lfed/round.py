@@ -124,7 +124,7 @@ class Algorithm:
         return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class LocalTraining:
     """How clients train: learning rate ``eta_l``, batch size, and the step budget ``T_k``.
 
@@ -139,6 +139,17 @@ class LocalTraining:
     batch_size: int | None = 10
     local_epochs: int = 1
     local_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        from lfed.validation import integer, number
+
+        object.__setattr__(self, "client_lr", float(number("client_lr", self.client_lr, above=0)))
+        if self.batch_size is not None:
+            integer("batch_size", self.batch_size, at_least=1, detail=" or None (full batch)")
+        if self.local_steps is None:
+            integer("local_epochs", self.local_epochs, at_least=1)
+        else:
+            integer("local_steps", self.local_steps, at_least=1, detail=" or None (local_epochs)")
 
     def step_budget(self, num_examples: Tensor) -> Tensor:
         """Planned local steps ``T_k``: ``local_steps``, or ``E * ceil(n_k / B)``."""

@@ -143,7 +143,7 @@ class FederatedRun(nn.Module):
         """The names of the round's components (logs, the fingerprint, composition checks)."""
         c = self.components
         out = {"objective": c.objective.name, "weighting": c.weighting.name, "partial_work": c.weighting.partial_work,
-               "aggregation": c.combination.name, "compression": c.channel.sparsity, "sampler": c.sampler.name,
+               "combination": c.combination.name, "channel": c.channel.sparsity, "sampler": c.sampler.name,
                "fraction": c.participation.fraction}
         if c.asynchronous is not None:  # lfed.asynchronous: its one line
             out["asynchronous"] = c.asynchronous.describe()

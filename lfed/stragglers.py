@@ -9,6 +9,8 @@ choice (SPEC §3).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -21,6 +23,7 @@ def _check_probability(name: str, value: object) -> float:
     return number(name, value, at_least=0, at_most=1, detail=" (a probability)")
 
 
+@dataclass(frozen=True)
 class Stragglers:
     """Draw completed local step counts for a cohort (SPEC §6).
 
@@ -39,9 +42,14 @@ class Stragglers:
         ValueError: If either is outside ``[0, 1]`` or their sum exceeds 1.
     """
 
-    def __init__(self, p_inactive: float = 0.0, p_incomplete: float = 0.0) -> None:
-        self.p_inactive = _check_probability("p_inactive", p_inactive)
-        self.p_incomplete = _check_probability("p_incomplete", p_incomplete)
+    p_inactive: float = 0.0
+    p_incomplete: float = 0.0
+
+    def __post_init__(self) -> None:
+        p_inactive = _check_probability("p_inactive", self.p_inactive)
+        p_incomplete = _check_probability("p_incomplete", self.p_incomplete)
+        object.__setattr__(self, "p_inactive", p_inactive)
+        object.__setattr__(self, "p_incomplete", p_incomplete)
         if self.p_inactive + self.p_incomplete > 1.0 + 1e-12:
             raise ValueError(
                 f"p_inactive + p_incomplete must be <= 1, got p_inactive={p_inactive} + "

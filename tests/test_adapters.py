@@ -274,8 +274,8 @@ def test_a_grid_of_adapter_runs_equals_each_run_alone(backend, tmp_path):
     from test_group import ROUNDS, assert_members_equal_alone, config
 
     assert_members_equal_alone([config("lora_digits.yaml")],
-                               {"model.client_lr": [0.05, 0.1], "model.net.init_args.seed": [0, 1]},
-                               [*ROUNDS, f"--model.backend={backend}", "--model.net.init_args.freeze_a=true"], tmp_path,
+                               {"model.training.client_lr": [0.05, 0.1], "model.net.init_args.seed": [0, 1]},
+                               [*ROUNDS, f"--model.engine.backend={backend}", "--model.net.init_args.freeze_a=true"], tmp_path,
                                merged_calls_per_round=4)
 
 
@@ -405,7 +405,7 @@ def test_lora_shakespeare_config_runs_over_a_pretrained_base(tmp_path, data_dir)
     model = ["--model.net.init_args.net.init_args.d_model=16", "--model.net.init_args.net.init_args.num_layers=1",
              "--model.net.init_args.net.init_args.num_heads=2", "--model.net.init_args.net.init_args.d_ff=32"]
     cli = fit(REPO / "configs" / "lora_shakespeare.yaml", *model, f"--model.net.init_args.base_checkpoint={base}",
-              f"--data.data_dir={data_dir}", "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--model.local_steps=2",
+              f"--data.data_dir={data_dir}", "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--model.training.local_steps=2",
               "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--checkpoint_every=0",
               f"--trainer.default_root_dir={tmp_path}")
     lora = cli.model.net

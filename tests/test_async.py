@@ -298,7 +298,7 @@ def test_the_digits_config_runs_and_reports_simulated_time(tmp_path):
 
     cli = run_cli(["fit", "--config", str(REPO / "configs" / "fedbuff_digits.yaml"), "--trainer.logger=false",
                    "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
-                   f"--trainer.default_root_dir={tmp_path}", "--model.accuracy_targets=[0.2]"])
+                   f"--trainer.default_root_dir={tmp_path}", "--model.evaluation.accuracy_targets=[0.2]"])
     a = cli.model.runs[0].components.asynchronous
     summary = cli.model.final_summary
     assert len(a.times) == 60 and a.times == sorted(a.times) and len(a.events) == 5
@@ -315,7 +315,7 @@ def test_two_processes_give_the_one_process_async_run(tmp_path):
     from test_distributed import _assert_same_state, _one_process, _two_processes
 
     extra = ["--model.asynchronous", "lfed.asynchronous.FedBuff", "--model.asynchronous.init_args.concurrency", "5",
-             "--model.asynchronous.init_args.buffer", "2", "--model.client_state", "host"]
+             "--model.asynchronous.init_args.buffer", "2", "--model.engine.client_state", "host"]
     log = _two_processes(tmp_path, extra, "lightning")
     assert "ReplicaCheck: the state of all 2 ranks was identical at each of 4 checks" in log
     ddp = torch.load(tmp_path / "ckpt" / "end.ckpt", map_location="cpu", weights_only=False)
@@ -331,6 +331,6 @@ def test_a_grid_of_async_runs_equals_each_run_alone(tmp_path):
     each member bit for bit its run alone (float64, one thread)."""
     from test_group import F64, assert_members_equal_alone, config
 
-    assert_members_equal_alone([config("fedbuff_digits.yaml")], {"model.client_lr": [0.05, 0.1], "model.seed": [0, 1]},
+    assert_members_equal_alone([config("fedbuff_digits.yaml")], {"model.training.client_lr": [0.05, 0.1], "model.seed": [0, 1]},
                                ["--trainer.max_steps=4", "--trainer.val_check_interval=2", *F64], tmp_path,
                                merged_calls_per_round=1)

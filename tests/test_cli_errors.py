@@ -51,8 +51,8 @@ def garbage_checkpoint(tmp_path: Path) -> Path:
 #: (the arguments after the quickstart's, words the error line must have): one bad value each.
 BAD = {
     "fraction": (["--model.fraction=0"], ["fraction", "(0, 1]", "0.0"]),
-    "client_lr": (["--model.client_lr=-0.1"], ["client_lr", "> 0", "-0.1"]),
-    "batch_size": (["--model.batch_size=0"], ["batch_size", ">= 1", "got 0"]),
+    "client_lr": (["--model.training.client_lr=-0.1"], ["client_lr", "> 0", "-0.1"]),
+    "batch_size": (["--model.training.batch_size=0"], ["batch_size", ">= 1", "got 0"]),
     "rho": (["--data.rho=-1"], ["rho", "> 0", "-1"]),  # refused while the data is split, in trainer.fit
     "dataset": (["--data.dataset=mnits"], ["dataset", "'mnits'", "'mnist'"]),
     "mu": (["--model.algorithm=fedprox", "--model.mu=-0.5"], ["mu", ">= 0", "-0.5"]),
@@ -64,9 +64,9 @@ BAD = {
     # under DP, a value the accountant cannot account for (docs/privacy.md): refused before round 0
     "dp_release": (["--model.algorithm=dp_fedavg", "--model.objective=scaffold"],
                    ["objective: SCAFFOLD's server control variate", "DP-FedAvg's ε would not hold", "objective: plain or prox"]),
-    "dp_local_adaptive": (["--model.algorithm=dp_fedavg", "--model.aggregation=lfed.privacy.DPFedAvg",
-                           "--model.aggregation.init_args.noise_multiplier=0", "--model.aggregation.init_args.local_noise=1",
-                           "--model.aggregation.init_args.target_quantile=0.5"],
+    "dp_local_adaptive": (["--model.algorithm=dp_fedavg", "--model.combination=lfed.privacy.DPFedAvg",
+                           "--model.combination.init_args.noise_multiplier=0", "--model.combination.init_args.local_noise=1",
+                           "--model.combination.init_args.target_quantile=0.5"],
                           ["target_quantile", "clipped-or-not bit", "local DP (local_noise > 0)"]),
 }
 
@@ -85,8 +85,8 @@ def test_a_bad_value_is_one_line_naming_the_argument_and_exit_status_2(name, tmp
 
 
 def test_parser_errors_are_one_line_too(tmp_path, monkeypatch, capsys):
-    code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--model.client_lr", "abc"])
-    assert code == 2 and err.strip() == "lfed fit: error: model.client_lr: expected float, got abc", err
+    code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--model.training.client_lr", "abc"])
+    assert code == 2 and err.strip() == "lfed fit: error: model.training.client_lr: expected float, got abc", err
     code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--model.algorithm", "fedsgd"])
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert last_line(err).startswith("lfed fit: error: model.algorithm: expected one of 'fedavg'") and "got fedsgd" in err
@@ -94,7 +94,7 @@ def test_parser_errors_are_one_line_too(tmp_path, monkeypatch, capsys):
     assert code == 2 and last_line(err).startswith("lfed fit: error: --optimizer") and "--model.server_optimizer" in err
     code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--model.net", "lfed.models.MLP", "--model.net.bogus", "3"])
     assert code == 2 and "model.net" in last_line(err) and "Option 'bogus' is not accepted" in last_line(err), err
-    code, err = run_main(monkeypatch, capsys, ["--model.client_lr", "0.1"])  # no subcommand
+    code, err = run_main(monkeypatch, capsys, ["--model.training.client_lr", "0.1"])  # no subcommand
     assert code == 2 and last_line(err).startswith("lfed: error: ") and "fit" in last_line(err), err
 
 
@@ -165,5 +165,5 @@ def test_the_terminal_shows_one_line_and_lfed_debug_the_traceback(tmp_path):
     debug = lfed_terminal(tmp_path, *args, env={"LFED_DEBUG": "1"})
     assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
     assert last_line(debug.stderr) == "ValueError: fraction must be in (0, 1], got 0.0"
-    parser = lfed_terminal(tmp_path, *base(tmp_path), "--model.client_lr", "abc", env={"LFED_DEBUG": "1"})
-    assert "Traceback (most recent call last)" in parser.stderr and "model.client_lr" in parser.stderr
+    parser = lfed_terminal(tmp_path, *base(tmp_path), "--model.training.client_lr", "abc", env={"LFED_DEBUG": "1"})
+    assert "Traceback (most recent call last)" in parser.stderr and "model.training.client_lr" in parser.stderr

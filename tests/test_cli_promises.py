@@ -124,8 +124,8 @@ def test_the_readmes_grid_command_runs_as_written_with_an_override_as_fit_takes_
 # ------------------------------------------------------------------------------- 3. nested class_path settings
 
 NESTED = {
-    "dp_delta": ("dp_digits.yaml", "--model.aggregation.init_args.delta", "1.5",
-                 "model.aggregation.init_args.delta: must be a finite number in (0, 1), got 1.5"),
+    "dp_delta": ("dp_digits.yaml", "--model.combination.init_args.delta", "1.5",
+                 "model.combination.init_args.delta: must be a finite number in (0, 1), got 1.5"),
     "ditto_lam": ("personal_digits.yaml", "--model.objective.init_args.lam", "-1",
                   "model.objective.init_args.lam: must be a finite number >= 0 (Ditto's coefficient λ), got -1.0"),
     "lora_rank": ("lora_digits.yaml", "--model.net.init_args.rank", "0", "model.net.init_args.rank: need an integer >= 1, got 0"),
@@ -150,7 +150,7 @@ def test_a_dp_runs_end_line_shows_epsilon_delta_and_the_calibrated_noise(tmp_pat
     lines: list[str] = []
     monkeypatch.setattr("lfed.driver.rank_zero_info", lambda message, *a, **k: lines.append(message))
     cli = run_cli(["fit", "--config", str(REPO / "configs" / "dp_digits.yaml"), "--trainer.max_steps", "2",
-                   "--model.aggregation.init_args.noise_multiplier", "null", "--model.aggregation.init_args.target_epsilon", "8",
+                   "--model.combination.init_args.noise_multiplier", "null", "--model.combination.init_args.target_epsilon", "8",
                    "--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path)])
     dp = cli.model.combination
     [end] = [m for m in lines if "final/privacy_epsilon=" in m]

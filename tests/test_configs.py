@@ -62,7 +62,7 @@ def test_objective_configs_compose_what_their_names_say(stem, tmp_path):
     m, d = cli.model, cli.datamodule
     objective, weighting, partial, compression, attrs = EXPECTED[stem.rsplit("_", 1)[0]]
     c = m.composition
-    assert (m.objective.name, c["weighting"], c["partial_work"], c["compression"], c["aggregation"]) == (
+    assert (m.objective.name, c["weighting"], c["partial_work"], c["channel"], c["combination"]) == (
         objective, weighting, partial, compression, "mean")
     for k, v in attrs.items():
         assert getattr(m.objective, k) == v
@@ -104,7 +104,7 @@ def test_digits_objective_configs_run(stem, tmp_path):
 def test_mnist_objective_configs_run(stem, tmp_path, data_dir):
     """The MNIST configs run on the real data (2 rounds of 3 local steps, to stay fast)."""
     cli = _fit(REPO / "configs" / f"{stem}.yaml", tmp_path, f"--data.data_dir={data_dir}", "--trainer.max_steps=2",
-               "--trainer.val_check_interval=2", "--model.local_steps=3")
+               "--trainer.val_check_interval=2", "--model.training.local_steps=3")
     assert cli.trainer.global_step == 2
     assert cli.model.layout.num_params == 199_210
     state = cli.model.state_dict()

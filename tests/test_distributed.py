@@ -201,18 +201,18 @@ data:
 
 CASES = {
     # stragglers make the work of the 4 clients uneven, so the split is not 2 + 2 by count
-    "fedavg": ["--model.algorithm", "fedavg", "--model.p_incomplete", "0.5"],
+    "fedavg": ["--model.algorithm", "fedavg", "--model.stragglers.p_incomplete", "0.5"],
     # per-client control variates, AdaFL attention scores from the gathered weights, DWFed weights
     "scaffold": ["--model.algorithm", "scaffold", "--model.sampler", "attention", "--model.weighting", "dwfed"],
     # attention over every gathered update, client history; the loop backend
-    "igfl": ["--model.algorithm", "igfl", "--model.backend", "loop"],
+    "igfl": ["--model.algorithm", "igfl", "--model.engine.backend", "loop"],
     # Fisher reports split and gathered, compression residuals, T/s weights, an inactive client
-    "efl": ["--model.algorithm", "efl", "--model.p_inactive", "0.25", "--model.fisher_samples", "8"],
+    "efl": ["--model.algorithm", "efl", "--model.stragglers.p_inactive", "0.25", "--model.fisher_samples", "8"],
     # DP-FedAvg: Poisson cohorts split over the ranks, clipping on the gathered rows, the server noise from one
     # seeded stream (the same on every rank), adaptive clipping, the accountant in the checkpoint
-    "dp": ["--model.algorithm", "dp_fedavg", "--model.aggregation", "lfed.privacy.DPFedAvg",
-           "--model.aggregation.init_args.noise_multiplier", "1.0", "--model.aggregation.init_args.clip", "0.5",
-           "--model.aggregation.init_args.target_quantile", "0.5", "--model.aggregation.init_args.count_noise", "1.0"],
+    "dp": ["--model.algorithm", "dp_fedavg", "--model.combination", "lfed.privacy.DPFedAvg",
+           "--model.combination.init_args.noise_multiplier", "1.0", "--model.combination.init_args.clip", "0.5",
+           "--model.combination.init_args.target_quantile", "0.5", "--model.combination.init_args.count_noise", "1.0"],
 }
 
 
@@ -336,7 +336,7 @@ def test_two_processes_with_rows_off_the_device_give_the_one_process_device_run(
     2 processes with ``host`` / ``disk`` rows end in the state of 1 process with dense ``device``
     buffers (the same sparse checkpoint entries), and the ranks agree after every round."""
     extra = CASES[case]
-    log = _two_processes(tmp_path, [*extra, "--model.client_state", placement], "lightning")
+    log = _two_processes(tmp_path, [*extra, "--model.engine.client_state", placement], "lightning")
     assert "ReplicaCheck: the state of all 2 ranks was identical at each of 4 checks" in log
     ddp = torch.load(tmp_path / "ckpt" / "end.ckpt", map_location="cpu", weights_only=True)
     assert any(k.endswith(".rows") for k in ddp["state_dict"])
@@ -358,7 +358,7 @@ def test_a_grid_on_two_processes_equals_the_grid_on_one(tmp_path):
     repo = Path(__file__).resolve().parents[1]
     sweep = tmp_path / "s.yaml"
     sweep.write_text("name: g\nmethod: grid\nparameters:\n  model.algorithm:\n    values: [fedavg, scaffold]\n"
-                     "  model.client_lr:\n    values: [0.05, 0.1]\n")
+                     "  model.training.client_lr:\n    values: [0.05, 0.1]\n")
     common = ["--config", str(repo / "configs" / "quickstart.yaml"), "--sweep", str(sweep), "--trainer.max_steps=4",
               "--trainer.val_check_interval=2", "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false",
               "--checkpoint_every=2"]

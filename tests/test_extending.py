@@ -44,7 +44,7 @@ def test_the_median_in_a_round_by_hand(median, backend):
         deltas.append(y - W_INIT)
     expected = W_INIT + torch.stack(deltas).median(dim=0).values  # three clients: the middle one
     torch.testing.assert_close(flat_weights(m), expected, atol=1e-13, rtol=0)
-    assert m.composition["aggregation"] == "median"
+    assert m.composition["combination"] == "median"
 
 
 def test_a_users_component_through_the_cli_with_class_path(median, tmp_path):

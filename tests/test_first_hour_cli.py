@@ -131,7 +131,7 @@ def test_a_pickle_of_arbitrary_objects_is_refused_without_loading_it(tmp_path):
 def test_each_run_has_its_own_directory_and_last_resumes_the_same_configuration(tmp_path):
     a1 = quick(tmp_path, "--trainer.logger", "false")
     a2 = quick(tmp_path, "--trainer.logger", "false")
-    b = quick(tmp_path, "--trainer.logger", "false", "--model.client_lr", "0.1")  # another configuration, ran last
+    b = quick(tmp_path, "--trainer.logger", "false", "--model.training.client_lr", "0.1")  # another configuration, ran last
     dirs = {Path(c.trainer.checkpoint_callback.dirpath).parent for c in (a1, a2, b)}
     assert len(dirs) == 3 and len(runs_of(tmp_path)) == 3
     assert all((d / "checkpoints" / "last.ckpt").is_file() for d in dirs)
@@ -150,14 +150,14 @@ def test_each_run_has_its_own_directory_and_last_resumes_the_same_configuration(
 def test_last_without_a_checkpoint_of_this_configuration_starts_a_new_run(tmp_path):
     quick(tmp_path, "--trainer.logger", "false")
     with pytest.warns(UserWarning, match="found no checkpoint of this configuration"):
-        cli = quick(tmp_path, "--trainer.logger", "false", "--model.client_lr", "0.2", "--ckpt_path", "last", rounds=2)
+        cli = quick(tmp_path, "--trainer.logger", "false", "--model.training.client_lr", "0.2", "--ckpt_path", "last", rounds=2)
     assert cli.trainer.ckpt_path is None and cli.trainer.global_step == 2
 
 
 def test_a_run_that_fails_to_start_leaves_no_empty_run_directory(tmp_path, capsys):
     # refused by the module (a bad value of the right type) after the run directory was chosen
     with pytest.raises(ValueError, match="client_lr"):
-        quick(tmp_path, "--trainer.logger", "false", "--model.client_lr", "-1")
+        quick(tmp_path, "--trainer.logger", "false", "--model.training.client_lr", "-1")
     assert not list((tmp_path / "runs").iterdir())
     # refused while parsing (algorithm is a Literal of the presets): no run directory either
     with pytest.raises(SystemExit):

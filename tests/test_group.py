@@ -72,43 +72,43 @@ ROUNDS = ["--trainer.max_steps=4", "--trainer.val_check_interval=2", *F64]
 
 @pytest.mark.parametrize("backend", ["vmap", "loop"])
 def test_fedavg_lr_and_seed_grid_equals_each_run_alone(backend, tmp_path):
-    assert_members_equal_alone([config("quickstart.yaml")], {"model.client_lr": [0.05, 0.1], "model.seed": [0, 1]},
-                               [*ROUNDS, f"--model.backend={backend}"], tmp_path, merged_calls_per_round=1)
+    assert_members_equal_alone([config("quickstart.yaml")], {"model.training.client_lr": [0.05, 0.1], "model.seed": [0, 1]},
+                               [*ROUNDS, f"--model.engine.backend={backend}"], tmp_path, merged_calls_per_round=1)
 
 
 def test_members_with_a_validation_split_report_it_as_the_run_alone(tmp_path):
     """With data.validation_fraction > 0 a member evaluates the server's validation split as lfed fit does
     (val/acc every evaluation, final/val_acc_last10pct) and the table carries it, to choose on."""
-    group = assert_members_equal_alone([config("quickstart.yaml")], {"model.client_lr": [0.05, 0.3]},
+    group = assert_members_equal_alone([config("quickstart.yaml")], {"model.training.client_lr": [0.05, 0.3]},
                                        [*ROUNDS, "--data.validation_fraction=0.2"], tmp_path, merged_calls_per_round=1)
     for m in group.members:
         assert [r for r, _ in m.module.val_history] == [2, 4]
         assert 0.0 < m.summary["final/val_acc_last10pct"] <= 1.0
     rows = group.table_rows()
     assert [r["val_last10pct_acc"] for r in rows] == [m.summary["final/val_acc_last10pct"] for m in group.members]
-    assert "val_last10pct_acc" not in grouped([config("quickstart.yaml")], {"model.client_lr": [0.05]}, ROUNDS,
+    assert "val_last10pct_acc" not in grouped([config("quickstart.yaml")], {"model.training.client_lr": [0.05]}, ROUNDS,
                                               tmp_path / "g2").table_rows()[0]
 
 
 def test_scaffold_grid_equals_each_run_alone(tmp_path):
-    assert_members_equal_alone([config("scaffold_digits.yaml")], {"model.client_lr": [0.05, 0.1]}, ROUNDS, tmp_path,
+    assert_members_equal_alone([config("scaffold_digits.yaml")], {"model.training.client_lr": [0.05, 0.1]}, ROUNDS, tmp_path,
                                merged_calls_per_round=1)
 
 
 def test_igfl_grid_equals_each_run_alone(tmp_path):
-    assert_members_equal_alone([config("igfl_c_digits.yaml")], {"model.client_lr": [0.03, 0.1], "model.fraction": [0.25, 0.4]},
+    assert_members_equal_alone([config("igfl_c_digits.yaml")], {"model.training.client_lr": [0.03, 0.1], "model.fraction": [0.25, 0.4]},
                                ROUNDS, tmp_path, merged_calls_per_round=1)
 
 
 @pytest.mark.parametrize("backend", ["vmap", "loop"])
 def test_efl_with_stragglers_and_compression_equals_each_run_alone(backend, tmp_path):
     assert_members_equal_alone([config("efl_compressed_digits.yaml")],
-                               {"model.client_lr": [0.05, 0.1], "model.efl_lambda": [0.1, 0.3]},
-                               [*ROUNDS, f"--model.backend={backend}"], tmp_path, merged_calls_per_round=1)
+                               {"model.training.client_lr": [0.05, 0.1], "model.efl_lambda": [0.1, 0.3]},
+                               [*ROUNDS, f"--model.engine.backend={backend}"], tmp_path, merged_calls_per_round=1)
 
 
 def test_adafl_grid_equals_each_run_alone(tmp_path):
-    assert_members_equal_alone([config("adafl_digits.yaml")], {"model.sampler_alpha": [0.5, 0.9], "model.client_lr": [0.05, 0.1]},
+    assert_members_equal_alone([config("adafl_digits.yaml")], {"model.sampler_alpha": [0.5, 0.9], "model.training.client_lr": [0.05, 0.1]},
                                ["--trainer.max_steps=6", "--trainer.val_check_interval=3", *F64], tmp_path,
                                merged_calls_per_round=1)
 
@@ -133,7 +133,7 @@ def sweep_file(tmp_path, parameters):
 
 def test_a_diverging_member_stops_alone(tmp_path):
     group, directory = run_grid(["--config", config("quickstart.yaml"), "--sweep",
-                                 sweep_file(tmp_path, {"model.client_lr": [0.05, 1e300]}), "--root", str(tmp_path), *ROUNDS])
+                                 sweep_file(tmp_path, {"model.training.client_lr": [0.05, 1e300]}), "--root", str(tmp_path), *ROUNDS])
     ok, bad = group.members
     assert bad.status == "diverged" and "NaN or Inf" in bad.error and bad.round < 4
     assert ok.status == "done" and ok.round == 4
@@ -147,7 +147,7 @@ def test_a_diverging_member_stops_alone(tmp_path):
 def test_group_killed_mid_run_resumes_from_its_ckpt_exactly(tmp_path):
     """A grid killed in round 3 (after the checkpoint of round 2) resumes with --ckpt_path last to the
     uninterrupted grid's results, per member, bit for bit."""
-    params = {"model.client_lr": [0.05, 0.1]}
+    params = {"model.training.client_lr": [0.05, 0.1]}
     common = ["--config", config("scaffold_digits.yaml"), "--trainer.max_steps=5", "--trainer.val_check_interval=2",
               "--data.validation_fraction=0.2", "--checkpoint_every=2", "--trainer.enable_progress_bar=false", *F64]
     (tmp_path / "w").mkdir()
@@ -174,7 +174,7 @@ def test_group_killed_mid_run_resumes_from_its_ckpt_exactly(tmp_path):
 
 
 def test_lfed_grid_command_writes_each_run_and_the_table(tmp_path, capsys):
-    sweep = sweep_file(tmp_path, {"model.client_lr": [0.05, 0.1]})
+    sweep = sweep_file(tmp_path, {"model.training.client_lr": [0.05, 0.1]})
     group, directory = run_grid(["--config", config("quickstart.yaml"), "--sweep", sweep, "--root", str(tmp_path),
                                  "--trainer.max_steps=3", "--trainer.val_check_interval=3"])
     captured = capsys.readouterr()
@@ -204,7 +204,7 @@ class SeesEveryMember(Callback):
 
 def test_a_callback_sees_every_members_rounds(tmp_path):
     seen = SeesEveryMember()
-    grouped([config("quickstart.yaml")], {"model.client_lr": [0.05, 0.1, 0.2]}, ["--trainer.max_steps=3", *F64],
+    grouped([config("quickstart.yaml")], {"model.training.client_lr": [0.05, 0.1, 0.2]}, ["--trainer.max_steps=3", *F64],
             tmp_path, callbacks=[seen])
     names = ["00-client_lr=0.05", "01-client_lr=0.1", "02-client_lr=0.2"]
     assert seen.seen == [dict.fromkeys(names, r) for r in range(3)]
@@ -221,13 +221,13 @@ def write(tmp_path, text):
 
 def test_a_sweep_that_is_not_a_grid_is_refused(tmp_path):
     with pytest.raises(ValueError, match="method 'random'.*grids only"):
-        load_sweep(write(tmp_path, "method: random\nparameters:\n  model.client_lr:\n    values: [0.1]\n"))
-    with pytest.raises(ValueError, match="'model.client_lr'.*values"):
-        load_sweep(write(tmp_path, "method: grid\nparameters:\n  model.client_lr:\n    min: 0.1\n    max: 1\n"))
+        load_sweep(write(tmp_path, "method: random\nparameters:\n  model.training.client_lr:\n    values: [0.1]\n"))
+    with pytest.raises(ValueError, match="'model.training.client_lr'.*values"):
+        load_sweep(write(tmp_path, "method: grid\nparameters:\n  model.training.client_lr:\n    min: 0.1\n    max: 1\n"))
     with pytest.raises(ValueError, match="no parameters"):
         load_sweep(write(tmp_path, "method: grid\n"))
     with pytest.raises(ValueError, match="empty list"):
-        load_sweep(write(tmp_path, "method: grid\nparameters:\n  model.client_lr:\n    values: []\n"))
+        load_sweep(write(tmp_path, "method: grid\nparameters:\n  model.training.client_lr:\n    values: []\n"))
     with pytest.raises(ValueError, match="keys \\['paramters'\\]"):
         load_sweep(write(tmp_path, "method: grid\nparamters: {}\nparameters:\n  a:\n    value: 1\n"))
 
@@ -235,7 +235,7 @@ def test_a_sweep_that_is_not_a_grid_is_refused(tmp_path):
 def test_the_repository_sweeps_parse_as_grids():
     s = load_sweep(REPO / "sweeps" / "igfl_client_lr.yaml")
     assert len(s.points()) == 72 and s.base_args == ["--config", "configs/paper/igfl/cross_device_mnist.yaml"]
-    assert s.points()[1] == {"config": "configs/paper/igfl/alg_fedavg.yaml", "model.client_lr": 0.003}
+    assert s.points()[1] == {"config": "configs/paper/igfl/alg_fedavg.yaml", "model.training.client_lr": 0.003}
 
 
 def test_an_unknown_parameter_is_refused_before_training():
@@ -322,7 +322,7 @@ def test_the_lfed_entry_point_runs_grid_and_reports_bad_input_in_one_line(tmp_pa
 
     from lfed.entry import main
 
-    sweep = write(tmp_path, "method: bayes\nparameters:\n  model.client_lr:\n    values: [0.1]\n")
+    sweep = write(tmp_path, "method: bayes\nparameters:\n  model.training.client_lr:\n    values: [0.1]\n")
     monkeypatch.setattr(sys, "argv", ["lfed", "grid", "--config", config("quickstart.yaml"), "--sweep", str(sweep)])
     with pytest.raises(SystemExit) as stop:
         main()

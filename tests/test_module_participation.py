@@ -469,7 +469,7 @@ def _cli(tmp_path, *args):
 )
 def test_fraction_from_yaml_and_command_line(tmp_path, fraction, kind, uploads):
     extra = [] if fraction is None else ["--model.fraction", fraction]
-    cli = _cli(tmp_path, "--trainer.max_steps", "5", "--trainer.val_check_interval", "5", "--model.local_steps", "1", *extra)
+    cli = _cli(tmp_path, "--trainer.max_steps", "5", "--trainer.val_check_interval", "5", "--model.training.local_steps", "1", *extra)
     assert isinstance(cli.model.participation.fraction, kind)
     assert isinstance(cli.model.sampler, AttentionSampler) and cli.model.sampler.alpha == 0.9
     assert cli.model.comm.uploads == uploads
@@ -490,14 +490,14 @@ def test_paper_config_is_adafl_on_mnist(tmp_path, data_dir):
     cli = run_cli(
         [
             "fit", "--config", str(REPO / "configs/paper/adafl_mnist.yaml"), "--data.data_dir", str(data_dir),
-            "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--model.local_steps", "2",
+            "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--model.training.local_steps", "2",
             "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path),
             "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
         ]
     )
     m = cli.model
     assert isinstance(m.sampler, AttentionSampler) and m.sampler.alpha == 0.9
-    assert m.composition["weighting"] == "size" and m.objective.name == "plain" and m.composition["aggregation"] == "mean"
+    assert m.composition["weighting"] == "size" and m.objective.name == "plain" and m.composition["combination"] == "mean"
     assert [m.participation.fraction(r, 1000) for r in (0, 199, 200, 423, 800, 2000)] == [0.1, 0.1, 0.2, 0.3, 0.5, 0.5]
     counts = [round(m.participation.fraction(r, None) * 100) for r in range(423)]
     assert sum(counts) == 6690 and sum(round(m.participation.fraction(r, None) * 100) for r in range(761)) == 18440
@@ -512,7 +512,7 @@ def test_adafl_presets(preset, objective):
     assert isinstance(m.sampler, AttentionSampler) and m.sampler.alpha == 0.9
     assert isinstance(m.participation.fraction, StepwiseFraction)
     assert (m.participation.fraction.start, m.participation.fraction.end, m.participation.fraction.stages) == (0.1, 0.5, 5)
-    assert m.objective.name == objective and m.composition["aggregation"] == "mean" and m.composition["compression"] is None
+    assert m.objective.name == objective and m.composition["combination"] == "mean" and m.composition["channel"] is None
     # any sampler takes any schedule: the preset's pieces can be swapped one by one
     assert isinstance(FederatedModule(_net(), algorithm=preset, sampler="uniform").sampler, UniformSampler)
     assert isinstance(FederatedModule(_net(), algorithm=preset, fraction=0.3).participation.fraction, ConstantFraction)

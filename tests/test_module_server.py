@@ -379,9 +379,9 @@ def test_compression_switched_off_is_the_plain_run_bit_for_bit(backend):
     on = _module(algorithm="efl", **common)
     for m in (off, plain, on):
         run_rounds(m, _datamodule(x, y, groups), rounds=2)
-    assert off.composition["compression"] is None and not hasattr(off.channel, "client_residual")
+    assert off.composition["channel"] is None and not hasattr(off.channel, "client_residual")
     assert torch.equal(flat_weights(off), flat_weights(plain))
-    assert on.composition["compression"] == 0.1 and (flat_weights(on) - flat_weights(plain)).abs().max() > 1e-4
+    assert on.composition["channel"] == 0.1 and (flat_weights(on) - flat_weights(plain)).abs().max() > 1e-4
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -606,8 +606,8 @@ def test_bad_server_arguments_fail_early_with_clear_errors(kwargs, match):
 )
 def test_server_side_presets(algorithm, expected):
     m = FederatedModule(nn.Linear(2, 2), algorithm=algorithm)
-    got = {"objective": m.objective.name, "aggregation": m.composition["aggregation"], "weighting": m.composition["weighting"],
-           "partial_work": m.composition["partial_work"], "compression": m.composition["compression"]}
+    got = {"objective": m.objective.name, "aggregation": m.composition["combination"], "weighting": m.composition["weighting"],
+           "partial_work": m.composition["partial_work"], "compression": m.composition["channel"]}
     assert {k: got[k] for k in expected} == expected
 
 
@@ -630,14 +630,14 @@ def test_server_configs_compose_what_their_names_say_and_run(stem, tmp_path, dat
     """``lfed fit --config configs/<stem>.yaml``: two short rounds (digits) or one (MNIST), to stay fast."""
     mnist = stem.endswith("mnist")
     rounds = 1 if mnist else 2
-    extra = [f"--data.data_dir={data_dir}", "--model.local_steps=2"] if mnist else ["--model.local_steps=3"]
+    extra = [f"--data.data_dir={data_dir}", "--model.training.local_steps=2"] if mnist else ["--model.training.local_steps=3"]
     cli = run_cli(["fit", "--config", str(REPO / "configs" / f"{stem}.yaml"), *QUIET,
                    f"--trainer.default_root_dir={tmp_path}", f"--trainer.max_steps={rounds}",
                    f"--trainer.val_check_interval={rounds}", *extra])
     m, name = cli.model, stem.rsplit("_", 1)[0]
     objective, weighting, partial, aggregation, compression, server = COMPOSITION[name]
     c = m.composition
-    assert (m.objective.name, c["weighting"], c["partial_work"], c["aggregation"], c["compression"]) == (
+    assert (m.objective.name, c["weighting"], c["partial_work"], c["combination"], c["channel"]) == (
         objective, weighting, partial, aggregation, compression)
     optimizer = cli.model.server_optimizers[0]
     assert type(optimizer) is server

@@ -70,7 +70,7 @@ def test_igfl_algorithm_files_compose_with_a_base(alg):
         "igfl_self": ("igfl", "self"), "igfl_global": ("igfl", "global"), "igfl_time": ("igfl", "time"),
         "feddyn": ("feddyn", "feddyn"),
     }[stem]
-    assert (m.objective.name, m.composition["aggregation"]) == expected
+    assert (m.objective.name, m.composition["combination"]) == expected
 
 
 @pytest.mark.parametrize("tau", [0.1, 0.01])
@@ -92,7 +92,7 @@ def test_fedavgm_file_is_sgd_with_momentum_0_9_and_lr_1():
 def test_efl_fedavg_drop_file_drops_partial_work_but_keeps_the_straggler_rates():
     cli = instantiate(PAPER / "efl" / "low_participation_mnist.yaml", PAPER / "efl" / "alg_fedavg_drop.yaml")
     m = cli.model
-    assert (m.objective.name, m.composition["partial_work"], m.composition["compression"]) == ("plain", "drop", None)
+    assert (m.objective.name, m.composition["partial_work"], m.composition["channel"]) == ("plain", "drop", None)
     assert (m.participation.stragglers.p_inactive, m.participation.stragglers.p_incomplete) == (0.2, 0.3)
 
 
@@ -107,7 +107,7 @@ def _run_two_rounds(config: Path, tmp_path: Path, data_dir: Path, extra: list[st
 def test_femnist_config_runs_two_rounds_on_the_natural_writer_split(tmp_path, data_dir):
     torch.manual_seed(0)
     cli = _run_two_rounds(PAPER / "leaf" / "femnist.yaml", tmp_path, data_dir,
-                          ["--model.local_steps=1", "--model.batch_size=4"])
+                          ["--model.training.local_steps=1", "--model.training.batch_size=4"])
     d = cli.datamodule.data
     # 105 writers, 14,708 training images in the 20 shared shards (shared/data/SOURCES.md);
     # 10% of each writer's images are held out for client-side accuracy.
@@ -121,7 +121,7 @@ def test_femnist_config_runs_two_rounds_on_the_natural_writer_split(tmp_path, da
 def test_shakespeare_config_runs_two_rounds_on_the_natural_role_split(tmp_path, data_dir):
     torch.manual_seed(0)
     cli = _run_two_rounds(PAPER / "leaf" / "shakespeare.yaml", tmp_path, data_dir,
-                          ["--model.local_steps=1", "--model.batch_size=4", "--model.net.init_args.hidden=8",
+                          ["--model.training.local_steps=1", "--model.training.batch_size=4", "--model.net.init_args.hidden=8",
                            "--model.net.init_args.num_layers=1", "--data.eval_batch_size=4096"])
     d = cli.datamodule.data
     assert d.num_clients == 10 and int(d.client_sizes.sum() + d.holdout_sizes.sum()) == 41990
@@ -162,7 +162,7 @@ def test_every_study_file_reads_and_each_method_instantiates_at_its_grid_points(
             assert cli.datamodule.validation_fraction > 0
 
 
-ONE_METHOD = "methods:\n  A: {config: configs/paper/igfl/alg_fedavg.yaml, grid: {model.client_lr: [0.1]}}\n"
+ONE_METHOD = "methods:\n  A: {config: configs/paper/igfl/alg_fedavg.yaml, grid: {model.training.client_lr: [0.1]}}\n"
 
 
 def _refused(tmp_path, text: str, match: str) -> None:
@@ -176,7 +176,7 @@ def _refused(tmp_path, text: str, match: str) -> None:
 def test_a_study_file_with_a_bad_reference_is_refused(tmp_path):
     _refused(tmp_path, "rounds: 2\nseeds: [0]\nreference: Nobody\n" + ONE_METHOD, "reference: 'Nobody' is not one of the methods")
     _refused(tmp_path, "rounds: 2\nseeds: [0]\nmethods:\n  A: {config: configs/paper/igfl/alg_fedavg.yaml, "
-             "grid: {model.client_lr: [0.1]}, fixed_from: {model.client_lr: B}}\n", "must be a method listed before it")
+             "grid: {model.training.client_lr: [0.1]}, fixed_from: {model.training.client_lr: B}}\n", "must be a method listed before it")
 
 
 def _fake_run(accs: list[float], per_round: int = 10, every: int = 2):
@@ -218,8 +218,8 @@ def test_targets_key_adds_a_rounds_uploads_column_per_target(monkeypatch):
 
     def result():
         runs = [_fake_run([0.5, 0.92, 0.96]), _fake_run([0.5, 0.6, 0.91]), _fake_run([0.5, 0.6, 0.7])]
-        point = {"model.client_lr": 0.1}
-        return {"grid": [(point, 0.9, runs[0])], "point": point, "runs": runs, "edge": [], "keys": ["model.client_lr"]}
+        point = {"model.training.client_lr": 0.1}
+        return {"grid": [(point, 0.9, runs[0])], "point": point, "runs": runs, "edge": [], "keys": ["model.training.client_lr"]}
 
     res = {m.name: result() for m in study.methods}
     monkeypatch.setattr(pp, "git_head", lambda: "abc")
@@ -247,9 +247,9 @@ def test_longer_key_adds_the_chosen_points_longer_runs_paired_against_the_refere
     ref_name, other = study.reference, next(m.name for m in study.methods if m.name != study.reference)
 
     def result(short, long):
-        point = {"model.client_lr": 0.1}
+        point = {"model.training.client_lr": 0.1}
         runs = [_fake_run(a) for a in short]
-        return {"grid": [(point, 0.9, runs[0])], "point": point, "runs": runs, "edge": [], "keys": ["model.client_lr"],
+        return {"grid": [(point, 0.9, runs[0])], "point": point, "runs": runs, "edge": [], "keys": ["model.training.client_lr"],
                 "longer": [_fake_run(a) for a in long]}
 
     # the last evaluation is the last-10% window (_fake_run); the longer runs decide the last three cells
@@ -286,10 +286,10 @@ def test_adafl_method_files_resolve_to_the_paper_s_samplers_and_fractions():
         "alg_adafl_40": ("attention", [0.1, 0.1, 0.2, 0.2, 0.2, 0.4, 0.5, 0.5]),
     }
     for stem, (sampler, fractions) in expected.items():
-        cli = instantiate(base, PAPER / "adafl" / f"{stem}.yaml", extra=["--data.data_dir=/nonexistent", "--model.batch_size=50"])
+        cli = instantiate(base, PAPER / "adafl" / f"{stem}.yaml", extra=["--data.data_dir=/nonexistent", "--model.training.batch_size=50"])
         m = cli.model
         assert m.composition["sampler"] == sampler, stem
-        assert (m.composition["objective"], m.composition["aggregation"], m.composition["weighting"]) == ("plain", "mean", "size")
+        assert (m.composition["objective"], m.composition["combination"], m.composition["weighting"]) == ("plain", "mean", "size")
         schedule = m.participation.fraction
         assert [float(schedule(r, 200)) for r in (0, 39, 40, 59, 60, 120, 160, 199)] == fractions, stem
         assert m.training_plan.batch_size == 50 and cli.datamodule.partition == "shards"

@@ -9,9 +9,9 @@ import torch
 from test_distributed import _assert_same_state, _one_process, _two_processes
 
 CASES = {
-    "ditto": ["--model.algorithm", "ditto", "--model.p_incomplete", "0.5"],
-    "fedrep": ["--model.algorithm", "fedrep", "--model.client_state", "host"],
-    "apfl": ["--model.algorithm", "apfl", "--model.p_incomplete", "0.5"],
+    "ditto": ["--model.algorithm", "ditto", "--model.stragglers.p_incomplete", "0.5"],
+    "fedrep": ["--model.algorithm", "fedrep", "--model.engine.client_state", "host"],
+    "apfl": ["--model.algorithm", "apfl", "--model.stragglers.p_incomplete", "0.5"],
     "fedavg_ft": ["--model.algorithm", "fedavg_ft"],
 }
 
@@ -23,7 +23,7 @@ def test_two_processes_give_the_one_process_personalized_run(case, launcher, tmp
     log = _two_processes(tmp_path, extra, launcher)
     assert "ReplicaCheck: the state of all 2 ranks was identical at each of 4 checks" in log
     ddp = torch.load(tmp_path / "ckpt" / "end.ckpt", map_location="cpu", weights_only=False)
-    one = _one_process(tmp_path, [e for e in extra if e not in ("--model.client_state", "host")], "one")
+    one = _one_process(tmp_path, [e for e in extra if e not in ("--model.engine.client_state", "host")], "one")
     one_state = {k: v.cpu() if torch.is_tensor(v) else v for k, v in one.model.state_dict().items()}
     _assert_same_state(ddp["state_dict"], one_state, f"{case}: 2 processes vs 1")
     assert ddp["lfed"]["runs"][0]["eval_history"] == one.model.eval_history

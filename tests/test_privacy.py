@@ -636,7 +636,7 @@ def test_the_clipped_fraction_is_the_noised_count_by_hand():
 
 
 def test_log_unaccounted_is_reachable_from_the_command_line(tmp_path):
-    """configs/dp_digits.yaml with --model.aggregation.init_args.log_unaccounted=true: metrics.csv has the marked
+    """configs/dp_digits.yaml with --model.combination.init_args.log_unaccounted=true: metrics.csv has the marked
     columns; without it, none of them and none bare."""
     import csv
 
@@ -652,7 +652,7 @@ def test_log_unaccounted_is_reachable_from_the_command_line(tmp_path):
         with open(path, newline="") as f:
             return set(next(csv.reader(f)))
 
-    marked = columns("marked", "--model.aggregation.init_args.log_unaccounted=true")
+    marked = columns("marked", "--model.combination.init_args.log_unaccounted=true")
     assert {"unaccounted/train/loss", "unaccounted/privacy/clipped_fraction", "unaccounted/client/acc_mean"} <= marked
     plain = columns("plain")
     assert "privacy/epsilon" in plain and "test/acc" in plain

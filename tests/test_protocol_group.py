@@ -21,10 +21,10 @@ def jobs():
     common = ["--trainer.max_steps=4", "--trainer.val_check_interval=2", "--data.validation_fraction=0.2",
               "--trainer.precision=64-true"]
     return [
-        ("plain/lr0.05", [QUICK], [*common, "--model.client_lr=0.05"]),
-        ("plain/lr0.3", [QUICK], [*common, "--model.client_lr=0.3"]),
-        ("igfl/lr0.1", [IGFL], [*common, "--model.client_lr=0.1"]),  # another kind of step rule, amplification logged
-        ("diverges", [QUICK], [*common, "--model.client_lr=1e300"]),
+        ("plain/lr0.05", [QUICK], [*common, "--model.training.client_lr=0.05"]),
+        ("plain/lr0.3", [QUICK], [*common, "--model.training.client_lr=0.3"]),
+        ("igfl/lr0.1", [IGFL], [*common, "--model.training.client_lr=0.1"]),  # another kind of step rule, amplification logged
+        ("diverges", [QUICK], [*common, "--model.training.client_lr=1e300"]),
     ]
 
 

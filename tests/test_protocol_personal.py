@@ -99,8 +99,8 @@ def study(tmp_path, extra: str = "metric: personal\n", cvf: str = "0.1"):
     path = tmp_path / "s.yaml"
     path.write_text("title: t\nbase: [configs/paper/personal/mnist_pathological.yaml]\nrounds: 100\nseeds: [0, 1]\n"
                     f"overrides: [--data.client_validation_fraction={cvf}]\nreference: FedAvg\n" + extra
-                    + "methods:\n  FedAvg: {config: configs/paper/personal/alg_fedavg.yaml, grid: {model.client_lr: [0.1, 0.3]}}\n"
-                    "  Ditto: {config: configs/paper/personal/alg_ditto.yaml, grid: {model.client_lr: [0.1, 0.3]}}\n")
+                    + "methods:\n  FedAvg: {config: configs/paper/personal/alg_fedavg.yaml, grid: {model.training.client_lr: [0.1, 0.3]}}\n"
+                    "  Ditto: {config: configs/paper/personal/alg_ditto.yaml, grid: {model.training.client_lr: [0.1, 0.3]}}\n")
     return path
 
 
@@ -117,11 +117,11 @@ def test_the_study_key_metric(tmp_path):
 
 def test_the_personal_section_and_json(tmp_path, monkeypatch):
     s = pp.load_study(study(tmp_path))
-    point = {"model.client_lr": 0.1}
+    point = {"model.training.client_lr": 0.1}
 
     def result(runs, val):
-        return {"grid": [(point, val, runs[0]), ({"model.client_lr": 0.3}, -math.inf, runs[0])], "point": point,
-                "runs": runs, "edge": ["model.client_lr"], "keys": ["model.client_lr"]}
+        return {"grid": [(point, val, runs[0]), ({"model.training.client_lr": 0.3}, -math.inf, runs[0])], "point": point,
+                "runs": runs, "edge": ["model.training.client_lr"], "keys": ["model.training.client_lr"]}
 
     res = {"FedAvg": result([global_run([0.7] * 10, [0.7] * 10), global_run([0.8] * 10, [0.8] * 10)], 0.7),
            "Ditto": result([personal_run([0.9] * 10, [0.85] * 10), personal_run([0.92] * 10, [0.85] * 10)], 0.85)}
@@ -163,8 +163,8 @@ def test_perplexity_columns_appear_with_token_data(tmp_path, monkeypatch):
             h.update({"personal/perplexity_mean": 4.0 + seed, "personal/perplexity_worst10pct": 9.0,
                       "global/perplexity_mean": 6.0, "global/perplexity_worst10pct": 12.0})
         runs.append(r)
-    point = {"model.client_lr": 0.1}
-    res = {name: {"grid": [(point, 0.5, runs[0])], "point": point, "runs": runs, "edge": [], "keys": ["model.client_lr"]}
+    point = {"model.training.client_lr": 0.1}
+    res = {name: {"grid": [(point, 0.5, runs[0])], "point": point, "runs": runs, "edge": [], "keys": ["model.training.client_lr"]}
            for name in ("FedAvg", "Ditto")}
     monkeypatch.setattr(pp, "git_head", lambda: "abc")
     lines = pp.section(s, res, "cmd", 60.0, (0.0, 0.0), quick=False)

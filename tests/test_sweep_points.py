@@ -104,7 +104,7 @@ def test_the_run_config_keeps_the_model_seed_and_the_data_seed_apart(tmp_path, s
     [hparams] = (tmp_path / "csv").rglob("hparams.yaml")
     logged = yaml.safe_load(hparams.read_text())
     assert (logged["model.seed"], logged["data.seed"], logged["seed_everything"]) == (1, 2, 0)
-    assert logged["model.client_lr"] == 0.05 and logged["data.dataset"] == "digits"
+    assert logged["model.training.client_lr"] == 0.05 and logged["data.dataset"] == "digits"
 
 
 def test_the_python_api_runs_a_model_seed_other_than_the_datas_with_a_logger(tmp_path):

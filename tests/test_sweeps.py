@@ -2,7 +2,7 @@
 
 The W&B agent expands ``${args}`` to ``--<parameter>=<value>`` for each parameter, the
 value formatted with Python's ``str`` (wandb ``sweeps/utils.create_sweep_command_args``):
-``model.client_lr: 0.001`` becomes ``--model.client_lr=0.001``. These tests build the same
+``model.training.client_lr: 0.001`` becomes ``--model.training.client_lr=0.001``. These tests build the same
 strings and hand them to lfed's own CLI parser.
 """
 
@@ -55,6 +55,12 @@ def flatten(d: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
+def walk(d: dict, key: str) -> object:
+    for part in key.split("."):
+        d = d[part]
+    return d
+
+
 def test_the_three_sweeps_exist():
     assert {p.name for p in SWEEPS} >= {"igfl_client_lr.yaml", "igfl_algorithm_by_rho.yaml", "adafl_alpha.yaml"}
 
@@ -75,7 +81,7 @@ def test_sweep_runs_lfed_fit_with_args_and_existing_configs(path):
 
 def test_igfl_client_lr_grid_is_the_papers():
     """000 §5.1: eta_l in {1e-3, 3e-3, ..., 1e-1, 3e-1}."""
-    values = load(REPO / "sweeps" / "igfl_client_lr.yaml")["parameters"]["model.client_lr"]["values"]
+    values = load(REPO / "sweeps" / "igfl_client_lr.yaml")["parameters"]["model.training.client_lr"]["values"]
     assert values == [0.001, 0.003, 0.01, 0.03, 0.1, 0.3]
 
 
@@ -124,12 +130,13 @@ def test_the_first_sampled_command_parses_to_the_sampled_values(path, monkeypatc
     with pytest.raises(SystemExit) as stop:
         run_cli(["fit", *command[3:], "--print_config"])
     assert stop.value.code in (0, None)
-    printed = flatten(yaml.safe_load(capsys.readouterr().out))
+    nested = yaml.safe_load(capsys.readouterr().out)
+    printed = flatten(nested)
     expected = dict(point)
     if "config" in expected:  # the second config's own keys must show in the merged result
         expected.update(flatten(load(REPO / expected.pop("config"))))
     for key, value in expected.items():
-        got = printed[key]
+        got = printed[key] if key in printed else walk(nested, key)  # a component's own setting: model.sampler.init_args.alpha
         if isinstance(value, dict):  # class_path / init_args
             assert got["class_path"].endswith(value["class_path"].split(".")[-1])
             for k, v in value.get("init_args", {}).items():

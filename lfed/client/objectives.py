@@ -323,29 +323,23 @@ class EFL(ClientRule):
         self.write_rows("fisher_v", clients, v)
 
 
-def build_objective(name: str, mu: float = 0.01, efl_lambda: float = 0.1, fisher_samples: int = 64) -> ClientRule:
-    """The objective called ``name`` (one of :data:`OBJECTIVES`, or a dotted class path).
-
-    ``mu``, ``efl_lambda`` and ``fisher_samples`` are checked whichever objective is built,
-    so a bad value fails early even where it would not be used.
+def build_objective(name: str) -> ClientRule:
+    """The objective called ``name`` (one of :data:`OBJECTIVES`, or a dotted class path), with its defaults;
+    a method's own settings are its component's (``Prox(mu=0.1)``, ``EFL(lam=0.2)``).
 
     Raises:
-        ValueError: An unknown ``name``, ``mu`` or ``efl_lambda`` negative or not finite,
-            ``fisher_samples`` not an integer >= 1.
+        ValueError: An unknown ``name``.
     """
-    _check_coefficient("mu", mu)
-    _check_coefficient("efl_lambda", efl_lambda)
-    _check_fisher_samples(fisher_samples)
     if name == "plain":
         return Plain()
     if name == "prox":
-        return Prox(mu)
+        return Prox()
     if name == "scaffold":
         return Scaffold()
     if name == "igfl":
         return IGFL()
     if name == "efl":
-        return EFL(efl_lambda, fisher_samples)
+        return EFL()
     if isinstance(name, str) and "." in name:
         from lfed.component import load_class
 

@@ -115,12 +115,12 @@ def check_attention_settings(temperature: float, time_weights: str) -> float:
     return number("attention_temperature", temperature, above=0)
 
 
-def build_combination(name: str, temperature: float = 1.0, time_weights: str = "softmax") -> ServerCombination:
-    """``mean`` or an IGFL-S query (``self``, ``global``, ``time``); the settings are checked either way."""
-    check_attention_settings(temperature, time_weights)
+def build_combination(name: str) -> ServerCombination:
+    """``mean`` or an IGFL-S query (``self``, ``global``, ``time``) with its defaults (set the attention's own
+    settings on it: ``IGFLAttention(query, temperature, time_weights)``)."""
     if name == "mean":
         return Mean()
     if name in QUERIES:
-        return IGFLAttention(name, temperature, time_weights)
-    raise ValueError(f"aggregation: {name!r} is not one of {('mean', *QUERIES)}")
+        return IGFLAttention(name)
+    raise ValueError(f"combination: {name!r} is not one of {('mean', *QUERIES)}")
 
