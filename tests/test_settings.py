@@ -1,0 +1,162 @@
+"""Settings in groups, one spelling each (issue 41): the groups check their own values, 0.3's flat keys are
+rewritten to the new form with one message each (Python, config files, the command line), and a run built
+without Lightning (``build_run`` + ``fit_run``) equals the same run under a Trainer bit for bit."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import yaml
+from conftest import flat_weights, run_rounds
+
+from lfed.data.datamodule import FederatedDataModule
+from lfed.models import MLP
+from lfed.module import FederatedModule
+from lfed.round import LocalTraining
+from lfed.rounds import fit_run
+from lfed.settings import Engine, Evaluation, SettingDeprecation, build_run, upgrade, upgrade_args
+from lfed.stragglers import Stragglers
+
+
+def digits(**kw):
+    return FederatedDataModule(dataset="digits", num_clients=10, partition="dirichlet", rho=0.5, seed=0, **kw)
+
+
+def net():
+    torch.manual_seed(0)
+    return MLP(in_features=64, hidden=[16], num_classes=10)
+
+
+# ------------------------------------------------------------------------------------------ the groups
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: Engine(backend="fast"), r"engine\.backend"),
+    (lambda: Engine(client_state="cloud"), r"engine\.client_state"),
+    (lambda: Engine(chunk_size=0), r"engine\.chunk_size"),
+    (lambda: Engine(client_state_dir="/tmp/x"), r"client_state_dir: only used with client_state='disk'"),
+    (lambda: Evaluation(personal_chunk=0), r"evaluation\.personal_chunk"),
+    (lambda: LocalTraining(client_lr=0.0), r"client_lr"),
+    (lambda: LocalTraining(batch_size=0), r"batch_size"),
+    (lambda: Stragglers(p_inactive=0.7, p_incomplete=0.5), r"p_inactive \+ p_incomplete"),
+])
+def test_each_group_refuses_a_bad_value_naming_it(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_groups_are_the_modules_arguments_and_its_checkpoint_hyperparameters_are_plain():
+    m = FederatedModule(net(), training=LocalTraining(client_lr=0.2, local_steps=3), engine=Engine(backend="loop"),
+                        stragglers=Stragglers(p_inactive=0.1), evaluation=Evaluation(personal_chunk=8))
+    run = m.runs[0]
+    assert run.training_plan == LocalTraining(client_lr=0.2, local_steps=3) and run.backend == "loop"
+    assert run.components.participation.stragglers.p_inactive == 0.1 and run.personal_chunk == 8
+    assert m.hparams["training"] == {"client_lr": 0.2, "batch_size": 10, "local_epochs": 1, "local_steps": 3}
+    assert m.hparams["engine"]["backend"] == "loop" and "client_lr" not in m.hparams
+
+
+# ------------------------------------------------------------------------------ 0.3's keys, by hand
+
+
+def test_upgrade_moves_each_kind_of_old_key_to_its_one_new_place():
+    new, said = upgrade({"algorithm": "igfl", "attention_temperature": 0.5, "client_lr": 0.1, "p_inactive": 0.2,
+                         "compression": 0.25, "backend": "loop", "personal_clients": 5})
+    assert new == {"algorithm": "igfl", "channel": 0.25, "training": {"client_lr": 0.1},
+                   "stragglers": {"p_inactive": 0.2}, "engine": {"backend": "loop"}, "evaluation": {"personal_clients": 5},
+                   "combination": {"class_path": "lfed.server.combination.IGFLAttention",
+                                   "init_args": {"query": "global", "temperature": 0.5}}}  # the preset's query kept
+    assert len(said) == 6 and all(" is deprecated" in m for m in said)
+    assert "model.client_lr is deprecated: it is model.training.client_lr now" in said
+
+
+def test_a_method_setting_joins_its_component_given_by_class_path_and_is_dropped_where_unused():
+    new, _ = upgrade({"objective": {"class_path": "lfed.client.objectives.Prox", "init_args": {}}, "mu": 0.3})
+    assert new == {"objective": {"class_path": "lfed.client.objectives.Prox", "init_args": {"mu": 0.3}}}
+    new, said = upgrade({"algorithm": "fedavg", "mu": 0.3, "sampler_alpha": 0.5})
+    assert new == {"algorithm": "fedavg"}
+    assert all("did nothing here" in m for m in said) and len(said) == 2
+
+
+def test_a_key_given_both_ways_with_two_values_is_refused():
+    with pytest.raises(ValueError, match="model.client_lr: given with model.training.client_lr"):
+        upgrade({"client_lr": 0.1, "training": {"client_lr": 0.2}})
+    with pytest.raises(ValueError, match="model.aggregation: given with model.combination"):
+        upgrade({"aggregation": "mean", "combination": "global"})
+
+
+def test_old_python_keywords_build_the_same_run_and_say_the_new_key_each():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = FederatedModule(net(), algorithm="fedprox", mu=0.5, client_lr=0.2, aggregation="global",
+                              attention_temperature=0.5, backend="loop", p_inactive=0.1)
+    said = [str(w.message) for w in caught if issubclass(w.category, SettingDeprecation)]
+    assert len(said) == 6 and any("mu is deprecated: it is objective: {class_path: lfed.client.objectives.Prox" in m for m in said)
+    from lfed.client.objectives import Prox
+    from lfed.server.combination import IGFLAttention
+
+    new = FederatedModule(net(), algorithm="fedprox", objective=Prox(mu=0.5), training=LocalTraining(client_lr=0.2),
+                          combination=IGFLAttention("global", temperature=0.5), engine=Engine(backend="loop"),
+                          stragglers=Stragglers(p_inactive=0.1))
+    a, b = old.runs[0], new.runs[0]
+    assert (a.components.objective.mu, a.components.combination.temperature, a.components.combination.query) == (0.5, 0.5, "global")
+    assert a.training_plan == b.training_plan and a.backend == b.backend == "loop"
+    assert repr(a.composition) == repr(b.composition)
+
+
+def test_the_command_line_and_a_config_file_in_the_old_spelling_are_rewritten(tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text("model:\n  algorithm: efl\n  efl_lambda: 0.3\n  client_lr: 0.1\n  compression: false\n")
+    args, said = upgrade_args(["fit", "--config", str(old), "--model.batch_size", "5", "--model.aggregation=mean",
+                               "--model.fisher_samples=8"])
+    assert args[:2] == ["fit", "--config"] and yaml.safe_load(args[2])["model"] == {
+        "algorithm": "efl", "channel": False, "training": {"client_lr": 0.1},
+        "objective": {"class_path": "lfed.client.objectives.EFL", "init_args": {"lam": 0.3}}}
+    assert args[3:7] == ["--model.training.batch_size", "5", "--model.combination=mean",
+                         '--model.objective={"class_path": "lfed.client.objectives.EFL", "init_args": {"lam": 0.3, "fisher_samples": 8}}']
+    assert len(said) == 6 and said[0].startswith(f"{old}: model.compression is deprecated")
+
+
+def test_lfed_fit_runs_a_config_of_0_3_and_prints_one_deprecation_line_per_key(tmp_path, capsys):
+    from lfed.cli import run_cli
+
+    old = tmp_path / "old.yaml"
+    old.write_text("model:\n  algorithm: fedprox\n  mu: 0.2\n  client_lr: 0.1\n  local_epochs: 2\n"
+                   "data:\n  dataset: digits\n  num_clients: 10\n")
+    with pytest.raises(SystemExit) as stop:
+        run_cli(["fit", "--config", str(old), "--print_config"])
+    assert stop.value.code in (0, None)
+    out, err = capsys.readouterr()
+    printed = yaml.safe_load(out)["model"]
+    assert printed["training"]["client_lr"] == 0.1 and printed["training"]["local_epochs"] == 2
+    assert printed["objective"]["class_path"].endswith("Prox") and printed["objective"]["init_args"]["mu"] == 0.2
+    lines = [ln for ln in err.splitlines() if ln.startswith("lfed: deprecated:")]
+    assert len(lines) == 3 and all(ln.count("\n") == 0 for ln in lines)
+
+
+# ------------------------------------------------------------------------------ a run without Lightning
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedadam"])
+def test_build_run_and_fit_run_equal_the_module_under_a_trainer_bit_for_bit(algorithm, one_thread):
+    training = LocalTraining(client_lr=0.1, batch_size=8, local_epochs=1)
+    module = FederatedModule(net(), algorithm=algorithm, fraction=0.3, training=training, seed=3)
+    run_rounds(module, digits(), 4, precision="32-true")
+    run = build_run(net=net(), algorithm=algorithm, fraction=0.3, training=training, seed=3)
+    history = fit_run(run, digits(), 4)
+    assert len(history) == 4 and "test/acc" in history[-1] and "train/loss" in history[0]
+    assert torch.equal(run.layout.module_vector(run.net), flat_weights(module))
+
+
+def test_fit_run_goes_on_where_it_stopped_and_checks_its_arguments(one_thread):
+    whole = build_run(net=net(), training=LocalTraining(client_lr=0.1), seed=1)
+    fit_run(whole, digits(), 3)
+    parts = build_run(net=net(), training=LocalTraining(client_lr=0.1), seed=1)
+    fit_run(parts, digits(), 2, evaluate_every=1)
+    assert len(fit_run(parts, digits(), 1)) == 1 and parts.rounds_done == 3
+    assert torch.equal(whole.layout.module_vector(whole.net), parts.layout.module_vector(parts.net))
+    with pytest.raises(ValueError, match="rounds"):
+        fit_run(parts, digits(), 0)
+    with pytest.raises(ValueError, match="evaluate_every"):
+        fit_run(parts, digits(), 1, evaluate_every=0)
