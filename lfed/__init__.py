@@ -2,7 +2,9 @@
 
 ``FederatedModule`` runs one federated round per training step; ``FederatedDataModule``
 splits a dataset over simulated clients; ``CohortTrainer`` trains a cohort at once;
-``FederatedRun`` is one run with no Lightning in it, ``RunGroup`` many runs in lock-step.
+``FederatedRun`` is one run with no Lightning in it (``build_run`` builds it from settings, ``fit_run``
+trains it), ``RunGroup`` many runs in lock-step. ``LocalTraining``, ``Stragglers``, ``Engine`` and
+``Evaluation`` are the settings' groups (:mod:`lfed.settings`).
 
 The names are imported when first used, so ``import lfed.round`` (a round as a function) or
 ``import lfed.run`` loads no Lightning.
@@ -21,11 +23,17 @@ _LAZY = {
     "FederatedDataModule": "lfed.data.datamodule",
     "FederatedModule": "lfed.module",
     "RunGroup": "lfed.group",
+    "build_run": "lfed.settings",
+    "fit_run": "lfed.rounds",
+    "LocalTraining": "lfed.round",
+    "Stragglers": "lfed.stragglers",
+    "Engine": "lfed.settings",
+    "Evaluation": "lfed.settings",
 }
 _LIGHTNING = {"FederatedDataModule", "FederatedModule", "RunGroup"}
 
 __all__ = sorted(_LAZY)
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 
 def __getattr__(name: str) -> Any:

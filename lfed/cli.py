@@ -122,19 +122,28 @@ _INTERNAL = ("lfed.FederatedModule", "lfed.module.", "lfed.client.", "lfed.engin
              "lfed.driver.", "lfed.clock.")
 
 
-def shorten_subclass_list(text: str, keep: int = 4) -> str:
+#: The lfed classes an argument's help lists (others: every lfed class not in :data:`_INTERNAL`).
+_LISTED = {"model.objective": ("lfed.client.objectives.", "lfed.client.feddyn."), "model.net": ("lfed.models.",),
+           "model.loss": ()}
+
+
+def shorten_subclass_list(text: str, keep: int = 4, dest: str = "") -> str:
     """Shorten jsonargparse's ``", known subclasses: a, b, ..."`` help suffix.
 
     lfed's own classes are all kept; of the others, the first ``keep`` are shown and the rest
-    counted (any importable class path is accepted all the same).
+    counted (any importable class path is accepted all the same). ``dest``: the argument (the net lists
+    lfed's models, the loss torch's losses, the objective lfed's client rules: :data:`_LISTED`).
     """
     mark = ", known subclasses: "
     if mark not in text:
         return text
     head, names = text.split(mark, 1)
     names = [n.strip() for n in names.split(",") if n.strip()]
-    own = [n for n in names if n.startswith("lfed.") and not n.startswith(_INTERNAL)]
-    other = [n for n in names if not n.startswith("lfed.") and n not in own]
+    if dest in _LISTED:
+        own = [n for n in names if n.startswith(_LISTED[dest]) and not n.endswith(".ClientRule")]
+    else:
+        own = [n for n in names if n.startswith("lfed.") and not n.startswith(_INTERNAL)]
+    other = [n for n in names if not n.startswith("lfed.") and (dest != "model.loss" or n.endswith("Loss"))]
     shown = own + other[:keep]
     more = len(other) - len(other[:keep])
     tail = f", ... and {more} more (any importable class path)" if more > 0 else ""
@@ -148,8 +157,8 @@ class LfedHelpFormatter(DefaultHelpFormatter):
         full = getattr(action, "extra_help", None)
         if callable(full) and not getattr(full, "lfed_short", False):
 
-            def short(full=full) -> str:
-                return shorten_subclass_list(full())
+            def short(full=full, dest=getattr(action, "dest", "")) -> str:
+                return shorten_subclass_list(full(), dest=dest)
 
             short.lfed_short = True  # type: ignore[attr-defined]
             action.extra_help = short

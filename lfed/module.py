@@ -45,20 +45,19 @@ class FederatedModule(FederatedDriver):
 
     Args:
         net: The global model (any ``nn.Module``). None builds lfed's MLP 2NN sized from the data.
-        algorithm: A preset (:data:`lfed.algorithms.PRESETS`; every name in the type's choices).
-        objective: Client rule (SPEC §2): a name or a ``ClientRule`` (``Prox(mu)``, ``EFL(lam)``, ``Ditto(lam)``).
+        algorithm: A preset (:data:`lfed.algorithms.PRESETS`).
+        objective: Client rule (SPEC §2): a name or a ``ClientRule`` with its settings.
         weighting: Aggregation weights (SPEC §3): a name or an ``AggregationWeights``.
         partial_work: What stragglers' partial work counts for: keep, drop, scale (EFL T/s).
-        combination: Server combination (SPEC §4): mean, an IGFL-S attention query (self, global, time),
-            or a ``ServerCombination`` (``IGFLAttention(query, temperature)``, ``DPFedAvg(...)``).
-        channel: Upload channel (SPEC §7): a ternary sparsity q in (0, 1], False (dense), or a ``Channel``.
+        combination: Server combination (SPEC §4): a name or a ``ServerCombination``.
+        channel: Upload channel (SPEC §7): ternary sparsity q in (0, 1], False (dense), or a ``Channel``.
         sampler: Client sampler (SPEC §5): uniform, attention (AdaFL), poisson (DP), or a ``ClientSampler``.
         fraction: Participation fraction C in (0, 1], or a schedule (lfed.sampling).
         server_optimizer: Optimizer on the pseudo-gradient -Δ (``torch.optim.SGD``, lr=1: FedAvg).
-        training: How clients train: client_lr, batch_size, local_epochs, local_steps.
-        stragglers: Stragglers (SPEC §6): p_inactive, p_incomplete.
-        engine: backend (auto, vmap, loop), chunk_size, client_state (device, host, disk), client_state_dir.
-        evaluation: personal_clients, personal_chunk, round_local_accuracy, accuracy_targets.
+        training: How clients train.
+        stragglers: Clients that do less than planned (SPEC §6).
+        engine: How the cohort is computed and where client state lives.
+        evaluation: What an evaluation scores besides the global model.
         loss: Client loss (a torch.nn loss; cross-entropy by default).
         seed: Seed of sampling, stragglers, batches and Fisher draws (per round).
         asynchronous: FedBuff / FedAsync on a simulated clock (docs/async.md). None: synchronous.

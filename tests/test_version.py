@@ -15,4 +15,4 @@ def test_the_build_reads_the_version_from_lfed_init():
     assert "version" not in raw["project"] and "version" in raw["project"]["dynamic"]
     assert raw["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "lfed.__version__"}
     resolved = read_configuration(REPO / "pyproject.toml", expand=True)  # resolves the attr from this tree
-    assert resolved["project"]["version"] == lfed.__version__ == "0.3.0"
+    assert resolved["project"]["version"] == lfed.__version__ == "0.4.0"
