@@ -157,7 +157,9 @@ class LfedHelpFormatter(DefaultHelpFormatter):
         full = getattr(action, "extra_help", None)
         if callable(full) and not getattr(full, "lfed_short", False):
 
-            def short(full=full, dest=getattr(action, "dest", "")) -> str:
+            dest = getattr(action, "dest", "")
+
+            def short(full=full, dest=dest) -> str:
                 return shorten_subclass_list(full(), dest=dest)
 
             short.lfed_short = True  # type: ignore[attr-defined]
