@@ -160,3 +160,29 @@ def test_fit_run_goes_on_where_it_stopped_and_checks_its_arguments(one_thread):
         fit_run(parts, digits(), 0)
     with pytest.raises(ValueError, match="evaluate_every"):
         fit_run(parts, digits(), 1, evaluate_every=0)
+
+
+# ------------------------------------------------------------------------------ a checkpoint of lfed 0.3
+
+
+def test_a_checkpoint_written_by_lfed_0_3_resumes_bit_for_bit_under_0_4(tmp_path, one_thread):
+    """tests/data/checkpoint_0_3: SCAFFOLD on digits after 2 rounds, written by lfed 0.3 (ac52bc0) from its config in
+    0.3's flat spelling. Resumed for a third round here, it equals three rounds of 0.4 from scratch, the client
+    controls included: the checkpoint's keys and the round's maths did not move with the settings."""
+    import shutil
+
+    from conftest import REPO
+    from lfed.cli import run_cli
+
+    fixture = REPO / "tests" / "data" / "checkpoint_0_3"
+    ckpt = tmp_path / "last.ckpt"
+    shutil.copy(fixture / "last.ckpt", ckpt)  # a resume may write next to it
+    common = ["--config", str(fixture / "config.yaml"), "--trainer.max_steps=3", "--trainer.val_check_interval=3",
+              "--checkpoint_every=0"]
+    resumed = run_cli(["fit", *common, f"--trainer.default_root_dir={tmp_path / 'a'}", "--ckpt_path", str(ckpt)])
+    whole = run_cli(["fit", *common, f"--trainer.default_root_dir={tmp_path / 'b'}"])
+    assert resumed.trainer.global_step == whole.trainer.global_step == 3
+    a, b = resumed.model.state_dict(), whole.model.state_dict()
+    assert a.keys() == b.keys() and any("control" in k for k in a)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
