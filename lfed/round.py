@@ -26,6 +26,11 @@ With partial sharing (SPEC §11, :class:`lfed.personal.sharing.Sharing`, resolve
 (``objective.start_weights``), and the channel, combination, server step, history and sampler see
 only the shared coordinates; the global model's local coordinates never move. ``after_local`` may
 return the clients' final models (FedRep's body phase).
+
+The round names no feature and no component: every role has a do-nothing default that it calls
+like any other (the sharing :data:`~lfed.personal.sharing.SHARE_ALL` without a local part, the hooks
+of :class:`~lfed.component.Component` and :class:`~lfed.client.objectives.ClientRule`), and each
+component checks its own place in the run (:meth:`~lfed.component.Component.prepare_run`).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from lfed.engine import CohortResult, CohortTrainer, steps_per_epoch
 from lfed.evaluation import client_losses
 from lfed.host import device_rows, read_metrics, to_device, values
 from lfed.participation import Participation
+from lfed.personal.sharing import SHARE_ALL, resolve_sharing
 from lfed.rng import round_generator, seeded_global_rng
 from lfed.sampling import ClientSampler
 from lfed.server.attention import AttentionResult
@@ -94,10 +100,11 @@ class Algorithm:
     sampler: ClientSampler
     participation: Participation
     history: UpdateHistory | None = None
-    sharing: Any = None
+    sharing: Any = SHARE_ALL  # lfed.personal.sharing: Sharing, or SHARE_ALL (every parameter shared); Algorithm.attach
     asynchronous: Any = None  # lfed.asynchronous.Asynchronous: the round is a server step of FedBuff / FedAsync
 
     def __post_init__(self) -> None:
+        self.sharing = SHARE_ALL if self.sharing is None else self.sharing  # None (before 0.4): every parameter shared
         if self.history is None and any(c.uses_history for c in self.roles().values()):
             self.history = UpdateHistory()
 
@@ -105,11 +112,10 @@ class Algorithm:
         """Resolve the objective's partial sharing (:meth:`ClientRule.make_sharing`) for ``net``; before state is allocated.
 
         With a :class:`~lfed.personal.sharing.Sharing`, the round uploads, compresses, counts bits for,
-        combines and server-steps only its shared coordinates; the objective keeps the local ones.
+        combines and server-steps only its shared coordinates; the objective keeps the local ones. Without
+        one (``make_sharing`` returns None) it is :data:`~lfed.personal.sharing.SHARE_ALL`.
         """
-        self.sharing = self.objective.make_sharing(net, layout)
-        if self.sharing is not None:
-            self.objective.sharing = self.sharing
+        self.sharing = resolve_sharing(self.objective, net, layout)
 
     def roles(self) -> dict[str, Component]:
         """``{role: component}`` of every component (the history too when there is one)."""
@@ -331,9 +337,7 @@ def prepare_round(
     host.counting = counting.detach().cpu()  # the built-in rules' mask is on the host already
     cohort.counting = to_device(counting, device)
     record = RoundRecord(round, cohort, weights, warnings=[str(x.message) for x in caught])
-    sharing = algorithm.sharing
-    if sharing is not None:  # only the shared part travels (SPEC §11)
-        sizes = sharing.shared_sizes
+    sizes = algorithm.sharing.shared_sizes_of(sizes)  # only the shared part travels (SPEC §11)
     bits = algorithm.channel.bits(sizes)
     record.bits_down = clients.numel() * bits
     if not any(values(host.counting)) and not algorithm.combination.releases_every_round:
@@ -394,28 +398,23 @@ def finish_round(
         updates = final - job.w_start
         record.check(updates, "client updates")
 
-    sharing = algorithm.sharing
-    if sharing is not None:  # SPEC §11: the local part never leaves the client
-        sizes = sharing.shared_sizes
-        updates, w_up, ends = sharing.shared(updates), sharing.shared(w), sharing.shared(result.weights)
-    else:
-        w_up, ends = w, result.weights
+    sharing = algorithm.sharing  # SPEC §11: the local part never leaves the client (SHARE_ALL: every method the identity)
+    sizes = sharing.shared_sizes_of(sizes)
+    updates, w_up, ends = sharing.shared(updates), sharing.shared(w), sharing.shared(result.weights)
     sent = algorithm.channel.upstream(updates, cohort, sizes)
     delta, record.attention = _combined(algorithm.combination.combine(sent, record.weights, cohort), algorithm.combination)
     delta = algorithm.channel.downstream(delta, sizes)
     record.check(delta, "the aggregated update")
     record.delta = delta
-    amplification = None if sharing is not None else server_amplification(delta, updates, job.rule, lr, cohort,
-                                                                           record.weights)
+    amplification = sharing.amplification(delta, updates, job.rule, lr, cohort, record.weights)  # None: not defined
     if amplification is not None:
         record.extra["round/amplification"] = amplification
     record.bits_up = record.uploads * algorithm.channel.bits(sizes)
-    full = delta if sharing is None else sharing.expand_shared(delta)
+    full = sharing.expand_shared(delta)
     w_new = server_step(full) if server_step is not None else w + full
-    if sharing is not None:
-        w_new = sharing.keep_local(w_new, w)  # not server-optimized either (a decay or momentum would move it)
+    w_new = sharing.keep_local(w_new, w)  # not server-optimized either (a decay or momentum would move it)
     record.check(w_new, "the global model")
-    w_new_up = w_new if sharing is None else sharing.shared(w_new)
+    w_new_up = sharing.shared(w_new)
     if algorithm.history is not None:
         algorithm.history.record(cohort, updates, w_up, w_new_up)
     algorithm.sampler.observe(cohort, ends, w_new_up)
@@ -543,18 +542,16 @@ def setup_state(algorithm: Algorithm, store, num_examples: Tensor, num_params: i
     """Allocate every component's declared state in ``store`` (each component once).
 
     With partial sharing (:attr:`Algorithm.sharing`, SPEC §11) a component's ``"P"`` is the number of
-    coordinates it handles: the shared ones (``P_s``) for every role but the objective, the local
-    ones (``P_l``) for the objective, whose rows hold each client's local part.
+    coordinates it handles (:meth:`~lfed.personal.sharing.Sharing.state_size`): the shared ones (``P_s``)
+    for every role but the objective, the local ones (``P_l``) for the objective, whose rows hold each
+    client's local part; without it, ``num_params`` for every role.
     """
     seen: set[int] = set()
-    sharing = algorithm.sharing
     for role, component in algorithm.roles().items():
         if id(component) in seen:
             continue
         seen.add(id(component))
         if hasattr(store, "register_owner"):
             store.register_owner(role, component)
-        P = num_params
-        if sharing is not None:
-            P = sharing.num_local if component is algorithm.objective else sharing.num_shared
+        P = algorithm.sharing.state_size(num_params, local=component is algorithm.objective)
         component.setup_state(store, num_examples, P, like)

@@ -265,8 +265,7 @@ class FederatedRun(nn.Module):
                     [f"round {r}: no client's work counts (all inactive or dropped); the round is skipped"])
         w_new, rec = finish_round(self.components, prepared, result, self.engine,
                                   server_step=self.server_step(optimizer), ranks=ranks)
-        if self.components.sharing is not None:  # the local part of the global model stays as it was
-            self.layout.load_into(self.net, w_new)
+        self.layout.load_into(self.net, w_new)  # the server step's model, but the local part as it was (Sharing.keep_local)
         if rec.result.buffers is not None:
             self._aggregate_buffers(rec.result.buffers, rec.weights)
         local = None  # bmta_local (SPEC §9): the counting participants' w_k_end on their own held-out splits
