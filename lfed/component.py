@@ -314,6 +314,11 @@ class Component(nn.Module):
     def prepare_run(self, context: CompositionContext) -> None:
         """Before round 0, with the run's composition: refuse what cannot run, derive settings (DP's calibration)."""
 
+    def check_start(self, data: Any) -> None:
+        """Before round 0, with the run's federated data on the device (before :meth:`prepare_run`): raise ``ValueError``
+        for what this component cannot run on (DWFed's weights need class labels: ``data.require_labels(...)``). Nothing
+        by default."""
+
     def stop_before(self, round: int, cohort_size: int, num_clients: int) -> str | None:
         """A reason the run must stop before ``round`` (of planned cohort ``cohort_size`` of ``num_clients``), or None.
 

@@ -91,6 +91,10 @@ class DWFedWeights(AggregationWeights):
     releases = ("DWFed's weights come from each client's label counts (its label distance to the population), "
                 "un-noised",)
 
+    def check_start(self, data) -> None:
+        """DWFed's weights are computed from the clients' label counts: refuse targets that are not class labels."""
+        data.require_labels("weighting='dwfed' (label-count weights)")
+
 
 WEIGHTS = {"size": SizeWeights, "uniform": UniformWeights, "dwfed": DWFedWeights}
 
