@@ -327,6 +327,15 @@ class Component(nn.Module):
         """
         return None
 
+    def start_round(self, cohort: Cohort) -> None:
+        """Once the round's weights are known, before the step rule: what this component adds to the cohort for the
+        other hooks (the update history's :attr:`Cohort.previous_update` and :attr:`Cohort.global_change`). Nothing by
+        default."""
+
+    def end_round(self, cohort: Cohort, updates: Tensor, w_old: Tensor, w_new: Tensor) -> None:
+        """After the server step, before the sampler observes it: the cohort's updates ``[K, P]`` and the global model
+        before and after (shared coordinates under partial sharing); the update history keeps them. Nothing by default."""
+
     def report(self, cohort: Cohort) -> dict[str, float]:
         """Scalars of this round to log, after the server step (none by default; DP's ``privacy/epsilon``)."""
         return {}

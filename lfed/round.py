@@ -85,6 +85,12 @@ class UpdateHistory(Component):
         self.write_rows("previous_update", cohort.clients, updates, mask=cohort.active)
         self.set_state("global_change", w_new - w_old)
 
+    def start_round(self, cohort: Cohort) -> None:  # the round's hooks (lfed.component.Component)
+        self.fill(cohort)
+
+    def end_round(self, cohort: Cohort, updates: Tensor, w_old: Tensor, w_new: Tensor) -> None:
+        self.record(cohort, updates, w_old, w_new)
+
 
 @dataclass
 class Algorithm:
@@ -104,7 +110,7 @@ class Algorithm:
     asynchronous: Any = None  # lfed.asynchronous.Asynchronous: the round is a server step of FedBuff / FedAsync
 
     def __post_init__(self) -> None:
-        self.sharing = SHARE_ALL if self.sharing is None else self.sharing  # None (before 0.4): every parameter shared
+        self.sharing = self.sharing or SHARE_ALL  # None (before 0.4): every parameter shared
         if self.history is None and any(c.uses_history for c in self.roles().values()):
             self.history = UpdateHistory()
 
@@ -344,8 +350,8 @@ def prepare_round(
         record.skipped = True
         return PreparedRound(record, w, None, seed, sizes, training)
 
-    if algorithm.history is not None:
-        algorithm.history.fill(cohort)
+    for component in _each(algorithm):  # what components add to the cohort (the update history)
+        component.start_round(cohort)
     lr = training.client_lr
     rule = algorithm.objective.step_rule(cohort, w, lr)
     record.extra.update(algorithm.objective.round_metrics(cohort, lr))  # of the state this round's steps use
@@ -415,12 +421,17 @@ def finish_round(
     w_new = sharing.keep_local(w_new, w)  # not server-optimized either (a decay or momentum would move it)
     record.check(w_new, "the global model")
     w_new_up = sharing.shared(w_new)
-    if algorithm.history is not None:
-        algorithm.history.record(cohort, updates, w_up, w_new_up)
+    for component in _each(algorithm):  # what components keep of the round (the update history)
+        component.end_round(cohort, updates, w_up, w_new_up)
     algorithm.sampler.observe(cohort, ends, w_new_up)
-    for component in {id(c): c for c in algorithm.roles().values()}.values():  # what the components report
+    for component in _each(algorithm):  # what the components report
         record.extra.update(component.report(cohort))
     return w_new, record
+
+
+def _each(algorithm: Algorithm) -> list[Component]:
+    """Every component of ``algorithm`` once (one component may hold two roles: FedDyn), in the order of its roles."""
+    return list({id(c): c for c in algorithm.roles().values()}.values())
 
 
 def _combined(out: Any, combination: ServerCombination) -> tuple[Tensor, AttentionResult | None]:
