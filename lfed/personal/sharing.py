@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
+from lfed.amplification import server_amplification
 from lfed.params import ParamLayout
 from lfed.validation import name_matches
 
@@ -136,7 +137,7 @@ class Sharing:
         return self.num_local if local else self.num_shared
 
     def amplification(self, *args) -> None:
-        """None: the server amplification (:func:`lfed.round.server_amplification`) is not defined on the shared
+        """None: the server amplification (:func:`lfed.amplification.server_amplification`) is not defined on the shared
         part (the step rule's shift is over every coordinate)."""
         return None
 
@@ -169,9 +170,7 @@ class ShareAll:
         return w_new
 
     def amplification(self, *args) -> Tensor | None:
-        """The round's server amplification (:func:`lfed.round.server_amplification`, same arguments)."""
-        from lfed.round import server_amplification
-
+        """The round's server amplification (:func:`lfed.amplification.server_amplification`, same arguments)."""
         return server_amplification(*args)
 
     def __repr__(self) -> str:
