@@ -314,6 +314,11 @@ class Component(nn.Module):
     def prepare_run(self, context: CompositionContext) -> None:
         """Before round 0, with the run's composition: refuse what cannot run, derive settings (DP's calibration)."""
 
+    def check_start(self, data: Any) -> None:
+        """Before round 0, with the run's federated data on the device (before :meth:`prepare_run`): raise ``ValueError``
+        for what this component cannot run on (DWFed's weights need class labels: ``data.require_labels(...)``). Nothing
+        by default."""
+
     def stop_before(self, round: int, cohort_size: int, num_clients: int) -> str | None:
         """A reason the run must stop before ``round`` (of planned cohort ``cohort_size`` of ``num_clients``), or None.
 
@@ -321,6 +326,15 @@ class Component(nn.Module):
         privacy budget: the next round would spend more than ``target_epsilon``).
         """
         return None
+
+    def start_round(self, cohort: Cohort) -> None:
+        """Once the round's weights are known, before the step rule: what this component adds to the cohort for the
+        other hooks (the update history's :attr:`Cohort.previous_update` and :attr:`Cohort.global_change`). Nothing by
+        default."""
+
+    def end_round(self, cohort: Cohort, updates: Tensor, w_old: Tensor, w_new: Tensor) -> None:
+        """After the server step, before the sampler observes it: the cohort's updates ``[K, P]`` and the global model
+        before and after (shared coordinates under partial sharing); the update history keeps them. Nothing by default."""
 
     def report(self, cohort: Cohort) -> dict[str, float]:
         """Scalars of this round to log, after the server step (none by default; DP's ``privacy/epsilon``)."""

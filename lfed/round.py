@@ -26,6 +26,11 @@ With partial sharing (SPEC §11, :class:`lfed.personal.sharing.Sharing`, resolve
 (``objective.start_weights``), and the channel, combination, server step, history and sampler see
 only the shared coordinates; the global model's local coordinates never move. ``after_local`` may
 return the clients' final models (FedRep's body phase).
+
+The round names no feature and no component: every role has a do-nothing default that it calls
+like any other (the sharing :data:`~lfed.personal.sharing.SHARE_ALL` without a local part, the hooks
+of :class:`~lfed.component.Component` and :class:`~lfed.client.objectives.ClientRule`), and each
+component checks its own place in the run (:meth:`~lfed.component.Component.prepare_run`).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lfed.amplification import gradient_displacement, server_amplification  # noqa: F401 (lfed.round's names since 0.3)
 from lfed.client.objectives import ClientRule
 from lfed.component import Cohort, Component, HostCohort, LocalWork
 from lfed.distributed import Ranks, TrainJob, train_cohort
@@ -46,6 +52,7 @@ from lfed.engine import CohortResult, CohortTrainer, steps_per_epoch
 from lfed.evaluation import client_losses
 from lfed.host import device_rows, read_metrics, to_device, values
 from lfed.participation import Participation
+from lfed.personal.sharing import SHARE_ALL, resolve_sharing
 from lfed.rng import round_generator, seeded_global_rng
 from lfed.sampling import ClientSampler
 from lfed.server.attention import AttentionResult
@@ -79,6 +86,12 @@ class UpdateHistory(Component):
         self.write_rows("previous_update", cohort.clients, updates, mask=cohort.active)
         self.set_state("global_change", w_new - w_old)
 
+    def start_round(self, cohort: Cohort) -> None:  # the round's hooks (lfed.component.Component)
+        self.fill(cohort)
+
+    def end_round(self, cohort: Cohort, updates: Tensor, w_old: Tensor, w_new: Tensor) -> None:
+        self.record(cohort, updates, w_old, w_new)
+
 
 @dataclass
 class Algorithm:
@@ -94,10 +107,11 @@ class Algorithm:
     sampler: ClientSampler
     participation: Participation
     history: UpdateHistory | None = None
-    sharing: Any = None
+    sharing: Any = SHARE_ALL  # lfed.personal.sharing: Sharing, or SHARE_ALL (every parameter shared); Algorithm.attach
     asynchronous: Any = None  # lfed.asynchronous.Asynchronous: the round is a server step of FedBuff / FedAsync
 
     def __post_init__(self) -> None:
+        self.sharing = self.sharing or SHARE_ALL  # None (before 0.4): every parameter shared
         if self.history is None and any(c.uses_history for c in self.roles().values()):
             self.history = UpdateHistory()
 
@@ -105,11 +119,10 @@ class Algorithm:
         """Resolve the objective's partial sharing (:meth:`ClientRule.make_sharing`) for ``net``; before state is allocated.
 
         With a :class:`~lfed.personal.sharing.Sharing`, the round uploads, compresses, counts bits for,
-        combines and server-steps only its shared coordinates; the objective keeps the local ones.
+        combines and server-steps only its shared coordinates; the objective keeps the local ones. Without
+        one (``make_sharing`` returns None) it is :data:`~lfed.personal.sharing.SHARE_ALL`.
         """
-        self.sharing = self.objective.make_sharing(net, layout)
-        if self.sharing is not None:
-            self.objective.sharing = self.sharing
+        self.sharing = resolve_sharing(self.objective, net, layout)
 
     def roles(self) -> dict[str, Component]:
         """``{role: component}`` of every component (the history too when there is one)."""
@@ -342,17 +355,15 @@ def prepare_round(
     host.counting = counting.detach().cpu()  # the built-in rules' mask is on the host already
     cohort.counting = to_device(counting, device)
     record = RoundRecord(round, cohort, weights, warnings=[str(x.message) for x in caught])
-    sharing = algorithm.sharing
-    if sharing is not None:  # only the shared part travels (SPEC §11)
-        sizes = sharing.shared_sizes
+    sizes = algorithm.sharing.shared_sizes_of(sizes)  # only the shared part travels (SPEC §11)
     bits = algorithm.channel.bits(sizes)
     record.bits_down = clients.numel() * bits
     if not any(values(host.counting)) and not algorithm.combination.releases_every_round:
         record.skipped = True
         return PreparedRound(record, w, None, seed, sizes, training)
 
-    if algorithm.history is not None:
-        algorithm.history.fill(cohort)
+    for component in _each(algorithm):  # what components add to the cohort (the update history)
+        component.start_round(cohort)
     lr = training.client_lr
     rule = algorithm.objective.step_rule(cohort, w, lr)
     record.extra.update(algorithm.objective.round_metrics(cohort, lr))  # of the state this round's steps use
@@ -405,34 +416,34 @@ def finish_round(
         updates = final - job.w_start
         record.check(updates, "client updates")
 
-    sharing = algorithm.sharing
-    if sharing is not None:  # SPEC §11: the local part never leaves the client
-        sizes = sharing.shared_sizes
-        updates, w_up, ends = sharing.shared(updates), sharing.shared(w), sharing.shared(result.weights)
-    else:
-        w_up, ends = w, result.weights
+    sharing = algorithm.sharing  # SPEC §11: the local part never leaves the client (SHARE_ALL: every method the identity)
+    sizes = sharing.shared_sizes_of(sizes)
+    updates, w_up, ends = sharing.shared(updates), sharing.shared(w), sharing.shared(result.weights)
     sent = algorithm.channel.upstream(updates, cohort, sizes)
     delta, record.attention = _combined(algorithm.combination.combine(sent, record.weights, cohort), algorithm.combination)
     delta = algorithm.channel.downstream(delta, sizes)
     record.check(delta, "the aggregated update")
     record.delta = delta
-    amplification = None if sharing is not None else server_amplification(delta, updates, job.rule, lr, cohort,
-                                                                           record.weights)
+    amplification = sharing.amplification(delta, updates, job.rule, lr, cohort, record.weights)  # None: not defined
     if amplification is not None:
         record.extra["round/amplification"] = amplification
     record.bits_up = record.uploads * algorithm.channel.bits(sizes)
-    full = delta if sharing is None else sharing.expand_shared(delta)
+    full = sharing.expand_shared(delta)
     w_new = server_step(full) if server_step is not None else w + full
-    if sharing is not None:
-        w_new = sharing.keep_local(w_new, w)  # not server-optimized either (a decay or momentum would move it)
+    w_new = sharing.keep_local(w_new, w)  # not server-optimized either (a decay or momentum would move it)
     record.check(w_new, "the global model")
-    w_new_up = w_new if sharing is None else sharing.shared(w_new)
-    if algorithm.history is not None:
-        algorithm.history.record(cohort, updates, w_up, w_new_up)
+    w_new_up = sharing.shared(w_new)
+    for component in _each(algorithm):  # what components keep of the round (the update history)
+        component.end_round(cohort, updates, w_up, w_new_up)
     algorithm.sampler.observe(cohort, ends, w_new_up)
-    for component in {id(c): c for c in algorithm.roles().values()}.values():  # what the components report
+    for component in _each(algorithm):  # what the components report
         record.extra.update(component.report(cohort))
     return w_new, record
+
+
+def _each(algorithm: Algorithm) -> list[Component]:
+    """Every component of ``algorithm`` once (one component may hold two roles: FedDyn), in the order of its roles."""
+    return list({id(c): c for c in algorithm.roles().values()}.values())
 
 
 def _combined(out: Any, combination: ServerCombination) -> tuple[Tensor, AttentionResult | None]:
@@ -511,61 +522,20 @@ def verify_round(record: RoundRecord, metrics: dict[str, Any] | None = None) -> 
     return read
 
 
-def gradient_displacement(updates: Tensor, rule, lr: float, steps_done: Tensor) -> Tensor | None:
-    """``[K, P]`` the part of each client's update its gradients made: ``-lr Σ_t g_t``.
-
-    A client stepping ``w ← w - lr (γ g + s)`` with a constant shift ``s`` for ``T`` steps moves
-    ``Δ_k = -lr γ Σ_t g_t - lr T s``, so ``-lr Σ_t g_t = (Δ_k + lr T s) / γ``. None where this
-    cannot be read off the update: a rule with a decay (FedProx, EFL) or a loss term.
-    """
-    if rule.decay is not None or rule.loss_term is not None or rule.grad_mask is not None:
-        return None
-    out = updates
-    if rule.shift is not None:
-        out = out + lr * steps_done.to(updates.dtype)[:, None] * rule.shift
-    scale = rule.grad_scale
-    if isinstance(scale, Tensor):
-        return out / (scale[:, None] if scale.dim() == 1 else scale)
-    return out / scale if scale != 1.0 else out
-
-
-def server_amplification(delta: Tensor, updates: Tensor, rule, lr: float, cohort: Cohort, weights: Tensor) -> Tensor | None:
-    """``||Δ|| / ||Σ_k a_k (-lr Σ_t g_k,t)||``: how far the round moved the model against FedAvg's step.
-
-    ``a_k`` are the round's normalised aggregation weights and the denominator is the weighted
-    mean of the clients' gradient displacements (:func:`gradient_displacement`), FedAvg's update
-    had the clients taken the same gradient steps. 1 for FedAvg; IGFL-C's corrections (a heavy-ball
-    momentum in delta form, RESULTS.md) make it larger. None where it cannot be read off the
-    updates (:func:`gradient_displacement`); otherwise a 0-dim tensor on the device, NaN where the
-    denominator is zero or not finite (no device read here: :func:`verify_round` drops a NaN).
-    """
-    grads = gradient_displacement(updates, rule, lr, cohort.steps_done)
-    if grads is None:
-        return None
-    a = weights.to(grads.dtype)
-    reference = (a / a.sum()) @ grads
-    denominator = torch.linalg.vector_norm(reference)
-    ratio = torch.linalg.vector_norm(delta) / denominator
-    defined = (denominator != 0) & torch.isfinite(denominator)
-    return torch.where(defined, ratio, torch.full_like(ratio, math.nan))
-
-
 def setup_state(algorithm: Algorithm, store, num_examples: Tensor, num_params: int, like: Tensor) -> None:
     """Allocate every component's declared state in ``store`` (each component once).
 
     With partial sharing (:attr:`Algorithm.sharing`, SPEC §11) a component's ``"P"`` is the number of
-    coordinates it handles: the shared ones (``P_s``) for every role but the objective, the local
-    ones (``P_l``) for the objective, whose rows hold each client's local part.
+    coordinates it handles (:meth:`~lfed.personal.sharing.Sharing.state_size`): the shared ones (``P_s``)
+    for every role but the objective, the local ones (``P_l``) for the objective, whose rows hold each
+    client's local part; without it, ``num_params`` for every role.
     """
     seen: set[int] = set()
-    sharing = algorithm.sharing
     for role, component in algorithm.roles().items():
         if id(component) in seen:
             continue
         seen.add(id(component))
         if hasattr(store, "register_owner"):
             store.register_owner(role, component)
-        P = num_params
-        if sharing is not None:
-            P = sharing.num_local if component is algorithm.objective else sharing.num_shared
+        P = algorithm.sharing.state_size(num_params, local=component is algorithm.objective)
         component.setup_state(store, num_examples, P, like)

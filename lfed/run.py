@@ -25,7 +25,6 @@ import torch
 from torch import Tensor, nn
 
 from lfed import algorithms
-from lfed.client.objectives import ClientRule
 from lfed.client_state import ClientStateStore
 from lfed.communication import CommunicationMeter, check_accuracy_targets
 from lfed.distributed import Ranks
@@ -189,15 +188,8 @@ class FederatedRun(nn.Module):
         if self.loss is None and data.task == "regression":
             raise ValueError("loss: the default (cross-entropy) needs class labels, but the targets are floating "
                              "(regression); give a regression loss, e.g. loss=torch.nn.MSELoss()")
-        objective = self.components.objective
-        if objective.personalized and type(objective).personal_rows is ClientRule.personal_rows:
-            raise ValueError(f"objective: {type(objective).__name__} says it is personalized but does not say what a "
-                             "client's model is; define personal_rows(clients, w, local) -> [K, P] (docs/personalization.md)")
-        if not objective.personalized and type(objective).personal_rows is not ClientRule.personal_rows:
-            raise ValueError(f"objective: {type(objective).__name__} defines personal_rows but is not personalized, so no "
-                             "personal/* would be evaluated; set personalized = True (a class attribute) on it")
-        if self.composition["weighting"] == "dwfed":
-            data.require_labels("weighting='dwfed' (label-count weights)")
+        for component in {id(c): c for c in self.components.roles().values()}.values():  # each checks its own needs
+            component.check_start(data)
         return algorithms.validate_composition(self.components, self.explicit, num_clients=data.num_clients,
                                                total_rounds=total_rounds, net_releases=self.net_releases())
 
@@ -265,8 +257,7 @@ class FederatedRun(nn.Module):
                     [f"round {r}: no client's work counts (all inactive or dropped); the round is skipped"])
         w_new, rec = finish_round(self.components, prepared, result, self.engine,
                                   server_step=self.server_step(optimizer), ranks=ranks)
-        if self.components.sharing is not None:  # the local part of the global model stays as it was
-            self.layout.load_into(self.net, w_new)
+        self.layout.load_into(self.net, w_new)  # the server step's model, but the local part as it was (Sharing.keep_local)
         if rec.result.buffers is not None:
             self._aggregate_buffers(rec.result.buffers, rec.weights)
         local = None  # bmta_local (SPEC §9): the counting participants' w_k_end on their own held-out splits
@@ -370,9 +361,9 @@ class FederatedRun(nn.Module):
         """SPEC §11: each sampled client's personalized model and the global model on the client's own splits.
 
         ``global/acc_*`` are the global model's accuracies (``evaluated``: :func:`~lfed.evaluation.client_evaluation`'s
-        accuracies and NLLs on every client's held-out split) on the sampled clients; with a personalized
-        objective (:attr:`~lfed.client.objectives.ClientRule.personalized`) ``personal/acc_*`` are those of each
-        client's own model (:meth:`~lfed.client.objectives.ClientRule.personal_rows`), built ``personal_chunk``
+        accuracies and NLLs on every client's held-out split) on the sampled clients; ``personal/acc_*`` are those of
+        each client's own model where the objective has one (:meth:`~lfed.client.objectives.ClientRule.personal_models`:
+        a personalized rule's :meth:`~lfed.client.objectives.ClientRule.personal_rows`), built ``personal_chunk``
         clients per vmapped call (:func:`lfed.evaluation.personal_scores`). Each: the mean over clients, the
         mean of the worst 10% (``ceil(0.1 n)`` clients) and the standard deviation (population, ``1/n``).
         With clients' own validation splits (``data.client_validation_fraction``) the same on them,
@@ -404,17 +395,15 @@ class FederatedRun(nn.Module):
             val = client_evaluation(self.net, d, ranks.rank, ranks.world_size, reduce_sum, batch_size, nll=tokens, split="val")
             if val is not None:
                 metrics.update(summaries(val[0][at], None if val[1] is None else val[1][at], "global_val"))
-        objective = self.components.objective
-        if not objective.personalized:
-            return metrics
         with torch.inference_mode(False), torch.enable_grad():  # FedAvg-FT trains in the validation loop
             w = self.layout.module_vector(self.net)
-            scores = personal_scores(self.net, self.layout, d, clients,
-                                     lambda c: objective.personal_rows(c, w, self.local_work(c, ranks)),
-                                     self.personal_chunk, splits=splits, nll=tokens, batch=batch_size)
-        self.last_personal["personal"] = scores["test"][0].cpu()
-        for split, (acc, nll) in scores.items():
-            metrics.update(summaries(acc, nll, "personal" if split == "test" else "personal_val"))
+            models = self.components.objective.personal_models(w, lambda c: self.local_work(c, ranks))  # none: global only
+            for prefix, rows in models.items():
+                scores = personal_scores(self.net, self.layout, d, clients, rows, self.personal_chunk, splits=splits,
+                                         nll=tokens, batch=batch_size)
+                self.last_personal[prefix] = scores["test"][0].cpu()
+                for split, (acc, nll) in scores.items():
+                    metrics.update(summaries(acc, nll, prefix if split == "test" else f"{prefix}_val"))
         return metrics
 
     def local_work(self, clients: Tensor, ranks: Ranks):

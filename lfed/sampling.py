@@ -283,6 +283,9 @@ class ClientSampler(Component):
     #: Whether every round's cohort has the planned size. A sampler of random cohort sizes (Poisson) sets False, and the
     #: engine then runs its steps eagerly instead of recording one graph per shape (a new size almost every round).
     fixed_size = True
+    #: Whether each client is drawn independently with the same probability ``q = K_t / N`` (Poisson sampling, the
+    #: sampling DP-FedAvg's accountant assumes; :class:`PoissonSampler`). False by default.
+    poisson = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -364,6 +367,7 @@ class PoissonSampler(ClientSampler):
 
     name = "poisson"
     fixed_size = False
+    poisson = True
 
     def sample(self, round: int, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         self._check_k(k)

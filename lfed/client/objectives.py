@@ -34,6 +34,9 @@ shapes (:func:`lfed.state.check_state_shapes`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -106,6 +109,24 @@ class ClientRule(Component):
         model is trained at evaluation time (FedAvg-FT). The global model by default.
         """
         return w.expand(clients.numel(), -1)
+
+    def personal_models(self, w: Tensor, local: Callable[[Tensor], LocalWork]) -> dict[str, Callable[[Tensor], Any]]:
+        """The models each personalized evaluation scores beside the global ``w`` (SPEC §11), by metric prefix:
+        ``{"personal": clients -> personal_rows(clients, w, local(clients))}`` for a :attr:`personalized` rule, none for
+        any other (the run then evaluates the global model alone). ``local(clients)`` is the
+        :class:`~lfed.component.LocalWork` over those clients' training data."""
+        if not self.personalized:
+            return {}
+        return {"personal": lambda clients: self.personal_rows(clients, w, local(clients))}
+
+    def check_start(self, data) -> None:
+        """A personalized rule says what a client's model is (:meth:`personal_rows`), and only a personalized one does."""
+        if self.personalized and type(self).personal_rows is ClientRule.personal_rows:
+            raise ValueError(f"objective: {type(self).__name__} says it is personalized but does not say what a "
+                             "client's model is; define personal_rows(clients, w, local) -> [K, P] (docs/personalization.md)")
+        if not self.personalized and type(self).personal_rows is not ClientRule.personal_rows:
+            raise ValueError(f"objective: {type(self).__name__} defines personal_rows but is not personalized, so no "
+                             "personal/* would be evaluated; set personalized = True (a class attribute) on it")
 
     def make_sharing(self, net, layout):
         """The split of the model into shared and local parameters (:class:`lfed.personal.sharing.Sharing`),

@@ -8,6 +8,10 @@ part ``[P_s]`` and a local part ``[P_l]``, whole tensors each, in the layout's o
 (:mod:`lfed.round`) then trains every client from the global shared part and its own local part,
 and uploads, compresses, counts bits for, combines and server-steps the shared part only; the local
 part is per-client state of the rule and never leaves the client.
+
+A rule without a local part has :data:`SHARE_ALL` (:class:`ShareAll`), the do-nothing sharing: every
+coordinate is shared, and each of its methods is the identity. The round calls the same methods on
+either, so it has no branch of its own for partial sharing.
 """
 
 from __future__ import annotations
@@ -17,10 +21,11 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
+from lfed.amplification import server_amplification
 from lfed.params import ParamLayout
 from lfed.validation import name_matches
 
-__all__ = ["Sharing", "norm_parameter_names"]
+__all__ = ["SHARE_ALL", "ShareAll", "Sharing", "norm_parameter_names", "resolve_sharing"]
 
 #: Module types whose parameters are normalization parameters (FedBN).
 NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
@@ -121,6 +126,69 @@ class Sharing:
         at = self._at(self.local_index, out)
         out[at] = w_old[at].to(out.dtype)
         return out
+
+    # ------------------------------------------------------------------ what the round asks of a sharing
+    def shared_sizes_of(self, sizes: Sequence[int]) -> list[int]:
+        """Entries of each tensor that travels (:attr:`shared_sizes`; ``sizes``, the whole model's, are not read)."""
+        return self.shared_sizes
+
+    def state_size(self, num_params: int, local: bool) -> int:
+        """A component's ``"P"``: ``P_l`` for the rule that keeps the local part (``local``), ``P_s`` for the rest."""
+        return self.num_local if local else self.num_shared
+
+    def amplification(self, *args) -> None:
+        """None: the server amplification (:func:`lfed.amplification.server_amplification`) is not defined on the shared
+        part (the step rule's shift is over every coordinate)."""
+        return None
+
+
+class ShareAll:
+    """The do-nothing sharing (:data:`SHARE_ALL`): every coordinate is shared, and each method is the identity.
+
+    The sharing of every rule whose :meth:`~lfed.client.objectives.ClientRule.make_sharing` returns None (the
+    default), with the methods of :class:`Sharing` the round calls.
+    """
+
+    def shared_sizes_of(self, sizes: Sequence[int]) -> list[int]:
+        """``sizes``: every tensor travels whole."""
+        return sizes
+
+    def state_size(self, num_params: int, local: bool) -> int:
+        """``P``: every component's rows are the whole model."""
+        return num_params
+
+    def shared(self, x: Tensor) -> Tensor:
+        """``x`` itself."""
+        return x
+
+    def expand_shared(self, shared: Tensor) -> Tensor:
+        """``shared`` itself (it is the whole update)."""
+        return shared
+
+    def keep_local(self, w_new: Tensor, w_old: Tensor) -> Tensor:
+        """``w_new`` itself (there is no local part)."""
+        return w_new
+
+    def amplification(self, *args) -> Tensor | None:
+        """The round's server amplification (:func:`lfed.amplification.server_amplification`, same arguments)."""
+        return server_amplification(*args)
+
+    def __repr__(self) -> str:
+        return "SHARE_ALL"
+
+
+#: The sharing of a rule with no local part (:class:`ShareAll`).
+SHARE_ALL = ShareAll()
+
+
+def resolve_sharing(rule, net, layout) -> Sharing | ShareAll:
+    """The round's sharing for ``net``: ``rule.make_sharing(net, layout)``, also kept as ``rule.sharing`` (where the
+    rule reads it), or :data:`SHARE_ALL` when the rule returns None (every parameter shared)."""
+    made = rule.make_sharing(net, layout)
+    if made is None:
+        return SHARE_ALL
+    rule.sharing = made
+    return made
 
 
 def norm_parameter_names(net: nn.Module) -> list[str]:

@@ -156,14 +156,14 @@ class DPFedAvg(ServerCombination):
             raise ValueError("local_noise: a component's own noised release (DP-SCAFFOLD's control updates) is noised "
                              "on the server and accounted as a share of noise_multiplier; use server noise with it")
         sampler, weighting, channel = roles.get("sampler"), roles.get("weighting"), roles.get("channel")
-        if sampler is not None and getattr(sampler, "name", None) != "poisson":
+        if sampler is not None and not getattr(sampler, "poisson", False):
             raise ValueError(f"sampler: DP-FedAvg's accountant assumes Poisson sampling (each client independently "
                              f"with probability q), got {getattr(sampler, 'name', sampler)!r}; use sampler: poisson "
                              "(an accountant for fixed-size or attention sampling is not implemented)")
-        if weighting is not None and getattr(weighting, "name", None) != "uniform":
+        if weighting is not None and not getattr(weighting, "equal_weights", False):
             raise ValueError(f"weighting: DP-FedAvg weighs every counting client by 1/m (bounded sensitivity C/m); "
                              f"{getattr(weighting, 'name', weighting)!r} weights are unbounded without a cap; use weighting: uniform")
-        if channel is not None and getattr(channel, "name", "dense") != "dense":
+        if channel is not None and not getattr(channel, "exact", True):
             raise ValueError("compression: DP-FedAvg clips each update before any compression, and ternary compression "
                              "with residuals feeds earlier rounds' updates into later ones (unbounded sensitivity); "
                              "use compression: false with DP")

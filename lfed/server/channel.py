@@ -27,6 +27,14 @@ class Channel(Component):
     name = "dense"
     sparsity: float | None = None
 
+    @property
+    def exact(self) -> bool:
+        """Whether the server receives each update and the clients the combined update exactly as they are (no
+        compression, no residual carried into later rounds), as DP-FedAvg's clipping needs: True where
+        :meth:`upstream` and :meth:`downstream` are this class's identities. A subclass may say so itself
+        (``exact = True``, a class attribute)."""
+        return type(self).upstream is Channel.upstream and type(self).downstream is Channel.downstream
+
     def upstream(self, updates: Tensor, cohort: Cohort, sizes: Sequence[int]) -> Tensor:
         """What the counting clients send (``[K, P]``; rows of clients that do not count are unused)."""
         return updates

@@ -32,6 +32,9 @@ class AggregationWeights(Component):
 
     name = "size"
     rule = "size"
+    #: Whether every counting client weighs the same, ``a_k = 1/|S|`` (:class:`UniformWeights`), which DP-FedAvg's
+    #: bounded sensitivity needs. False by default.
+    equal_weights = False
 
     def __init__(self, partial_work: PartialWork = "keep") -> None:
         super().__init__()
@@ -82,6 +85,7 @@ class UniformWeights(AggregationWeights):
     """``a_k = 1 / |S|`` over the counting clients (SCAFFOLD)."""
 
     name = rule = "uniform"
+    equal_weights = True
 
 
 class DWFedWeights(AggregationWeights):
@@ -90,6 +94,10 @@ class DWFedWeights(AggregationWeights):
     name = rule = "dwfed"
     releases = ("DWFed's weights come from each client's label counts (its label distance to the population), "
                 "un-noised",)
+
+    def check_start(self, data) -> None:
+        """DWFed's weights are computed from the clients' label counts: refuse targets that are not class labels."""
+        data.require_labels("weighting='dwfed' (label-count weights)")
 
 
 WEIGHTS = {"size": SizeWeights, "uniform": UniformWeights, "dwfed": DWFedWeights}

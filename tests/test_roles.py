@@ -1,0 +1,116 @@
+"""A round that does not know the features (issue 41): every role has a do-nothing default, and components read
+what their neighbours declare, not their names.
+
+No training here: the defaults themselves, DP-FedAvg's refusals of a user's own sampler, weighting and channel by
+their declarations, and the round's and the run's sources free of feature names. The features' own tests
+(tests/test_personal_sharing.py, test_personal_eval.py, test_privacy.py, test_round.py) run them bit for bit.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import lfed.round
+import lfed.run
+from lfed import algorithms
+from lfed.client.objectives import ClientRule, Plain
+from lfed.component import CompositionContext
+from lfed.personal.ditto import Ditto
+from lfed.personal.sharing import SHARE_ALL, resolve_sharing
+from lfed.privacy.dp_fedavg import DPFedAvg
+from lfed.round import Algorithm
+from lfed.sampling import ClientSampler, PoissonSampler, UniformSampler
+from lfed.server.channel import Channel, Dense, TernaryTopK
+from lfed.server.weighting import SizeWeights, UniformWeights
+
+
+def test_share_all_is_the_identity():
+    x, d, w_new, w_old = torch.randn(3, 5), torch.randn(5), torch.randn(5), torch.randn(5)
+    assert SHARE_ALL.shared(x) is x and SHARE_ALL.expand_shared(d) is d
+    assert SHARE_ALL.keep_local(w_new, w_old) is w_new
+    assert SHARE_ALL.shared_sizes_of([2, 3]) == [2, 3]
+    assert SHARE_ALL.state_size(5, local=True) == SHARE_ALL.state_size(5, local=False) == 5
+
+
+def test_a_rule_without_a_local_part_shares_everything():
+    alg = algorithms.build(algorithms.resolve("fedavg"))
+    assert alg.sharing is SHARE_ALL  # before attach too
+    assert resolve_sharing(Plain(), None, None) is SHARE_ALL and not hasattr(Plain(), "sharing")
+    parts = {f.name: getattr(alg, f.name) for f in alg.__dataclass_fields__.values()}
+    assert Algorithm(**{**parts, "sharing": None}).sharing is SHARE_ALL  # None, as before 0.4
+
+
+def test_personal_models_are_none_by_default_and_the_personal_rows_of_a_personalized_rule():
+    assert Plain().personal_models(torch.zeros(3), lambda c: None) == {}
+    models = Ditto().personal_models(torch.zeros(3), lambda c: None)
+    assert list(models) == ["personal"] and callable(models["personal"])
+
+
+def test_check_start_refuses_a_rule_whose_personalized_and_personal_rows_disagree():
+    class Vague(ClientRule):
+        personalized = True
+
+    class Mine(ClientRule):
+        def personal_rows(self, clients, w, local):
+            return w.expand(clients.numel(), -1)
+
+    with pytest.raises(ValueError, match="objective: Vague says it is personalized"):
+        Vague().check_start(None)
+    with pytest.raises(ValueError, match="objective: Mine defines personal_rows but is not personalized"):
+        Mine().check_start(None)
+    Plain().check_start(None)
+    Ditto().check_start(None)
+
+
+def test_declarations_of_the_built_ins():
+    assert PoissonSampler.poisson and not UniformSampler.poisson
+    assert UniformWeights.equal_weights and not SizeWeights.equal_weights
+    assert Dense().exact and Channel().exact and not TernaryTopK(0.5).exact
+
+    class Quantized(Dense):
+        def upstream(self, updates, cohort, sizes):
+            return updates.half().to(updates.dtype)
+
+    class Logged(Quantized):
+        exact = True  # says so itself
+
+    assert not Quantized().exact and Logged().exact
+
+
+def _dp_context(**roles) -> CompositionContext:
+    roles = {"sampler": PoissonSampler(), "weighting": UniformWeights(), "channel": Dense(), **roles}
+    return CompositionContext(frozenset(), components=roles)
+
+
+def test_dp_reads_the_neighbours_declarations_not_their_names():
+    class MyPoisson(ClientSampler):
+        name = "mine"
+        poisson = True
+
+    class MyEqual(SizeWeights):
+        name = "equal"
+        equal_weights = True
+
+    class MyQuantizer(Channel):
+        name = "dense"  # the name of the identity, but it is not one
+
+        def upstream(self, updates, cohort, sizes):
+            return updates.half().to(updates.dtype)
+
+    DPFedAvg().prepare_run(_dp_context(sampler=MyPoisson(), weighting=MyEqual()))
+    with pytest.raises(ValueError, match="sampler: DP-FedAvg's accountant assumes Poisson sampling"):
+        DPFedAvg().prepare_run(_dp_context(sampler=UniformSampler()))
+    with pytest.raises(ValueError, match="weighting: DP-FedAvg weighs every counting client by 1/m"):
+        DPFedAvg().prepare_run(_dp_context(weighting=SizeWeights()))
+    with pytest.raises(ValueError, match="compression: DP-FedAvg clips each update before any compression"):
+        DPFedAvg().prepare_run(_dp_context(channel=MyQuantizer()))
+
+
+@pytest.mark.parametrize("module", [lfed.round, lfed.run])
+def test_the_round_and_the_run_name_no_feature(module):
+    code = "\n".join(line.split("#")[0] for line in inspect.getsource(module).splitlines())
+    for feature in ("sharing is", ".personalized", "personal_rows is", '"dwfed"', "history.fill", "history.record"):
+        assert feature not in code, f"{module.__name__} tests {feature!r}"
