@@ -172,6 +172,7 @@ def test_a_checkpoint_written_by_lfed_0_3_resumes_bit_for_bit_under_0_4(tmp_path
     import shutil
 
     from conftest import REPO
+
     from lfed.cli import run_cli
 
     fixture = REPO / "tests" / "data" / "checkpoint_0_3"
