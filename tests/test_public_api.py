@@ -179,3 +179,4 @@ def test_the_extending_page_s_lfed_fit_line_runs(doc_folder, tmp_path):
     assert type(objective).__name__ == "FedCM" and objective.alpha == 0.5 and cli.trainer.global_step == 2
     assert objective.state("momentum").abs().sum() > 0
     assert any(k.endswith("objective.momentum") for k in cli.model.state_dict())  # in every checkpoint
+    assert cli.model.runs[0].label == "fedavg+FedCM"
