@@ -163,6 +163,19 @@ def test_the_extending_page_s_python_runs(doc_folder):
     from fedcm import FedCM
 
     assert FedCM(alpha=1.0).composition_warnings(None) and not FedCM(alpha=0.5).composition_warnings(None)
+    # the page's other complete components (a loss term, a median combination) run a round the same way
+    import torch
+
+    from lfed import Algorithm, ModuleStateStore, run_round, setup_state
+    from lfed.server import Dense, Participation, SizeWeights, UniformSampler
+
+    ns = namespace
+    algorithm = Algorithm(objective=ns["ProxAsLoss"](mu=0.1), weighting=SizeWeights(), combination=ns["CoordinateMedian"](),
+                          channel=Dense(), sampler=UniformSampler(), participation=Participation(fraction=0.25))
+    w = ns["engine"].layout.module_vector(ns["net"])
+    setup_state(algorithm, ModuleStateStore(), ns["data"].client_sizes, w.numel(), w)
+    w_new, record = run_round(algorithm, w, ns["data"], ns["plan"], ns["engine"], round=0, seed=1)
+    assert record.cohort.clients.numel() == 5 and torch.isfinite(w_new).all() and not torch.equal(w_new, w)
 
 
 def test_the_extending_page_s_lfed_fit_line_runs(doc_folder, tmp_path):
