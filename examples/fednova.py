@@ -17,7 +17,7 @@ With equal ``τ_k`` it is FedAvg. It reads the steps each client did from the co
 
 from __future__ import annotations
 
-from lfed.server.combination import ServerCombination
+from lfed.server import ServerCombination
 
 
 class FedNova(ServerCombination):

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from lfed.component import Cohort
-from lfed.server.combination import ServerCombination
+from lfed import Cohort
+from lfed.server import ServerCombination
 
 
 class CoordinateMedian(ServerCombination):

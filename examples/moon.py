@@ -21,9 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lfed.client.objectives import ClientRule
-from lfed.engine import LossTerm
-from lfed.state import GLOBAL, StateSpec
+from lfed import GLOBAL, StateSpec
+from lfed.client import ClientRule, LossTerm
 
 
 class MOON(ClientRule):

@@ -17,7 +17,7 @@ q = 0 is FedAvg with uniform weights and a step of ``Σ u_k / K``.
 
 from __future__ import annotations
 
-from lfed.server.combination import ServerCombination
+from lfed.server import ServerCombination
 
 
 class QFedAvg(ServerCombination):

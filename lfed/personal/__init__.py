@@ -11,4 +11,27 @@
 Every evaluation scores each client's personalized model (:meth:`~lfed.client.objectives.ClientRule.personal_rows`)
 and the global model on the client's own held-out split (``personal/acc_*``, ``global/acc_*``:
 :meth:`lfed.run.FederatedRun.personal_evaluation`).
+
+Every method is importable from ``lfed.personal`` (imported on first use), with the pieces of a method with a
+local part: :class:`~lfed.personal.local_part.LocalPartRule` (FedPer in full; FedRep and FedBN subclass it) and
+:class:`~lfed.personal.sharing.Sharing` (what :meth:`~lfed.client.ClientRule.make_sharing` returns).
 """
+
+from lfed import _lazy_exports
+
+_LAZY = {
+    "FedAvgFT": "lfed.personal.finetune",
+    "Ditto": "lfed.personal.ditto",
+    "FedPer": "lfed.personal.fedper",
+    "FedRep": "lfed.personal.fedrep",
+    "FedBN": "lfed.personal.fedbn",
+    "APFL": "lfed.personal.apfl",
+    "PerFedAvg": "lfed.personal.perfedavg",
+    "FedRoD": "lfed.personal.fedrod",
+    "LocalPartRule": "lfed.personal.local_part",
+    "Sharing": "lfed.personal.sharing",
+}
+
+__all__ = sorted(_LAZY)
+
+__getattr__, __dir__ = _lazy_exports(__name__, _LAZY)

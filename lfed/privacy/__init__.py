@@ -10,11 +10,25 @@
   ``unaccounted/``);
 * :mod:`lfed.privacy.audit`: the one-run audit by canary clients (Steinke, Nasr, Jagielski 2023), ε_lower against ε.
 
-docs/privacy.md states the formulas and the accountant's assumptions.
+docs/privacy.md states the formulas and the accountant's assumptions. The names below are importable from
+``lfed.privacy`` and imported on first use (``import lfed.privacy`` loads neither torch nor ``dp-accounting``).
 """
 
-from lfed.privacy.accountant import PrivacyAccountant
-from lfed.privacy.clipping import clip_rows
-from lfed.privacy.dp_fedavg import DPFedAvg
+from lfed import _lazy_exports
 
-__all__ = ["DPFedAvg", "PrivacyAccountant", "clip_rows"]
+_LAZY = {
+    "DPFedAvg": "lfed.privacy.dp_fedavg",
+    "PrivacyAccountant": "lfed.privacy.accountant",
+    "calibrate_noise": "lfed.privacy.accountant",
+    "clip_rows": "lfed.privacy.clipping",
+    "clip_factors": "lfed.privacy.clipping",
+    "MetricGate": "lfed.privacy.metrics",
+    "check_releases": "lfed.privacy.releases",
+    "CanaryDPFedAvg": "lfed.privacy.audit",
+    "AuditResult": "lfed.privacy.audit",
+    "epsilon_lower_bound": "lfed.privacy.audit",
+}
+
+__all__ = sorted(_LAZY)
+
+__getattr__, __dir__ = _lazy_exports(__name__, _LAZY)
