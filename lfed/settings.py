@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from lfed.algorithms import ROLES
 from lfed.validation import integer, one_of
 
 __all__ = ["Engine", "Evaluation", "SettingDeprecation", "build_run", "upgrade", "upgrade_args"]
@@ -232,7 +233,7 @@ def upgrade_args(args: list[str]) -> tuple[list[str], list[str]]:
             model = data.get("model") if isinstance(data, dict) else None
             if isinstance(model, dict):
                 upgraded, said = upgrade(model, context=seen)
-                seen.update({k: upgraded[k] for k in ("algorithm", *ROLE_KEYS) if k in upgraded})
+                seen.update({k: upgraded[k] for k in ("algorithm", *ROLES) if k in upgraded})
                 if said:
                     messages += [f"{value}: {m}" for m in said]
                     out += ["--config", yaml.safe_dump({**data, "model": upgraded}, sort_keys=False)]
@@ -243,7 +244,7 @@ def upgrade_args(args: list[str]) -> tuple[list[str], list[str]]:
             continue
         name = key[len("--model."):] if key.startswith("--model.") else None
         head = name.split(".", 1)[0] if name else None
-        if head in ("algorithm", *ROLE_KEYS) and name == head:
+        if head in ("algorithm", *ROLES) and name == head:
             seen[head] = value
         if head in RENAMED:
             new = f"--model.{RENAMED[head]}{name[len(head):]}"
@@ -281,7 +282,6 @@ def _instantiate(value: Any, role: str) -> Any:
     return value
 
 
-ROLE_KEYS = ("objective", "weighting", "partial_work", "combination", "channel", "sampler", "fraction", "server_optimizer")
 GROUPS = ("training", "stragglers", "engine", "evaluation")
 
 
@@ -324,13 +324,13 @@ def settings(
         for name, cls in classes.items():  # a group at its defaults was not given (FederatedModule's signature)
             if out[name] == cls():
                 out[name] = None
-        given = {k: out[k] for k in ("algorithm", *ROLE_KEYS, *GROUPS) if out[k] is not None}
+        given = {k: out[k] for k in ("algorithm", *ROLES, *GROUPS) if out[k] is not None}
         upgraded, messages = upgrade({**given, **deprecated}, prefix="")
         warn_deprecated(messages)
-        out.update({k: upgraded.get(k) for k in (*ROLE_KEYS, *GROUPS)})
+        out.update({k: upgraded.get(k) for k in (*ROLES, *GROUPS)})
     for name, cls in classes.items():
         out[name] = _group(out[name], cls, name)
-    for role in ROLE_KEYS:
+    for role in ROLES:
         out[role] = _instantiate(out[role], role)
     return out
 
@@ -347,7 +347,7 @@ def build_run(**kwargs: Any):
     from lfed.run import FederatedRun
 
     s = settings(**kwargs)
-    roles = {k: s[k] for k in algorithms.ROLES}
+    roles = {k: s[k] for k in ROLES}
     cfg = algorithms.resolve(s["algorithm"], **roles)
     components = algorithms.build(cfg, s["stragglers"])
     components.asynchronous = s["asynchronous"]
