@@ -143,6 +143,9 @@ def resolve(algorithm: str, **explicit: Any) -> dict[str, Any]:
     """Fill the arguments left ``None`` in ``explicit`` from preset ``algorithm``, then from :data:`BASE`."""
     if algorithm not in PRESETS:
         raise ValueError(f"algorithm: {algorithm!r} is not one of {sorted(PRESETS)}")
+    unknown = sorted(set(explicit) - set(ROLES))
+    if unknown:  # a group's setting or 0.3's word: lfed.settings.settings() turns those into roles and groups
+        raise TypeError(f"resolve: {unknown} are not roles; the roles are {ROLES}")
     _check_preset_objective(algorithm, explicit.get("objective"))
     out = dict(BASE)
     out["server_optimizer"] = _server("sgd", lr=1.0)

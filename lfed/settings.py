@@ -195,6 +195,9 @@ def upgrade(model: dict[str, Any], prefix: str = "model.",
         elif _same_class(_class_path(choice), path) and not isinstance(choice, (str, dict)):  # a built component
             raise ValueError(f"{prefix}{key}: set it on the {role} component you built ({short}({argument}=...))")
         else:
+            from lfed.component import load_class
+
+            load_class(path, object, key)(**{argument: value})  # a bad value is refused even where unused, as in 0.3
             messages.append(f"{prefix}{key} is deprecated and did nothing here (the {role} is not {short}): dropped; "
                             f"it is now a setting of {short}: {new}")
             continue

@@ -23,7 +23,7 @@ def _check_probability(name: str, value: object) -> float:
     return number(name, value, at_least=0, at_most=1, detail=" (a probability)")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Stragglers:
     """Draw completed local step counts for a cohort (SPEC §6).
 
@@ -46,14 +46,12 @@ class Stragglers:
     p_incomplete: float = 0.0
 
     def __post_init__(self) -> None:
-        p_inactive = _check_probability("p_inactive", self.p_inactive)
-        p_incomplete = _check_probability("p_incomplete", self.p_incomplete)
-        object.__setattr__(self, "p_inactive", p_inactive)
-        object.__setattr__(self, "p_incomplete", p_incomplete)
+        self.p_inactive = _check_probability("p_inactive", self.p_inactive)
+        self.p_incomplete = _check_probability("p_incomplete", self.p_incomplete)
         if self.p_inactive + self.p_incomplete > 1.0 + 1e-12:
             raise ValueError(
-                f"p_inactive + p_incomplete must be <= 1, got p_inactive={p_inactive} + "
-                f"p_incomplete={p_incomplete} = {self.p_inactive + self.p_incomplete}"
+                f"p_inactive + p_incomplete must be <= 1, got p_inactive={self.p_inactive} + "
+                f"p_incomplete={self.p_incomplete} = {self.p_inactive + self.p_incomplete}"
             )
 
     @property

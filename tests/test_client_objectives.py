@@ -27,7 +27,7 @@ from conftest import flat_weights, run_rounds
 from lightning.pytorch import Callback, Trainer
 from torch import nn
 
-from lfed.client.objectives import EFL, Prox, build_objective
+from lfed.client.objectives import EFL, Prox
 from lfed.data.datamodule import FederatedDataModule
 from lfed.module import FederatedModule
 
@@ -413,7 +413,7 @@ def test_bad_objective_arguments_on_the_classes():
     with pytest.raises(ValueError, match="fisher_samples"):
         EFL(fisher_samples=0)
     with pytest.raises(ValueError, match="fisher_samples"):
-        build_objective("efl", fisher_samples=True)
+        EFL(fisher_samples=True)  # a bool is not a count
 
 
 # ----------------------------------------------------------------------------- state in checkpoints

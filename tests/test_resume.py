@@ -26,11 +26,13 @@ from resume_helpers import HOLD_MARK, RoundLog
 from lfed import algorithms
 from lfed.checkpoint import AtomicCheckpointIO, ResumeWarning, RoundCheckpoint, install_atomic_io, verify_fingerprint
 from lfed.cli import run_cli
+from lfed.client.objectives import EFL, Prox
 from lfed.data.datamodule import FederatedDataModule
 from lfed.data.datasets import load_dataset
 from lfed.module import FederatedModule
 from lfed.rng import round_generator
 from lfed.sampling import UniformSampler, cohort_size
+from lfed.stragglers import Stragglers
 
 TESTS = Path(__file__).resolve().parent
 ROUNDS = 6  # R; checkpoints every R/2 = 3 rounds; the kill lands in round 4 (0-based)
@@ -420,26 +422,30 @@ def test_install_atomic_io_leaves_a_users_checkpoint_io_alone():
 # ----------------------------------------------------------------------------- composition checks
 
 
-def _warnings_for(algorithm: str, num_clients: int = 100, total_rounds: int = 500, **explicit) -> list[str]:
-    params = {k: explicit.pop(k) for k in ("p_inactive", "p_incomplete", "mu", "efl_lambda") if k in explicit}
-    components = algorithms.build(algorithms.resolve(algorithm, **explicit), **params)
-    return algorithms.validate_composition(components, set(explicit), num_clients=num_clients, total_rounds=total_rounds)
+def _warnings_for(algorithm: str, num_clients: int = 100, total_rounds: int = 500, **given) -> list[str]:
+    from lfed.settings import settings
+
+    s = settings(algorithm=algorithm, **given)  # the roles, and the stragglers group
+    roles = {k: s[k] for k in algorithms.ROLES}
+    components = algorithms.build(algorithms.resolve(algorithm, **roles), s["stragglers"])
+    explicit = {k for k, v in roles.items() if v is not None}
+    return algorithms.validate_composition(components, explicit, num_clients=num_clients, total_rounds=total_rounds)
 
 
 @pytest.mark.parametrize("algorithm", sorted(algorithms.PRESETS))
 def test_every_preset_is_a_sensible_composition(algorithm):
-    assert _warnings_for(algorithm, mu=0.01, efl_lambda=0.1) == []
+    assert _warnings_for(algorithm) == []
 
 
 @pytest.mark.parametrize(
     "algorithm, settings, expected",
     [
-        ("fedavg", {"compression": 1.0}, "not the identity"),
+        ("fedavg", {"channel": 1.0}, "not the identity"),
         ("efl", {"partial_work": "scale"}, "p_incomplete=0 makes every active client complete"),
         ("fedavg", {"partial_work": "drop"}, "same as 'keep'"),
         ("igfl", {"weighting": "dwfed"}, "weighting has no effect"),
-        ("fedprox", {"mu": 0.0}, "plain local SGD"),
-        ("efl", {"efl_lambda": 0.0}, "Fisher report"),
+        ("fedprox", {"objective": Prox(mu=0.0)}, "plain local SGD"),
+        ("efl", {"objective": EFL(lam=0.0)}, "Fisher report"),
         ("adafl", {"fraction": 1.0}, "AdaFL scores change nothing"),
         # 10 rounds of 10 of 100 clients: 100 participations, 1 per client on average
         ("igfl_s_time", {"total_rounds": 10}, "1 participations on average"),
@@ -456,7 +462,7 @@ def test_time_attention_with_enough_rounds_is_fine_and_all_inactive_is_refused()
     # 20 rounds of 10 of 100 clients: 2 participations per client on average (the threshold)
     assert _warnings_for("igfl_s_time", total_rounds=20) == []
     with pytest.raises(ValueError, match="p_inactive: 1.0"):
-        _warnings_for("fedavg", p_inactive=1.0)
+        _warnings_for("fedavg", stragglers=Stragglers(p_inactive=1.0))
 
 
 def test_the_module_warns_about_its_composition_at_fit_start():

@@ -87,7 +87,7 @@ def test_a_round_where_no_work_counts_changes_nothing():
 
 
 def test_the_sampler_and_straggler_model_draw_when_nothing_is_given():
-    alg, store, data, engine = _setup("loop", algorithm="fedavg", fraction=2 / 3, p_inactive=0.0)
+    alg, store, data, engine = _setup("loop", algorithm="fedavg", fraction=2 / 3)
     plan = LocalTraining(client_lr=0.1, batch_size=None, local_steps=2)
     _, rec = run_round(alg, W_INIT, data, plan, engine, round=3, seed=7)
     assert rec.cohort.clients.numel() == 2 and rec.cohort.steps_done.tolist() == [2, 2]
