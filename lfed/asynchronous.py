@@ -231,24 +231,22 @@ class Asynchronous(Component):
         generator = round_generator(run.seed, step, "clock")
         opens = clock.next_available(perm, now, run.seed, N).tolist()
         arrivals = sorted(e[0] for e in self.events)
-        left = list(range(perm.numel()))  # positions in perm not dispatched yet
         plan: list[tuple[int, float, float, int]] = []
-        t = now
-        while len(plan) < k and left:
-            ready = [i for i in left if opens[i] <= t][: k - len(plan)]
-            if ready:
-                new = batch(perm[ready], t, generator)
-                plan += new
-                arrivals = sorted(arrivals + [t + d for _, t, d, _ in new])
-                taken = set(ready)
-                left = [i for i in left if i not in taken]
-                if len(plan) == k or not left:
+        order = sorted(range(perm.numel()), key=lambda i: (opens[i], i))  # by opening time, then the draw's order
+        i = 0
+        while i < len(order) and len(plan) < k:
+            t = opens[order[i]]
+            if t > now:  # wait for this window only while fewer than M arrivals come before it
+                server_step = arrivals[self.buffer - 1] if len(arrivals) >= self.buffer else float("inf")
+                if t >= server_step:  # the M-th arrival comes first: the rest wait for the next model
                     break
-            t_next = min(opens[i] for i in left)
-            server_step = arrivals[self.buffer - 1] if len(arrivals) >= self.buffer else float("inf")
-            if t_next >= server_step:  # the M-th arrival comes first: the rest wait for the next model
-                break
-            t = t_next
+            j = i
+            while j < len(order) and opens[order[j]] == t:
+                j += 1
+            new = batch(perm[order[i:j][: k - len(plan)]], t, generator)
+            plan += new
+            arrivals = sorted(arrivals + [start + d for _, start, d, _ in new])
+            i = j
         return sorted(plan)
 
     def prepare(self, run: Any, step: int, total_rounds: int | None, ranks: Any = None) -> Any:
