@@ -14,6 +14,9 @@ are the synchronous run's own. One server step ``t`` (one Lightning ``training_s
    a client's update does not depend on when it arrives. Each client's result waits in a slot of the
    client state store (``asynchronous.update``, ``[C, P]``: on the device, in host memory or on disk,
    ``client_state``) until its arrival time ``now + d_k`` (``d_k`` from the :class:`~lfed.clock.SimulatedClock`).
+   With availability windows (``clock.availability_period``) only the clients available at a time are drawn
+   (FedScale's rule); while slots are free and fewer than ``M`` arrivals precede it, the server waits for the
+   next window to open and dispatches there, still with ``w^t`` (:meth:`Asynchronous._dispatch_plan`).
 2. **Arrivals.** The ``M`` (``buffer``) earliest arrivals are popped (ties in dispatch order); the
    clock moves to the last one's arrival time. A popped client dispatched at version ``v`` has
    staleness ``τ = t - v``.
@@ -48,6 +51,7 @@ queue, the model version counter and the simulated time (``asynchronous._extra_s
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -112,6 +116,7 @@ class Asynchronous(Component):
         self.events: list[tuple[float, int, int, int, int, int]] = []
         self.seq = 0
         self.times: list[float] = []  # simulated time after each server step
+        self._plan: list[tuple[int, float, float, int]] = []  # this step's dispatch (client, start, duration, steps)
 
     # ------------------------------------------------------------------ what it is
     def structure(self) -> dict[str, Any]:
@@ -152,22 +157,26 @@ class Asynchronous(Component):
         comb, obj = c.get("combination"), c.get("objective")
         from lfed.client.objectives import Plain, Prox
         from lfed.sampling import UniformSampler
-        from lfed.server.channel import Dense
+        from lfed.server.channel import Dense, TernaryTopK
         from lfed.server.combination import IGFLAttention, ServerCombination
 
         if comb is not None and type(comb).__name__ == "DPFedAvg":
-            refuse = ("aggregation: DP-FedAvg is not implemented asynchronously (its sensitivity would be max_k a_k s(τ_k) "
+            refuse = ("combination: DP-FedAvg is not implemented asynchronously (its sensitivity would be max_k a_k s(τ_k) "
                       "x clip per server step and its accountant would need sampling among the clients not in flight, "
-                      "docs/async.md); use a non-private aggregation")
+                      "docs/async.md); use a non-private combination")
         elif type(obj) not in (Plain, Prox):
             refuse = (f"objective: {type(obj).__name__} keeps client or server state or changes the round, which is "
                       "not defined asynchronously yet; use plain or prox")
         elif isinstance(comb, IGFLAttention) or type(comb) is not ServerCombination and type(comb).__name__ != "Mean":
-            refuse = (f"aggregation: {type(comb).__name__} is not defined on a buffer of stale updates yet; use mean")
+            refuse = (f"combination: {type(comb).__name__} is not defined on a buffer of stale updates yet; use mean")
         elif c.get("weighting") is not None and c["weighting"].name not in ("size", "uniform"):
             refuse = f"weighting: {c['weighting'].name!r} is not defined asynchronously yet; use size or uniform"
-        elif c.get("channel") is not None and not isinstance(c["channel"], Dense):
-            refuse = "compression: not tested asynchronously yet; leave compression unset"
+        elif c.get("channel") is not None and not isinstance(c["channel"], (Dense, TernaryTopK)):
+            refuse = f"channel: {type(c['channel']).__name__} is not defined asynchronously; use ternary or none"
+        elif c.get("channel") is not None and not isinstance(c["channel"], Dense) and self.mixing is not None:
+            refuse = ("channel: FedAsync mixes the client's model w_k into the server's, but a client can only "
+                      "compress its update w_k - w^v against the model version v it started from; use FedBuff or no "
+                      "compression")
         elif c.get("sampler") is not None and type(c["sampler"]) is not UniformSampler:
             refuse = (f"sampler: {type(c['sampler']).__name__}; asynchronous dispatch draws uniformly among the "
                       "clients not in flight; leave sampler unset")
@@ -192,21 +201,65 @@ class Asynchronous(Component):
     def _in_flight(self) -> tuple[set[int], set[int]]:
         return {e[3] for e in self.events}, {e[2] for e in self.events}
 
-    def prepare(self, run: Any, step: int, total_rounds: int | None, ranks: Any = None) -> Any:
-        """Dispatch clients to keep ``C`` in flight with the current model: the engine job of the step."""
-        from lfed.rng import round_generator
-        from lfed.round import prepare_round
+    def _dispatch_plan(self, run: Any, step: int) -> list[tuple[int, float, float, int]]:
+        """Who is dispatched at server step ``step``: ``(client, start, duration, steps)`` sorted by client.
 
-        data = run.data
+        Without availability windows every one of the ``k = C - in flight`` clients starts now. With windows
+        (FedScale's rule, :mod:`lfed.clock`) only the clients available at a time are drawn (in the step's
+        ``randperm`` order); while slots are free and fewer than ``M`` arrivals precede it, the server waits for the
+        next window to open and dispatches there, still with the model ``w^t`` (no server step came between).
+        Slots still free when the ``M``-th arrival comes first stay free until the next step."""
+        from lfed.rng import round_generator
+
+        data, clock, now = run.data, self.clock, self.clock.now
         N = data.num_clients
         busy, _ = self._in_flight()
         k = self.concurrency - len(self.events)
         perm = torch.randperm(N, generator=round_generator(run.seed, step, "sample"))
         if busy:
             perm = perm[~torch.isin(perm, torch.tensor(sorted(busy), dtype=perm.dtype))]
-        clients = perm[:k].sort().values
-        budget = run.training_plan.step_budget(data.host("client_sizes")[clients])
-        return prepare_round(run.components, run.layout.module_vector(run.net), data, run.training_plan, run.engine,
+        sizes = data.host("client_sizes")
+
+        def batch(clients: Tensor, t: float, generator: torch.Generator | None) -> list[tuple[int, float, float, int]]:
+            clients = clients.sort().values
+            steps = run.training_plan.step_budget(sizes[clients])
+            d = clock.durations(clients, steps, step, run.seed, N, generator=generator)
+            return [(int(c), t, float(x), int(n)) for c, x, n in zip(clients.tolist(), d.tolist(), steps.tolist())]
+
+        if not clock.windows:
+            return batch(perm[:k], now, None)
+        generator = round_generator(run.seed, step, "clock")
+        opens = clock.next_available(perm, now, run.seed, N).tolist()
+        arrivals = sorted(e[0] for e in self.events)
+        plan: list[tuple[int, float, float, int]] = []
+        order = sorted(range(perm.numel()), key=lambda i: (opens[i], i))  # by opening time, then the draw's order
+        i = 0
+        while i < len(order) and len(plan) < k:
+            t = opens[order[i]]
+            if t > now:  # wait for this window only while fewer than M arrivals come before it
+                server_step = arrivals[self.buffer - 1] if len(arrivals) >= self.buffer else float("inf")
+                if t >= server_step:  # the M-th arrival comes first: the rest wait for the next model
+                    break
+            j = i
+            while j < len(order) and opens[order[j]] == t:
+                j += 1
+            new = batch(perm[order[i:j][: k - len(plan)]], t, generator)
+            plan += new
+            arrivals = sorted(arrivals + [start + d for _, start, d, _ in new])
+            i = j
+        return sorted(plan)
+
+    def prepare(self, run: Any, step: int, total_rounds: int | None, ranks: Any = None) -> Any:
+        """Dispatch clients to keep ``C`` in flight with the current model: the engine job of the step."""
+        from lfed.round import prepare_round
+
+        self._plan = self._dispatch_plan(run, step)
+        w = run.layout.module_vector(run.net)
+        if not self._plan:  # availability windows: nobody available before the buffer fills
+            return _NoDispatch(step, w, list(run.layout.sizes))
+        clients = torch.tensor([c for c, *_ in self._plan], dtype=torch.long)
+        budget = torch.tensor([n for *_, n in self._plan], dtype=torch.long)
+        return prepare_round(run.components, w, run.data, run.training_plan, run.engine,
                              round=step, seed=run.seed, clients=clients, steps_done=budget, total_rounds=total_rounds,
                              sizes=run.layout.sizes, ranks=ranks)
 
@@ -214,22 +267,29 @@ class Asynchronous(Component):
         """Queue the dispatched clients' results, pop the ``M`` earliest arrivals and step the server."""
         from lfed.round import RoundRecord, draw_cohort
 
-        if prepared.skipped:
+        alg, data = run.components, run.data
+        idle = isinstance(prepared, _NoDispatch)
+        if prepared.skipped and not idle:
             raise RuntimeError("asynchronous: a dispatch trained nobody (every dispatched client has a zero budget)")
-        alg, data, job, rec = run.components, run.data, prepared.job, prepared.record
-        step, w = rec.round, prepared.w
-        host = rec.cohort.host_values()
-        # 1. the dispatched clients' results wait in free slots until their arrival times
-        _, used = self._in_flight()
-        free = [i for i in range(self.concurrency) if i not in used][: host.clients.numel()]
-        slots = torch.tensor(free, dtype=torch.long)
-        rows = result.weights - job.w_start if self.mixing is None else result.weights
-        self.write_rows("update", to_device(slots, rows.device), rows)
-        durations = self.clock.durations(host.clients, host.steps_done, step, run.seed, data.num_clients).tolist()
-        start = self.clock.now
-        for slot, client, steps, d in zip(free, host.clients.tolist(), host.steps_done.tolist(), durations):
-            heapq.heappush(self.events, (start + d, self.seq, slot, client, step, int(steps)))
-            self.seq += 1
+        step, w = (prepared.round, prepared.w) if idle else (prepared.record.round, prepared.w)
+        device = w.device
+        rows = None
+        dispatched = 0
+        if not idle:
+            job, host = prepared.job, prepared.record.cohort.host_values()
+            # 1. the dispatched clients' results wait in free slots until their arrival times
+            _, used = self._in_flight()
+            free = [i for i in range(self.concurrency) if i not in used][: host.clients.numel()]
+            slots = torch.tensor(free, dtype=torch.long)
+            rows = result.weights - job.w_start if self.mixing is None else result.weights
+            device = rows.device
+            self.write_rows("update", to_device(slots, device), rows)
+            plan = {c: (t, d) for c, t, d, _ in self._plan}
+            for slot, client, steps in zip(free, host.clients.tolist(), host.steps_done.tolist()):
+                start, d = plan[client]
+                heapq.heappush(self.events, (start + d, self.seq, slot, client, step, int(steps)))
+                self.seq += 1
+            dispatched = host.clients.numel()
         # 2. the M earliest arrivals
         popped = [heapq.heappop(self.events) for _ in range(self.buffer)]
         self.clock.now = popped[-1][0]
@@ -248,25 +308,29 @@ class Asynchronous(Component):
             a = a.detach().cpu() * scale
         weights = to_device(a, cohort.clients.device)
         # 3. the server update
-        stored = self.rows("update", to_device(torch.tensor([e[2] for e in popped]), rows.device))
+        stored = self.rows("update", to_device(torch.tensor([e[2] for e in popped]), device))
         updates = stored if self.mixing is None else stored - w
         sizes = prepared.sizes
         sent = alg.channel.upstream(updates, cohort, sizes)
         delta, _ = alg.combination.combine(sent, weights, cohort)
         delta = alg.channel.downstream(delta, sizes)
         w_new = run.server_step(optimizer)(delta)
-        record = RoundRecord(step, cohort, weights, losses=None, delta=delta, bits_down=rec.bits_down)
+        bits_down = 0 if idle else prepared.record.bits_down
+        record = RoundRecord(step, cohort, weights, losses=None, delta=delta, bits_down=bits_down)
         record.bits_up = record.uploads * alg.channel.bits(sizes)
         record.result = result
-        record.check(result.loss[:, None], "training losses")
-        record.check(rows, "client updates")
+        if not idle:
+            record.check(result.loss[:, None], "training losses")
+            record.check(rows, "client updates")
         record.check(w_new, "the global model")
         metrics: dict[str, Any] = {
-            "round/clients": float(len(popped)), "round/dispatched": float(host.clients.numel()),
-            "round/weight_sum": weights.sum(), "train/loss": result.loss.mean(),
+            "round/clients": float(len(popped)), "round/dispatched": float(dispatched),
+            "round/weight_sum": weights.sum(),
             "async/staleness_mean": sum(taus) / len(taus), "async/staleness_max": float(max(taus)),
             "async/in_flight": float(len(self.events)), "clock/time": self.clock.now,
         }
+        if not idle:
+            metrics["train/loss"] = result.loss.mean()
         metrics, flags = read_metrics(metrics, record.finite_flags())
         try:
             record.raise_if_nonfinite(flags)
@@ -277,7 +341,7 @@ class Asynchronous(Component):
         run.rounds_done = step + 1
         run.bmta.add_round(cohort.host.clients, None)
         metrics.update(run.comm.record(record.uploads, bits_up=record.bits_up, bits_down=record.bits_down))
-        return metrics, [f"server step {step}: {m}" for m in rec.warnings]
+        return metrics, [] if idle else [f"server step {step}: {m}" for m in prepared.record.warnings]
 
     # ------------------------------------------------------------------ checkpoint state
     def get_extra_state(self) -> dict[str, Any]:
@@ -288,6 +352,17 @@ class Asynchronous(Component):
         heapq.heapify(self.events)
         self.seq = int(state["seq"])
         self.times = [float(t) for t in state["times"]]
+
+
+@dataclass
+class _NoDispatch:
+    """A server step that dispatches nobody (availability windows): the driver skips the engine."""
+
+    round: int
+    w: Tensor
+    sizes: list[int]
+    job: None = None
+    skipped: bool = True
 
 
 class FedBuff(Asynchronous):

@@ -70,6 +70,24 @@ def test_durations_from_a_file(tmp_path):
         SimulatedClock("lognormal", durations_file=str(path))
 
 
+def test_availability_windows_are_periodic_seeded_and_give_the_next_opening():
+    """Client k is available in [φ_k + n p, φ_k + n p + f p), φ_k = p u_k, u_k ~ U(0, 1) seeded (seed, 0, "clock_window")."""
+    clock = SimulatedClock("constant", availability_period=10.0, availability_fraction=0.3)
+    u = torch.rand(4, generator=round_generator(7, 0, "clock_window"), dtype=torch.float64)
+    assert torch.equal(clock.phases(7, 4), 10.0 * u)
+    clock._phases = ((7, 4), torch.tensor([0.0, 2.0, 9.0, 5.5], dtype=torch.float64))  # hand phases
+    # at t = 12.5: client 0 opened at 10 (open until 13), client 1 opens at 12 (open until 15),
+    # client 2 opened at 9 (closed at 12, next 19), client 3 opened at 5.5 (closed at 8.5, next 15.5)
+    got = clock.next_available(torch.tensor([0, 1, 2, 3]), 12.5, seed=7, num_clients=4)
+    assert got.tolist() == pytest.approx([12.5, 12.5, 19.0, 15.5], abs=1e-12)
+    assert SimulatedClock("constant", availability_period=10.0, availability_fraction=1.0).windows is False
+    assert SimulatedClock("constant").next_available(torch.tensor([1, 0]), 3.0, 0, 2).tolist() == [3.0, 3.0]
+    with pytest.raises(ValueError, match="availability_fraction"):
+        SimulatedClock("constant", availability_period=10.0, availability_fraction=0.0)
+    with pytest.raises(ValueError, match="availability_period"):
+        SimulatedClock("constant", availability_period=-1.0)
+
+
 def test_the_clock_and_the_queue_are_in_the_state_dict():
     a = Asynchronous(concurrency=3, buffer=1, clock=SimulatedClock("constant"))
     a.clock.now, a.events, a.seq, a.times = 4.5, [(5.0, 2, 0, 7, 1, 3)], 3, [1.0, 4.5]
@@ -124,25 +142,88 @@ def _hand_local(w, x, y, steps, lr):
     return w
 
 
-def _hand_simulation(data, w0, durations, *, C, M, steps, lr, rounds, seed, server):
-    """The event simulation of FedBuff / FedAsync: a heap over arrival times (module docstring)."""
+def _hand_st(x, q):
+    """Sparse ternary compression per tensor (weight, bias), plain torch: the k = floor(n q) (at least 1) entries of
+    largest magnitude become ±(their mean magnitude), the rest 0. The server's Δ of ternary rows has many exactly tied
+    magnitudes: ties are broken as torch.topk breaks them (what SPEC §7 specifies)."""
+    out = []
+    for seg in x.split([CLASSES * D, CLASSES]):
+        k = max(int(seg.numel() * q + 1e-9), 1)
+        top = torch.topk(seg.abs(), k, sorted=False).indices
+        o = torch.zeros_like(seg)
+        o[top] = seg.abs()[top].mean() * seg[top].sign()
+        out.append(o)
+    return torch.cat(out)
+
+
+def _hand_dispatch(t, now, events, C, M, perm, durations, opens):
+    """Who starts when at server step t: the clients available at a time (perm order) fill the free slots; while
+    slots are free and fewer than M arrivals are due before it, wait for the next window opening (FedScale's rule)."""
+    left = [c for c in perm if c not in {e[2] for e in events}]
+    free = C - len(events)
+    due = sorted(e[0] for e in events)
+    starts, clock = {}, now
+    while len(starts) < free and left:
+        ready = [c for c in left if opens(c, now) <= clock][: free - len(starts)]
+        for c in ready:
+            starts[c] = clock
+            due = sorted(due + [clock + durations[c]])
+        left = [c for c in left if c not in starts]
+        if len(starts) == free or not left:
+            break
+        nxt = min(opens(c, now) for c in left)
+        if nxt >= (due[M - 1] if len(due) >= M else math.inf):
+            break
+        clock = nxt
+    return starts
+
+
+def _hand_simulation(data, w0, durations, *, C, M, steps, lr, rounds, seed, server, windows=None, q=None):
+    """The event simulation of FedBuff / FedAsync: a heap over arrival times (module docstring). ``windows``:
+    ``(period, fraction)`` availability windows; ``q``: ternary compression with error feedback both ways."""
     x, y, index, sizes = data.train_x, data.train_y, data.client_index, data.client_sizes
     w, now, seq, events, taus = w0.clone(), 0.0, 0, [], []
     m_a = v_a = None
+    residual, server_residual = {}, torch.zeros_like(w0)
+    delayed = idle = 0
+    if windows is not None:
+        period, fraction = windows
+        phase = period * torch.rand(N, generator=round_generator(seed, 0, "clock_window"), dtype=torch.float64)
+
+        def opens(c, t):  # t while client c's window is open, else its next opening
+            r = float(torch.remainder(torch.tensor(t - float(phase[c]), dtype=torch.float64), period))
+            return t if r < fraction * period else t + (period - r)
+    else:
+        def opens(c, t):
+            return t
     for t in range(rounds):
-        busy = {e[2] for e in events}
         perm = torch.randperm(N, generator=round_generator(seed, t, "sample")).tolist()
-        for c in sorted([c for c in perm if c not in busy][: C - len(events)]):
+        starts = _hand_dispatch(t, now, events, C, M, perm, durations, opens)
+        delayed += sum(v > now for v in starts.values())
+        idle += not starts
+        for c in sorted(starts):
             rows = index[c, : sizes[c]]
             w_c = _hand_local(w, x[rows], y[rows], steps, lr)
-            heapq.heappush(events, (now + durations[c], seq, c, t, w_c if server[0] == "fedasync" else w_c - w))
+            heapq.heappush(events, (starts[c] + durations[c], seq, c, t, w_c if server[0] == "fedasync" else w_c - w))
             seq += 1
         popped = [heapq.heappop(events) for _ in range(M)]
         now = popped[-1][0]
         taus += [t - e[3] for e in popped]
+        if q is not None:  # each arriving client sends ST(R_k + Δ_k) and keeps the rest (Sattler et al. / EFL)
+            sent = []
+            for e in popped:
+                u = residual.get(e[2], torch.zeros_like(w0)) + e[4]
+                sent.append(_hand_st(u, q))
+                residual[e[2]] = u - sent[-1]
+            popped = [(*e[:4], s_) for e, s_ in zip(popped, sent)]
         if server[0] == "fedbuff":  # Nguyen et al. 2022, Alg. 1: w ← w + η_g (1/M) Σ s(τ) Δ_k, s = (1 + τ)^-1/2
             _, eta = server
-            w = w + eta * sum((1 + t - e[3]) ** -0.5 * e[4] for e in popped) / M
+            delta = sum((1 + t - e[3]) ** -0.5 / M * e[4] for e in popped)
+            if q is not None:  # the server broadcasts ST(R_G + Δ) and keeps the rest
+                u = server_residual + delta
+                delta = _hand_st(u, q)
+                server_residual = u - delta
+            w = w + eta * delta
         elif server[0] == "fedbuff_fedadam":  # the same Δ into Reddi et al.'s FedAdam (no bias correction, v_0 = τ²)
             _, lr_s, b1, b2, tau_a = server
             delta = sum((1 + t - e[3]) ** -0.5 * e[4] for e in popped) / M
@@ -157,6 +238,8 @@ def _hand_simulation(data, w0, durations, *, C, M, steps, lr, rounds, seed, serv
             tau = t - e[3]
             s = 1.0 if tau <= b else 1.0 / (a * (tau - b) + 1.0)
             w = (1 - alpha * s) * w + alpha * s * e[4]
+    if windows is not None:
+        return w, now, taus, delayed, idle
     return w, now, taus
 
 
@@ -196,6 +279,49 @@ def test_twenty_server_steps_equal_the_hand_event_simulation(tmp_path, backend, 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_availability_windows_equal_the_hand_event_simulation(tmp_path, backend):
+    """FedBuff C = 5, M = 2 with periodic availability windows (period 6 s, available 25% of it): a client outside
+    its window is not drawn; the server waits for a window to open while fewer than M arrivals precede it, and
+    some steps dispatch nobody. 20 server steps against the hand event simulation."""
+    path, durations = _durations_file(tmp_path)
+    clock = SimulatedClock("file", durations_file=str(path), availability_period=6.0, availability_fraction=0.25)
+    dm = _data()
+    data = dm.build()
+    net = _net()
+    w0 = torch.cat([net.weight.detach().flatten(), net.bias.detach().flatten()])
+    asynchronous = FedBuff(concurrency=5, buffer=2, clock=clock)
+    module = FederatedModule(net, weighting="uniform", client_lr=0.3, batch_size=None, local_steps=2, backend=backend,
+                             seed=4, server_optimizer=functools.partial(torch.optim.SGD, lr=1.5), asynchronous=asynchronous)
+    run_rounds(module, dm, rounds=20)
+    want, now, taus, delayed, idle = _hand_simulation(data, w0, durations, C=5, M=2, steps=2, lr=0.3, rounds=20, seed=4,
+                                                      server=("fedbuff", 1.5), windows=(6.0, 0.25))
+    assert delayed >= 3 and idle >= 1 and max(taus) >= 3  # the server waited for windows; a step dispatched nobody
+    torch.testing.assert_close(flat_weights(module), want, atol=1e-12, rtol=0)
+    assert asynchronous.now == pytest.approx(now, abs=1e-9) and module.comm.uploads == 40
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fedbuff_with_ternary_compression_equals_the_hand_event_simulation(tmp_path, backend):
+    """Compression composes with FedBuff: an arriving client sends ST(R_k + Δ_k) of its own (stale) update and keeps
+    the rest as its residual, the server broadcasts ST(R_G + Δ); 20 server steps against the hand simulation."""
+    path, durations = _durations_file(tmp_path)
+    dm = _data()
+    data = dm.build()
+    net = _net()
+    w0 = torch.cat([net.weight.detach().flatten(), net.bias.detach().flatten()])
+    asynchronous = FedBuff(concurrency=5, buffer=2, clock=SimulatedClock("file", durations_file=str(path)))
+    module = FederatedModule(net, weighting="uniform", client_lr=0.3, batch_size=None, local_steps=2, backend=backend,
+                             seed=4, server_optimizer=functools.partial(torch.optim.SGD, lr=1.5), asynchronous=asynchronous,
+                             compression=0.4)
+    run_rounds(module, dm, rounds=20)
+    want, now, taus = _hand_simulation(data, w0, durations, C=5, M=2, steps=2, lr=0.3, rounds=20, seed=4,
+                                       server=("fedbuff", 1.5), q=0.4)
+    assert max(taus) >= 3
+    torch.testing.assert_close(flat_weights(module), want, atol=1e-12, rtol=0)
+    assert module.comm.uploads == 40 and module.comm.bits_up < 40 * 32 * (CLASSES * D + CLASSES)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("placement", ["device", "host"])
 def test_sync_fedavg_is_the_case_c_equals_m_equals_k_with_equal_durations(backend, placement):
     """C = M = K = 3 of 12 clients, equal durations (constant clock, 2 local steps each), size weights, mini-batches:
@@ -216,12 +342,14 @@ def test_sync_fedavg_is_the_case_c_equals_m_equals_k_with_equal_durations(backen
     "settings, expected",
     [
         ({"algorithm": "scaffold"}, "asynchronous: objective: Scaffold"),
-        ({"algorithm": "dp_fedavg"}, "asynchronous: aggregation: DP-FedAvg is not implemented asynchronously"),
-        ({"aggregation": "self"}, "asynchronous: aggregation: IGFLAttention"),
+        ({"algorithm": "dp_fedavg"}, "asynchronous: combination: DP-FedAvg is not implemented asynchronously"),
+        ({"aggregation": "self"}, "asynchronous: combination: IGFLAttention"),
         ({"weighting": "dwfed"}, "asynchronous: weighting: 'dwfed'"),
         ({"sampler": "attention"}, "asynchronous: sampler: AttentionSampler"),
         ({"p_inactive": 0.2}, "asynchronous: p_inactive"),
-        ({"compression": 0.3}, "asynchronous: compression"),
+        ({"compression": 0.3, "asynchronous": FedAsync(concurrency=4)}, "asynchronous: channel: FedAsync mixes"),
+        ({"objective": "lfed.client.feddyn.FedDyn"}, "asynchronous: objective: FedDyn"),
+        ({"objective": "lfed.personal.ditto.Ditto"}, "asynchronous: objective: Ditto"),
         ({"asynchronous": FedBuff(concurrency=13, buffer=2)}, "asynchronous: concurrency: 13 clients in flight"),
     ],
 )
@@ -307,6 +435,48 @@ def test_the_digits_config_runs_and_reports_simulated_time(tmp_path):
     hit = cli.model.comm.rounds_to_reach(0.2)
     assert summary["final/time_to_0.2"] == a.times[hit[0] - 1]
     assert summary["final/uploads_total"] == 60 * 5 and summary["final/test_acc"] > 0.5
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["--model.objective", "scaffold"], "asynchronous: objective: Scaffold keeps client or server state"),
+        (["--model.objective", "lfed.client.feddyn.FedDyn"], "asynchronous: objective: FedDyn"),
+        (["--model.algorithm", "ditto"], "asynchronous: objective: Ditto"),
+        (["--model.asynchronous", "lfed.asynchronous.FedAsync", "--model.channel", "0.1"],
+         "asynchronous: channel: FedAsync mixes the client's model"),
+    ],
+)
+def test_a_user_asking_the_digits_config_for_what_async_does_not_define_gets_one_line(extra, expected, tmp_path,
+                                                                                       monkeypatch, capsys):
+    """``lfed fit --config configs/fedbuff_digits.yaml --model.objective scaffold``: one line, exit 2, no run left."""
+    from conftest import REPO
+    from test_cli_errors import run_main
+    from test_cli_promises import one_error_line, runs_left
+
+    code, err = run_main(monkeypatch, capsys, ["fit", "--config", str(REPO / "configs" / "fedbuff_digits.yaml"), *extra,
+                                               "--trainer.max_steps", "1", "--trainer.enable_progress_bar", "false",
+                                               "--trainer.default_root_dir", str(tmp_path)])
+    assert code == 2
+    assert one_error_line(err).startswith(f"lfed fit: error: {expected}")
+    assert runs_left(tmp_path) == []
+
+
+def test_the_digits_config_with_availability_windows_and_compression_runs(tmp_path):
+    """What composes, as a user writes it: windows on the config's clock and ternary compression (FedBuff)."""
+    from conftest import REPO
+
+    from lfed.cli import run_cli
+
+    cli = run_cli(["fit", "--config", str(REPO / "configs" / "fedbuff_digits.yaml"), "--trainer.logger=false",
+                   "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false", "--trainer.max_steps=6",
+                   "--trainer.val_check_interval=6", f"--trainer.default_root_dir={tmp_path}", "--model.channel=0.1",
+                   "--model.asynchronous.init_args.clock.init_args.availability_period=100",
+                   "--model.asynchronous.init_args.clock.init_args.availability_fraction=0.3"])
+    a = cli.model.runs[0].components.asynchronous
+    assert a.clock.windows and a.clock.availability_period == 100.0 and len(a.times) == 6
+    assert type(cli.model.runs[0].components.channel).__name__ == "TernaryTopK"
+    assert cli.model.comm.uploads == 30
 
 
 def test_two_processes_give_the_one_process_async_run(tmp_path):

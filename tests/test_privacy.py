@@ -468,7 +468,7 @@ COMPONENTS_UNDER_DP = {
     "local_noise (local DP)": (lambda: _dp_row() | {"aggregation": DPFedAvg(noise_multiplier=0.0, local_noise=1.0)},
                                None),
     "asynchronous: FedBuff, FedAsync": (lambda: _dp_row(asynchronous=__import__("lfed.asynchronous").asynchronous.FedBuff(
-        concurrency=4, buffer=2)), "asynchronous: aggregation: DP-FedAvg is not implemented asynchronously"),
+        concurrency=4, buffer=2)), "asynchronous: combination: DP-FedAvg is not implemented asynchronously"),
     "local_noise with target_quantile": (lambda: _dp_row() | {"aggregation": DPFedAvg(
         noise_multiplier=0.0, local_noise=1.0, target_quantile=0.5)}, "target_quantile: adaptive clipping sends each "
         "client's clipped-or-not bit to the server un-noised"),
