@@ -61,7 +61,7 @@ def test_feddyn_two_rounds_by_hand(backend, p_inactive):
 def test_feddyn_refuses_a_bad_alpha_and_another_combination():
     with pytest.raises(ValueError, match=r"alpha: must be a finite number > 0 \(FedDyn's coefficient\)"):
         FedDyn(alpha=0.0)
-    with pytest.raises(ValueError, match="aggregation: objective 'feddyn' brings its own server combination"):
+    with pytest.raises(ValueError, match="combination: objective 'feddyn' brings its own server combination"):
         toy_module(None, "vmap", algorithm="feddyn", aggregation="self")
 
 

@@ -101,7 +101,7 @@ def test_global_step_counts_rounds():
         ({"batch_size": 0}, "batch_size"),
         ({"backend": "jit"}, "backend"),
         ({"algorithm": "fedsgd"}, "algorithm"),
-        ({"aggregation": "median"}, "aggregation"),
+        ({"aggregation": "median"}, "combination"),  # 0.3's word, refused in the new one
         ({"objective": "ditto"}, "objective"),
         ({"sampler": "greedy"}, "sampler"),
         ({"mu": -0.1, "algorithm": "fedprox"}, "mu"),

@@ -581,7 +581,7 @@ def test_round_with_every_client_inactive_changes_nothing_but_the_round(backend)
         ({"attention_temperature": 0.0}, "attention_temperature.*> 0"),
         ({"attention_temperature": -1.0}, "attention_temperature"),
         ({"attention_temperature": float("inf")}, "attention_temperature"),
-        ({"aggregation": "keys"}, r"aggregation: 'keys' is not one of \('mean', 'self', 'global', 'time'\)"),
+        ({"aggregation": "keys"}, r"combination: 'keys' is not one of \('mean', 'self', 'global', 'time'\)"),
         ({"weighting": "ish"}, r"weighting: .ish. is not one of \(.size., .uniform., .dwfed.\)"),
         ({"partial_work": "ignore"}, r"partial_work: .ignore. is not one of"),
     ],

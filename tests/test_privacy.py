@@ -365,7 +365,7 @@ def test_bad_settings_are_refused_naming_the_argument(kwargs, match):
 @pytest.mark.parametrize("settings, match", [
     (dict(sampler="uniform"), "sampler: DP-FedAvg's accountant assumes Poisson sampling"),
     (dict(weighting="size"), "weighting: DP-FedAvg weighs every counting client by 1/m"),
-    (dict(compression=0.5), "compression: DP-FedAvg clips each update before any compression"),
+    (dict(compression=0.5), "channel: DP-FedAvg clips each update before any compression"),
 ])
 def test_compositions_the_accountant_cannot_account_for_are_refused_before_round_0(settings, match):
     m = _module(algorithm="dp_fedavg", aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5), **settings)
@@ -423,7 +423,7 @@ def _norm_net(norm: str) -> torch.nn.Module:
 
 
 def _dp_row(**kwargs) -> dict:
-    return dict(algorithm="dp_fedavg", fraction=0.5, aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5), **kwargs)
+    return dict(algorithm="dp_fedavg", fraction=0.5, combination=DPFedAvg(noise_multiplier=1.0, clip=0.5), **kwargs)
 
 
 #: One row of docs/privacy.md's table each: (the module's settings, the refusal's start, or None: it runs).
@@ -445,16 +445,16 @@ COMPONENTS_UNDER_DP = {
     "objective: fedbn": (lambda: _dp_row(objective="lfed.personal.fedbn.FedBN", net=_norm_net("layer")), None),
     "objective: perfedavg": (lambda: _dp_row(objective="lfed.personal.perfedavg.PerFedAvg"), None),
     "objective: fedrod": (lambda: _dp_row(objective="lfed.personal.fedrod.FedRoD"), None),
-    "aggregation: self, global, time": (lambda: _dp_row() | {"aggregation": "global"},
-                                        "aggregation: 'global' would replace the preset's DP-FedAvg"),
-    "aggregation: mean": (lambda: _dp_row() | {"aggregation": "mean"}, "aggregation: 'mean' would replace"),
+    "combination: self, global, time": (lambda: _dp_row() | {"combination": "global"},
+                                        "combination: 'global' would replace the preset's DP-FedAvg"),
+    "combination: mean": (lambda: _dp_row() | {"combination": "mean"}, "combination: 'mean' would replace"),
     "weighting: uniform": (lambda: _dp_row(weighting="uniform"), None),
     "weighting: size": (lambda: _dp_row(weighting="size"), "weighting: DP-FedAvg weighs every counting client by 1/m"),
     "weighting: dwfed": (lambda: _dp_row(weighting="dwfed"), "weighting: DWFed's weights come from each client's label"),
     "sampler: poisson": (lambda: _dp_row(sampler="poisson"), None),
     "sampler: uniform": (lambda: _dp_row(sampler="uniform"), "sampler: DP-FedAvg's accountant assumes Poisson sampling"),
     "sampler: attention": (lambda: _dp_row(sampler="attention"), "sampler: AdaFL's sampling scores move"),
-    "compression": (lambda: _dp_row(compression=0.5), "compression: DP-FedAvg clips each update before any compression"),
+    "channel": (lambda: _dp_row(channel=0.5), "channel: DP-FedAvg clips each update before any compression"),
     "partial_work, p_inactive, p_incomplete": (
         lambda: _dp_row(partial_work="drop", p_inactive=0.2, p_incomplete=0.3), None),
     "server_optimizer": (lambda: _dp_row() | {"algorithm": "dp_fedadam"}, None),
@@ -463,13 +463,13 @@ COMPONENTS_UNDER_DP = {
     "net: LayerNorm, GroupNorm, BatchNorm(track_running_stats=False)": (
         lambda: _dp_row(net=torch.nn.Sequential(_norm_net("layer"), torch.nn.GroupNorm(2, 10),
                                                 torch.nn.BatchNorm1d(10, track_running_stats=False))), None),
-    "target_quantile (adaptive clipping)": (lambda: _dp_row() | {"aggregation": DPFedAvg(
+    "target_quantile (adaptive clipping)": (lambda: _dp_row() | {"combination": DPFedAvg(
         noise_multiplier=1.0, clip=0.5, target_quantile=0.5, count_noise=2.0)}, None),
-    "local_noise (local DP)": (lambda: _dp_row() | {"aggregation": DPFedAvg(noise_multiplier=0.0, local_noise=1.0)},
+    "local_noise (local DP)": (lambda: _dp_row() | {"combination": DPFedAvg(noise_multiplier=0.0, local_noise=1.0)},
                                None),
     "asynchronous: FedBuff, FedAsync": (lambda: _dp_row(asynchronous=__import__("lfed.asynchronous").asynchronous.FedBuff(
         concurrency=4, buffer=2)), "asynchronous: combination: DP-FedAvg is not implemented asynchronously"),
-    "local_noise with target_quantile": (lambda: _dp_row() | {"aggregation": DPFedAvg(
+    "local_noise with target_quantile": (lambda: _dp_row() | {"combination": DPFedAvg(
         noise_multiplier=0.0, local_noise=1.0, target_quantile=0.5)}, "target_quantile: adaptive clipping sends each "
         "client's clipped-or-not bit to the server un-noised"),
 }

@@ -164,7 +164,7 @@ class DPFedAvg(ServerCombination):
             raise ValueError(f"weighting: DP-FedAvg weighs every counting client by 1/m (bounded sensitivity C/m); "
                              f"{getattr(weighting, 'name', weighting)!r} weights are unbounded without a cap; use weighting: uniform")
         if channel is not None and not getattr(channel, "exact", True):
-            raise ValueError("compression: DP-FedAvg clips each update before any compression, and ternary compression "
+            raise ValueError("channel: DP-FedAvg clips each update before any compression, and ternary compression "
                              "with residuals feeds earlier rounds' updates into later ones (unbounded sensitivity); "
                              "use compression: false with DP")
         N = context.num_clients

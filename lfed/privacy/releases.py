@@ -16,12 +16,12 @@ from typing import Any
 __all__ = ["INSTEAD", "SETTINGS", "check_releases", "refusal"]
 
 #: The setting that chooses the component of each role (the names a config and the command line use).
-SETTINGS = {"combination": "aggregation", "channel": "compression", "participation": "fraction"}
+SETTINGS = {"participation": "fraction"}
 
 #: What to use with DP instead, by setting.
 INSTEAD = {
     "objective": "objective: plain or prox (or a personalized rule whose own state stays on the client)",
-    "aggregation": "aggregation: lfed.privacy.DPFedAvg",
+    "combination": "combination: lfed.privacy.DPFedAvg",
     "weighting": "weighting: uniform",
     "sampler": "sampler: poisson",
     "net": "a net without running statistics (LayerNorm, GroupNorm or BatchNorm(track_running_stats=False))",

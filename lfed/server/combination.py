@@ -80,14 +80,14 @@ class IGFLAttention(ServerCombination):
         if getattr(weighting, "partial_work", None) == "scale" and "partial_work" in context.explicit:
             ignored.append("partial_work='scale'")
         if ignored:
-            out.append(f"aggregation={self.query!r} (IGFL-S attention) weighs updates by attention, so "
-                       f"{', '.join(ignored)} has no effect (only which clients count matters); use aggregation='mean'")
+            out.append(f"combination={self.query!r} (IGFL-S attention) weighs updates by attention, so "
+                       f"{', '.join(ignored)} has no effect (only which clients count matters); use combination='mean'")
         sizes, N = context.cohort_sizes, context.num_clients
         if self.query == "time" and sizes:
             per_client = sum(sizes) / N
             if per_client < 2:
                 out.append(
-                    f"aggregation='time' uses each client's previous update as its query, but {context.total_rounds} rounds "
+                    f"combination='time' uses each client's previous update as its query, but {context.total_rounds} rounds "
                     f"of {min(sizes)}-{max(sizes)} of {N} clients give each client {per_client:.2g} "
                     "participations on average: a first participation has a zero query (weight 1/|S|), so time "
                     "attention is mostly the plain mean; run more rounds or sample more clients")
