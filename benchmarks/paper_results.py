@@ -297,16 +297,41 @@ class Runner:
         self.trained = 0  # runs trained by this process (not read from the cache)
 
     @staticmethod
-    def _key(name: str, args: list[str]) -> str:
+    def _key(name: str, args: list[str], relative: bool = True) -> str:
+        """The run's cache key: its name and arguments, the paths under the repository relative to it (``relative``),
+        so a checkout elsewhere (a git worktree) finds the same entries; ``relative=False``: the key entries were
+        written under before (absolute paths, so found only by the checkout that wrote them)."""
+        args = _relative(args) if relative else args
         return json.dumps([name, [a for a in args if not a.startswith("--trainer.default_root_dir=")]])
 
-    def _cache_file(self, name: str, args: list[str]) -> Path | None:
+    def _cache_file(self, name: str, args: list[str], relative: bool = True) -> Path | None:
+        """Where this run's entry is written (and, ``relative=False``, where an older entry may lie)."""
         if self.cache is None:
             return None
         import hashlib
 
-        key = hashlib.sha1(self._key(name, args).encode()).hexdigest()[:16]
+        key = hashlib.sha1(self._key(name, args, relative).encode()).hexdigest()[:16]
         return self.cache / f"{re.sub(r'[^A-Za-z0-9]+', '_', name).strip('_')}-{key}.json"
+
+    def _find(self, name: str, args: list[str]) -> Path | None:
+        """The cache file holding this run, if any: the entry under its key, else one written under the older,
+        absolute-path key, by this checkout or (matched on the name and the arguments it recorded) by a checkout
+        elsewhere."""
+        cached = self._cache_file(name, args)
+        if cached is None or cached.is_file():
+            return cached
+        legacy = self._cache_file(name, args, relative=False)
+        if legacy.is_file():
+            return legacy
+        want = self._key(name, args)
+        for other in sorted(cached.parent.glob(f"{cached.name.rsplit('-', 1)[0]}-*.json")):
+            try:
+                d = json.loads(other.read_text())
+            except (OSError, ValueError):
+                continue
+            if self._key(d.get("name"), d.get("args") or []) == want:
+                return other
+        return cached
 
     def _args(self, configs: list[Path], overrides: list[str]) -> list[str]:
         return [a for c in configs for a in ("--config", str(c))] + [
@@ -320,8 +345,7 @@ class Runner:
         args = self._args(configs, overrides)
         if self._key(name, args) in self._memo:
             return True
-        cached = self._cache_file(name, args)
-        return self._entry(cached, args) is not None
+        return self._entry(self._find(name, args), args) is not None
 
     def _entry(self, cached: Path | None, args: list[str]) -> dict | None:
         """The cache entry of ``args`` (None: no cache, ``fresh``, no entry, or a stale one: see the class)."""
@@ -341,9 +365,9 @@ class Runner:
         args = self._args(configs, overrides)
         if self._key(name, args) in self._memo:
             return self._memo[self._key(name, args)]
-        cached = self._cache_file(name, args)
-        d = self._entry(cached, args)
-        if d is None and cached is not None and cached.is_file() and not self.fresh:
+        cached, found = self._cache_file(name, args), self._find(name, args)
+        d = self._entry(found, args)
+        if d is None and found is not None and found.is_file() and not self.fresh:
             self.log(f"  {name}: cached run is stale (a config or a file it names changed since); training it again")
         if d is not None:
             run = Run(d["name"], d["history"], d["summary"], d["seconds"], d["args"], d.get("attention"), d.get("extra", {}))

@@ -62,3 +62,35 @@ def test_a_cached_run_whose_config_or_base_changed_is_stale(tmp_path):
     assert runner.is_cached("r", configs, overrides)
     assert not paper_results.Runner(REPO, tmp_path / "w", lambda s: None, cache=tmp_path / "cache",
                                     fresh=True).is_cached("r", configs, overrides)
+
+
+def test_a_run_cached_by_a_checkout_elsewhere_is_read_here(tmp_path, monkeypatch):
+    """The cache key holds the configs' paths relative to the repository, so a git worktree reads the runs the main
+    checkout trained; an entry written under the older key (absolute paths: /work/main/configs/...) is found too,
+    by the name and arguments it recorded, and by this checkout also under its own older key."""
+    runner = paper_results.Runner(REPO, tmp_path / "w", lambda s: None, cache=tmp_path / "cache")
+    configs, overrides = [REPO / "configs" / "quickstart.yaml"], ["--trainer.max_steps=2", "--model.training.client_lr=0.1"]
+    args = runner._args(configs, overrides)
+    here = runner._cache_file("study/r/seed0", args)
+    elsewhere = tmp_path / "elsewhere" / "lfed"
+    monkeypatch.setattr(paper_results, "REPO", elsewhere)  # the same run, from a checkout at another path
+    there = runner._cache_file("study/r/seed0", runner._args([elsewhere / "configs" / "quickstart.yaml"], overrides))
+    monkeypatch.undo()
+    assert here == there
+    entry = {"name": "study/r/seed0", "history": [{"round": 2, "acc": 0.5, "val_acc": 0.5, "client_acc": None,
+                                                     "uploads": 4}],
+             "summary": {"final/test_acc_last10pct": 0.5}, "seconds": 1.0, "args": paper_results._relative(args),
+             "attention": None, "extra": {}}
+    old_key = json.dumps(["study/r/seed0", [a.replace(str(REPO), str(elsewhere)) for a in args
+                                            if not a.startswith("--trainer.default_root_dir=")]])
+    old = here.parent / f"study_r_seed0-{hashlib.sha1(old_key.encode()).hexdigest()[:16]}.json"
+    old.parent.mkdir(parents=True)
+    old.write_text(json.dumps({**entry, "inputs": paper_results.inputs_fingerprint(args)}))
+    assert runner.is_cached("study/r/seed0", configs, overrides)
+    assert runner.run("study/r/seed0", configs, overrides).last10 == 0.5  # read, not trained
+    assert not runner.is_cached("study/r/seed0", configs, ["--trainer.max_steps=2", "--model.training.client_lr=0.3"])
+    old.unlink()
+    ours = runner._cache_file("study/r/seed0", args, relative=False)  # this checkout's own older key
+    assert ours != here
+    ours.write_text(json.dumps({**entry, "args": []}))
+    assert runner.is_cached("study/r/seed0", configs, overrides)
