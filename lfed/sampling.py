@@ -412,8 +412,9 @@ class AttentionSampler(ClientSampler):
 
     def __init__(self, alpha: float = 0.9) -> None:
         super().__init__()
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (0.0 <= alpha < 1.0):
-            raise ValueError(f"alpha must be a number in [0, 1), got {alpha!r}")
+        from lfed.validation import number
+
+        alpha = number("alpha", alpha, at_least=0, below=1, detail=" (AdaFL's score decay α)")
         self.alpha = float(alpha)
         self.register_buffer("scores", torch.zeros(0, dtype=torch.float64))
 

@@ -134,8 +134,8 @@ def _same_class(path: str | None, wanted: str) -> bool:
         return False
 
 
-def upgrade(model: dict[str, Any], prefix: str = "model.",
-            context: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
+def upgrade(model: dict[str, Any], prefix: str = "model.", context: dict[str, Any] | None = None,
+            later: bool = False) -> tuple[dict[str, Any], list[str]]:
     """``model`` settings with 0.3's flat keys rewritten to the grouped form, and one message per key rewritten.
 
     A grouped key goes into its group (``client_lr`` -> ``training.client_lr``), a renamed role to its new word
@@ -143,7 +143,9 @@ def upgrade(model: dict[str, Any], prefix: str = "model.",
     ``prox`` (named, or the preset's) becomes ``objective: {class_path: lfed.client.objectives.Prox, init_args:
     {mu: 0.1}}``. A method setting whose component is not in the run did nothing in 0.3 and is dropped, and
     says so. A key given both ways is refused: which one wins would be a silent choice. ``context``: settings
-    given elsewhere (an earlier config file) that tell ``algorithm`` and the roles when ``model`` does not.
+    given elsewhere (an earlier config file) that tell ``algorithm`` and the roles when ``model`` does not;
+    ``later``: ``model`` comes after ``context`` (a command-line argument after a config file) and so overrides
+    its component's setting, as any later setting does.
     """
     context = context or {}
     out = dict(model)
@@ -189,7 +191,7 @@ def upgrade(model: dict[str, Any], prefix: str = "model.",
             out[role] = {"class_path": path, "init_args": {**args, argument: value}}
         elif isinstance(choice, dict) and _same_class(_class_path(choice), path):
             init = dict(choice.get("init_args") or {})
-            if argument in init and init[argument] != value:
+            if argument in init and init[argument] != value and not (later and role not in model):
                 raise ValueError(f"{prefix}{key}: given with {prefix}{role}.init_args.{argument}; give the latter only")
             out[role] = {**choice, "init_args": {**init, argument: value}}
         elif _same_class(_class_path(choice), path) and not isinstance(choice, (str, dict)):  # a built component
@@ -264,7 +266,7 @@ def upgrade_args(args: list[str]) -> tuple[list[str], list[str]]:
                 number = yaml.safe_load(value)
             except yaml.YAMLError:
                 number = value
-            upgraded, said = upgrade({name: number}, context=seen)
+            upgraded, said = upgrade({name: number}, context=seen, later=True)
             messages += [m.replace("model.", "--model.", 1) for m in said]
             role = METHOD[name][0]
             if role in upgraded:

@@ -530,9 +530,9 @@ def test_adafl_presets(preset, objective):
         ({"fraction": float("nan")}, r"fraction must be in \(0, 1\]"),
         ({"fraction": "0.5"}, "fraction must be a number"),
         ({"algorithm": "adafl", "fraction": 2.0}, r"fraction must be in \(0, 1\]"),
-        ({"algorithm": "adafl", "sampler_alpha": 1.0}, r"sampler_alpha: must be a finite number in \[0, 1\) \(AdaFL's score decay α\)"),
-        ({"algorithm": "adafl", "sampler_alpha": -0.1}, r"sampler_alpha: must be a finite number in \[0, 1\) \(AdaFL's score decay α\)"),
-        ({"sampler_alpha": 1.5}, "sampler_alpha"),  # checked even while the uniform sampler ignores it
+        ({"algorithm": "adafl", "sampler_alpha": 1.0}, r"alpha: must be a finite number in \[0, 1\) \(AdaFL's score decay α\)"),
+        ({"algorithm": "adafl", "sampler_alpha": -0.1}, r"alpha: must be a finite number in \[0, 1\) \(AdaFL's score decay α\)"),
+        ({"sampler_alpha": 1.5}, "alpha: must be"),  # checked even while the uniform sampler ignores it (0.3's key)
         ({"p_inactive": 0.6, "p_incomplete": 0.5}, r"p_inactive \+ p_incomplete must be <= 1"),
         ({"p_inactive": -0.1}, r"p_inactive: must be a finite number in \[0, 1\] \(a probability\), got -0.1"),
         ({"p_incomplete": 1.5}, r"p_incomplete: must be a finite number in \[0, 1\] \(a probability\), got 1.5"),

@@ -187,3 +187,15 @@ def test_a_checkpoint_written_by_lfed_0_3_resumes_bit_for_bit_under_0_4(tmp_path
     assert a.keys() == b.keys() and any("control" in k for k in a)
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+def test_an_old_method_key_on_the_command_line_overrides_its_config_files_component(tmp_path):
+    """A grid axis or sweep argument in 0.3's spelling after a config of 0.4 (the later setting wins, as always)."""
+    cfg = tmp_path / "new.yaml"
+    cfg.write_text("model:\n  algorithm: adafl\n  sampler:\n    class_path: lfed.sampling.AttentionSampler\n"
+                   "    init_args: {alpha: 0.9}\n")
+    args, said = upgrade_args(["fit", "--config", str(cfg), "--model.sampler_alpha=0.5"])
+    assert args[-1] == '--model.sampler={"class_path": "lfed.sampling.AttentionSampler", "init_args": {"alpha": 0.5}}'
+    assert len(said) == 1
+    with pytest.raises(ValueError, match="given with model.sampler.init_args.alpha"):  # in one place: refused
+        upgrade({"sampler": {"class_path": "lfed.sampling.AttentionSampler", "init_args": {"alpha": 0.9}}, "sampler_alpha": 0.5})
