@@ -370,7 +370,7 @@ def test_server_optimizer_from_a_config_through_the_cli(tmp_path, server, cls, c
 # ---------------------------------------------------------------------- compression (SPEC §7)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_compression_switched_off_is_the_plain_run_bit_for_bit(backend):
-    """``compression: false`` turns off the efl preset's ST: the same run as the uncompressed composition."""
+    """``channel: false`` turns off the efl preset's ST: the same run as the uncompressed composition."""
     groups = [[0, 1, 2, 3], [4, 5, 6, 7, 8, 9], [10, 11, 12]]
     x, y = _data(13, seed=7)
     common = dict(client_lr=0.3, local_steps=3, p_incomplete=0.5, backend=backend, seed=1)

@@ -105,7 +105,7 @@ def test_dp_reads_the_neighbours_declarations_not_their_names():
         DPFedAvg().prepare_run(_dp_context(sampler=UniformSampler()))
     with pytest.raises(ValueError, match="weighting: DP-FedAvg weighs every counting client by 1/m"):
         DPFedAvg().prepare_run(_dp_context(weighting=SizeWeights()))
-    with pytest.raises(ValueError, match="compression: DP-FedAvg clips each update before any compression"):
+    with pytest.raises(ValueError, match="channel: DP-FedAvg clips each update before any compression"):
         DPFedAvg().prepare_run(_dp_context(channel=MyQuantizer()))
 
 

@@ -166,7 +166,7 @@ class DPFedAvg(ServerCombination):
         if channel is not None and not getattr(channel, "exact", True):
             raise ValueError("channel: DP-FedAvg clips each update before any compression, and ternary compression "
                              "with residuals feeds earlier rounds' updates into later ones (unbounded sensitivity); "
-                             "use compression: false with DP")
+                             "use channel: false with DP")
         N = context.num_clients
         if N is None:
             return

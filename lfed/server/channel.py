@@ -68,7 +68,7 @@ class TernaryTopK(Channel):
     def composition_warnings(self, context) -> list[str]:
         if float(self.sparsity) >= 1.0:
             return ["compression=1.0 keeps every entry but ternary compression is not the identity: each entry "
-                    "becomes ±mean|x| of its tensor (SPEC §7); set compression: false for dense updates (null keeps the preset's q)"]
+                    "becomes ±mean|x| of its tensor (SPEC §7); set channel: false for dense updates (null keeps the preset's q)"]
         return []
 
     def structure(self) -> dict:
