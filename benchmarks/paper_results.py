@@ -464,7 +464,7 @@ class _MemberRecorder(Recorder):
 
     def log_metrics(self, metrics: dict, step: int) -> None:
         if "test/acc" in metrics:  # an evaluation, after member.round rounds
-            self.record_evaluation(self.member.round, metrics, self.member.module.comm.uploads)
+            self.record_evaluation(self.member.round, metrics, self.member.run.comm.uploads)
         else:
             self.record_round(metrics)
 

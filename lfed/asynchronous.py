@@ -134,6 +134,19 @@ class Asynchronous(Component):
         return (f"{kind}(concurrency={self.concurrency}, buffer={self.buffer}, staleness={self.staleness}, "
                 f"clock={self.clock.distribution})")
 
+    # ------------------------------------------------------------------ the schedule's reports (lfed.schedule)
+    def composition(self) -> dict[str, str]:
+        """Its entry in the run's composition line."""
+        return {"asynchronous": self.describe()}
+
+    def evaluation_metrics(self) -> dict[str, float]:
+        """Every evaluation is also logged against simulated time."""
+        return {"clock/time": self.now}
+
+    def step_times(self) -> list[float]:
+        """Simulated seconds after each server step."""
+        return list(self.times)
+
     def state_specs(self) -> list[StateSpec]:
         return [StateSpec("update")]  # one row per slot: FedBuff Δ_k, FedAsync w_k
 
@@ -152,45 +165,18 @@ class Asynchronous(Component):
 
     # ------------------------------------------------------------------ checks before round 0
     def prepare_run(self, context: CompositionContext) -> None:
-        c = context.components or {}
-        refuse = None
-        comb, obj = c.get("combination"), c.get("objective")
-        from lfed.client.objectives import Plain, Prox
-        from lfed.sampling import UniformSampler
-        from lfed.server.channel import Dense, TernaryTopK
-        from lfed.server.combination import IGFLAttention, ServerCombination
-
-        if comb is not None and type(comb).__name__ == "DPFedAvg":
-            refuse = ("combination: DP-FedAvg is not implemented asynchronously (its sensitivity would be max_k a_k s(τ_k) "
-                      "x clip per server step and its accountant would need sampling among the clients not in flight, "
-                      "docs/async.md); use a non-private combination")
-        elif type(obj) not in (Plain, Prox):
-            refuse = (f"objective: {type(obj).__name__} keeps client or server state or changes the round, which is "
-                      "not defined asynchronously yet; use plain or prox")
-        elif isinstance(comb, IGFLAttention) or type(comb) is not ServerCombination and type(comb).__name__ != "Mean":
-            refuse = (f"combination: {type(comb).__name__} is not defined on a buffer of stale updates yet; use mean")
-        elif c.get("weighting") is not None and c["weighting"].name not in ("size", "uniform"):
-            refuse = f"weighting: {c['weighting'].name!r} is not defined asynchronously yet; use size or uniform"
-        elif c.get("channel") is not None and not isinstance(c["channel"], (Dense, TernaryTopK)):
-            refuse = f"channel: {type(c['channel']).__name__} is not defined asynchronously; use ternary or none"
-        elif c.get("channel") is not None and not isinstance(c["channel"], Dense) and self.mixing is not None:
-            refuse = ("channel: FedAsync mixes the client's model w_k into the server's, but a client can only "
-                      "compress its update w_k - w^v against the model version v it started from; use FedBuff or no "
-                      "compression")
-        elif c.get("sampler") is not None and type(c["sampler"]) is not UniformSampler:
-            refuse = (f"sampler: {type(c['sampler']).__name__}; asynchronous dispatch draws uniformly among the "
-                      "clients not in flight; leave sampler unset")
-        elif context.p_inactive > 0 or context.p_incomplete > 0:
-            refuse = ("p_inactive / p_incomplete: the simulated clock is the asynchronous run's straggler model; "
-                      "set them to 0")
-        elif c.get("history") is not None:
-            refuse = "a component reading the update history is not defined asynchronously yet"
-        elif obj is not None and getattr(obj, "sharing", None) is not None:
-            refuse = "objective: partial sharing is not defined asynchronously yet"
-        elif context.num_clients is not None and self.concurrency > context.num_clients:
-            refuse = f"concurrency: {self.concurrency} clients in flight, but the data has {context.num_clients} clients"
-        if refuse:
-            raise ValueError(f"asynchronous: {refuse}")
+        """Refuse, before round 0, what is not defined asynchronously: each other component says for itself
+        (:meth:`lfed.component.Component.asynchronous_refusal`), then the stragglers and ``C <= N``."""
+        for role, component in (context.components or {}).items():
+            reason = None if component is self else component.asynchronous_refusal(self)
+            if reason:
+                raise ValueError(f"asynchronous: {role}: {reason}")
+        if context.p_inactive > 0 or context.p_incomplete > 0:
+            raise ValueError("asynchronous: p_inactive / p_incomplete: the simulated clock is the asynchronous run's "
+                             "straggler model; set them to 0")
+        if context.num_clients is not None and self.concurrency > context.num_clients:
+            raise ValueError(f"asynchronous: concurrency: {self.concurrency} clients in flight, but the data has "
+                             f"{context.num_clients} clients")
 
     def composition_warnings(self, context: CompositionContext) -> list[str]:
         if "fraction" in context.explicit:

@@ -30,32 +30,50 @@ from lfed.group import GroupMember, RunGroup, format_table
 from lfed.member_logs import MemberLoggers
 from lfed.module import FederatedModule
 from lfed.reporting import MetricsCSV, config_id, silence_library_noise
+from lfed.settings import build_run
 from lfed.sweep import Sweep, load_sweep, member_name
 
 __all__ = ["build_members", "main", "run_grid", "train_group"]
 
 
-class _MemberCLI(LfedCLI):
-    """``lfed fit``'s parsing, seeding and instantiation of model and data; a Trainer only when asked."""
+def _build_run(class_type: type, *args: Any, applied_instantiation_links: dict | None = None, **settings: Any) -> Any:
+    """The parser's instantiator of the ``model:`` section in a grid: the point's run (:func:`lfed.build_run`), not a
+    LightningModule: the group is the one driver of all of them."""
+    return build_run(**settings)
 
-    def __init__(self, *args: Any, directory: Path | None = None, **kwargs: Any) -> None:
-        self.directory = directory
-        super().__init__(*args, **kwargs)
+
+class _MemberCLI(LfedCLI):
+    """``lfed fit``'s parsing of one grid point; its run, data module (and a Trainer, when asked) built by
+    :meth:`build`, after ``lfed fit``'s seeding."""
+
+    def _add_instantiators(self) -> None:
+        super()._add_instantiators()
+        self.parser.add_instantiator(_build_run, FederatedModule, subclasses=True, prepend=True)
 
     def before_instantiate_classes(self) -> None:
         silence_library_noise()
-        if self.directory is not None:
-            self.run_dir = self.directory
-            self.config["trainer"]["default_root_dir"] = str(self.directory)
+
+    def instantiate_classes(self) -> None:
+        """Nothing yet: the grid first parses every point (their settings name the grid's directory), then builds."""
+
+    def build(self, directory: Path | None = None) -> _MemberCLI:
+        """Seed as ``lfed fit`` does, then build the point's run (``self.model``) and data module; with ``directory``
+        also ``lfed fit``'s Trainer, writing there."""
+        self.directory = directory
+        if directory is not None:
+            self.run_dir = directory
+            self.config["trainer"]["default_root_dir"] = str(directory)
+        self._set_seed()
+        super().instantiate_classes()
+        return self
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer | None:
         return super().instantiate_trainer(**kwargs) if self.directory is not None else None
 
 
-def _member_cli(args: list[str], directory: Path | None = None) -> _MemberCLI:
+def _member_cli(args: list[str]) -> _MemberCLI:
     try:
-        return _MemberCLI(FederatedModule, FederatedDataModule, run=False, args=args, save_config_callback=None,
-                          directory=directory)
+        return _MemberCLI(FederatedModule, FederatedDataModule, run=False, args=args, save_config_callback=None)
     except SystemExit as stop:
         raise ValueError(f"grid: the arguments {' '.join(args)} do not parse (the parser's message is above): "
                          "an unknown sweep parameter, or a value of the wrong type") from stop
@@ -68,8 +86,34 @@ def _point_args(configs: list[str], sweep: Sweep, point: dict, overrides: list[s
     return [*base, *Sweep.args_of(point), *(overrides or []), "--trainer.logger=false"]
 
 
+def _parse_points(configs: list[str], sweep: Sweep, overrides: list[str] | None) -> tuple[list[tuple[dict, _MemberCLI]], dict]:
+    """Every grid point parsed (not built) as ``lfed fit`` parses it; and their common trainer settings."""
+    points, trainer = [], None
+    for point in sweep.points():
+        cli = _member_cli(_point_args(configs, sweep, point, overrides))
+        cfg = cli.config
+        this = json.loads(json.dumps(cfg.get("trainer").as_dict() if hasattr(cfg.get("trainer"), "as_dict") else cfg.get("trainer"), default=str))
+        if trainer is None:
+            trainer = this
+        elif this != trainer:
+            differ = sorted(k for k in set(this) | set(trainer) if this.get(k) != trainer.get(k))
+            raise ValueError(f"trainer: grid point {point} sets {', '.join('trainer.' + k for k in differ)} otherwise than the "
+                             "first point; the runs of a grid share one Trainer (rounds, evaluation, precision): "
+                             "sweep these in separate grids")
+        points.append((point, cli))
+    return points, trainer or {}
+
+
+def _members(points: list[tuple[dict, _MemberCLI]], directory: Path | None = None) -> list[GroupMember]:
+    """Each parsed point's run and data (the first one's Trainer too, with ``directory``), in the grid's order."""
+    return [GroupMember(member_name(i, point), cli.build(directory if i == 0 else None).model, cli.datamodule,
+                        dict(point), settings_of(cli.config))
+            for i, (point, cli) in enumerate(points)]
+
+
 def build_members(configs: list[str], sweep: Sweep, overrides: list[str] | None = None) -> tuple[list[GroupMember], dict]:
-    """One :class:`GroupMember` per grid point, built as ``lfed fit`` builds the run; and their common trainer settings.
+    """One :class:`GroupMember` per grid point, its run built as ``lfed fit`` builds it (same parser, same seeding;
+    :func:`lfed.build_run`); and their common trainer settings.
 
     Args:
         configs: Base ``--config`` files (the sweep's own ``command`` configs when empty).
@@ -80,21 +124,8 @@ def build_members(configs: list[str], sweep: Sweep, overrides: list[str] | None 
         ValueError: If a point does not parse, or the points differ in their ``trainer`` settings
             (the runs of a group share one Trainer: rounds, evaluation interval, precision).
     """
-    members, trainer = [], None
-    for i, point in enumerate(sweep.points()):
-        cli = _member_cli(_point_args(configs, sweep, point, overrides))
-        cfg = cli.config
-        settings = settings_of(cfg)
-        this = json.loads(json.dumps(cfg.get("trainer").as_dict() if hasattr(cfg.get("trainer"), "as_dict") else cfg.get("trainer"), default=str))
-        if trainer is None:
-            trainer = this
-        elif this != trainer:
-            differ = sorted(k for k in set(this) | set(trainer) if this.get(k) != trainer.get(k))
-            raise ValueError(f"trainer: grid point {point} sets {', '.join('trainer.' + k for k in differ)} otherwise than the "
-                             "first point; the runs of a grid share one Trainer (rounds, evaluation, precision): "
-                             "sweep these in separate grids")
-        members.append(GroupMember(member_name(i, point), cli.model, cli.datamodule, dict(point), settings))
-    return members, trainer or {}
+    points, trainer = _parse_points(configs, sweep, overrides)
+    return _members(points), trainer
 
 
 def train_group(members: list[GroupMember], *, rounds: int, evaluate_every: int | None = None, precision: str = "32-true",
@@ -171,9 +202,10 @@ def run_grid(argv: list[str] | None = None) -> tuple[RunGroup, Path]:
     if args.checkpoint_every < 0:
         raise ValueError(f"checkpoint_every: must be >= 0 rounds (0 turns it off), got {args.checkpoint_every}")
     sweep = load_sweep(args.sweep)
-    members, _ = build_members(args.config, sweep, overrides)
+    points, _ = _parse_points(args.config, sweep, overrides + [f"--checkpoint_every={args.checkpoint_every}"])
     root = Path(args.root or os.getcwd())
-    gid = config_id({"sweep": sweep.name, "members": [[m.name, m.settings] for m in members]})
+    gid = config_id({"sweep": sweep.name, "members": [[member_name(i, point), settings_of(cli.config)]
+                                                      for i, (point, cli) in enumerate(points)]})
     directory = root / "grids" / f"{sweep.name}-{gid}"
     last = directory / "checkpoints" / "last.ckpt"
     ckpt = args.ckpt_path
@@ -184,11 +216,9 @@ def run_grid(argv: list[str] | None = None) -> tuple[RunGroup, Path]:
     elif ckpt is None and last.is_file():
         raise ValueError(f"grid: {directory} already holds a checkpoint of this grid; pass --ckpt_path last to resume it, "
                          "or remove the directory to start again")
-    # the Trainer: lfed fit's, from the first point's settings (they are the same for every point)
-    first = _member_cli(_point_args(args.config, sweep, sweep.points()[0], overrides) +
-                        [f"--checkpoint_every={args.checkpoint_every}"], directory=directory)
-    members[0] = GroupMember(members[0].name, first.model, first.datamodule, members[0].params, members[0].settings)
-    trainer = first.trainer
+    # the runs, and the Trainer: lfed fit's, from the first point's settings (they are the same for every point)
+    members = _members(points, directory)
+    trainer = points[0][1].trainer
     wandb_group = None
     if os.environ.get("WANDB_MODE", "").strip().lower() != "disabled":
         wandb_group = f"{sweep.name}-{gid}"

@@ -35,7 +35,8 @@ class GroupMember:
 
     Attributes:
         name: The run's name (its directory under the group's, the prefix of its metrics).
-        module: Its :class:`~lfed.module.FederatedModule` (a driver of the one run, as ``lfed fit`` builds it).
+        run: Its :class:`~lfed.run.FederatedRun` (:func:`lfed.build_run`, as ``lfed grid`` builds it from the point's
+            settings); a driver of one run (a ``FederatedModule``) is taken as its run.
         datamodule: Its :class:`~lfed.data.datamodule.FederatedDataModule`.
         params: The grid point (``{key: value}``) that makes it differ from the others.
         settings: Its ``model``/``data``/``seed_everything`` settings (its logs' config).
@@ -43,16 +44,18 @@ class GroupMember:
     """
 
     name: str
-    module: Any
+    run: Any
     datamodule: Any
     params: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     loggers: list[Any] = field(default_factory=list)
 
-    @property
-    def run(self):
-        """The member's :class:`~lfed.run.FederatedRun`."""
-        return self.module.runs[0]
+    def __post_init__(self) -> None:
+        runs = getattr(self.run, "runs", None)  # a FederatedModule: the driver of one run
+        if runs is not None:
+            if len(runs) != 1:
+                raise ValueError(f"members: {self.name} is a driver of {len(runs)} runs; a member is one run")
+            self.run = runs[0]
 
     @property
     def status(self) -> str:

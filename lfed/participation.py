@@ -27,6 +27,7 @@ class Participation(Component):
     """
 
     name = "participation"
+    asynchronous_ready = True  # the cohort size is not used asynchronously (concurrency and buffer are): a warning
 
     def __init__(self, fraction: float | FractionSchedule = 0.1, p_inactive: float = 0.0, p_incomplete: float = 0.0) -> None:
         super().__init__()

@@ -74,6 +74,7 @@ class UpdateHistory(Component):
     """
 
     name = "history"
+    asynchronous_unready = "(a component reads the update history) is not defined asynchronously yet"
 
     def state_specs(self) -> list[StateSpec]:
         return [StateSpec("previous_update"), StateSpec("global_change", per_client=False)]
@@ -123,6 +124,13 @@ class Algorithm:
         one (``make_sharing`` returns None) it is :data:`~lfed.personal.sharing.SHARE_ALL`.
         """
         self.sharing = resolve_sharing(self.objective, net, layout)
+
+    @property
+    def schedule(self) -> Any:
+        """When the server steps (:mod:`lfed.schedule`): the asynchronous component, or synchronous rounds."""
+        from lfed.schedule import SYNCHRONOUS
+
+        return self.asynchronous if self.asynchronous is not None else SYNCHRONOUS
 
     def roles(self) -> dict[str, Component]:
         """``{role: component}`` of every component (the history too when there is one)."""

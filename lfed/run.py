@@ -37,14 +37,12 @@ from lfed.evaluation import (
     client_evaluation,
     evaluate_split,
     is_classification,
-    local_accuracy,
     perplexity_summary,
     worst_share_mean,
 )
-from lfed.host import device_rows, values
 from lfed.params import ParamLayout
 from lfed.privacy.metrics import MetricGate
-from lfed.round import Algorithm, LocalTraining, PreparedRound, finish_round, prepare_round, setup_state, verify_round
+from lfed.round import Algorithm, LocalTraining, PreparedRound, setup_state
 from lfed.server.optimizers import apply_pseudo_gradient
 
 __all__ = ["FederatedRun", "default_net"]
@@ -144,8 +142,7 @@ class FederatedRun(nn.Module):
         out = {"objective": c.objective.name, "weighting": c.weighting.name, "partial_work": c.weighting.partial_work,
                "combination": c.combination.name, "channel": c.channel.sparsity, "sampler": c.sampler.name,
                "fraction": c.participation.fraction}
-        if c.asynchronous is not None:  # lfed.asynchronous: its one line
-            out["asynchronous"] = c.asynchronous.describe()
+        out.update(c.schedule.composition())  # lfed.schedule: asynchronous training's one line
         return out
 
     @property
@@ -210,12 +207,9 @@ class FederatedRun(nn.Module):
         return None
 
     def prepare(self, round: int, total_rounds: int | None, ranks: Ranks | None = None) -> PreparedRound:
-        """The round up to its local training (:func:`lfed.round.prepare_round`); asynchronous: a server step's dispatch."""
-        if self.components.asynchronous is not None:  # lfed.asynchronous: FedBuff / FedAsync on a simulated clock
-            return self.components.asynchronous.prepare(self, round, total_rounds, ranks)
-        return prepare_round(self.components, self.layout.module_vector(self.net), self.data, self.training_plan,
-                             self.engine, round=round, seed=self.seed, total_rounds=total_rounds, sizes=self.layout.sizes,
-                             ranks=ranks)
+        """The step up to its local training: its schedule's (:mod:`lfed.schedule`; a synchronous round,
+        :func:`lfed.round.prepare_round`, or an asynchronous server step's dispatch)."""
+        return self.components.schedule.prepare(self, round, total_rounds, ranks)
 
     def server_step(self, optimizer: torch.optim.Optimizer) -> Callable[[Tensor], Tensor]:
         """``Δ -> w'``: ``optimizer`` steps once on the pseudo-gradient ``-Δ`` (SPEC §4.1); the new flat weights."""
@@ -237,52 +231,13 @@ class FederatedRun(nn.Module):
 
     def finish(self, prepared: PreparedRound, result: CohortResult | None, optimizer: torch.optim.Optimizer,
                ranks: Ranks) -> tuple[dict[str, float], list[str]]:
-        """The rest of the round from the engine's ``result``; its metrics and its warnings.
+        """The rest of the step from the engine's ``result`` (its schedule's, :mod:`lfed.schedule`); its metrics and its
+        warnings.
 
         A skipped round (no client's work counts) steps the optimizer with no gradient (the round
         counter only). Raises ``FloatingPointError`` if the round produced NaN or Inf.
         """
-        if self.components.asynchronous is not None:  # the arrivals' server update (lfed.asynchronous)
-            return self.components.asynchronous.finish(self, prepared, result, optimizer, ranks)
-        rec = prepared.record
-        r = rec.round
-        if prepared.skipped:
-            self.bmta.add_round(rec.cohort.clients, None)
-            optimizer.zero_grad(set_to_none=True)
-            optimizer.step()  # no gradients: advances the round counter only
-            self.last_round = rec
-            self.rounds_done = r + 1
-            # the cohort was sampled and sent the model, but nobody's upload counts
-            return (self.metric_gate({"round/skipped": 1.0, **self.comm.record(0, bits_down=rec.bits_down)}),
-                    [f"round {r}: no client's work counts (all inactive or dropped); the round is skipped"])
-        w_new, rec = finish_round(self.components, prepared, result, self.engine,
-                                  server_step=self.server_step(optimizer), ranks=ranks)
-        self.layout.load_into(self.net, w_new)  # the server step's model, but the local part as it was (Sharing.keep_local)
-        if rec.result.buffers is not None:
-            self._aggregate_buffers(rec.result.buffers, rec.weights)
-        local = None  # bmta_local (SPEC §9): the counting participants' w_k_end on their own held-out splits
-        host, clients, d = rec.cohort.host_values(), rec.cohort.clients, self.data
-        if self.round_local_accuracy and is_classification(d.train_y) and any(values(host.counting)):
-            rows = device_rows(host.counting, rec.result.weights.device)
-            local = local_accuracy(self.net, self.layout, rec.result.weights[rows], d, clients[rows],
-                                   host_clients=host.clients[host.counting])
-        metrics = rec.metrics()
-        if local is not None:
-            metrics["client/local_acc_mean"] = torch.nanmean(local)
-        try:  # the round's one read from the device: its metrics and its finiteness flags (lfed.host)
-            metrics = verify_round(rec, metrics)
-        except FloatingPointError:
-            self.layout.load_into(self.net, prepared.w)  # the global model of the last good round, not NaN
-            raise
-        self.last_round = rec
-        self.rounds_done = r + 1
-        local_mean = metrics.get("client/local_acc_mean")
-        if local_mean is not None and math.isnan(local_mean):  # nobody of the round has a held-out split
-            metrics.pop("client/local_acc_mean")
-            local_mean = None
-        self.bmta.add_round(host.clients, local_mean)
-        metrics.update(self.comm.record(rec.uploads, bits_up=rec.bits_up, bits_down=rec.bits_down))
-        return self.metric_gate(metrics), [f"round {r}: {m}" for m in rec.warnings]
+        return self.components.schedule.finish(self, prepared, result, optimizer, ranks)
 
     def diverged(self, error: Exception) -> dict[str, float]:
         """Stop the run (NaN or Inf); the metric that records it."""
@@ -299,7 +254,7 @@ class FederatedRun(nn.Module):
         return (f"the net's BatchNorm running statistics ({shown}) are averaged over the cohort's clients, un-noised, "
                 "into the global model every round",)
 
-    def _aggregate_buffers(self, buffers: dict[str, Tensor], weights: Tensor) -> None:
+    def aggregate_buffers(self, buffers: dict[str, Tensor], weights: Tensor) -> None:
         """Average floating buffers (BatchNorm running stats) with the normalised weights."""
         own = dict(self.net.named_buffers())
         a = weights / weights.sum()
@@ -332,8 +287,7 @@ class FederatedRun(nn.Module):
         tokens = not (d.train_x.dtype.is_floating_point or d.train_x.dtype.is_complex)  # a language model: perplexity too
         evaluated = client_evaluation(self.net, d, ranks.rank, ranks.world_size, reduce_sum, batch_size, nll=tokens)
         per_client = None if evaluated is None else evaluated[0]
-        if self.components.asynchronous is not None:  # metrics against simulated time too (lfed.asynchronous)
-            metrics["clock/time"] = self.components.asynchronous.now
+        metrics.update(self.components.schedule.evaluation_metrics())  # against simulated time too (lfed.schedule)
         if per_client is not None:
             client = per_client[~torch.isnan(per_client)]
             metrics["client/acc_mean"] = float(client.mean())
@@ -484,13 +438,13 @@ class FederatedRun(nn.Module):
                 out[f"final/rounds_to_{target:g}"] = hit[0]
                 out[f"final/uploads_to_{target:g}"] = hit[1]
         out["final/uploads_total"] = self.comm.uploads
-        asynchronous = self.components.asynchronous
-        if asynchronous is not None and asynchronous.times:  # simulated seconds (lfed.asynchronous)
-            out["final/simulated_time"] = asynchronous.times[-1]
-            for target in self.accuracy_targets:
-                hit = self.comm.rounds_to_reach(target)
-                if hit is not None and 0 < hit[0] <= len(asynchronous.times):
-                    out[f"final/time_to_{target:g}"] = asynchronous.times[hit[0] - 1]
+        clock = self.components.schedule.step_times()  # simulated seconds after each step (lfed.schedule; none if synchronous)
+        if clock:
+            out["final/simulated_time"] = clock[-1]
+        for target in self.accuracy_targets:
+            hit = self.comm.rounds_to_reach(target)
+            if hit is not None and 0 < hit[0] <= len(clock):
+                out[f"final/time_to_{target:g}"] = clock[hit[0] - 1]
         out.update(self.bmta.summary())
         for component in {id(c): c for c in self.components.roles().values()}.values():  # DP: ε, δ, z
             out.update(component.summary())

@@ -280,6 +280,8 @@ class ClientSampler(Component):
 
     num_clients: int
     name = "uniform"
+    asynchronous_unready = ("is not used: asynchronous dispatch draws uniformly among the clients not in flight; "
+                            "leave sampler unset")
     #: Whether every round's cohort has the planned size. A sampler of random cohort sizes (Poisson) sets False, and the
     #: engine then runs its steps eagerly instead of recording one graph per shape (a new size almost every round).
     fixed_size = True
@@ -349,6 +351,8 @@ class ClientSampler(Component):
 
 class UniformSampler(ClientSampler):
     """``k`` clients without replacement, uniformly (FedAvg; SPEC §5)."""
+
+    asynchronous_ready = True
 
     def sample(self, round: int, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         self._check_k(k)

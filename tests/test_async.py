@@ -362,6 +362,30 @@ def test_compositions_that_are_not_defined_asynchronously_are_refused_before_rou
     assert module.runs[0].rounds_done == 0
 
 
+def test_a_component_says_itself_whether_it_is_defined_asynchronously():
+    """The asynchronous component asks each other component (Component.asynchronous_refusal), by no name: a user's
+    combination that declares asynchronous_ready runs, and equals the built-in mean; a subclass of a ready class
+    that does not declare it again (it may compute something else) is refused before round 0 with its own name."""
+    from lfed.server.combination import Mean
+
+    class MyMean(Mean):  # same arithmetic, but it has not said it is defined on stale updates
+        pass
+
+    class DeclaredMean(Mean):
+        asynchronous_ready = True
+
+    def fit(combination):
+        module = FederatedModule(_net(), combination=combination, client_lr=0.1, batch_size=None, local_steps=1,
+                                 asynchronous=FedBuff(concurrency=4, buffer=2, clock=SimulatedClock("constant")))
+        run_rounds(module, _data(), rounds=3)
+        return module
+
+    with pytest.raises(ValueError, match=r"^asynchronous: combination: MyMean is not defined on a buffer of stale "
+                                         r"updates yet; use mean$"):
+        fit(MyMean())
+    assert torch.equal(flat_weights(fit(DeclaredMean())), flat_weights(fit("mean")))
+
+
 # ----------------------------------------------------------------------------- exact resume
 
 

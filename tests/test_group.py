@@ -6,6 +6,8 @@ thread (several threads may split a batched product of many rows differently fro
 lfed.group's docstring), so these tests run with one.
 """
 
+import functools
+
 import pytest
 import torch
 from conftest import REPO
@@ -53,12 +55,12 @@ def assert_members_equal_alone(configs, parameters, overrides, tmp_path, merged_
     for m in group.members:
         assert m.status == "done", (m.name, m.error)
         w_alone, module = alone(configs, m.params, overrides, tmp_path)
-        w = m.module.layout.module_vector(m.module.net).detach()
+        w = m.run.layout.module_vector(m.run.net).detach()
         assert w.dtype == torch.float64
         assert torch.equal(w, w_alone), (m.name, (w - w_alone).abs().max())
-        assert m.module.eval_history == module.eval_history, m.name
-        assert m.module.val_history == module.val_history, m.name
-        assert m.module.comm.uploads == module.comm.uploads
+        assert m.run.eval_history == module.eval_history, m.name
+        assert m.run.val_history == module.val_history, m.name
+        assert m.run.comm.uploads == module.comm.uploads
         assert m.summary == module.final_summary, m.name
         for key in ("final/test_acc_last10pct", "final/val_acc_last10pct"):
             assert m.summary.get(key) == module.final_summary.get(key), (m.name, key)
@@ -82,7 +84,7 @@ def test_members_with_a_validation_split_report_it_as_the_run_alone(tmp_path):
     group = assert_members_equal_alone([config("quickstart.yaml")], {"model.training.client_lr": [0.05, 0.3]},
                                        [*ROUNDS, "--data.validation_fraction=0.2"], tmp_path, merged_calls_per_round=1)
     for m in group.members:
-        assert [r for r, _ in m.module.val_history] == [2, 4]
+        assert [r for r, _ in m.run.val_history] == [2, 4]
         assert 0.0 < m.summary["final/val_acc_last10pct"] <= 1.0
     rows = group.table_rows()
     assert [r["val_last10pct_acc"] for r in rows] == [m.summary["final/val_acc_last10pct"] for m in group.members]
@@ -138,7 +140,7 @@ def test_a_diverging_member_stops_alone(tmp_path):
     assert bad.status == "diverged" and "NaN or Inf" in bad.error and bad.round < 4
     assert ok.status == "done" and ok.round == 4
     w_alone, _ = alone([config("quickstart.yaml")], ok.params, ROUNDS, tmp_path)
-    assert torch.equal(ok.module.layout.module_vector(ok.module.net).detach(), w_alone)
+    assert torch.equal(ok.run.layout.module_vector(ok.run.net).detach(), w_alone)
     summary = (directory / bad.name / "summary.json").read_text()
     assert '"status": "diverged"' in summary
     assert "run/diverged" in (directory / bad.name / "metrics.csv").read_text()
@@ -163,12 +165,12 @@ def test_group_killed_mid_run_resumes_from_its_ckpt_exactly(tmp_path):
     resumed, directory = run_grid([*common, "--sweep", sweep, "--root", str(kill), "--ckpt_path", "last"])
     for a, b in zip(whole.members, resumed.members):
         assert b.status == "done" and b.round == 5
-        assert torch.equal(a.module.layout.module_vector(a.module.net), b.module.layout.module_vector(b.module.net))
-        assert torch.equal(a.module.objective.state("control"), b.module.objective.state("control"))
-        assert a.module.eval_history == b.module.eval_history
-        assert a.module.val_history == b.module.val_history and len(b.module.val_history) == 3
+        assert torch.equal(a.run.layout.module_vector(a.run.net), b.run.layout.module_vector(b.run.net))
+        assert torch.equal(a.run.objective.state("control"), b.run.objective.state("control"))
+        assert a.run.eval_history == b.run.eval_history
+        assert a.run.val_history == b.run.val_history and len(b.run.val_history) == 3
         assert a.summary == b.summary
-        assert a.module.comm.uploads == b.module.comm.uploads
+        assert a.run.comm.uploads == b.run.comm.uploads
         rounds = [line.split(",")[0] for line in (directory / b.name / "metrics.csv").read_text().splitlines()[1:]]
         assert rounds.count("4") >= 1  # the resumed rounds were logged to the member's own metrics.csv
 
@@ -190,6 +192,27 @@ def test_lfed_grid_command_writes_each_run_and_the_table(tmp_path, capsys):
     group, _ = run_grid(["--config", config("quickstart.yaml"), "--sweep", sweep, "--root", str(tmp_path),
                          "--trainer.max_steps=3", "--trainer.val_check_interval=3", "--ckpt_path", "last"])
     assert all(m.status == "done" and m.round == 3 for m in group.members)
+
+
+def test_lfed_grid_builds_one_run_per_point_and_no_lightning_module(tmp_path, monkeypatch):
+    """The grid builds runs (lfed.build_run), each point once, and its one driver is the group: no FederatedModule."""
+    import lfed.grid
+    from lfed.module import FederatedModule
+
+    built = []
+    real = lfed.grid.build_run
+    monkeypatch.setattr(lfed.grid, "build_run", lambda **s: built.append(s["training"].client_lr) or real(**s))
+
+    @functools.wraps(FederatedModule.__init__)  # the parser still reads the settings from its signature
+    def no_module(self, *args, **kwargs):
+        raise AssertionError("lfed grid built a FederatedModule")
+
+    monkeypatch.setattr(FederatedModule, "__init__", no_module)
+    sweep = sweep_file(tmp_path, {"model.training.client_lr": [0.05, 0.1, 0.2]})
+    group, _ = run_grid(["--config", config("quickstart.yaml"), "--sweep", sweep, "--root", str(tmp_path),
+                         "--trainer.max_steps=1", "--trainer.enable_progress_bar=false"])
+    assert built == [0.05, 0.1, 0.2]
+    assert [m.run for m in group.members] == list(group.runs)
 
 
 class SeesEveryMember(Callback):

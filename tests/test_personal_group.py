@@ -19,6 +19,6 @@ def test_personalized_members_equal_each_run_alone(tmp_path):
                                        overrides, tmp_path, merged_calls_per_round=2)
     for m in group.members:  # the personalized evaluation too
         _, module = alone(configs, m.params, overrides, tmp_path / "alone")
-        mine, theirs = m.module.runs[0].last_personal, module.runs[0].last_personal
+        mine, theirs = m.run.last_personal, module.runs[0].last_personal
         assert mine.keys() == theirs.keys() == {"clients", "global", "personal"}, m.name
         assert all(torch.equal(mine[k], theirs[k]) for k in mine), m.name

@@ -69,6 +69,8 @@ class ClientRule(Component):
     """
 
     name = "plain"
+    asynchronous_unready = ("keeps client or server state or changes the round, which is not defined asynchronously yet; "
+                            "use plain or prox")
 
     def step_rule(self, cohort: Cohort, w_start: Tensor, lr: float) -> StepRule:
         """The cohort's local step rule."""
@@ -159,6 +161,8 @@ def _check_fisher_samples(value: int) -> int:
 class Plain(ClientRule):
     """FedAvg's local SGD (McMahan et al. 2017)."""
 
+    asynchronous_ready = True
+
 
 class Prox(ClientRule):
     """FedProx (Li et al. 2020): ``w ← w - eta_l (g_k(w) + mu (w - w_start))``.
@@ -168,6 +172,7 @@ class Prox(ClientRule):
     """
 
     name = "prox"
+    asynchronous_ready = True
 
     def __init__(self, mu: float = 0.01) -> None:
         super().__init__()

@@ -59,6 +59,11 @@ class DPFedAvg(ServerCombination):
     name = "dp"
     releases_every_round = True
 
+    def asynchronous_refusal(self, schedule) -> str | None:
+        return ("DP-FedAvg is not implemented asynchronously (its sensitivity would be max_k a_k s(τ_k) x clip per server "
+                "step and its accountant would need sampling among the clients not in flight, docs/async.md); use a "
+                "non-private combination")
+
     def __init__(self, noise_multiplier: float | None = 1.0, clip: float = 1.0, target_epsilon: float | None = None,
                  delta: float | None = None, target_quantile: float | None = None, clip_lr: float = 0.2,
                  count_noise: float | None = None, local_noise: float = 0.0, accountant: str = "rdp",

@@ -26,6 +26,8 @@ class Channel(Component):
 
     name = "dense"
     sparsity: float | None = None
+    asynchronous_ready = True
+    asynchronous_unready = "is not defined asynchronously; use ternary or none"
 
     @property
     def exact(self) -> bool:
@@ -51,6 +53,8 @@ class Channel(Component):
 class Dense(Channel):
     """Updates travel uncompressed."""
 
+    asynchronous_ready = True
+
 
 class TernaryTopK(Channel):
     """EFL's ST compression with residuals up and down (004 Algorithm 2; SPEC §7).
@@ -60,10 +64,17 @@ class TernaryTopK(Channel):
     """
 
     name = "ternary"
+    asynchronous_ready = True
 
     def __init__(self, sparsity: float = 0.1) -> None:
         super().__init__()
         self.sparsity = c.validate_sparsity(sparsity)
+
+    def asynchronous_refusal(self, schedule) -> str | None:
+        if getattr(schedule, "mixing", None) is not None:
+            return ("FedAsync mixes the client's model w_k into the server's, but a client can only compress its update "
+                    "w_k - w^v against the model version v it started from; use FedBuff or no compression")
+        return super().asynchronous_refusal(schedule)
 
     def composition_warnings(self, context) -> list[str]:
         if float(self.sparsity) >= 1.0:

@@ -28,6 +28,8 @@ class ServerCombination(Component):
     """
 
     name = "mean"
+    asynchronous_ready = True
+    asynchronous_unready = "is not defined on a buffer of stale updates yet; use mean"
     #: Whether a round with no counting client still runs this combination (DP-FedAvg releases its noise).
     releases_every_round: bool = False
 
@@ -38,6 +40,8 @@ class ServerCombination(Component):
 
 class Mean(ServerCombination):
     """The weighted mean ``Δ = Σ_k a_k Δ_k`` (FedAvg)."""
+
+    asynchronous_ready = True
 
 
 class IGFLAttention(ServerCombination):

@@ -35,6 +35,10 @@ class AggregationWeights(Component):
     #: Whether every counting client weighs the same, ``a_k = 1/|S|`` (:class:`UniformWeights`), which DP-FedAvg's
     #: bounded sensitivity needs. False by default.
     equal_weights = False
+    asynchronous_ready = True
+
+    def asynchronous_refusal(self, schedule) -> str | None:
+        return super().asynchronous_refusal(schedule) and f"{self.name!r} is not defined asynchronously yet; use size or uniform"
 
     def __init__(self, partial_work: PartialWork = "keep") -> None:
         super().__init__()
@@ -80,12 +84,15 @@ class AggregationWeights(Component):
 class SizeWeights(AggregationWeights):
     """``a_k = n_k / Σ_j n_j`` over the counting clients (FedAvg)."""
 
+    asynchronous_ready = True
+
 
 class UniformWeights(AggregationWeights):
     """``a_k = 1 / |S|`` over the counting clients (SCAFFOLD)."""
 
     name = rule = "uniform"
     equal_weights = True
+    asynchronous_ready = True
 
 
 class DWFedWeights(AggregationWeights):
