@@ -86,7 +86,7 @@ def table(out: Path) -> None:
             print(f"* {name}: " + ", ".join(f"{p['time']:.0f} s {p['acc']:.3f}" for p in r["points"]))
 
 
-LRS = (0.03, 0.1, 0.3)
+LRS = (0.03, 0.1, 0.3, 1.0)  # 1.0 added after every seed-0 run chose 0.3, the top of (0.03, 0.1, 0.3)
 PROTOCOL_OUT = Path(__file__).parent / "results" / "async_protocol"
 PROTOCOL_RUNS = ("fedavg_sync", "fedbuff_c20", "fedbuff_c50", "fedbuff_c100", "fedasync_c10")
 
