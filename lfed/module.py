@@ -27,7 +27,7 @@ from lfed.sampling import ClientSampler, FractionSchedule
 from lfed.server.channel import Channel
 from lfed.server.combination import ServerCombination
 from lfed.server.weighting import AggregationWeights
-from lfed.settings import Engine, Evaluation, build_run, plain, settings
+from lfed.settings import Engine, Evaluation, plain, run_of, settings
 from lfed.stragglers import Stragglers
 
 # the groups' defaults (frozen dataclasses: one instance each is safe to share)
@@ -88,5 +88,5 @@ class FederatedModule(FederatedDriver):
                      combination=combination, channel=channel, sampler=sampler, fraction=fraction,
                      server_optimizer=server_optimizer, training=training, stragglers=stragglers, engine=engine,
                      evaluation=evaluation, loss=loss, seed=seed, asynchronous=asynchronous, **deprecated)
-        super().__init__([build_run(**s)])
+        super().__init__([run_of(s)])
         self.save_hyperparameters(plain(s))  # the settings in their one form, plain values (weights_only checkpoints)

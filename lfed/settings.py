@@ -347,11 +347,16 @@ def build_run(**kwargs: Any):
     Each role left None comes from the preset ``algorithm``. Train it with :func:`lfed.rounds.fit_run`
     (no Trainer) or under a Lightning ``Trainer`` (``FederatedModule``).
     """
+    return run_of(settings(**kwargs))
+
+
+def run_of(s: dict[str, Any]):
+    """The :class:`~lfed.run.FederatedRun` of settings already in their one form (:func:`settings`' output): what
+    :func:`build_run` and ``FederatedModule`` build, each checking and upgrading the settings once."""
     from lfed import algorithms
     from lfed.client_state import ClientStateStore
     from lfed.run import FederatedRun
 
-    s = settings(**kwargs)
     roles = {k: s[k] for k in ROLES}
     cfg = algorithms.resolve(s["algorithm"], **roles)
     components = algorithms.build(cfg, s["stragglers"])

@@ -395,6 +395,11 @@ ASYNC = {"class_path": "lfed.asynchronous.FedBuff",
                                                                               "speed_sigma": 1.0, "jitter_sigma": 0.2}}}}
 
 
+#: the same, with availability windows (each client free 30% of every 20 simulated s): steps that wait for a window
+WINDOWS = {**ASYNC, "init_args": {**ASYNC["init_args"], "clock": {"class_path": "lfed.clock.SimulatedClock", "init_args": {
+    **ASYNC["init_args"]["clock"]["init_args"], "availability_period": 20.0, "availability_fraction": 0.3}}}}
+
+
 def _async_state(cli) -> dict:
     from test_resume import run_state
 
@@ -404,19 +409,22 @@ def _async_state(cli) -> dict:
     return state
 
 
-@pytest.mark.parametrize("placement", ["device", "host", "disk"])
-def test_resume_from_a_middle_checkpoint_with_clients_in_flight_is_bit_identical(tmp_path, placement):
-    """FedBuff C = 6, M = 2 on digits, log-normal clock: resumed at server step 3 with 4 clients in flight."""
+@pytest.mark.parametrize("placement, clock", [("device", ASYNC), ("host", ASYNC), ("disk", ASYNC), ("host", WINDOWS)],
+                         ids=["device", "host", "disk", "host-windows"])
+def test_resume_from_a_middle_checkpoint_with_clients_in_flight_is_bit_identical(tmp_path, placement, clock):
+    """FedBuff C = 6, M = 2 on digits, log-normal clock (and availability windows): resumed at server step 3 with 4
+    clients in flight."""
     from test_resume import assert_same_state, fit, load, write_config
 
     keep_all = {"callbacks": [{"class_path": "lfed.checkpoint.RoundCheckpoint",
                                "init_args": {"dirpath": str(tmp_path / "ckpts"), "every_n_train_steps": 3, "save_top_k": -1}}]}
-    config = write_config(tmp_path / "cfg.yaml", "fedavg", trainer=keep_all, asynchronous=ASYNC, client_state=placement,
+    config = write_config(tmp_path / "cfg.yaml", "fedavg", trainer=keep_all, asynchronous=clock, client_state=placement,
                           fraction=None)
     want = _async_state(fit(config))
     middle = load(tmp_path / "ckpts" / "epoch=0-step=3.ckpt")
     assert middle["global_step"] == 3
-    assert len(middle["state_dict"]["asynchronous._extra_state"]["events"]) == 4  # in flight, with their rows:
+    # in flight, with their rows (with windows one slot is free: its next client's window has not opened)
+    assert len(middle["state_dict"]["asynchronous._extra_state"]["events"]) == (4 if clock is ASYNC else 3)
     assert middle["state_dict"]["asynchronous.update.rows"].shape[0] == 6  # every slot written once by then
     assert middle["state_dict"]["asynchronous.clock._extra_state"]["now"] > 0
     got = _async_state(fit(config, "--ckpt_path", str(tmp_path / "ckpts" / "epoch=0-step=3.ckpt")))
@@ -503,13 +511,20 @@ def test_the_digits_config_with_availability_windows_and_compression_runs(tmp_pa
     assert cli.model.comm.uploads == 30
 
 
-def test_two_processes_give_the_one_process_async_run(tmp_path):
+WINDOWED_CLOCK = ["--model.asynchronous.init_args.clock", "lfed.clock.SimulatedClock",
+                  "--model.asynchronous.init_args.clock.init_args.availability_period", "20",
+                  "--model.asynchronous.init_args.clock.init_args.availability_fraction", "0.3"]
+
+
+@pytest.mark.parametrize("clock", [[], WINDOWED_CLOCK], ids=["always-available", "windows"])
+def test_two_processes_give_the_one_process_async_run(tmp_path, clock):
     """DDP 2 processes = 1 (docs/distributed.md): each server step's dispatched cohort is split over the ranks and
-    gathered, every rank keeps the same queue, clock and slot rows (ReplicaCheck after every step)."""
+    gathered, every rank keeps the same queue, clock and slot rows (ReplicaCheck after every step); with availability
+    windows too (steps that dispatch nobody)."""
     from test_distributed import _assert_same_state, _one_process, _two_processes
 
     extra = ["--model.asynchronous", "lfed.asynchronous.FedBuff", "--model.asynchronous.init_args.concurrency", "5",
-             "--model.asynchronous.init_args.buffer", "2", "--model.engine.client_state", "host"]
+             "--model.asynchronous.init_args.buffer", "2", "--model.engine.client_state", "host", *clock]
     log = _two_processes(tmp_path, extra, "lightning")
     assert "ReplicaCheck: the state of all 2 ranks was identical at each of 4 checks" in log
     ddp = torch.load(tmp_path / "ckpt" / "end.ckpt", map_location="cpu", weights_only=False)
