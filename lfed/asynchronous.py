@@ -305,9 +305,10 @@ class Asynchronous(Component):
         record = RoundRecord(step, cohort, weights, losses=None, delta=delta, bits_down=bits_down)
         record.bits_up = record.uploads * alg.channel.bits(sizes)
         record.result = result
-        if not idle:
-            record.check(result.loss[:, None], "training losses")
-            record.check(rows, "client updates")
+        if not idle:  # the dispatched clients' results (the popped cohort's were checked when they were dispatched)
+            dispatched_clients = prepared.record.cohort.clients
+            record.check(result.loss[:, None], "training losses", dispatched_clients)
+            record.check(rows, "client updates", dispatched_clients)
         record.check(w_new, "the global model")
         metrics: dict[str, Any] = {
             "round/clients": float(len(popped)), "round/dispatched": float(dispatched),

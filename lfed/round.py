@@ -238,19 +238,20 @@ class RoundRecord:
         out.update(self.extra)
         return out
 
-    def check(self, x: Tensor, what: str) -> None:
-        """Queue the check that ``x`` is finite; :meth:`finite_flags` holds its flag on the device, read with the metrics."""
-        self.checks.append((what, x, torch.isfinite(x).all()))
+    def check(self, x: Tensor, what: str, clients: Tensor | None = None) -> None:
+        """Queue the check that ``x`` is finite; :meth:`finite_flags` holds its flag on the device, read with the metrics.
+        ``clients``: whose rows ``x`` holds, when not the cohort's (an asynchronous step's dispatched clients)."""
+        self.checks.append((what, x, torch.isfinite(x).all(), clients))
 
     def finite_flags(self) -> dict[str, Tensor]:
         """``{what: 0-dim bool on the device}`` of every queued check (:meth:`check`)."""
-        return {f"finite/{i}": flag for i, (_, _, flag) in enumerate(self.checks)}
+        return {f"finite/{i}": flag for i, (_, _, flag, _) in enumerate(self.checks)}
 
     def raise_if_nonfinite(self, flags: dict[str, bool]) -> None:
         """Raise ``FloatingPointError`` (naming the clients) for the first check whose read flag is False."""
-        for i, (what, x, _) in enumerate(self.checks):
+        for i, (what, x, _, clients) in enumerate(self.checks):
             if not flags.get(f"finite/{i}", True):
-                check_finite(x, self.round, self.cohort.clients, what)
+                check_finite(x, self.round, self.cohort.clients if clients is None else clients, what)
 
 
 def check_finite(x: Tensor, r: int, clients: Tensor, what: str) -> None:

@@ -386,6 +386,21 @@ def test_a_component_says_itself_whether_it_is_defined_asynchronously():
     assert torch.equal(flat_weights(fit(DeclaredMean())), flat_weights(fit("mean")))
 
 
+def test_a_dispatch_that_diverges_stops_the_run_naming_the_dispatched_clients():
+    """NaN in the results of the clients dispatched at a step (C = 6 of them; the buffer pops M = 2) stops the run
+    before the bad numbers are kept, naming dispatched clients (it once failed with an IndexError: their rows were
+    named by the popped cohort's 2 ids), and the global model stays the last good one."""
+    asynchronous = FedBuff(concurrency=6, buffer=2, clock=SimulatedClock("constant"))
+    module = FederatedModule(_net(), client_lr=1e308, batch_size=None, local_steps=3, asynchronous=asynchronous)
+    w0 = flat_weights(module).clone()
+    with pytest.raises(FloatingPointError, match=r"^round 0: training losses contain NaN or Inf from clients \[") as info:
+        run_rounds(module, _data(), rounds=2)
+    dispatched = [c for c, *_ in asynchronous._plan]
+    named = [int(c) for c in str(info.value).split("from clients [")[1].split("]")[0].split(",")]
+    assert len(dispatched) == 6 and set(named) <= set(dispatched)
+    assert module.runs[0].rounds_done == 0 and torch.equal(flat_weights(module), w0)
+
+
 # ----------------------------------------------------------------------------- exact resume
 
 
