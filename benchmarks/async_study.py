@@ -149,7 +149,7 @@ def protocol_table(out: Path = PROTOCOL_OUT) -> None:
         cells = []
         for lr in LRS:
             r = runs.get((name, lr, 0))
-            cells.append("-" if r is None else f"{r['val_acc_last10pct']:.4f}")
+            cells.append("-" if r is None else "diverged" if r.get("diverged") else f"{r['val_acc_last10pct']:.4f}")
         chosen[name] = chosen_lr(runs, name)
         edge = " (edge)" if chosen[name] in (LRS[0], LRS[-1]) else ""
         print(f"| {name} | " + " | ".join(cells) + f" | {chosen[name]}{edge} |")
@@ -235,16 +235,23 @@ def main() -> None:
         return metrics, warnings
 
     la.Asynchronous.finish = recording
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / (f"{args.run}_s{args.seed}.json" if args.lr is None else f"{args.run}_lr{args.lr:g}_s{args.seed}.json")
     t0 = time.perf_counter()
-    cli = run_cli(cli_args)
+    try:
+        cli = run_cli(cli_args)
+    except FloatingPointError as e:  # diverged (NaN or Inf): a grid point that scores -inf, recorded as such
+        path.write_text(json.dumps({"run": args.run, "seed": args.seed, "lr": args.lr or 0.05, "steps": steps,
+                                    "wall_s": time.perf_counter() - t0, "load_end": os.getloadavg(), "diverged": str(e),
+                                    "points": [], "val": [], "val_acc_last10pct": None}, indent=1))
+        print(f"{args.run} seed {args.seed}: diverged ({e}) -> {path}", file=sys.stderr)
+        return
     wall = time.perf_counter() - t0
     run = cli.model.runs[0]
     a = run.components.asynchronous
     uploads = {r: u for r, u, _ in run.comm.history}
     points = [{"step": r, "uploads": uploads.get(r), "time": a.times[r - 1], "acc": acc} for r, acc in run.eval_history]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / (f"{args.run}_s{args.seed}.json" if args.lr is None else f"{args.run}_lr{args.lr:g}_s{args.seed}.json")
     summary = run.summary()
     val = [{"step": r, "acc": acc} for r, acc in run.val_history]
     path.write_text(json.dumps({"run": args.run, "seed": args.seed, "lr": args.lr or 0.05, "steps": steps, "wall_s": wall,
