@@ -125,13 +125,6 @@ class Algorithm:
         """
         self.sharing = resolve_sharing(self.objective, net, layout)
 
-    @property
-    def schedule(self) -> Any:
-        """When the server steps (:mod:`lfed.schedule`): the asynchronous component, or synchronous rounds."""
-        from lfed.schedule import SYNCHRONOUS
-
-        return self.asynchronous if self.asynchronous is not None else SYNCHRONOUS
-
     def roles(self) -> dict[str, Component]:
         """``{role: component}`` of every component (the history too when there is one)."""
         out = {

@@ -43,6 +43,7 @@ from lfed.evaluation import (
 from lfed.params import ParamLayout
 from lfed.privacy.metrics import MetricGate
 from lfed.round import Algorithm, LocalTraining, PreparedRound, setup_state
+from lfed.schedule import SYNCHRONOUS
 from lfed.server.optimizers import apply_pseudo_gradient
 
 __all__ = ["FederatedRun", "default_net"]
@@ -142,8 +143,14 @@ class FederatedRun(nn.Module):
         out = {"objective": c.objective.name, "weighting": c.weighting.name, "partial_work": c.weighting.partial_work,
                "combination": c.combination.name, "channel": c.channel.sparsity, "sampler": c.sampler.name,
                "fraction": c.participation.fraction}
-        out.update(c.schedule.composition())  # lfed.schedule: asynchronous training's one line
+        out.update(self.schedule.composition())  # lfed.schedule: asynchronous training's one line
         return out
+
+    @property
+    def schedule(self) -> Any:
+        """When the server steps (:mod:`lfed.schedule`): the asynchronous component (``model.asynchronous``), or
+        synchronous rounds (:data:`~lfed.schedule.SYNCHRONOUS`)."""
+        return self.components.asynchronous if self.components.asynchronous is not None else SYNCHRONOUS
 
     @property
     def label(self) -> str:
@@ -209,7 +216,7 @@ class FederatedRun(nn.Module):
     def prepare(self, round: int, total_rounds: int | None, ranks: Ranks | None = None) -> PreparedRound:
         """The step up to its local training: its schedule's (:mod:`lfed.schedule`; a synchronous round,
         :func:`lfed.round.prepare_round`, or an asynchronous server step's dispatch)."""
-        return self.components.schedule.prepare(self, round, total_rounds, ranks)
+        return self.schedule.prepare(self, round, total_rounds, ranks)
 
     def server_step(self, optimizer: torch.optim.Optimizer) -> Callable[[Tensor], Tensor]:
         """``Δ -> w'``: ``optimizer`` steps once on the pseudo-gradient ``-Δ`` (SPEC §4.1); the new flat weights."""
@@ -237,7 +244,7 @@ class FederatedRun(nn.Module):
         A skipped round (no client's work counts) steps the optimizer with no gradient (the round
         counter only). Raises ``FloatingPointError`` if the round produced NaN or Inf.
         """
-        return self.components.schedule.finish(self, prepared, result, optimizer, ranks)
+        return self.schedule.finish(self, prepared, result, optimizer, ranks)
 
     def diverged(self, error: Exception) -> dict[str, float]:
         """Stop the run (NaN or Inf); the metric that records it."""
@@ -287,7 +294,7 @@ class FederatedRun(nn.Module):
         tokens = not (d.train_x.dtype.is_floating_point or d.train_x.dtype.is_complex)  # a language model: perplexity too
         evaluated = client_evaluation(self.net, d, ranks.rank, ranks.world_size, reduce_sum, batch_size, nll=tokens)
         per_client = None if evaluated is None else evaluated[0]
-        metrics.update(self.components.schedule.evaluation_metrics())  # against simulated time too (lfed.schedule)
+        metrics.update(self.schedule.evaluation_metrics())  # against simulated time too (lfed.schedule)
         if per_client is not None:
             client = per_client[~torch.isnan(per_client)]
             metrics["client/acc_mean"] = float(client.mean())
@@ -438,7 +445,7 @@ class FederatedRun(nn.Module):
                 out[f"final/rounds_to_{target:g}"] = hit[0]
                 out[f"final/uploads_to_{target:g}"] = hit[1]
         out["final/uploads_total"] = self.comm.uploads
-        clock = self.components.schedule.step_times()  # simulated seconds after each step (lfed.schedule; none if synchronous)
+        clock = self.schedule.step_times()  # simulated seconds after each step (lfed.schedule; none if synchronous)
         if clock:
             out["final/simulated_time"] = clock[-1]
         for target in self.accuracy_targets:

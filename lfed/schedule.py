@@ -1,7 +1,7 @@
 """When the server steps: a run's schedule, the role that turns one training step into one server update.
 
 A :class:`~lfed.run.FederatedRun` prepares and finishes each training step through its schedule
-(:attr:`lfed.round.Algorithm.schedule`), and knows nothing of the kinds:
+(:attr:`lfed.run.FederatedRun.schedule`), and knows nothing of the kinds:
 
 * :data:`SYNCHRONOUS` (the default, :class:`Synchronous`): a step is a round (SPEC §1): sample a cohort from the
   current model, train it, combine every counting client's update, step the server once;
