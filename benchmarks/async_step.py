@@ -49,11 +49,12 @@ def one(kind: str, steps: int, accelerator: str = "cpu") -> float:
 
     torch.manual_seed(0)
     net = MLP(in_features=784, hidden=[200, 200], num_classes=10)
-    common = dict(client_lr=0.05, batch_size=10, local_epochs=1, round_local_accuracy=False)
+    common = dict(training={"client_lr": 0.05, "batch_size": 10, "local_epochs": 1},
+                  evaluation={"round_local_accuracy": False})
     if kind == "sync":
         module = FederatedModule(net, fraction=0.1, **common)
     else:
-        module = FederatedModule(net, client_state="host", asynchronous=FedBuff(
+        module = FederatedModule(net, engine={"client_state": "host"}, asynchronous=FedBuff(
             concurrency=100, buffer=10, clock=SimulatedClock("lognormal")), **common)
     dm = FederatedDataModule(dataset="mnist", num_clients=100, partition="shards", shards_per_client=2,
                              holdout_fraction=0.0)

@@ -102,7 +102,10 @@ def module(objective, features: int, hidden: list[int], device: str, **kwargs):
     from lfed.module import FederatedModule
 
     torch.manual_seed(0)
-    args = dict(objective=objective, fraction=0.1, client_lr=0.05, batch_size=10, local_epochs=1, seed=0)
+    engine = {k: kwargs.pop(k) for k in ("backend", "chunk_size", "client_state", "client_state_dir") if k in kwargs}
+    evaluation = {k: kwargs.pop(k) for k in ("personal_chunk", "personal_clients", "round_local_accuracy") if k in kwargs}
+    args = dict(objective=objective, fraction=0.1, training={"client_lr": 0.05, "batch_size": 10, "local_epochs": 1},
+                engine=engine, evaluation=evaluation, seed=0)
     args.update(kwargs)
     return FederatedModule(MLP(in_features=features, hidden=hidden, num_classes=10), **args)
 
