@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from lfed.asynchronous import Asynchronous, FedAsync, FedBuff, staleness_weight
+from lfed.client.objectives import Prox
 from lfed.clock import SimulatedClock
 from lfed.data.datamodule import FederatedDataModule
 from lfed.module import FederatedModule
@@ -131,14 +132,15 @@ def _net(seed=0):
     return nn.Linear(D, CLASSES).double()
 
 
-def _hand_local(w, x, y, steps, lr):
-    """Full-batch gradient descent on one client's data, plain torch (layout: weight then bias)."""
-    w = w.clone()
+def _hand_local(w, x, y, steps, lr, mu=0.0):
+    """Full-batch gradient descent on one client's data, plain torch (layout: weight then bias); ``mu``: FedProx's
+    proximal term, ``w ← w - lr (g + mu (w - w_start))`` (Li et al. 2020)."""
+    start, w = w.clone(), w.clone()
     for _ in range(steps):
         v = w.detach().requires_grad_(True)
         loss = F.cross_entropy(x @ v[: CLASSES * D].view(CLASSES, D).T + v[CLASSES * D:], y)
         (g,) = torch.autograd.grad(loss, v)
-        w = w - lr * g
+        w = w - lr * (g + mu * (w - start))
     return w
 
 
@@ -178,9 +180,10 @@ def _hand_dispatch(t, now, events, C, M, perm, durations, opens):
     return starts
 
 
-def _hand_simulation(data, w0, durations, *, C, M, steps, lr, rounds, seed, server, windows=None, q=None):
+def _hand_simulation(data, w0, durations, *, C, M, steps, lr, rounds, seed, server, windows=None, q=None, mu=0.0):
     """The event simulation of FedBuff / FedAsync: a heap over arrival times (module docstring). ``windows``:
-    ``(period, fraction)`` availability windows; ``q``: ternary compression with error feedback both ways."""
+    ``(period, fraction)`` availability windows; ``q``: ternary compression with error feedback both ways; ``mu``:
+    FedProx's local objective."""
     x, y, index, sizes = data.train_x, data.train_y, data.client_index, data.client_sizes
     w, now, seq, events, taus = w0.clone(), 0.0, 0, [], []
     m_a = v_a = None
@@ -203,7 +206,7 @@ def _hand_simulation(data, w0, durations, *, C, M, steps, lr, rounds, seed, serv
         idle += not starts
         for c in sorted(starts):
             rows = index[c, : sizes[c]]
-            w_c = _hand_local(w, x[rows], y[rows], steps, lr)
+            w_c = _hand_local(w, x[rows], y[rows], steps, lr, mu)
             heapq.heappush(events, (starts[c] + durations[c], seq, c, t, w_c if server[0] == "fedasync" else w_c - w))
             seq += 1
         popped = [heapq.heappop(events) for _ in range(M)]
@@ -244,7 +247,7 @@ def _hand_simulation(data, w0, durations, *, C, M, steps, lr, rounds, seed, serv
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind", ["fedbuff", "fedasync", "fedbuff_fedadam"])
+@pytest.mark.parametrize("kind", ["fedbuff", "fedasync", "fedbuff_fedadam", "fedbuff_prox"])
 def test_twenty_server_steps_equal_the_hand_event_simulation(tmp_path, backend, kind):
     path, durations = _durations_file(tmp_path)
     clock = SimulatedClock("file", durations_file=str(path))
@@ -252,7 +255,8 @@ def test_twenty_server_steps_equal_the_hand_event_simulation(tmp_path, backend, 
     data = dm.build()
     net = _net()
     w0 = torch.cat([net.weight.detach().flatten(), net.bias.detach().flatten()])
-    if kind == "fedbuff":
+    mu, objective = (0.5, "prox") if kind == "fedbuff_prox" else (0.0, None)
+    if kind in ("fedbuff", "fedbuff_prox"):
         asynchronous = FedBuff(concurrency=5, buffer=2, clock=clock)
         server, optimizer = ("fedbuff", 1.5), functools.partial(torch.optim.SGD, lr=1.5)
         C, M = 5, 2
@@ -269,9 +273,11 @@ def test_twenty_server_steps_equal_the_hand_event_simulation(tmp_path, backend, 
         server, optimizer = ("fedasync", 0.6, 0.5, 1), None
         C, M = 4, 1
     module = FederatedModule(net, weighting="uniform", client_lr=0.3, batch_size=None, local_steps=2, backend=backend,
-                             seed=4, server_optimizer=optimizer, asynchronous=asynchronous)
+                             seed=4, server_optimizer=optimizer, asynchronous=asynchronous,
+                             objective=None if objective is None else Prox(mu=mu))
     run_rounds(module, dm, rounds=20)
-    want, now, taus = _hand_simulation(data, w0, durations, C=C, M=M, steps=2, lr=0.3, rounds=20, seed=4, server=server)
+    want, now, taus = _hand_simulation(data, w0, durations, C=C, M=M, steps=2, lr=0.3, rounds=20, seed=4, server=server,
+                                       mu=mu)
     assert max(taus) >= 3  # stale updates were aggregated (and the hinge's tail was used)
     torch.testing.assert_close(flat_weights(module), want, atol=1e-12, rtol=0)
     assert module.runs[0].components.asynchronous.now == now and len(asynchronous.times) == 20
