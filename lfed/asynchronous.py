@@ -51,6 +51,7 @@ queue, the model version counter and the simulated time (``asynchronous._extra_s
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -59,6 +60,7 @@ from torch import Tensor
 
 from lfed.clock import SimulatedClock
 from lfed.component import Component, CompositionContext
+from lfed.evaluation import is_classification, local_accuracy
 from lfed.host import read_metrics, to_device
 from lfed.state import StateSpec
 from lfed.validation import integer, number, one_of
@@ -117,6 +119,9 @@ class Asynchronous(Component):
         self.seq = 0
         self.times: list[float] = []  # simulated time after each server step
         self._plan: list[tuple[int, float, float, int]] = []  # this step's dispatch (client, start, duration, steps)
+        #: per slot: the accuracy of its client's locally trained model w_k on the client's own held-out split
+        #: (SPEC §9's local accuracy, scored at dispatch; reported when the result arrives); NaN: none
+        self.local_acc: Tensor | None = None
 
     # ------------------------------------------------------------------ what it is
     def structure(self) -> dict[str, Any]:
@@ -270,6 +275,13 @@ class Asynchronous(Component):
             rows = result.weights - job.w_start if self.mixing is None else result.weights
             device = rows.device
             self.write_rows("update", to_device(slots, device), rows)
+            if run.round_local_accuracy and is_classification(data.train_y):  # w_k on its own split, known at dispatch
+                if self.local_acc is None:
+                    self.local_acc = torch.full((self.concurrency,), math.nan, dtype=torch.float64, device=device)
+                self.local_acc = self.local_acc.to(device)  # restored from a checkpoint on the host
+                acc = local_accuracy(run.net, run.layout, result.weights, data, prepared.record.cohort.clients,
+                                     host_clients=host.clients)
+                self.local_acc[to_device(slots, device)] = acc.to(self.local_acc.dtype)
             plan = {c: (t, d) for c, t, d, _ in self._plan}
             for slot, client, steps in zip(free, host.clients.tolist(), host.steps_done.tolist()):
                 start, d = plan[client]
@@ -318,6 +330,9 @@ class Asynchronous(Component):
         }
         if not idle:
             metrics["train/loss"] = result.loss.mean()
+        if self.local_acc is not None:  # the arrivals' local accuracy (client/local_acc_mean, bmta_local: SPEC §9)
+            metrics["client/local_acc_mean"] = torch.nanmean(self.local_acc[to_device(
+                torch.tensor([e[2] for e in popped]), self.local_acc.device)])
         metrics, flags = read_metrics(metrics, record.finite_flags())
         try:
             record.raise_if_nonfinite(flags)
@@ -326,19 +341,28 @@ class Asynchronous(Component):
             raise
         run.last_round = record
         run.rounds_done = step + 1
-        run.bmta.add_round(cohort.host.clients, None)
+        local_mean = metrics.get("client/local_acc_mean")
+        if local_mean is not None and math.isnan(local_mean):  # no arrival has a held-out split
+            metrics.pop("client/local_acc_mean")
+            local_mean = None
+        run.bmta.add_round(cohort.host.clients, local_mean)
         metrics.update(run.comm.record(record.uploads, bits_up=record.bits_up, bits_down=record.bits_down))
         return metrics, [] if idle else [f"server step {step}: {m}" for m in prepared.record.warnings]
 
     # ------------------------------------------------------------------ checkpoint state
     def get_extra_state(self) -> dict[str, Any]:
-        return {"events": [list(e) for e in self.events], "seq": self.seq, "times": list(self.times)}
+        return {"events": [list(e) for e in self.events], "seq": self.seq, "times": list(self.times),
+                "local_acc": None if self.local_acc is None else  # plain floats (None: NaN), read at a checkpoint only
+                [None if math.isnan(v) else v for v in self.local_acc.tolist()]}
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
         self.events = [tuple(e) for e in state["events"]]
         heapq.heapify(self.events)
         self.seq = int(state["seq"])
         self.times = [float(t) for t in state["times"]]
+        saved = state.get("local_acc")  # absent in a checkpoint written before the local accuracy was kept
+        self.local_acc = None if saved is None else torch.tensor([math.nan if v is None else v for v in saved],
+                                                                 dtype=torch.float64)
 
 
 @dataclass

@@ -111,12 +111,12 @@ def test_staleness_weights():
 # ----------------------------------------------------------------------------- the exactness of a run
 
 
-def _data(tmp_path=None, seed=0):
+def _data(tmp_path=None, seed=0, holdout=0.0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(96, D, generator=g, dtype=torch.float64)
     y = torch.randint(0, CLASSES, (96,), generator=g)
     return FederatedDataModule.from_tensors(x, y, x[:12], y[:12], num_clients=N, partition="dirichlet", rho=0.5,
-                                            holdout_fraction=0.0)
+                                            holdout_fraction=holdout)
 
 
 def _durations_file(tmp_path):
@@ -342,6 +342,42 @@ def test_sync_fedavg_is_the_case_c_equals_m_equals_k_with_equal_durations(backen
     assert torch.equal(flat_weights(a), flat_weights(sync))
     assert a.comm.uploads == sync.comm.uploads == rounds * 3
     assert asynchronous.events == [] and asynchronous.times == [float(t) for t in range(1, rounds + 1)]
+
+
+def _local_means(module) -> list:
+    """The mean local accuracy each step hands to bmta (SPEC §9), recorded."""
+    run, seen = module.runs[0], []
+    add = run.bmta.add_round
+    run.bmta.add_round = lambda clients, local: seen.append(local) or add(clients, local)
+    return seen
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_local_accuracy_of_the_arrivals_is_the_synchronous_rounds_in_the_sync_case(backend):
+    """client/local_acc_mean and bmta_local (SPEC §9): each arrival's w_k scored on its own held-out split when it
+    was dispatched, reported when it arrives; with C = M = K and equal durations, step for step the synchronous
+    round's (which scores its cohort's w_k after the round)."""
+    rounds = 5
+    sync = FederatedModule(_net(1), fraction=0.25, client_lr=0.2, batch_size=3, local_steps=2, backend=backend)
+    want = _local_means(sync)
+    run_rounds(sync, _data(holdout=0.3), rounds=rounds)
+    a = FederatedModule(_net(1), client_lr=0.2, batch_size=3, local_steps=2, backend=backend,
+                        asynchronous=FedBuff(concurrency=3, buffer=3, clock=SimulatedClock("constant")))
+    got = _local_means(a)
+    run_rounds(a, _data(holdout=0.3), rounds=rounds)
+    assert len(want) == rounds and all(isinstance(v, float) for v in want) and len(set(want)) > 1
+    assert got == want
+    assert a.runs[0].bmta.summary()["final/bmta_local"] == sync.runs[0].bmta.summary()["final/bmta_local"]
+
+
+def test_the_arrivals_local_accuracies_are_in_the_checkpoint():
+    a = FedBuff(concurrency=3, buffer=1, clock=SimulatedClock("constant"))
+    a.local_acc = torch.tensor([0.5, math.nan, 0.25], dtype=torch.float64)
+    b = FedBuff(concurrency=3, buffer=1, clock=SimulatedClock("constant"))
+    b.load_state_dict(a.state_dict())
+    assert torch.equal(b.local_acc.nan_to_num(-1), a.local_acc.nan_to_num(-1))
+    b.set_extra_state({"events": [], "seq": 0, "times": []})  # a checkpoint from before it was kept
+    assert b.local_acc is None
 
 
 @pytest.mark.parametrize(
