@@ -85,17 +85,20 @@ def main() -> None:
     parser.add_argument("--accelerator", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
     os.environ.setdefault("WANDB_MODE", "disabled")
-    load0 = os.getloadavg()
-    out = {"load_before": load0, "threads": torch.get_num_threads(), "accelerator": args.accelerator}
+    from quiet import wait_quiet
+
+    out = {"threads": torch.get_num_threads(), "accelerator": args.accelerator}
     runs: dict[str, list[float]] = {"sync": [], "fedbuff": []}
+    loads: dict[str, list[float]] = {"sync": [], "fedbuff": []}  # the 1-minute load before each run (after waiting)
     for _ in range(args.repeats):
         for kind in runs:
+            loads[kind].append(round(wait_quiet()[0], 2))
             runs[kind].append(one(kind, args.steps, args.accelerator))
     for kind, times in runs.items():
-        out[kind] = {"medians_s": times, "median_s": statistics.median(times)}
+        out[kind] = {"medians_s": times, "median_s": statistics.median(times), "load_1min_before": loads[kind]}
     out["ratio"] = out["fedbuff"]["median_s"] / out["sync"]["median_s"]
     out["host_bytes_C1000_P199210"] = host_bytes(1000, 199_210)
-    out["load_after"] = os.getloadavg()
+    out["load_1min_after"] = round(os.getloadavg()[0], 2)
     print(json.dumps(out, indent=1))
 
 

@@ -1477,7 +1477,8 @@ class Suite:
             params = sum(a * b + b for a, b in zip([cfg["features"], *cfg["hidden"]], [*cfg["hidden"], 10]))
             placement = "host" if N * params * 4 > 2**31 else "device"
             dm = pe.synthetic(N, 20, 5, cfg["features"])
-            m = pe.module(Ditto(lam=0.1), cfg["features"], cfg["hidden"], acc, personal_chunk=256, client_state=placement)
+            m = pe.module(Ditto(lam=0.1), cfg["features"], cfg["hidden"], acc, evaluation={"personal_chunk": 256},
+                          engine={"client_state": placement})
             pe.fit(m, dm, 1, acc)
             run = m.runs[0]
             clients = run.personal_sample()

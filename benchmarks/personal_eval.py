@@ -77,10 +77,14 @@ def peak_growth_mb(f) -> float | None:
 
 def interleaved(fs, n: int) -> list[float]:
     """Medians of ``n`` timings of each of ``fs``, taken in turn (f0, f1, f0, f1, ...), so a change of load
-    hits both; the load average is printed before each turn."""
+    hits both. Each turn waits for the 1-minute load to fall below 1.0 (:func:`quiet.wait_quiet`, the benchmark's own
+    threads heat it) and prints it."""
+    from quiet import wait_quiet
+
     times = [[] for _ in fs]
     for i in range(n):
-        print(f"  turn {i}: load {os.getloadavg()[0]:.2f}", flush=True)
+        load, waited = wait_quiet()
+        print(f"  turn {i}: load {load:.2f} (waited {waited:.0f} s)", flush=True)
         for f, t in zip(fs, times):
             t.append(median_seconds(f, 1))
     return [statistics.median(t) for t in times]
@@ -102,11 +106,9 @@ def module(objective, features: int, hidden: list[int], device: str, **kwargs):
     from lfed.module import FederatedModule
 
     torch.manual_seed(0)
-    engine = {k: kwargs.pop(k) for k in ("backend", "chunk_size", "client_state", "client_state_dir") if k in kwargs}
-    evaluation = {k: kwargs.pop(k) for k in ("personal_chunk", "personal_clients", "round_local_accuracy") if k in kwargs}
     args = dict(objective=objective, fraction=0.1, training={"client_lr": 0.05, "batch_size": 10, "local_epochs": 1},
-                engine=engine, evaluation=evaluation, seed=0)
-    args.update(kwargs)
+                seed=0)
+    args.update(kwargs)  # engine={...}, evaluation={...}: lfed.settings' groups
     return FederatedModule(MLP(in_features=features, hidden=hidden, num_classes=10), **args)
 
 
@@ -187,8 +189,8 @@ def evaluation(args, N: int, device: str) -> None:
     placement = args.client_state
     if placement == "auto":  # a dense [N, P] float32 state above 2 GB: lazy rows in host memory
         placement = "host" if N * param_count(args) * 4 > 2**31 else "device"
-    m = module(Ditto(lam=0.1), args.features, args.hidden, device, personal_chunk=args.chunk, client_state=placement,
-               client_state_dir=args.state_dir if placement == "disk" else None)
+    m = module(Ditto(lam=0.1), args.features, args.hidden, device, evaluation={"personal_chunk": args.chunk},
+               engine={"client_state": placement, "client_state_dir": args.state_dir if placement == "disk" else None})
     fit(m, dm, 1, device)
     run = m.runs[0]
     clients = run.personal_sample()
@@ -213,7 +215,7 @@ def evaluation(args, N: int, device: str) -> None:
     mem_vmap = peak_growth_mb(lambda: personal_evaluation(run))
     mem_loop = peak_growth_mb(lambda: one_by_one(run, clients, row_of))
     assert agree["explained"], f"the two evaluations disagree beyond float32 near-ties: {agree}"
-    ft = module(FedAvgFT(epochs=1), args.features, args.hidden, device, personal_chunk=args.chunk)
+    ft = module(FedAvgFT(epochs=1), args.features, args.hidden, device, evaluation={"personal_chunk": args.chunk})
     fit(ft, dm, 1, device)
     ft_run = ft.runs[0]
     ft_evaluated = (ft_run.client_accuracy(), None)
