@@ -341,11 +341,7 @@ class Asynchronous(Component):
             raise
         run.last_round = record
         run.rounds_done = step + 1
-        local_mean = metrics.get("client/local_acc_mean")
-        if local_mean is not None and math.isnan(local_mean):  # no arrival has a held-out split
-            metrics.pop("client/local_acc_mean")
-            local_mean = None
-        run.bmta.add_round(cohort.host.clients, local_mean)
+        run.bmta.add_round_metrics(cohort.host.clients, metrics)  # the arrivals' (SPEC §9)
         metrics.update(run.comm.record(record.uploads, bits_up=record.bits_up, bits_down=record.bits_down))
         return metrics, [] if idle else [f"server step {step}: {m}" for m in prepared.record.warnings]
 

@@ -485,6 +485,15 @@ class BestMeanAccuracy:
             self.best_local = mean
         return mean
 
+    def add_round_metrics(self, clients: Tensor, metrics: dict[str, float]) -> None:
+        """:meth:`add_round` with the round's read metrics: their ``client/local_acc_mean``, dropped from
+        ``metrics`` when it is NaN (nobody of the round has a held-out split)."""
+        local = metrics.get("client/local_acc_mean")
+        if local is not None and math.isnan(local):
+            metrics.pop("client/local_acc_mean")
+            local = None
+        self.add_round(clients, local)
+
     def add_evaluation(self, per_client: Tensor) -> float | None:
         """Record an evaluation: ``per_client`` ``[N]`` global-model accuracies (NaN: no held-out split)."""
         if self.last_cohort is None:

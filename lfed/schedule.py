@@ -17,7 +17,6 @@ step, for the end-of-run summary).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -87,11 +86,7 @@ class Synchronous:
             raise
         run.last_round = rec
         run.rounds_done = r + 1
-        local_mean = metrics.get("client/local_acc_mean")
-        if local_mean is not None and math.isnan(local_mean):  # nobody of the round has a held-out split
-            metrics.pop("client/local_acc_mean")
-            local_mean = None
-        run.bmta.add_round(host.clients, local_mean)
+        run.bmta.add_round_metrics(host.clients, metrics)
         metrics.update(run.comm.record(rec.uploads, bits_up=rec.bits_up, bits_down=rec.bits_down))
         return run.metric_gate(metrics), [f"round {r}: {m}" for m in rec.warnings]
 
