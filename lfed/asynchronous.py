@@ -306,8 +306,8 @@ class Asynchronous(Component):
             a = a.detach().cpu() * scale
         weights = to_device(a, cohort.clients.device)
         # 3. the server update
-        popped_slots = torch.tensor([e[2] for e in popped])
-        stored = self.rows("update", to_device(popped_slots, device))
+        popped_slots = to_device(torch.tensor([e[2] for e in popped]), device)  # one host-to-device copy a step
+        stored = self.rows("update", popped_slots)
         updates = stored if self.mixing is None else stored - w
         sizes = prepared.sizes
         sent = alg.channel.upstream(updates, cohort, sizes)
@@ -332,7 +332,7 @@ class Asynchronous(Component):
         if not idle:
             metrics["train/loss"] = result.loss.mean()
         if self.local_acc is not None:  # the arrivals' local accuracy (client/local_acc_mean, bmta_local: SPEC §9)
-            metrics["client/local_acc_mean"] = torch.nanmean(self.local_acc[to_device(popped_slots, self.local_acc.device)])
+            metrics["client/local_acc_mean"] = torch.nanmean(self.local_acc[popped_slots.to(self.local_acc.device)])
         metrics, flags = read_metrics(metrics, record.finite_flags())
         try:
             record.raise_if_nonfinite(flags)
