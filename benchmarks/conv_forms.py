@@ -48,7 +48,7 @@ def cohort_call(net, shape, K: int, B: int, steps: int, form: str, device: torch
             torch.cuda.synchronize()
         start = time.perf_counter()
         trainer.train(w0, X, Y, idx, torch.full((K,), n, device=device), torch.full((K,), steps, device=device),
-                      StepRule(), 0.05, B, torch.Generator(device=device).manual_seed(1))
+                      StepRule(), 0.05, B, torch.Generator().manual_seed(1))
         if cuda:
             torch.cuda.synchronize()
         return time.perf_counter() - start
