@@ -283,7 +283,8 @@ class CompositionWarning(UserWarning):
 
 def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozenset(), *,
                          num_clients: int | None = None, total_rounds: int | None = None,
-                         net_releases: tuple[str, ...] = ()) -> list[str]:
+                         net_releases: tuple[str, ...] = (), run_key: str = "",
+                         data_notes: frozenset = frozenset()) -> list[str]:
     """Every component's own preparation and check of the run's composition (:meth:`lfed.component.Component.prepare_run`,
     :meth:`~lfed.component.Component.composition_warnings`).
 
@@ -297,6 +298,7 @@ def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozen
         num_clients: ``N``, when known; ``total_rounds``: the run's rounds, when known (with both,
             the checks see every round's cohort size).
         net_releases: What the run releases of its net beyond the parameters (:meth:`lfed.run.FederatedRun.net_releases`).
+        run_key, data_notes: :class:`lfed.component.CompositionContext`'s.
 
     Returns:
         The warnings, one sentence each (the caller emits them as :class:`CompositionWarning`).
@@ -311,7 +313,7 @@ def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozen
     roles = algorithm.roles()
     context = CompositionContext(frozenset(explicit), participation.stragglers.p_inactive,
                                  participation.stragglers.p_incomplete, num_clients, total_rounds, sizes, roles,
-                                 tuple(net_releases))
+                                 tuple(net_releases), run_key, frozenset(data_notes))
     unique = list({id(c): c for c in roles.values()}.values())
     for component in unique:  # before round 0: refuse what cannot run, derive settings
         component.prepare_run(context)

@@ -249,6 +249,10 @@ class CompositionContext:
         components: Every component of the run by role.
         net_releases: What the run releases of the net beyond its parameters (BatchNorm running statistics
             averaged over the cohort: :meth:`lfed.run.FederatedRun.net_releases`), as :attr:`Component.releases`.
+        run_key: A digest of the run's settings except its seed (:meth:`lfed.run.FederatedRun.stream_key`): DP's
+            seeded noise streams are keyed by it, so runs of other settings never share noise (``""``: unknown).
+        data_notes: What the run's data says of itself that a component may refuse or gate: ``test_from_clients``
+            (the test split is the training clients' own held-out data, LEAF's), ``val_from_clients``.
     """
 
     explicit: frozenset
@@ -259,6 +263,8 @@ class CompositionContext:
     cohort_sizes: list[int] | None = None
     components: dict[str, Any] | None = None
     net_releases: tuple[str, ...] = ()
+    run_key: str = ""
+    data_notes: frozenset = frozenset()
 
 
 class Component(nn.Module):
@@ -391,7 +397,7 @@ class Component(nn.Module):
         return self._the_store().get(self, name)
 
     def set_state(self, name: str, value: Tensor) -> None:
-        """Replace server tensor ``name`` in place."""
+        """Replace server tensor ``name`` (a new tensor: what :meth:`state` returned before keeps its value)."""
         self._the_store().set(self, name, value)
 
     def rows(self, name: str, clients: Tensor, first: Tensor | None = None) -> Tensor:

@@ -186,6 +186,8 @@ class FederatedDriver(LightningModule):
         for run in self.runs:
             for message in run.start(run.data, self._total_rounds()):  # settings that make no sense together
                 rank_zero_warn(self._prefix(run) + message, category=CompositionWarning)
+            for line in run.notices():  # DP: where the noise comes from; splits that are client data
+                rank_zero_info(f"lfed: {self._prefix(run)}{line}")
         run, d = self.runs[0], self.runs[0].data
         backend = run.engine.resolve_backend(d.train_x, d.train_y)
         what = f"{len(self.runs)} runs of " if self.grouped else ""
@@ -330,18 +332,35 @@ class FederatedDriver(LightningModule):
                     logger.log_image(key=run.metric_gate.name("personal/acc_histogram"), images=[str(path)])
 
     def on_fit_end(self) -> None:
-        """A run that trained every round is ``done`` (also when a resume found nothing left to train)."""
+        """A run that trained every round is ``done`` (also when a resume found nothing left to train). Under DP, one
+        line says where the checkpoints are and that they hold client data (:mod:`lfed.privacy.contents`)."""
         total = self._total_rounds()
         for run in self.runs:
             if run.status == "running" and total is not None and run.rounds_done >= total:
                 run.status = "done"
                 if not run.final_summary:
                     run.summary()
+        callback = getattr(self.trainer, "checkpoint_callback", None)
+        where = getattr(callback, "dirpath", None)
+        if where and any(run.metric_gate.active for run in self.runs):
+            rank_zero_info(f"lfed: the checkpoints in {where} hold client data no accountant covers (per-round upload counts, "
+                           "the last cohort's ids, the clients' sizes and label hash, accuracies on their own splits, "
+                           "every per-client state row), listed in each file's lfed.client_data: keep them as private as "
+                           "the clients' data (docs/privacy.md, 'What a checkpoint holds')")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         total = self._total_rounds()
         checkpoint["lfed"] = {"runs": [{**run.extra_state(), "fingerprint": run_fingerprint(run, total, run.datamodule)}
                                        for run in self.runs]}
+        if any(run.metric_gate.active for run in self.runs):  # DP: mark what it holds of the clients' data, unnoised
+            from lfed.privacy.contents import client_data
+
+            checkpoint["lfed"]["client_data"] = client_data(checkpoint, self._per_client_state())
+
+    def _per_client_state(self) -> list[str]:
+        """Every run's per-client state tensors as ``<role>.<name>`` (:func:`lfed.privacy.contents.classify`)."""
+        return sorted({f"{role}.{spec.name}" for run in self.runs for role, c in run.components.roles().items()
+                       for spec in c.state_specs() if spec.per_client})
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another run (lfed.fingerprint.verify_fingerprint), then restore."""

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
+import secrets
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["STREAMS", "derive_seed", "round_generator", "seeded_global_rng"]
+__all__ = ["NOISE_MODES", "PrivateStreams", "STREAMS", "derive_seed", "round_generator", "seeded_global_rng"]
 
 #: The stream names lfed itself uses.
 STREAMS: tuple[str, ...] = ("sample", "stragglers", "batches", "fisher")
@@ -125,3 +128,53 @@ def seeded_global_rng(seed: int, round: int, stream: str, device: str | torch.de
         with backend.device(index):
             backend.manual_seed(s)
         yield
+
+
+#: Where differential privacy's draws come from (:class:`PrivateStreams`).
+NOISE_MODES = ("seeded", "secure")
+
+
+@dataclass(frozen=True)
+class PrivateStreams:
+    """Where a DP run's private draws come from: its noise and its Poisson cohort (docs/privacy.md "Noise modes").
+
+    * ``seeded`` (the default): from ``(seed, round, "<stream>/<key>")`` like every other stream, so a run is
+      reproducible and resumes bit for bit. Anyone who knows the seed and ``key`` can regenerate the noise and
+      subtract it: the guarantee then holds only against an adversary who does not know the seed. ``key``
+      (:attr:`lfed.run.FederatedRun.stream_key`, a digest of the run's settings) keeps runs of other settings
+      (the members of a grid) on distinct streams at equal seeds; ``""`` (``common_noise: true``) shares them.
+    * ``secure``: every generator is seeded with 63 bits from the operating system's cryptographic randomness
+      (:func:`secrets.randbits`), drawn afresh for every round and stream and kept nowhere, so nothing logged or
+      checkpointed regenerates the noise or the cohort. As Opacus's ``secure_mode``, each Gaussian is the sum of
+      4 draws divided by 2 (:meth:`normal`), which blunts the floating-point attacks on a single draw (Holohan and
+      Braghin 2021). What it gives up: a resumed run continues with fresh noise, not the stream it would have drawn.
+    """
+
+    mode: str = "seeded"
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        if self.mode not in NOISE_MODES:
+            raise ValueError(f"noise: {self.mode!r} is not one of {NOISE_MODES}")
+
+    @property
+    def secure(self) -> bool:
+        return self.mode == "secure"
+
+    def generator(self, seed: int, round: int, stream: str, device: str | torch.device = "cpu") -> torch.Generator:
+        """The generator of ``stream`` in ``round`` (module docstring)."""
+        if self.secure:
+            g = torch.Generator(device=torch.device(device))
+            g.manual_seed(secrets.randbits(63))
+            return g
+        return round_generator(seed, round, f"{stream}/{self.key}" if self.key else stream, device)
+
+    def normal(self, shape: tuple[int, ...] | int, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+        """Standard normal draws of ``shape``: one draw each (seeded), or the sum of 4 divided by 2 (secure)."""
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        if not self.secure:
+            return torch.randn(shape, generator=generator, dtype=dtype)
+        total = torch.randn(shape, generator=generator, dtype=dtype)
+        for _ in range(3):
+            total += torch.randn(shape, generator=generator, dtype=dtype)
+        return total / math.sqrt(4)

@@ -272,7 +272,9 @@ def draw_cohort(algorithm: Algorithm, data: Any, training: LocalTraining, round:
     device = data.client_sizes.device
     k = algorithm.participation.cohort_size(round, total_rounds, N)
     if clients is None:
-        clients, _ = algorithm.sampler.sample(round, k, round_generator(seed, round, "sample"))
+        streams = getattr(algorithm.sampler, "private_streams", None)  # DP's Poisson cohort: its own source
+        g = round_generator(seed, round, "sample") if streams is None else streams.generator(seed, round, "sample")
+        clients, _ = algorithm.sampler.sample(round, k, g)
     clients_h = clients.detach().cpu().long()  # the samplers draw on the host: no device read
     n_h = data.host("client_sizes")[clients_h]
     budget_h = training.step_budget(n_h)

@@ -9,6 +9,7 @@ Lightning is the rest: loggers, checkpoints, several devices and mixed precision
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
@@ -56,6 +57,8 @@ def fit_run(run, datamodule, rounds: int, *, evaluate_every: int | None = None, 
         run.data = data.to(torch.device(device), next(run.net.parameters()).dtype, {})
         for message in run.start(run.data, end):
             warnings.warn(message, CompositionWarning, stacklevel=2)
+        for line in run.notices():  # DP: where the noise comes from; splits that are client data
+            print(f"lfed: {line}", file=sys.stderr)
         state["optimizer"] = run.server_optimizer([p for p in run.net.parameters() if p.requires_grad])
     optimizer = state["optimizer"]
     history: list[dict[str, float]] = []

@@ -46,6 +46,11 @@ from lfed.round import Algorithm, LocalTraining, PreparedRound, setup_state
 from lfed.schedule import SYNCHRONOUS
 from lfed.server.optimizers import apply_pseudo_gradient
 
+def data_notes(data) -> frozenset:
+    """What the data says of its splits (:attr:`lfed.data.datamodule.FederatedData.notes`; none for other containers)."""
+    return frozenset(getattr(data, "notes", ()) or ())
+
+
 __all__ = ["FederatedRun", "default_net"]
 
 
@@ -123,10 +128,22 @@ class FederatedRun(nn.Module):
         self.final_summary: dict[str, float] = {}
         self.last_round = None  # the RoundRecord of the last round trained (callbacks read it)
 
+    @property
+    def private_metrics(self) -> tuple[str, ...]:
+        """:attr:`server_held_metrics`, less those of a split that belongs to the training clients
+        (:func:`lfed.data.datamodule.data_notes`: LEAF's test split is its writers' own held-out examples)."""
+        notes = data_notes(self.data) if self.data is not None else frozenset()
+        out = self.server_held_metrics
+        if "test_from_clients" in notes:
+            out = tuple(p for p in out if not p.startswith(("test/", "final/test_", "final/rounds_to_")))
+        if "val_from_clients" in notes:
+            out = tuple(p for p in out if not p.startswith(("val/", "final/val_")))
+        return out
+
     #: The run's own metrics computed on server-held data only (the test split, the server's validation split
     #: carved out before partitioning) or from public counts (rounds): what a DP run logs of them by default
     #: (:mod:`lfed.privacy.metrics`). Everything else the run logs reads the clients' data without noise.
-    private_metrics: tuple[str, ...] = ("test/*", "val/*", "final/test_acc", "final/test_acc_last10pct",
+    server_held_metrics: tuple[str, ...] = ("test/*", "val/*", "final/test_acc", "final/test_acc_last10pct",
                                         "final/val_acc_last10pct", "final/rounds_to_*")
 
     # ------------------------------------------------------------------ what it is
@@ -195,7 +212,34 @@ class FederatedRun(nn.Module):
         for component in {id(c): c for c in self.components.roles().values()}.values():  # each checks its own needs
             component.check_start(data)
         return algorithms.validate_composition(self.components, self.explicit, num_clients=data.num_clients,
-                                               total_rounds=total_rounds, net_releases=self.net_releases())
+                                               total_rounds=total_rounds, net_releases=self.net_releases(),
+                                               run_key=self.stream_key(data), data_notes=data_notes(data))
+
+    def notices(self) -> list[str]:
+        """Lines to print at start-up (after :meth:`start`): where DP's noise comes from (a component's
+        ``start_notice``), and which evaluation splits a DP run treats as client data."""
+        out = [c.start_notice() for c in {id(c): c for c in self.components.roles().values()}.values()
+               if callable(getattr(c, "start_notice", None))]
+        notes, gate = data_notes(self.data), self.metric_gate
+        if gate.active and notes:
+            shown = "logged as unaccounted/<name>" if gate.mode == "mark" else "not logged (log_unaccounted: true logs them as unaccounted/<name>)"
+            splits = [s for s, n in (("test", "test_from_clients"), ("validation", "val_from_clients")) if n in notes]
+            out.append(f"data: the {' and '.join(splits)} split of this dataset belongs to the training clients (LEAF's "
+                       f"per-writer examples), so under DP its metrics are client data, not server-held: {shown}")
+        return out
+
+    def stream_key(self, data) -> str:
+        """A digest of the run's settings except its seed (and the rounds): the composition, every component's
+        hyper-parameters, the training plan, the net's layout and the clients' data (:func:`lfed.fingerprint.run_fingerprint`).
+        DP's seeded noise streams are keyed by it (:class:`lfed.rng.PrivateStreams`): two runs of other settings at
+        one seed (a grid's members) draw other noise; the same run alone or in a grid draws the same."""
+        import hashlib
+
+        from lfed.fingerprint import run_fingerprint, tensor_digest
+
+        fp = {k: v for k, v in run_fingerprint(self, None, self.datamodule).items() if k != "hparams.seed"}
+        fp["data.client_sizes"] = tensor_digest(data.client_sizes)
+        return hashlib.blake2b(repr(sorted(fp.items())).encode(), digest_size=8).hexdigest()
 
     # ------------------------------------------------------------------ one round
     @property

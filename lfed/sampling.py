@@ -372,6 +372,9 @@ class PoissonSampler(ClientSampler):
     name = "poisson"
     fixed_size = False
     poisson = True
+    #: DP-FedAvg's source of private draws (:class:`lfed.rng.PrivateStreams`), set by it before round 0: the cohort
+    #: is part of the mechanism (its subsampling amplification assumes nobody can reproduce it)
+    private_streams = None
 
     def sample(self, round: int, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         self._check_k(k)

@@ -173,7 +173,11 @@ class StateStore:
         raise NotImplementedError
 
     def set(self, owner: nn.Module, name: str, value: Tensor) -> None:
-        """Replace a server tensor's value in place."""
+        """Replace a server tensor's value by a new tensor (same shape, dtype and device as declared).
+
+        Not in place: a tensor read with :meth:`get` before keeps the value it had (a component that reads its
+        state, then writes it, then uses what it read, computes with the old value, as the maths reads: adaptive
+        clipping's ``C_t`` after ``C_{t+1}`` is stored, issue 49)."""
         raise NotImplementedError
 
     def rows(self, owner: nn.Module, name: str, clients: Tensor) -> Tensor:
@@ -230,7 +234,10 @@ class ModuleStateStore(StateStore):
         return owner._buffers[name]
 
     def set(self, owner: nn.Module, name: str, value: Tensor) -> None:
-        owner._buffers[name].copy_(value)
+        old = owner._buffers[name]
+        new = torch.empty_like(old)
+        new.copy_(value)  # broadcast and cast as before; the tensor read before keeps its value (StateStore.set)
+        owner._buffers[name] = new
 
     def rows(self, owner: nn.Module, name: str, clients: Tensor) -> Tensor:
         buf = owner._buffers[name]

@@ -207,6 +207,8 @@ class Scaffold(ClientRule):
     """
 
     name = "scaffold"
+    #: DP-FedAvg's source of private draws (:class:`lfed.rng.PrivateStreams`), set by it before round 0
+    private_streams = None
     RELEASE = ("SCAFFOLD's server control variate c is averaged from the clients' raw control updates, unclipped "
                "and un-noised, and sent to every later cohort")
 
@@ -252,14 +254,15 @@ class Scaffold(ClientRule):
         if not self.private:
             self.set_state("control", control + change.sum(0) / cohort.num_clients)
             return
-        from lfed.rng import round_generator
+        from lfed.rng import PrivateStreams
 
+        streams = self.private_streams or PrivateStreams()  # DP-FedAvg's source (seeded or secure), set before round 0
         counting = (cohort.active if cohort.counting is None else cohort.counting).to(change.device)
         norms = torch.linalg.vector_norm(change, dim=1)
         factor = torch.where(counting, (self.control_clip / norms.clamp_min(1e-300)).clamp(max=1.0),
                              torch.zeros((), dtype=norms.dtype, device=norms.device))  # min(1, C_c/‖Δc_k‖); 0 if not counting
-        g = round_generator(cohort.seed, cohort.round, "dp-control-noise")
-        noise = torch.randn(change.shape[1], generator=g, dtype=change.dtype).to(change.device, non_blocking=True)
+        g = streams.generator(cohort.seed, cohort.round, "dp-control-noise")
+        noise = streams.normal(change.shape[1], g, change.dtype).to(change.device, non_blocking=True)
         total = factor.to(change.dtype) @ change + (self.control_noise * self.control_clip) * noise
         self.set_state("control", control + total / cohort.num_clients)
 

@@ -46,6 +46,10 @@ class FederatedData:
         client_val_index: ``[N, max_v]`` positions of each client's own validation examples
             (``client_validation_fraction``; no client trains on them); None when there are none.
         client_val_sizes: ``[N]`` their numbers; None when there are none.
+        notes: Who the evaluation splits belong to, where not to the server alone: ``test_from_clients`` (the
+            test examples are the training clients' own, LEAF's per-writer held-out data), ``val_from_clients``
+            (the server's validation split was carved from those clients' examples). Under DP their metrics
+            are client data (docs/privacy.md "Server-held means server-held").
     """
 
     train_x: Tensor
@@ -61,6 +65,7 @@ class FederatedData:
     val_index: Tensor | None = None
     client_val_index: Tensor | None = None
     client_val_sizes: Tensor | None = None
+    notes: frozenset = frozenset()
 
     @property
     def num_clients(self) -> int:
@@ -506,6 +511,8 @@ class FederatedDataModule(LightningDataModule):
             val_index=val_index,
             client_val_index=cv_index,
             client_val_sizes=cv_sizes,
+            notes=frozenset(n for n, yes in (("test_from_clients", ds.test_groups is not None),
+                                             ("val_from_clients", val_index is not None and ds.train_groups is not None)) if yes),
         )
         return self.data
 

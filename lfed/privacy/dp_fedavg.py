@@ -26,7 +26,7 @@ from lfed.host import values
 from lfed.privacy.accountant import ACCOUNTANTS, PrivacyAccountant, calibrate_noise, epsilon
 from lfed.privacy.clipping import clip_factors, clip_rows
 from lfed.privacy.releases import check_releases
-from lfed.rng import round_generator
+from lfed.rng import NOISE_MODES, PrivateStreams
 from lfed.server.combination import ServerCombination
 from lfed.state import StateSpec
 from lfed.validation import number
@@ -54,6 +54,13 @@ class DPFedAvg(ServerCombination):
             server-held data (:attr:`private_metrics`, the test split; :mod:`lfed.privacy.metrics`). True: also the
             metrics read from the clients' data without noise (the training loss, the cohort's local accuracy, the
             realised cohort size, the clients' held-out accuracies), each renamed ``unaccounted/<name>``.
+        noise: ``seeded`` (default): the noise and the Poisson cohort come from the run's seed (reproducible, exact
+            resume; the guarantee holds against an adversary who does not know the seed, which ``config.yaml``, the
+            W&B config and the checkpoint hold). ``secure``: from the operating system's cryptographic randomness,
+            kept nowhere (:class:`lfed.rng.PrivateStreams`; a resumed run continues with fresh noise).
+        common_noise: False (default): the seeded streams are keyed by the run's settings, so runs of other
+            settings at one seed (a grid's members) never share noise or cohorts; True: common random numbers,
+            every run of one seed draws the same (for paired comparisons; only with ``noise: seeded``).
     """
 
     name = "dp"
@@ -67,10 +74,19 @@ class DPFedAvg(ServerCombination):
     def __init__(self, noise_multiplier: float | None = 1.0, clip: float = 1.0, target_epsilon: float | None = None,
                  delta: float | None = None, target_quantile: float | None = None, clip_lr: float = 0.2,
                  count_noise: float | None = None, local_noise: float = 0.0, accountant: str = "rdp",
-                 log_unaccounted: bool = False) -> None:
+                 log_unaccounted: bool = False, noise: str = "seeded", common_noise: bool = False) -> None:
         super().__init__()
         if not isinstance(log_unaccounted, bool):
             raise ValueError(f"log_unaccounted: must be true or false, got {log_unaccounted!r}")
+        if noise not in NOISE_MODES:
+            raise ValueError(f"noise: {noise!r} is not one of {NOISE_MODES} (seeded: reproducible from the run's seed; "
+                             "secure: the operating system's cryptographic randomness)")
+        if not isinstance(common_noise, bool):
+            raise ValueError(f"common_noise: must be true or false, got {common_noise!r}")
+        if common_noise and noise == "secure":
+            raise ValueError("common_noise: shared noise streams need noise: seeded (secure noise is never drawn twice)")
+        self.noise, self.common_noise = noise, common_noise
+        self.streams = PrivateStreams(noise)  # keyed by the run's settings in prepare_run
         self.log_unaccounted = log_unaccounted
         if target_epsilon is not None:
             number("target_epsilon", target_epsilon, above=0)
@@ -108,7 +124,8 @@ class DPFedAvg(ServerCombination):
         self._given = {"noise_multiplier": None if noise_multiplier is None else float(noise_multiplier),
                        "clip": self.clip0, "target_epsilon": target_epsilon, "delta": delta,
                        "target_quantile": target_quantile, "clip_lr": float(clip_lr), "count_noise": count_noise,
-                       "local_noise": self.local_noise, "accountant": accountant}
+                       "local_noise": self.local_noise, "accountant": accountant, "noise": noise,
+                       "common_noise": common_noise}
         self.noise_multiplier, self.target_epsilon, self.delta = z, target_epsilon, delta
         self._calibrate = noise_multiplier is None  # a budget and no multiplier: calibrate it; with both, the budget is a cap
         self.target_quantile, self.clip_lr, self.count_noise = target_quantile, float(clip_lr), count_noise
@@ -155,6 +172,12 @@ class DPFedAvg(ServerCombination):
         """Refuse what the accountant cannot account for; fix δ; calibrate ``z``; split ``z`` for adaptive clipping."""
         roles = context.components or {}
         check_releases(roles, context.net_releases)  # every value the accountant cannot account (lfed.privacy.releases)
+        # the private draws (noise, the Poisson cohort, DP-SCAFFOLD's control noise) from one source, keyed by the
+        # run's settings unless common random numbers are asked for; the components that draw them share it
+        self.streams = PrivateStreams(self.noise, "" if self.common_noise else getattr(context, "run_key", ""))
+        for c in {id(c): c for c in roles.values()}.values():
+            if hasattr(c, "private_streams"):
+                c.private_streams = self.streams
         self.shares = tuple(float(z) for c in {id(c): c for c in roles.values()}.values()
                             for z in getattr(c, "dp_shares", ()))  # DP-SCAFFOLD's control updates
         if self.shares and self.local_noise > 0:
@@ -232,6 +255,15 @@ class DPFedAvg(ServerCombination):
             return ["DP-FedAvg with noise_multiplier=0 and no local noise gives no privacy (ε = inf): it only clips"]
         return []
 
+    def start_notice(self) -> str:
+        """One line at start-up: where the noise comes from, and what the guarantee then assumes."""
+        if self.streams.secure:
+            return ("DP noise and Poisson cohorts: secure (the operating system's cryptographic randomness, kept nowhere; "
+                    "a resumed run continues with fresh noise)")
+        return ("DP noise and Poisson cohorts: seeded from the run's seed (reproducible; the guarantee holds against an "
+                "adversary who does not know the seed, which config.yaml, the loggers' config and the checkpoint hold; "
+                "model.combination.init_args.noise: secure draws them from the operating system)")
+
     # ------------------------------------------------------------------ one round
     def combine(self, updates, weights, cohort):
         K, P = updates.shape
@@ -239,7 +271,9 @@ class DPFedAvg(ServerCombination):
         n_counting = sum(values(cohort.host_values().counting))  # host values: no device read (lfed.host)
         m = float(cohort.expected_size)
         # the bound: a fixed one is the setting itself (a host float); an adaptive one moves every round on the
-        # device (its next value comes from the norms) and is used there, read to the host only with the metrics
+        # device (its next value comes from the norms) and is used there, read to the host only with the metrics.
+        # C is C_t for the whole round: the clip, the count, the noise and privacy/clip (set_state below stores
+        # C_{t+1} as a new tensor; this one keeps C_t, issue 49)
         C = self.clip0 if self.target_quantile is None else self.state("clip")
         norms = torch.linalg.vector_norm(updates, dim=1)
         # Σ_k Δ_k · min(1, C/‖Δ_k‖) / m as one weighted sum of the rows (no clipped copy of [K, P]); a client
@@ -248,10 +282,11 @@ class DPFedAvg(ServerCombination):
                         torch.zeros((), dtype=torch.float64, device=updates.device))
         if isinstance(C, Tensor) or not math.isinf(C):
             a = a * clip_factors(norms.double(), C)
-        g = round_generator(cohort.seed, cohort.round, "dp-noise")
+        streams = self.streams
+        g = streams.generator(cohort.seed, cohort.round, "dp-noise")
         if self.local_noise > 0:  # local DP: each counting client's own noise, added to its clipped update before upload
             clipped, _ = clip_rows(updates, C)
-            own = torch.randn(K, P, generator=g, dtype=updates.dtype).to(updates.device, non_blocking=True)
+            own = streams.normal((K, P), g, updates.dtype).to(updates.device, non_blocking=True)
             delta = torch.where(counting, 1.0 / m, 0.0).to(updates.dtype) @ (clipped + self.local_noise * C * own)
         else:
             delta = a.to(updates.dtype) @ updates
@@ -261,14 +296,14 @@ class DPFedAvg(ServerCombination):
             report["privacy/clipped_fraction"] = clipped_share
         else:  # Andrew et al.: the noised count of clients under the bound, b̃ = (Σ b_k + N(0, σ_b²)) / m
             below = ((norms <= C) & counting).double().sum()
-            draw = torch.randn((), generator=g, dtype=torch.float64).to(below.device, non_blocking=True)
+            draw = streams.normal((), g, torch.float64).to(below.device, non_blocking=True)
             b_noised = (below + float(self.count_noise) * draw) / m
             C_next = C * torch.exp(-self.clip_lr * (b_noised - self.target_quantile))
             self.set_state("clip", C_next.to(self.state("clip").device))
             report["privacy/clip_next"] = C_next
             report["privacy/clipped_fraction"] = 1.0 - b_noised  # post-processing of b̃ (private)
         if self.update_multiplier > 0:
-            noise = torch.randn(P, generator=g, dtype=updates.dtype).to(updates.device, non_blocking=True)
+            noise = streams.normal(P, g, updates.dtype).to(updates.device, non_blocking=True)
             delta = delta + (self.update_multiplier * C / m) * noise
         q = m / cohort.num_clients
         if self.local_noise > 0:  # each client's release is its own Gaussian mechanism (counted as if in every round)
