@@ -82,8 +82,8 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 def classify(key: str, per_client: Iterable[str] = ()) -> tuple[str, str]:
     """``(class, what)`` of a flattened checkpoint key. ``per_client``: the run's per-client state tensors as
     ``<role>.<name>`` (every row of them is a client's own, raw: client data)."""
-    if key.startswith("state_dict.") and any(key.endswith("." + name) or key.endswith("." + name + "_started")
-                                             for name in per_client):
+    if key.startswith("state_dict.") and any(key.endswith(f".{n}") or f".{n}." in key  # dense, or sparse rows
+                                             for name in per_client for n in (name, name + "_started")):
         return "client", _PER_CLIENT + " (a client's own raw rows: a personal model, c_k, h_k, Fisher reports, ...)"
     for pattern, cls, what in CONTENTS:
         if fnmatch.fnmatchcase(key, pattern):
