@@ -215,6 +215,13 @@ class FederatedRun(nn.Module):
                                                total_rounds=total_rounds, net_releases=self.net_releases(),
                                                run_key=self.stream_key(data), data_notes=data_notes(data))
 
+    def depends_on_total_rounds(self) -> str | None:
+        """What of the run depends on its horizon (``trainer.max_steps``): a fraction schedule over the run, a
+        component's (DP's noise calibrated for the run's rounds), named; None when nothing does."""
+        names = [] if type(self.participation.fraction).__name__ == "ConstantFraction" else ["the fraction schedule"]
+        names += [role for role, c in self.components.roles().items() if getattr(c, "depends_on_total_rounds", False)]
+        return ", ".join(names) or None
+
     def notices(self) -> list[str]:
         """Lines to print at start-up (after :meth:`start`): where DP's noise comes from (a component's
         ``start_notice``), and which evaluation splits a DP run treats as client data."""

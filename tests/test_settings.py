@@ -162,6 +162,35 @@ def test_fit_run_goes_on_where_it_stopped_and_checks_its_arguments(one_thread):
         fit_run(parts, digits(), 1, evaluate_every=0)
 
 
+def test_fit_run_in_pieces_within_its_horizon_is_one_call_and_past_it_is_refused_where_it_matters(one_thread):
+    """AdaFL's growing fraction is a schedule over the whole run: fit_run(2, total_rounds=4) + fit_run(2) samples
+    the cohorts of fit_run(4) (1, 2, 3, 4 clients of 10: 0.1 -> 0.4 in 4 stages) and ends on the same weights; 0.4
+    squeezed the schedule into each call (1, 3, 3, 4). Going past the horizon is refused for it (named), and
+    extends it for a run with a constant fraction."""
+    from lfed.sampling import StepwiseFraction
+
+    def run():
+        return build_run(net=net(), algorithm="adafl", fraction=StepwiseFraction(0.1, 0.4, 4), seed=2,
+                         training=LocalTraining(client_lr=0.1, batch_size=8, local_steps=2))
+
+    whole = run()
+    sizes_whole = [h["round/clients"] for h in fit_run(whole, digits(), 4)]
+    parts = run()
+    history = fit_run(parts, digits(), 2, total_rounds=4) + fit_run(parts, digits(), 2)
+    sizes_parts = [h["round/clients"] for h in history]
+    assert sizes_whole == sizes_parts == [1, 2, 3, 4]
+    assert torch.equal(whole.layout.module_vector(whole.net), parts.layout.module_vector(parts.net))
+    with pytest.raises(ValueError, match="past the 4 rounds the run was set for \\(the fraction schedule depends"):
+        fit_run(parts, digits(), 1)
+    with pytest.raises(ValueError, match="total_rounds: the run's horizon was fixed at 4"):
+        fit_run(parts, digits(), 1, total_rounds=5)
+    with pytest.raises(ValueError, match="rounds: 3 rounds would go past total_rounds = 2"):
+        fit_run(run(), digits(), 3, total_rounds=2)
+    constant = build_run(net=net(), training=LocalTraining(client_lr=0.1), seed=1)
+    fit_run(constant, digits(), 1)
+    assert len(fit_run(constant, digits(), 2)) == 2 and constant.rounds_done == 3  # nothing depends on the horizon
+
+
 # ------------------------------------------------------------------------------ a checkpoint of lfed 0.3
 
 
