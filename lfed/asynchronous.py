@@ -58,7 +58,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from lfed.clock import SimulatedClock
+from lfed.clock import SimulatedClock, read_durations
 from lfed.component import Component, CompositionContext
 from lfed.evaluation import is_classification, local_accuracy
 from lfed.host import read_metrics, to_device
@@ -93,14 +93,19 @@ class Asynchronous(Component):
         mixing: None: FedBuff's update (the clients' own deltas); a number ``α`` in (0, 1]: FedAsync's
             mixing ``w ← (1 - α s) w + α s w_k``.
         clock: The :class:`~lfed.clock.SimulatedClock` (default: log-normal speeds).
+        staleness_offset: Added to ``τ`` before ``s``: 0 (default) counts an update trained on the current model
+            as ``τ = 0`` (FedBuff's reading, Nguyen et al. 2022); 1 is Xie et al. 2019's ``s(t - τ)`` with server
+            epochs from 1 (Algorithm 1), whose freshest update has ``t - τ = 1`` (docs/algorithms.md §14).
     """
 
     name = "async"
 
     def __init__(self, concurrency: int = 10, buffer: int = 10,
                  staleness: Literal["constant", "polynomial", "hinge"] = "polynomial", staleness_exponent: float = 0.5,
-                 hinge_start: int = 0, mixing: float | None = None, clock: SimulatedClock | None = None) -> None:
+                 hinge_start: int = 0, mixing: float | None = None, clock: SimulatedClock | None = None,
+                 staleness_offset: int = 0) -> None:
         super().__init__()
+        self.staleness_offset = integer("staleness_offset", staleness_offset, at_least=0, detail=" (0: FedBuff's τ; 1: FedAsync's t - τ)")
         self.concurrency = integer("concurrency", concurrency, at_least=1)
         self.buffer = integer("buffer", buffer, at_least=1)
         if self.buffer > self.concurrency:
@@ -112,6 +117,10 @@ class Asynchronous(Component):
         self.hinge_start = integer("hinge_start", hinge_start, at_least=0)
         if mixing is not None:
             mixing = number("mixing", mixing, above=0, at_most=1, detail=" (FedAsync's α) or None (FedBuff)")
+            if self.buffer != 1:  # Xie et al. 2019 mix each arrival on its own; a mix over a buffer is no paper's
+                raise ValueError(f"mixing: FedAsync mixes one arrival per server step (Xie et al. 2019, Algorithm 1), so "
+                                 f"mixing needs buffer: 1, got buffer: {buffer}; for buffered updates use FedBuff "
+                                 "(mixing: null)")
         self.mixing = mixing
         self.clock = clock if clock is not None else SimulatedClock()
         # the event queue: (arrival, seq, slot, client, version, steps); and the counters
@@ -129,7 +138,7 @@ class Asynchronous(Component):
 
     def hparams(self) -> dict[str, Any]:
         out = {"staleness": self.staleness, "staleness_exponent": self.staleness_exponent,
-               "hinge_start": self.hinge_start, "mixing": self.mixing}
+               "hinge_start": self.hinge_start, "mixing": self.mixing, "staleness_offset": self.staleness_offset}
         out.update({f"clock.{k}": v for k, v in self.clock.hparams().items()})
         return out
 
@@ -160,8 +169,8 @@ class Asynchronous(Component):
         super().setup_state(store, torch.zeros(self.concurrency, dtype=num_examples.dtype), num_params, like)
 
     def s(self, tau: int) -> float:
-        """The staleness weight ``s(τ)``."""
-        return staleness_weight(tau, self.staleness, self.staleness_exponent, self.hinge_start)
+        """The staleness weight ``s(τ + staleness_offset)``."""
+        return staleness_weight(tau + self.staleness_offset, self.staleness, self.staleness_exponent, self.hinge_start)
 
     @property
     def now(self) -> float:
@@ -182,6 +191,8 @@ class Asynchronous(Component):
         if context.num_clients is not None and self.concurrency > context.num_clients:
             raise ValueError(f"asynchronous: concurrency: {self.concurrency} clients in flight, but the data has "
                              f"{context.num_clients} clients")
+        if context.num_clients is not None and self.clock.distribution == "file":  # read and checked now, not at dispatch
+            read_durations(self.clock.durations_file, context.num_clients)
 
     def composition_warnings(self, context: CompositionContext) -> list[str]:
         if "fraction" in context.explicit:
@@ -378,8 +389,8 @@ class FedBuff(Asynchronous):
 
     def __init__(self, concurrency: int = 10, buffer: int = 10,
                  staleness: Literal["constant", "polynomial", "hinge"] = "polynomial", staleness_exponent: float = 0.5,
-                 hinge_start: int = 0, clock: SimulatedClock | None = None) -> None:
-        super().__init__(concurrency, buffer, staleness, staleness_exponent, hinge_start, None, clock)
+                 hinge_start: int = 0, clock: SimulatedClock | None = None, staleness_offset: int = 0) -> None:
+        super().__init__(concurrency, buffer, staleness, staleness_exponent, hinge_start, None, clock, staleness_offset)
 
 
 class FedAsync(Asynchronous):
@@ -390,9 +401,10 @@ class FedAsync(Asynchronous):
         mixing: ``α`` in (0, 1].
         staleness, staleness_exponent, hinge_start: ``s(τ)`` (FedAsync's hinge: ``a``, ``b``).
         clock: The simulated clock.
+        staleness_offset: 0 (default, lfed's reading: a fresh update has ``τ = 0``) or 1 (the paper's ``t - τ``).
     """
 
     def __init__(self, concurrency: int = 10, mixing: float = 0.6,
                  staleness: Literal["constant", "polynomial", "hinge"] = "hinge", staleness_exponent: float = 0.5,
-                 hinge_start: int = 4, clock: SimulatedClock | None = None) -> None:
-        super().__init__(concurrency, 1, staleness, staleness_exponent, hinge_start, mixing, clock)
+                 hinge_start: int = 4, clock: SimulatedClock | None = None, staleness_offset: int = 0) -> None:
+        super().__init__(concurrency, 1, staleness, staleness_exponent, hinge_start, mixing, clock, staleness_offset)

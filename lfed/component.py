@@ -130,6 +130,23 @@ class Cohort:
             self.host.counting = self.counting.detach().cpu()
         return self.host
 
+    def host_agreement(self) -> Tensor | None:
+        """``0-dim bool`` on the device: whether the device copies of the clients, sizes, budgets, steps done and
+        counting mask equal their host copies (:attr:`host`), or None without host copies. Read with the round's
+        other flags (:func:`lfed.round.verify_round`): a copy that drifted would make the components that read the
+        host values (Per-FedAvg, FedRoD, the step counts) compute on other numbers than the engine."""
+        h = self.host
+        if h is None:
+            return None
+        pairs = [(self.clients, h.clients), (self.num_examples, h.num_examples), (self.step_budget, h.step_budget),
+                 (self.steps_done, h.steps_done)]
+        if self.counting is not None and h.counting is not None:
+            pairs.append((self.counting, h.counting))
+        out = torch.ones((), dtype=torch.bool, device=self.clients.device)
+        for device_copy, host_copy in pairs:
+            out = out & (device_copy == host_copy.to(device_copy.device, device_copy.dtype)).all()
+        return out
+
 
 
 @dataclass

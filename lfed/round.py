@@ -519,7 +519,14 @@ def verify_round(record: RoundRecord, metrics: dict[str, Any] | None = None) -> 
     Raises:
         FloatingPointError: naming the clients, if the round produced NaN or Inf (:func:`check_finite`).
     """
-    read, flags = read_metrics(metrics or {}, record.finite_flags())
+    checks = record.finite_flags()
+    agree = record.cohort.host_agreement()
+    if agree is not None:
+        checks["cohort/host_copies_agree"] = agree
+    read, flags = read_metrics(metrics or {}, checks)
+    if not flags.get("cohort/host_copies_agree", True):
+        raise RuntimeError(f"round {record.round}: the cohort's device and host copies (clients, sizes, budgets, steps "
+                           "done, counting) disagree; a component changed one without the other (lfed.component.Cohort.host)")
     record.raise_if_nonfinite(flags)
     if math.isnan(read.get("round/amplification", 0.0)):
         read.pop("round/amplification")

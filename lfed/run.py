@@ -46,12 +46,12 @@ from lfed.round import Algorithm, LocalTraining, PreparedRound, setup_state
 from lfed.schedule import SYNCHRONOUS
 from lfed.server.optimizers import apply_pseudo_gradient
 
+__all__ = ["FederatedRun", "default_net"]
+
+
 def data_notes(data) -> frozenset:
     """What the data says of its splits (:attr:`lfed.data.datamodule.FederatedData.notes`; none for other containers)."""
     return frozenset(getattr(data, "notes", ()) or ())
-
-
-__all__ = ["FederatedRun", "default_net"]
 
 
 def default_net(data) -> nn.Module:

@@ -106,6 +106,38 @@ def test_staleness_weights():
         Asynchronous(concurrency=2, buffer=3)
     with pytest.raises(ValueError, match="mixing"):
         FedAsync(mixing=1.5)
+    with pytest.raises(ValueError, match="mixing: FedAsync mixes one arrival per server step .* got buffer: 2"):
+        Asynchronous(concurrency=4, buffer=2, mixing=0.6)  # a mix over a buffer is no paper's method (issue 50)
+
+
+def test_fedasyncs_staleness_offset_is_the_papers_t_minus_tau():
+    """Xie et al. 2019 mix x_new (trained on x_τ) into x_t with s(t - τ), epochs from 1: lfed's τ_k + 1. With
+    staleness_offset 1, hinge(a = 0.5, b = 4) weighs lfed's τ = 4 at s(5) = 1/1.5 (the paper's t - τ = 5), and a fresh
+    update polynomial(a = 0.5) at 2^-1/2; the default keeps FedBuff's τ (s(4) = 1, s(0) = 1)."""
+    paper = FedAsync(staleness="hinge", staleness_exponent=0.5, hinge_start=4, staleness_offset=1)
+    assert paper.s(4) == pytest.approx(1 / 1.5, rel=1e-15) and paper.s(3) == 1.0
+    assert FedAsync(staleness="hinge", staleness_exponent=0.5, hinge_start=4).s(4) == 1.0
+    assert FedAsync(staleness="polynomial", staleness_offset=1).s(0) == pytest.approx(2 ** -0.5, rel=1e-15)
+    with pytest.raises(ValueError, match="staleness_offset"):
+        FedAsync(staleness_offset=-1)
+
+
+@pytest.mark.parametrize("content, match", [("1.0\n-2.0\n3.0\n", "a duration must be positive"),
+                                            ("1.0\nfast\n3.0\n", "'fast' is not a number"),
+                                            ("1.0\n2.0\n", "holds 2 durations, the data has 3 clients")])
+def test_a_bad_durations_file_is_refused_before_round_0(tmp_path, content, match):
+    """The file is read and checked in the composition check before round 0 (0.4 read it at the first dispatch,
+    after the run had started), naming the file and the line; a missing file too."""
+    from lfed.component import CompositionContext
+
+    path = tmp_path / "durations.txt"
+    path.write_text(content)
+    context = CompositionContext(frozenset(), num_clients=3, components={})
+    with pytest.raises(ValueError, match=match):
+        Asynchronous(concurrency=2, buffer=1, clock=SimulatedClock("file", durations_file=str(path))).prepare_run(context)
+    with pytest.raises(ValueError, match="durations_file: .* is not a file"):
+        Asynchronous(concurrency=2, buffer=1,
+                     clock=SimulatedClock("file", durations_file=str(tmp_path / "none.txt"))).prepare_run(context)
 
 
 # ----------------------------------------------------------------------------- the exactness of a run

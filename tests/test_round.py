@@ -103,3 +103,22 @@ def test_a_round_and_a_run_import_no_lightning():
     code = "import sys, lfed.round, lfed.run; print(sorted(m for m in sys.modules if m.split('.')[0] == 'lightning'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
+
+
+def test_a_cohort_whose_device_copy_drifted_from_its_host_copy_is_caught_in_the_rounds_one_read():
+    """Issue 50: a device copy of the cohort's sizes off by one from the host copy (which Per-FedAvg, FedRoD and the
+    step counts read) moved only their numbers and no test saw it. verify_round reads the agreement with the round's
+    other flags (no extra device read) and raises naming the copies; equal copies pass."""
+    from lfed.component import Cohort
+    from lfed.round import RoundRecord, verify_round
+
+    def record(shift: int) -> RoundRecord:
+        c = Cohort(0, torch.tensor([1, 4]), torch.tensor([5, 7]), torch.tensor([2, 2]), torch.tensor([2, 2]), 6)
+        c.counting = torch.tensor([True, True])
+        c.host_values()
+        c.num_examples = c.num_examples + torch.tensor([0, shift])
+        return RoundRecord(0, c, torch.full((2,), 0.5, dtype=torch.float64))
+
+    assert verify_round(record(0), {"x": torch.tensor(1.0)}) == {"x": 1.0}
+    with pytest.raises(RuntimeError, match="device and host copies .* disagree"):
+        verify_round(record(1), {"x": torch.tensor(1.0)})

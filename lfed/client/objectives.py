@@ -198,7 +198,8 @@ class Scaffold(ClientRule):
     With ``control_clip`` ``C_c`` and ``control_noise`` ``z_c`` (DP-SCAFFOLD at the client level, docs/privacy.md):
     each counting client's control update ``Δc_k = c_k_new - c_k`` is clipped to L2 norm ``C_c`` and the sum is noised
     once on the server, ``c ← c + (Σ_{k∈S} clip(Δc_k, C_c) + N(0, z_c² C_c² I)) / N`` (the noise from the stream
-    ``(seed, round, "dp-control-noise")``, or the secure source of DP-FedAvg's ``noise``: :class:`lfed.rng.PrivateStreams`), every round, also when nobody counts); the client keeps its own ``c_k``.
+    ``(seed, round, "dp-control-noise")``, or the secure source of DP-FedAvg's ``noise``:
+    :class:`lfed.rng.PrivateStreams`), every round, also when nobody counts); the client keeps its own ``c_k``.
     A DP-FedAvg run accounts it as its own share of the round's multiplier (:attr:`dp_shares`).
 
     Args:
