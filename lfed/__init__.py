@@ -1,7 +1,7 @@
 """lfed: federated learning on PyTorch Lightning.
 
-``FederatedModule`` runs one federated round per training step; ``FederatedDataModule``
-splits a dataset over simulated clients; ``CohortTrainer`` trains a cohort at once;
+``FederatedModule`` runs one federated round per training step; ``FederatedDataset`` splits a
+dataset over simulated clients (``FederatedDataModule``: the same as a Lightning data module); ``CohortTrainer`` trains a cohort at once;
 ``FederatedRun`` is one run with no Lightning in it (``build_run`` builds it from settings, ``fit_run``
 trains it), ``RunGroup`` many runs in lock-step. ``LocalTraining``, ``Stragglers``, ``Engine`` and
 ``Evaluation`` are the settings' groups (:mod:`lfed.settings`).
@@ -32,7 +32,8 @@ _LAZY = {
     # drivers and runs
     "FederatedModule": "lfed.module",
     "FederatedDataModule": "lfed.data.datamodule",
-    "FederatedData": "lfed.data.datamodule",
+    "FederatedDataset": "lfed.data.federated",
+    "FederatedData": "lfed.data.federated",
     "FederatedRun": "lfed.run",
     "RunGroup": "lfed.group",
     # a run from its settings, and its rounds without Lightning (lfed.settings, lfed.rounds)
@@ -70,7 +71,7 @@ _LAZY = {
     "HookError": "lfed.validation",
     "CompositionWarning": "lfed.algorithms",
 }
-_LIGHTNING = {"FederatedData", "FederatedDataModule", "FederatedModule", "RunGroup"}
+_LIGHTNING = {"FederatedDataModule", "FederatedModule", "RunGroup"}
 
 __all__ = sorted(_LAZY)
 __version__ = "0.4.0"

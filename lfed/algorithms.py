@@ -106,13 +106,12 @@ AlgorithmName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 
 def _objective_class(value: Any) -> type | None:
     """The client-rule class of an objective setting (a name, a dotted class path or a component); None if unknown."""
-    from lfed.client.objectives import EFL, IGFL, ClientRule, Plain, Prox, Scaffold
+    from lfed.client.objectives import OBJECTIVE_CLASSES, ClientRule
 
     if isinstance(value, ClientRule):
         return type(value)
-    named = {"plain": Plain, "prox": Prox, "scaffold": Scaffold, "igfl": IGFL, "efl": EFL}
-    if isinstance(value, str) and value in named:
-        return named[value]
+    if isinstance(value, str) and value in OBJECTIVE_CLASSES:
+        return OBJECTIVE_CLASSES[value]
     if isinstance(value, str) and "." in value:
         from lfed.component import load_class
 

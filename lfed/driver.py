@@ -183,11 +183,18 @@ class FederatedDriver(LightningModule):
         if scaler_message:
             rank_zero_warn("lfed: " + scaler_message)
         self._device_data()
+        notices: dict[str, list[str]] = {}
         for run in self.runs:
             for message in run.start(run.data, self._total_rounds()):  # settings that make no sense together
                 rank_zero_warn(self._prefix(run) + message, category=CompositionWarning)
             for line in run.notices():  # DP: where the noise comes from; splits that are client data
-                rank_zero_info(f"lfed: {self._prefix(run)}{line}")
+                notices.setdefault(line, []).append(self._prefix(run))
+        for line, prefixes in notices.items():  # a line that every run of a group shares, once
+            if len(self.runs) > 1 and len(prefixes) == len(self.runs):
+                rank_zero_info(f"lfed: every run: {line}")
+            else:
+                for prefix in prefixes:
+                    rank_zero_info(f"lfed: {prefix}{line}")
         run, d = self.runs[0], self.runs[0].data
         backend = run.engine.resolve_backend(d.train_x, d.train_y)
         what = f"{len(self.runs)} runs of " if self.grouped else ""
@@ -301,7 +308,9 @@ class FederatedDriver(LightningModule):
             summary = run.summary() if run.status != "diverged" else {}
             if summary:
                 for logger in self.loggers:
-                    logger.log_metrics({self._prefix(run) + k: v for k, v in summary.items()}, step=int(self.global_step))
+                    # on the last round's row (step = rounds - 1, as its evaluation): no row of a round that never ran
+                    logger.log_metrics({self._prefix(run) + k: v for k, v in summary.items()},
+                                       step=max(int(self.global_step) - 1, 0))
             if not self.grouped:
                 rank_zero_info("lfed: " + ", ".join(f"{k}={v:.4g}" for k, v in summary.items()))
 

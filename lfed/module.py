@@ -20,7 +20,7 @@ from torch import nn
 
 from lfed import algorithms
 from lfed.asynchronous import Asynchronous
-from lfed.client.objectives import ClientRule
+from lfed.client.objectives import OBJECTIVES, ClientRule
 from lfed.driver import FederatedDriver
 from lfed.round import LocalTraining
 from lfed.sampling import ClientSampler, FractionSchedule
@@ -67,7 +67,7 @@ class FederatedModule(FederatedDriver):
         self,
         net: nn.Module | None = None,
         algorithm: algorithms.AlgorithmName = "fedavg",
-        objective: Literal["plain", "prox", "scaffold", "igfl", "efl"] | ClientRule | None = None,
+        objective: Literal[OBJECTIVES] | ClientRule | None = None,  # type: ignore[valid-type]
         weighting: Literal["size", "uniform", "dwfed"] | AggregationWeights | None = None,
         partial_work: Literal["keep", "drop", "scale"] | None = None,
         combination: Literal["mean", "self", "global", "time"] | ServerCombination | None = None,

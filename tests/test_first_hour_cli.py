@@ -183,6 +183,8 @@ def test_a_run_leaves_a_metrics_csv_and_prints_a_table_of_its_evaluations(tmp_pa
     assert {"step", "rounds_done", "train/loss", "test/acc", "test/loss", "client/acc_mean", "client/acc_worst10"} <= set(rows[0])
     evaluated = [r for r in rows if r["test/acc"]]
     assert [int(r["rounds_done"]) for r in evaluated] == [2, 4]
+    # one row per round, the final/* summary on the last one (0.4 added a row of a fifth round that never ran)
+    assert [int(r["rounds_done"]) for r in rows] == [1, 2, 3, 4] and rows[-1]["final/test_acc"]
     assert float(evaluated[-1]["test/acc"]) == pytest.approx(float(cli.trainer.callback_metrics["test/acc"]))
     out = capsys.readouterr().out
     assert "rounds done  test acc  test loss  client acc mean  client acc worst 10%" in out

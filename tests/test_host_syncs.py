@@ -63,6 +63,9 @@ def _module(algorithm: str):
         kwargs["objective"] = Ditto(lam=0.1)
         data.update(partition="classes", classes_per_client=2, holdout_fraction=0.2)
         data.pop("rho")
+    elif algorithm in ("perfedavg", "fedrod", "apfl", "fedrep", "fedper", "fedavg_ft"):  # personalized: own splits
+        data.update(partition="classes", classes_per_client=2, holdout_fraction=0.2)
+        data.pop("rho")
     elif algorithm == "lora":
         pytest.importorskip("peft", reason="LoRA adapters need peft (pip install 'lfed[adapters]')")
         from lfed.adapters import LoRA
@@ -73,7 +76,8 @@ def _module(algorithm: str):
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "dp_fedavg", "dp_adaptive", "ditto", "lora",
-                                       "efl", "adafl", "dwfed", "igfl", "feddyn"])
+                                       "efl", "adafl", "dwfed", "igfl", "feddyn", "perfedavg", "fedrod", "apfl",
+                                       "fedrep", "fedper", "fedavg_ft"])
 def test_a_round_reads_no_device_scalar(algorithm):
     """At most 2 scalar reads per training step (issue 37's bound; there were 37 for FedAvg): the round's checks
     run on host values and its metrics reach the host in one transfer (``lfed.host.read_metrics``)."""

@@ -47,10 +47,9 @@ from lfed.rng import round_generator, seeded_global_rng
 from lfed.state import StateSpec, check_state_shapes
 from lfed.validation import integer, number
 
-__all__ = ["OBJECTIVES", "ClientRule", "Cohort", "EFL", "IGFL", "Plain", "Prox", "Scaffold",
+__all__ = ["OBJECTIVES", "OBJECTIVE_CLASSES", "ClientRule", "Cohort", "EFL", "IGFL", "Plain", "Prox", "Scaffold",
            "build_objective", "check_state_shapes"]
 
-OBJECTIVES = ("plain", "prox", "scaffold", "igfl", "efl")
 
 class ClientRule(Component):
     """Base class of client rules (SPEC §2): the plain FedAvg objective, ``w ← w - eta_l g_k(w)``.
@@ -353,6 +352,13 @@ class EFL(ClientRule):
         self.write_rows("fisher_v", clients, v)
 
 
+#: The one table of the built-in objectives, name -> class: ``--help``, the settings' ``Literal``, the presets'
+#: checks and the error messages read it. A method in a file of its own is its ``class_path``.
+OBJECTIVE_CLASSES: dict[str, type[ClientRule]] = {"plain": Plain, "prox": Prox, "scaffold": Scaffold, "igfl": IGFL, "efl": EFL}
+#: Their names.
+OBJECTIVES = tuple(OBJECTIVE_CLASSES)
+
+
 def build_objective(name: str) -> ClientRule:
     """The objective called ``name`` (one of :data:`OBJECTIVES`, or a dotted class path), with its defaults;
     a method's own settings are its component's (``Prox(mu=0.1)``, ``EFL(lam=0.2)``).
@@ -360,16 +366,8 @@ def build_objective(name: str) -> ClientRule:
     Raises:
         ValueError: An unknown ``name``.
     """
-    if name == "plain":
-        return Plain()
-    if name == "prox":
-        return Prox()
-    if name == "scaffold":
-        return Scaffold()
-    if name == "igfl":
-        return IGFL()
-    if name == "efl":
-        return EFL()
+    if isinstance(name, str) and name in OBJECTIVE_CLASSES:
+        return OBJECTIVE_CLASSES[name]()
     if isinstance(name, str) and "." in name:
         from lfed.component import load_class
 

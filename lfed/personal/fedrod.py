@@ -136,18 +136,24 @@ class FedRoD(ClientRule):
         K, width = local.index.shape
         y = local.data_y[local.index.reshape(-1)].reshape(K, width)
         real = torch.arange(width, device=y.device)[None, :] < local.num_examples.to(y.device)[:, None]
-        C = self.num_classes
-        if bool((real & ((y < 0) | (y >= C))).any()):
-            raise ValueError(f"head: FedRoD's head has {C} outputs but a client has labels outside [0, {C})")
+        C = self.num_classes  # every training label is in [0, C): checked once before round 0 (check_start)
         return torch.zeros(K, C, dtype=torch.float64, device=y.device).scatter_add_(
             1, y.clamp(0, C - 1).long(), real.to(torch.float64))
+
+    def check_start(self, data) -> None:
+        """Every training label is one of the head's classes (read once, before round 0, not in every round)."""
+        C = self.num_classes
+        if C is not None and data.train_y.numel() and bool(((data.train_y < 0) | (data.train_y >= C)).any()):
+            raise ValueError(f"head: FedRoD's head has {C} outputs but the training labels reach "
+                             f"{int(data.train_y.max())}; give the net one output per class")
 
     def after_local(self, cohort, w_start, w_end, lr, local) -> Tensor:
         self._check_loss(local.engine)
         K = cohort.clients.numel()
-        steps = local.steps_done.detach().cpu().long()
-        T = int(steps.max()) if K else 0
-        positions, valid = batch_schedule(local.num_examples, T, local.batch_size,
+        steps = (local.steps_done if local.host_steps_done is None else local.host_steps_done).detach().cpu().long()
+        T = int(steps.max()) if K else 0  # host values (lfed.host): no device read inside the round
+        n_host = local.num_examples if local.host_num_examples is None else local.host_num_examples
+        positions, valid = batch_schedule(n_host, T, local.batch_size,
                                           round_generator(local.seed, local.round, "batches"))  # the round's own batches
         w = w_start.expand(K, -1).clone()
         phi = self.rows("personal_head", cohort.clients).to(w.dtype)

@@ -1,0 +1,503 @@
+"""FederatedDataset: a dataset split over simulated clients, held as tensors, with no Lightning in it.
+
+The pooled training set lives in two tensors; a client is a list of positions in them
+(packed into an ``[N, max_n]`` index with sizes), so a whole cohort's batch is gathered on the
+device in one indexing operation. Each client also has a held-out split for client-side
+evaluation (SPEC §9). :mod:`lfed.data.datamodule` wraps it for Lightning (the rounds as the
+training loader, evaluation ticks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset, TensorDataset
+
+from lfed.data.datasets import DATASETS, load_dataset
+from lfed.data.partition import _flatten, holdout_split_flat, label_counts_flat, pack_flat, partition, validation_split
+from lfed.data.tensors import DatasetTensors, validate_labels
+
+__all__ = ["FederatedData", "FederatedDataset", "HOST_FIELDS", "client_validation_seed", "share_datasets"]
+
+HOST_FIELDS = ("client_sizes", "holdout_sizes", "client_val_sizes", "label_counts")
+"""The per-client fields of :class:`FederatedData` with a host copy (:meth:`FederatedData.host`)."""
+
+
+@dataclass
+class FederatedData:
+    """Everything about the clients' data that a federated round needs.
+
+    Attributes:
+        train_x, train_y: Pooled training examples of all clients.
+        test_x, test_y: Global test set.
+        client_index: ``[N, max_n]`` positions of each client's training examples.
+        client_sizes: ``[N]`` number of training examples ``n_k``.
+        holdout_index: ``[N, max_h]`` positions of each client's held-out examples.
+        holdout_sizes: ``[N]`` (zeros when there is no held-out split).
+        label_counts: ``[N, C]`` training label counts per client (DWFed, plots); ``[N, 0]``
+            for regression.
+        num_classes: ``C``; None for regression (floating targets).
+        val_index: ``[v]`` positions in the pooled training set of the server's validation
+            examples (no client holds them); None or empty when there is no validation split.
+        client_val_index: ``[N, max_v]`` positions of each client's own validation examples
+            (``client_validation_fraction``; no client trains on them); None when there are none.
+        client_val_sizes: ``[N]`` their numbers; None when there are none.
+        notes: Who the evaluation splits belong to, where not to the server alone: ``test_from_clients`` (the
+            test examples are the training clients' own, LEAF's per-writer held-out data), ``val_from_clients``
+            (the server's validation split was carved from those clients' examples). Under DP their metrics
+            are client data (docs/privacy.md "Server-held means server-held").
+    """
+
+    train_x: Tensor
+    train_y: Tensor
+    test_x: Tensor
+    test_y: Tensor
+    client_index: Tensor
+    client_sizes: Tensor
+    holdout_index: Tensor
+    holdout_sizes: Tensor
+    label_counts: Tensor
+    num_classes: int | None
+    val_index: Tensor | None = None
+    client_val_index: Tensor | None = None
+    client_val_sizes: Tensor | None = None
+    notes: frozenset = frozenset()
+
+    @property
+    def num_clients(self) -> int:
+        """``N``."""
+        return int(self.client_sizes.numel())
+
+    @property
+    def has_validation(self) -> bool:
+        """Whether a server-side validation split was set aside (``validation_fraction > 0``)."""
+        return self.val_index is not None and self.val_index.numel() > 0
+
+    @property
+    def has_client_validation(self) -> bool:
+        """Whether the clients hold their own validation splits (``client_validation_fraction > 0``)."""
+        return self.client_val_sizes is not None and (self.host("client_val_sizes") > 0).any().tolist()
+
+    def host(self, name: str) -> Tensor:
+        """A host (CPU) copy of the per-client field ``name`` (:data:`HOST_FIELDS`), made once and kept.
+
+        A round reads its cohort's sizes and label counts from these copies without waiting for the device
+        (:mod:`lfed.host`); :meth:`to` hands them on, so data moved to a device keeps the copies it was built with.
+        """
+        if name not in HOST_FIELDS:
+            raise ValueError(f"name: one of {HOST_FIELDS}, got {name!r}")
+        cache = self.__dict__.setdefault("_host", {})
+        if name not in cache:
+            value = getattr(self, name)
+            cache[name] = None if value is None else value.detach().cpu()
+        return cache[name]
+
+    def own_split(self, split: str = "test") -> tuple[Tensor, Tensor]:
+        """``(index [N, max], sizes [N])`` of each client's own ``test`` (held-out) or ``val`` (validation) split.
+
+        Raises:
+            ValueError: If ``split`` is another name, or ``val`` when the clients hold no validation split.
+        """
+        if split == "test":
+            return self.holdout_index, self.holdout_sizes
+        if split == "val":
+            if self.client_val_index is None or self.client_val_sizes is None:
+                raise ValueError("split 'val': the clients hold no validation split (set data.client_validation_fraction)")
+            return self.client_val_index, self.client_val_sizes
+        raise ValueError(f"split: must be 'test' or 'val', got {split!r}")
+
+    @property
+    def task(self) -> str:
+        """``classification`` (integer labels) or ``regression`` (floating targets)."""
+        return "regression" if self.train_y.dtype.is_floating_point else "classification"
+
+    def require_labels(self, what: str) -> None:
+        """Refuse ``what`` (a setting that needs class labels) for regression data.
+
+        Raises:
+            ValueError: If the targets are floating (regression).
+        """
+        if self.task == "regression":
+            raise ValueError(f"{what} needs class labels, but the targets are floating (regression); "
+                             "use it with integer class labels, or leave it out for regression")
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None,
+           converted: dict | None = None) -> FederatedData:
+        """A copy on ``device``; floating inputs (and regression targets) cast to ``dtype`` if given.
+
+        ``converted``: the copies of tensors other data already made (keyed by the tensor's id), so
+        runs that share a dataset share its copy on the device (trained in one engine call).
+        """
+        converted = {} if converted is None else converted
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Tensor):
+                key = (id(v), f.name in ("train_x", "test_x", "train_y", "test_y"))
+                if key not in converted:
+                    w = v.to(device)
+                    if dtype is not None and key[1] and w.is_floating_point():
+                        w = w.to(dtype)
+                    converted[key] = w
+                v = converted[key]
+            out[f.name] = v
+        moved = FederatedData(**out)
+        moved.__dict__["_host"] = {name: self.host(name) for name in HOST_FIELDS}  # the host copies travel along
+        return moved
+
+
+def client_validation_seed(seed: int) -> int:
+    """The seed of the clients' validation splits: another stream than the held-out split's (``seed``)."""
+    return (seed * 1_000_003 + 7_919) % (2**63)
+
+
+def share_datasets(datamodules) -> None:
+    """Load each dataset once for modules that partition the same one (the runs of a grid)."""
+    loaded: dict[tuple, DatasetTensors] = {}
+    for dm in datamodules:
+        key = dm.dataset_key() if hasattr(dm, "dataset_key") else None
+        if key is not None and dm.data is not None:  # built already (the Trainer's own data module)
+            loaded.setdefault(key, dm._load())
+    for dm in datamodules:
+        key = dm.dataset_key() if hasattr(dm, "dataset_key") else None
+        if key is None or dm.data is not None or len(datamodules) == 1:
+            continue
+        if key not in loaded:
+            loaded[key] = dm._load()
+        dm.use_dataset(loaded[key])
+
+
+_NOT_PAIR = ("{what}: item 0 of the Dataset is {kind}; lfed reads a Dataset of (input, target) pairs. "
+             "Wrap it so that dataset[i] returns (x, y)")
+
+
+def _item_tensor(value, what: str, part: str) -> Tensor:
+    if isinstance(value, Tensor):
+        return value
+    if type(value).__module__.startswith("PIL"):
+        raise ValueError(
+            f"{what}: the Dataset's {part} are PIL images ({type(value).__name__}); lfed needs tensors: give the "
+            "dataset a transform that makes tensors, e.g. transform=torchvision.transforms.ToTensor()"
+        )
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"{what}: the Dataset's {part} must be tensors or numbers, got {type(value).__name__} ({e})") from None
+
+
+def _dataset_tensors(data: Dataset, what: str) -> tuple[Tensor, Tensor]:
+    """Read a map-style Dataset of (x, y) pairs into two tensors, once (see the class docstring)."""
+    try:
+        n = len(data)  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(f"{what}: the Dataset has no length; lfed reads a map-style Dataset of (x, y) pairs") from None
+    if n == 0:
+        raise ValueError(f"{what}: the dataset is empty (0 examples)")
+    first = data[0]
+    if isinstance(first, dict):
+        raise ValueError(_NOT_PAIR.format(what=what, kind=f"a dict with keys {sorted(map(str, first))}"))
+    if not isinstance(first, (tuple, list)) or len(first) != 2:
+        kind = f"a {type(first).__name__}" + (f" of {len(first)} parts" if isinstance(first, (tuple, list)) else "")
+        raise ValueError(_NOT_PAIR.format(what=what, kind=kind))
+    again = data[0]
+    x0, x1 = _item_tensor(first[0], what, "inputs"), _item_tensor(again[0], what, "inputs")
+    if x0.shape != x1.shape or not torch.equal(x0, x1):
+        warnings.warn(
+            f"{what}: the Dataset returns a different input each time item 0 is read (a random transform or "
+            "augmentation?). lfed reads the Dataset once into tensors, so each example keeps the one draw it got "
+            "now for the whole run: augmentation is frozen, not redrawn per round. Apply augmentation in the net "
+            "(e.g. a torchvision transform as its first layer) if it must change per step.",
+            UserWarning, stacklevel=4,
+        )
+    items = [first] + [data[i] for i in range(1, n)]
+    x = torch.stack([_item_tensor(it[0], what, "inputs") for it in items])
+    y = torch.stack([_item_tensor(it[1], what, "targets") for it in items])
+    return x, y
+
+
+def _as_tensors(data: tuple[Tensor, Tensor] | Dataset, what: str) -> tuple[Tensor, Tensor]:
+    if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
+        x, y = data
+    elif isinstance(data, TensorDataset) and len(data.tensors) == 2:
+        x, y = data.tensors
+    elif isinstance(data, Dataset):
+        x, y = _dataset_tensors(data, what)
+    else:
+        raise ValueError(f"{what}: expected (x, y) tensors or a torch Dataset of (x, y) pairs, got {type(data).__name__}")
+    if x.dim() == 0 or y.dim() == 0:
+        raise ValueError(f"{what}: inputs and targets need one row per example, got shapes {tuple(x.shape)} and {tuple(y.shape)}")
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"{what}: {x.shape[0]} inputs but {y.shape[0]} labels")
+    if x.shape[0] == 0:
+        raise ValueError(f"{what}: the dataset is empty (0 examples)")
+    if not (x.is_floating_point() or x.dtype == torch.long):
+        raise ValueError(
+            f"{what}: inputs of dtype {x.dtype}; lfed takes floating inputs (features, pixels) or int64 token ids "
+            f"(for an embedding). Convert them, e.g. x.float() / 255 for uint8 pixels"
+        )
+    if y.dtype == torch.bool or y.dtype.is_complex:
+        raise ValueError(f"{what}: targets of dtype {y.dtype}; give integer class labels (classification) "
+                         "or floating targets (regression)")
+    if y.dtype.is_floating_point:
+        if y.dim() == 1:
+            y = y[:, None]  # one regression target per example: a column, as a net with one output gives
+    else:
+        y = y.long()
+    return x, y
+
+
+def _inverted(ds: DatasetTensors) -> DatasetTensors:
+    """``ds`` with inputs ``1 - x`` (new tensors: a loaded dataset may be shared by other modules)."""
+    for part, x in (("train", ds.train_x), ("test", ds.test_x)):
+        if not x.is_floating_point():
+            raise ValueError(f"invert_pixels: {ds.name}'s {part} inputs are {x.dtype}, not pixels; "
+                             "only floating inputs in [0, 1] can be inverted")
+        if x.numel() and (float(x.min()) < 0 or float(x.max()) > 1):
+            raise ValueError(f"invert_pixels: {ds.name}'s {part} inputs span [{float(x.min()):g}, {float(x.max()):g}], "
+                             "not [0, 1]; 1 - x would not be an image of the same range")
+    return dataclasses.replace(ds, train_x=1 - ds.train_x, test_x=1 - ds.test_x)
+
+
+class FederatedDataset:
+    """A dataset partitioned over ``num_clients`` simulated clients (SPEC §8), with no Lightning in it.
+
+    What a round needs of the data (:meth:`build` gives the :class:`FederatedData`); :func:`lfed.rounds.fit_run`
+    takes it as it is, and :class:`lfed.data.datamodule.FederatedDataModule` is the same with Lightning's loaders.
+
+    Args:
+        dataset: A built-in dataset name (``digits``, ``mnist``, ``fashion_mnist``,
+            ``cifar10``, ``cifar100``, ``emnist``, ``femnist``, ``shakespeare``).
+        data_dir: Where dataset files live (default ``$LFED_DATA_DIR`` or ``~/.cache/lfed``).
+        download: Let torchvision download missing files (needs network).
+        num_clients: ``N``.
+        partition: ``iid``, ``shards``, ``dirichlet``, ``classes`` or ``natural`` (LEAF writers).
+        rho: Dirichlet concentration ρ (per-class ``ρ / C``).
+        shards_per_client: Shards per client for ``shards``.
+        classes_per_client: ``m`` for ``classes``.
+        holdout_fraction: Share of each client's examples held out for client-side evaluation (the
+            client's own test split: ``client/*``, ``personal/*``, ``global/*``).
+        client_validation_fraction: Share of each client's training examples kept as its own validation
+            split (``personal_val/*``, ``global_val/*``; docs/personalization.md).
+        validation_fraction: Share of the pooled training set set aside, before partitioning, as
+            the server's validation set (no client holds it). With a share above 0 every
+            evaluation also reports ``val/acc`` and ``val/loss`` (and the run
+            ``final/val_acc_last10pct``): choose hyper-parameters on those, report ``test/*``.
+        seed: Seed of the partition.
+        eval_batch_size: Examples per forward pass of every evaluation.
+        invert_pixels: Use ``1 - x`` (float inputs in ``[0, 1]``): LEAF FEMNIST's white background
+            (1.0) becomes MNIST's convention, ink = 1 (why: docs/personalization.md).
+        train: Your own training data instead of ``dataset``: ``(x, y)`` tensors or a ``Dataset`` of
+            pairs (read once; a random transform is frozen). Targets: class labels, or floats (regression:
+            loss only, ``partition='iid'``).
+        test: Your own test data, same forms.
+        num_classes: Number of classes of your own data (default: largest training label + 1;
+            a test label outside the training classes is refused unless this is given).
+    """
+
+    def __init__(
+        self,
+        dataset: str = "digits",
+        data_dir: str | None = None,
+        download: bool = False,
+        num_clients: int = 20,
+        partition: str = "dirichlet",
+        rho: float = 1.0,
+        shards_per_client: int = 2,
+        classes_per_client: int = 2,
+        holdout_fraction: float = 0.2,
+        validation_fraction: float = 0.0,
+        client_validation_fraction: float = 0.0,
+        seed: int = 0,
+        eval_batch_size: int = 2048,
+        invert_pixels: bool = False,
+        train: tuple[Tensor, Tensor] | Dataset | None = None,
+        test: tuple[Tensor, Tensor] | Dataset | None = None,
+        num_classes: int | None = None,
+    ) -> None:
+        if num_clients < 1:
+            raise ValueError(f"num_clients: must be >= 1, got {num_clients}")
+        if not 0 <= holdout_fraction < 1:
+            raise ValueError(f"holdout_fraction: must be in [0, 1), got {holdout_fraction}")
+        if isinstance(validation_fraction, bool) or not 0 <= validation_fraction < 1:
+            raise ValueError(f"validation_fraction: must be in [0, 1), got {validation_fraction}")
+        if isinstance(client_validation_fraction, bool) or not 0 <= client_validation_fraction < 1:
+            raise ValueError(f"client_validation_fraction: must be in [0, 1), got {client_validation_fraction}")
+        if eval_batch_size < 1:
+            raise ValueError(f"eval_batch_size: must be >= 1, got {eval_batch_size}")
+        if (train is None) != (test is None):
+            raise ValueError("train/test: give both your own train and test data, or neither (and a dataset name)")
+        #: the settings as given (what the Lightning layer keeps as the data module's hyper-parameters)
+        self.settings = {k: v for k, v in locals().items() if k not in ("self", "train", "test", "__class__")}
+        self.dataset = dataset
+        self.data_dir = data_dir
+        self.download = download
+        self.num_clients = num_clients
+        self.partition = partition
+        self.rho = rho
+        self.shards_per_client = shards_per_client
+        self.classes_per_client = classes_per_client
+        self.holdout_fraction = holdout_fraction
+        self.validation_fraction = validation_fraction
+        self.client_validation_fraction = client_validation_fraction
+        self.seed = seed
+        self.eval_batch_size = eval_batch_size
+        if not isinstance(invert_pixels, bool):
+            raise ValueError(f"invert_pixels: must be true or false, got {invert_pixels!r}")
+        self.invert_pixels = invert_pixels
+        self._user_train = train
+        self._user_test = test
+        self._user_num_classes = num_classes
+        self.data: FederatedData | None = None
+        if train is None and dataset not in DATASETS:
+            raise ValueError(f"dataset: {dataset!r} is not one of {DATASETS}")
+
+    @classmethod
+    def from_tensors(
+        cls, train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Tensor, **kwargs
+    ) -> FederatedDataset:
+        """A dataset over your own tensors (see the class arguments for ``kwargs``)."""
+        return cls(dataset="custom", train=(train_x, train_y), test=(test_x, test_y), **kwargs)
+
+    # ------------------------------------------------------------------ building
+    def dataset_key(self) -> tuple | None:
+        """What identifies the loaded dataset (None for tensors of the user's): modules with one key share a load."""
+        return None if self._user_train is not None else (self.dataset, str(self.data_dir), self.download,
+                                                          self.invert_pixels)
+
+    def use_dataset(self, loaded: DatasetTensors) -> None:
+        """Partition ``loaded`` (the dataset another module of the same :meth:`dataset_key` loaded) instead of loading it."""
+        self._loaded = loaded
+
+    def _load(self) -> DatasetTensors:
+        if getattr(self, "_loaded", None) is not None:
+            return self._loaded
+        ds = self._load_as_stored()
+        return _inverted(ds) if self.invert_pixels else ds
+
+    def _load_as_stored(self) -> DatasetTensors:
+        if self._user_train is None:
+            return load_dataset(self.dataset, self.data_dir, self.download)
+        tx, ty = _as_tensors(self._user_train, "train")
+        vx, vy = _as_tensors(self._user_test, "test")
+        if tx.shape[1:] != vx.shape[1:] or tx.dtype != vx.dtype:
+            raise ValueError(f"train/test: inputs differ: train {tuple(tx.shape[1:])} {tx.dtype}, "
+                             f"test {tuple(vx.shape[1:])} {vx.dtype} per example")
+        if ty.dtype.is_floating_point != vy.dtype.is_floating_point or ty.shape[1:] != vy.shape[1:]:
+            raise ValueError(f"train/test: targets differ: train {tuple(ty.shape[1:])} {ty.dtype}, "
+                             f"test {tuple(vy.shape[1:])} {vy.dtype} per example (both class labels or both regression)")
+        if ty.dtype.is_floating_point:
+            if self._user_num_classes is not None:
+                raise ValueError("num_classes: given, but the targets are floating (regression); "
+                                 "leave num_classes out, or give integer class labels")
+            return DatasetTensors("custom", tx, ty, vx, vy, None)
+        if self._user_num_classes is not None:
+            return DatasetTensors("custom", tx, ty, vx, vy, self._user_num_classes)
+        C = int(ty.max()) + 1
+        if bool((vy >= C).any()):
+            raise ValueError(
+                f"test labels: label {int(vy[vy >= C][0])} is outside the training classes [0, {C}) (the largest "
+                f"training label is {C - 1}); a model cannot learn a class it never sees. Give num_classes "
+                "explicitly if the training set really lacks some classes"
+            )
+        return DatasetTensors("custom", tx, ty, vx, vy, C)
+
+    def build(self) -> FederatedData:
+        """Load, validate and partition the data (idempotent)."""
+        if self.data is not None:
+            return self.data
+        ds = self._loaded = self._load()
+        regression = ds.num_classes is None
+        if regression:
+            if self.partition != "iid":
+                raise ValueError(f"partition: {self.partition!r} splits by class label, but the targets are floating "
+                                 "(regression); use partition='iid'")
+        else:
+            validate_labels(ds.train_y, ds.num_classes, f"{ds.name} train labels")
+            validate_labels(ds.test_y, ds.num_classes, f"{ds.name} test labels")
+        labels = torch.zeros(ds.train_y.shape[0], dtype=torch.long) if regression else ds.train_y
+        groups, val_index = ds.train_groups, None
+        if self.validation_fraction > 0:
+            rest, val_index = validation_split(labels.shape[0], self.validation_fraction, self.seed)
+            labels = labels[rest]
+            groups = None if groups is None else groups[rest]
+        clients = partition(
+            labels,
+            self.num_clients,
+            self.partition,
+            self.seed,
+            rho=self.rho,
+            shards_per_client=self.shards_per_client,
+            classes_per_client=self.classes_per_client,
+            num_classes=ds.num_classes,
+            groups=groups,
+        )
+        # concatenated once, then no per-client tensor (100,000 clients: 2.4 s -> see BENCHMARKS.md)
+        flat, all_sizes = _flatten(clients)
+        if val_index is not None:  # positions among the rest -> positions in the pooled set
+            flat = rest.to(flat.device)[flat]
+        train, sizes, held, h_sizes = holdout_split_flat(flat, all_sizes, self.holdout_fraction, self.seed)
+        cv_index = cv_sizes = None
+        if self.client_validation_fraction > 0:  # each client's own validation split, from what it trains on
+            train, sizes, cv, cv_sizes = holdout_split_flat(train, sizes, self.client_validation_fraction,
+                                                            client_validation_seed(self.seed))
+            cv_index, cv_sizes = pack_flat(cv, cv_sizes), cv_sizes.to(cv.device)
+        index = pack_flat(train, sizes)
+        sizes = sizes.to(train.device)
+        num = sizes.numel()
+        if self.holdout_fraction > 0:
+            h_index, h_sizes = pack_flat(held, h_sizes), h_sizes.to(held.device)
+        else:
+            h_index, h_sizes = torch.zeros(num, 1, dtype=torch.long), torch.zeros(num, dtype=torch.long)
+        self.data = FederatedData(
+            train_x=ds.train_x,
+            train_y=ds.train_y,
+            test_x=ds.test_x,
+            test_y=ds.test_y,
+            client_index=index,
+            client_sizes=sizes,
+            holdout_index=h_index,
+            holdout_sizes=h_sizes,
+            label_counts=(torch.zeros(num, 0, dtype=torch.long) if regression
+                          else label_counts_flat(ds.train_y, train, sizes, ds.num_classes)),
+            num_classes=ds.num_classes,
+            val_index=val_index,
+            client_val_index=cv_index,
+            client_val_sizes=cv_sizes,
+            notes=frozenset(n for n, yes in (("test_from_clients", ds.test_groups is not None),
+                                             ("val_from_clients", val_index is not None and ds.train_groups is not None)) if yes),
+        )
+        return self.data
+
+    @property
+    def sample_shape(self) -> Sequence[int]:
+        """Shape of one input example."""
+        return tuple(self.build().train_x.shape[1:])
+
+    def state_dict(self) -> dict:
+        """What the clients' data is, for checkpoints: sizes, seed, partition and its fingerprint."""
+        from lfed.fingerprint import data_fingerprint
+
+        d = self.build()
+        return {
+            "num_clients": d.num_clients,
+            "client_sizes": d.client_sizes.clone(),
+            "seed": self.seed,
+            "partition": self.partition,
+            "fingerprint": data_fingerprint(self),
+        }
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Nothing to restore (the partition is rebuilt from its seed); refuse another split.
+
+        Raises:
+            ValueError: If the checkpoint's clients were split differently (another dataset,
+                number of clients, partition, seed, or other example indices), naming each difference.
+        """
+        from lfed.fingerprint import data_fingerprint, verify_fingerprint
+
+        verify_fingerprint(state_dict.get("fingerprint"), data_fingerprint(self), "the checkpoint's data")
