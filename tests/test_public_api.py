@@ -26,7 +26,7 @@ PACKAGES = ("lfed", "lfed.client", "lfed.server", "lfed.personal", "lfed.privacy
 DOC = REPO / "docs" / "extending.md"
 EXCERPT = "<!-- excerpt -->"
 #: The drivers: the only public names that load Lightning.
-LIGHTNING_NAMES = {"FederatedData", "FederatedDataModule", "FederatedModule", "RunGroup"}
+LIGHTNING_NAMES = {"FederatedDataModule", "FederatedModule", "RunGroup"}  # FederatedData(set): none since 0.5
 
 
 # ----------------------------------------------------------------------------- the exports
@@ -57,7 +57,7 @@ def test_the_method_names_of_the_issue_are_exported():
     assert {"Ditto", "FedRep", "FedPer", "FedBN", "APFL", "FedAvgFT", "PerFedAvg", "FedRoD"} <= set(lfed.personal.__all__)
     assert {"DPFedAvg", "PrivacyAccountant", "calibrate_noise", "clip_rows"} <= set(lfed.privacy.__all__)
     assert {"Component", "Cohort", "LocalWork", "StateSpec", "run_round", "Algorithm", "LocalTraining", "setup_state",
-            "CohortTrainer", "FederatedModule", "FederatedDataModule"} <= set(lfed.__all__)
+            "CohortTrainer", "FederatedModule", "FederatedDataModule", "FederatedDataset"} <= set(lfed.__all__)
     from lfed.client.feddyn import FedDyn
     from lfed.state import StateSpec
 
