@@ -130,6 +130,18 @@ def seeded_global_rng(seed: int, round: int, stream: str, device: str | torch.de
         yield
 
 
+def _shared_secret_seed() -> int:
+    """63 bits of the operating system's cryptographic randomness; with several processes (DDP), rank 0's, sent to
+    every rank (a collective: every rank draws its private streams in the same order), so all draw the same noise."""
+    seed = secrets.randbits(63)
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        box = [seed]
+        dist.broadcast_object_list(box, src=0)
+        seed = int(box[0])
+    return seed
+
+
 #: Where differential privacy's draws come from (:class:`PrivateStreams`).
 NOISE_MODES = ("seeded", "secure")
 
@@ -145,7 +157,8 @@ class PrivateStreams:
       (the members of a grid) on distinct streams at equal seeds; ``""`` (``common_noise: true``) shares them.
     * ``secure``: every generator is seeded with 63 bits from the operating system's cryptographic randomness
       (:func:`secrets.randbits`), drawn afresh for every round and stream and kept nowhere, so nothing logged or
-      checkpointed regenerates the noise or the cohort. As Opacus's ``secure_mode``, each Gaussian is the sum of
+      checkpointed regenerates the noise or the cohort (with several processes, rank 0 draws and sends it to the
+      others, so every rank draws the same). As Opacus's ``secure_mode``, each Gaussian is the sum of
       4 draws divided by 2 (:meth:`normal`), which blunts the floating-point attacks on a single draw (Holohan and
       Braghin 2021). What it gives up: a resumed run continues with fresh noise, not the stream it would have drawn.
     """
@@ -165,7 +178,7 @@ class PrivateStreams:
         """The generator of ``stream`` in ``round`` (module docstring)."""
         if self.secure:
             g = torch.Generator(device=torch.device(device))
-            g.manual_seed(secrets.randbits(63))
+            g.manual_seed(_shared_secret_seed())
             return g
         return round_generator(seed, round, f"{stream}/{self.key}" if self.key else stream, device)
 

@@ -330,6 +330,15 @@ def test_two_processes_give_the_one_process_run_and_resume_on_one(case, launcher
     print(f"{case}: max |difference| over the module state = {worst:g}")
 
 
+def test_secure_noise_on_two_processes_is_the_same_on_every_rank(tmp_path):
+    """noise: secure draws from the OS on rank 0 and sends the seed to every rank: ReplicaCheck finds the two ranks'
+    state identical after every round (each rank drawing its own would split the model and the Poisson cohort)."""
+    log = _two_processes(tmp_path, CASES["dp"] + ["--model.combination.init_args.noise", "secure"], "lightning")
+    assert "Starting with 2 processes" in log
+    assert "ReplicaCheck: the state of all 2 ranks was identical at each of 4 checks" in log
+    assert "DP noise and Poisson cohorts: secure" in log
+
+
 @pytest.mark.parametrize("case, placement", [("scaffold", "host"), ("efl", "disk")])
 def test_two_processes_with_rows_off_the_device_give_the_one_process_device_run(case, placement, tmp_path):
     """Each rank keeps a full replica of the client state (lfed.client_state) in its placement:
