@@ -135,6 +135,8 @@ class Cohort:
         counting mask equal their host copies (:attr:`host`), or None without host copies. Read with the round's
         other flags (:func:`lfed.round.verify_round`): a copy that drifted would make the components that read the
         host values (Per-FedAvg, FedRoD, the step counts) compute on other numbers than the engine."""
+        from lfed.host import to_device
+
         h = self.host
         if h is None:
             return None
@@ -142,10 +144,9 @@ class Cohort:
                  (self.steps_done, h.steps_done)]
         if self.counting is not None and h.counting is not None:
             pairs.append((self.counting, h.counting))
-        out = torch.ones((), dtype=torch.bool, device=self.clients.device)
-        for device_copy, host_copy in pairs:
-            out = out & (device_copy == host_copy.to(device_copy.device, device_copy.dtype)).all()
-        return out
+        # the host copies in one queued transfer (lfed.host.to_device), compared with the device copies stacked there
+        host = to_device(torch.stack([t.long() for _, t in pairs]), self.clients.device)
+        return (torch.stack([t.long() for t, _ in pairs]) == host).all()
 
 
 

@@ -218,7 +218,7 @@ class FederatedRun(nn.Module):
     def depends_on_total_rounds(self) -> str | None:
         """What of the run depends on its horizon (``trainer.max_steps``): a fraction schedule over the run, a
         component's (DP's noise calibrated for the run's rounds), named; None when nothing does."""
-        names = [] if type(self.participation.fraction).__name__ == "ConstantFraction" else ["the fraction schedule"]
+        names = ["the fraction schedule"] if self.participation.fraction.depends_on_total_rounds else []
         names += [role for role, c in self.components.roles().items() if getattr(c, "depends_on_total_rounds", False)]
         return ", ".join(names) or None
 

@@ -189,6 +189,12 @@ def test_fit_run_in_pieces_within_its_horizon_is_one_call_and_past_it_is_refused
     constant = build_run(net=net(), training=LocalTraining(client_lr=0.1), seed=1)
     fit_run(constant, digits(), 1)
     assert len(fit_run(constant, digits(), 2)) == 2 and constant.rounds_done == 3  # nothing depends on the horizon
+    from lfed.sampling import ExplicitFraction  # a schedule by round, not by the run's length: extends too
+
+    explicit = build_run(net=net(), fraction=ExplicitFraction([(0, 0.2), (2, 0.4)]), seed=1,
+                         training=LocalTraining(client_lr=0.1))
+    fit_run(explicit, digits(), 1)
+    assert [h["round/clients"] for h in fit_run(explicit, digits(), 2)] == [2, 4]
 
 
 # ------------------------------------------------------------------------------ a checkpoint of lfed 0.3
