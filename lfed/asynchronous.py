@@ -61,7 +61,7 @@ from torch import Tensor
 from lfed.clock import SimulatedClock, read_durations
 from lfed.component import Component, CompositionContext
 from lfed.evaluation import is_classification, local_accuracy
-from lfed.host import read_metrics, to_device
+from lfed.host import to_device
 from lfed.state import StateSpec
 from lfed.validation import integer, number, one_of
 
@@ -267,7 +267,7 @@ class Asynchronous(Component):
 
     def finish(self, run: Any, prepared: Any, result: Any, optimizer: Any, ranks: Any) -> tuple[dict[str, float], list[str]]:
         """Queue the dispatched clients' results, pop the ``M`` earliest arrivals and step the server."""
-        from lfed.round import RoundRecord, draw_cohort
+        from lfed.round import RoundRecord, aggregate, draw_cohort, step_server
 
         alg, data = run.components, run.data
         idle = isinstance(prepared, _NoDispatch)
@@ -316,24 +316,19 @@ class Asynchronous(Component):
         if not all(x == 1.0 for x in scale.tolist()):  # s = 1 leaves the weights (and the sync case) untouched
             a = a.detach().cpu() * scale
         weights = to_device(a, cohort.clients.device)
-        # 3. the server update
+        # 3. the server update: the second half every step shares (lfed.round.aggregate, step_server; run.conclude)
         popped_slots = to_device(torch.tensor([e[2] for e in popped]), device)  # one host-to-device copy a step
         stored = self.rows("update", popped_slots)
         updates = stored if self.mixing is None else stored - w
-        sizes = prepared.sizes
-        sent = alg.channel.upstream(updates, cohort, sizes)
-        delta, _ = alg.combination.combine(sent, weights, cohort)
-        delta = alg.channel.downstream(delta, sizes)
-        w_new = run.server_step(optimizer)(delta)
         bits_down = 0 if idle else prepared.record.bits_down
-        record = RoundRecord(step, cohort, weights, losses=None, delta=delta, bits_down=bits_down)
-        record.bits_up = record.uploads * alg.channel.bits(sizes)
+        record = RoundRecord(step, cohort, weights, losses=None, bits_down=bits_down)
         record.result = result
         if not idle:  # the dispatched clients' results (the popped cohort's were checked when they were dispatched)
             dispatched_clients = prepared.record.cohort.clients
             record.check(result.loss[:, None], "training losses", dispatched_clients)
             record.check(rows, "client updates", dispatched_clients)
-        record.check(w_new, "the global model")
+        delta = aggregate(alg, record, updates, weights, prepared.sizes)
+        step_server(alg, record, delta, w, run.server_step(optimizer))
         metrics: dict[str, Any] = {
             "round/clients": float(len(popped)), "round/dispatched": float(dispatched),
             "round/weight_sum": weights.sum(),
@@ -344,17 +339,7 @@ class Asynchronous(Component):
             metrics["train/loss"] = result.loss.mean()
         if self.local_acc is not None:  # the arrivals' local accuracy (client/local_acc_mean, bmta_local: SPEC §9)
             metrics["client/local_acc_mean"] = torch.nanmean(self.local_acc[popped_slots.to(self.local_acc.device)])
-        metrics, flags = read_metrics(metrics, record.finite_flags())
-        try:
-            record.raise_if_nonfinite(flags)
-        except FloatingPointError:
-            run.layout.load_into(run.net, w)
-            raise
-        run.last_round = record
-        run.rounds_done = step + 1
-        run.bmta.add_round_metrics(cohort.host.clients, metrics)  # the arrivals' (SPEC §9)
-        metrics.update(run.comm.record(record.uploads, bits_up=record.bits_up, bits_down=record.bits_down))
-        return metrics, [] if idle else [f"server step {step}: {m}" for m in prepared.record.warnings]
+        return run.conclude(record, metrics, w), [] if idle else [f"server step {step}: {m}" for m in prepared.record.warnings]
 
     # ------------------------------------------------------------------ checkpoint state
     def get_extra_state(self) -> dict[str, Any]:

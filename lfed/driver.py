@@ -1,16 +1,15 @@
 """The one Lightning driver: one training step is one lock-step round of every run (SPEC §1).
 
-:class:`FederatedDriver` trains :class:`~lfed.run.FederatedRun` objects under Lightning's
-``Trainer``: a single run (:class:`lfed.module.FederatedModule`) is a driver of one run, a grid
-(:class:`lfed.group.RunGroup`, ``lfed grid``) a driver of many. Each ``training_step`` prepares
-every running run's round, trains all their cohorts in as few engine calls as is exact
-(:func:`lfed.lockstep.train_together`, split over the ranks under DDP), and finishes each run's
-round with its own rows; the server optimizers are stepped inside the round and Lightning's one
-optimizer (:class:`RunOptimizers`) counts the round, so ``global_step == round`` and
-``max_steps``, ``val_check_interval``, checkpoints, callbacks, loggers and the progress bar all
-count rounds. Evaluation runs in the validation (test) loop, whose loader yields one item per
-evaluation (:class:`lfed.data.datamodule.FederatedDataModule`). A run of a grid logs its metrics as
-``<name>/<metric>``, which :class:`lfed.member_logs.MemberLoggers` routes to that run's own logs.
+:class:`FederatedDriver` trains :class:`~lfed.run.FederatedRun` objects under Lightning's ``Trainer``: a single
+run (:class:`lfed.module.FederatedModule`) is a driver of one run, a grid (:class:`lfed.group.RunGroup`, ``lfed
+grid``) a driver of many. Each ``training_step`` is :func:`lfed.run.train_step` (every running run's round
+prepared, all their cohorts trained in as few engine calls as is exact, split over the ranks under DDP, each
+run's round finished with its own rows) and its logging; the server optimizers are stepped inside the round and
+Lightning's one optimizer (:class:`RunOptimizers`) counts the round, so ``global_step == round`` and
+``max_steps``, ``val_check_interval``, checkpoints, callbacks, loggers and the progress bar all count rounds.
+Evaluation runs in the validation (test) loop, whose loader yields one item per evaluation
+(:class:`lfed.data.datamodule.FederatedDataModule`). A run of a grid logs its metrics as ``<name>/<metric>``,
+which :class:`lfed.member_logs.MemberLoggers` routes to that run's own logs.
 
 Divergence (NaN or Inf) stops a run: alone, the error ends the fit; in a grid the run stops and
 the others go on (``run/diverged``), and the fit stops when none is left.
@@ -32,8 +31,7 @@ from lfed.distributed import Ranks
 from lfed.engine.precision import release_loss_scaler, round_precision
 from lfed.evaluation import check_trainer_schedule, request_final_evaluation
 from lfed.fingerprint import run_fingerprint, verify_fingerprint
-from lfed.lockstep import train_together
-from lfed.run import FederatedRun
+from lfed.run import FederatedRun, train_step
 
 __all__ = ["FederatedDriver", "RunOptimizers"]
 
@@ -211,50 +209,31 @@ class FederatedDriver(LightningModule):
 
     @round_precision()  # mixed precision: autocast in the local steps only, the rest of the round in float32
     def training_step(self, batch: Any, batch_idx: int) -> None:
-        """One federated round (SPEC §1) of every running run, their cohorts trained together."""
-        r, ranks, total = int(self.global_step), Ranks.of(self), self._total_rounds()
+        """One federated round (SPEC §1) of every running run, their cohorts trained together
+        (:func:`lfed.run.train_step`); what is the driver's: logging, stopping the fit."""
+        r, total = int(self.global_step), self._total_rounds()
         self._device_data()
         tick = self.optimizers()
-        todo = []
-        for run, optimizer in zip(self.runs, tick.optimizer.optimizers):
-            if not run.running:
-                continue
-            try:
-                prepared = run.prepare(r, total, ranks)
-            except FloatingPointError as e:
-                self._stop(run, e)
-                continue
-            if prepared.skipped:
-                self._finish(run, prepared, None, optimizer, ranks)
-            else:
-                todo.append((run, prepared, optimizer))
-        results, calls = train_together([(run, p) for run, p, _ in todo], ranks) if todo else ([], 0)
+        outcomes, calls = train_step(self.runs, tick.optimizer.optimizers, r, total, Ranks.of(self))
         self.engine_calls += calls
-        for (run, prepared, optimizer), result in zip(todo, results):
-            self._finish(run, prepared, result, optimizer, ranks)
+        for outcome in outcomes:
+            run, p = outcome.run, self._prefix(outcome.run)
+            if outcome.error is not None:
+                self._stop(run, outcome.error)
+                continue
+            for message in outcome.messages:
+                rank_zero_warn(p + message)
+            metrics = dict(outcome.metrics)
+            loss = metrics.pop("train/loss", None)
+            if loss is not None:
+                self.log(p + "train/loss", _host_scalar(loss), prog_bar=not self.grouped)
+            self.log_dict({p + k: _host_scalar(v) for k, v in metrics.items()})
         tick.step()  # counts the round: global_step == rounds done
-        for run in self.runs:  # a component may forbid the next round (DP's budget): the run stops here
-            last = total is not None and r + 1 >= total  # no round follows the last: nothing to forbid
-            reason = run.stop_reason(r + 1, total) if run.running and not last else None
-            if reason:
-                run.status, run.error = "stopped", reason
-                rank_zero_info(f"lfed: {self._prefix(run)}{reason}")
+        for outcome in outcomes:  # a component forbade the next round (DP's budget): the run stopped here
+            if outcome.stopped:
+                rank_zero_info(f"lfed: {self._prefix(outcome.run)}{outcome.stopped}")
         if any(run.status == "stopped" for run in self.runs) and not any(run.running for run in self.runs):
             self.trainer.should_stop = True  # Lightning evaluates once more; on_train_end writes the checkpoint
-
-    def _finish(self, run: FederatedRun, prepared: Any, result: Any, optimizer: Any, ranks: Ranks) -> None:
-        try:
-            metrics, messages = run.finish(prepared, result, optimizer, ranks)
-        except FloatingPointError as e:
-            self._stop(run, e)
-            return
-        p = self._prefix(run)
-        for message in messages:
-            rank_zero_warn(p + message)
-        loss = metrics.pop("train/loss", None)
-        if loss is not None:
-            self.log(p + "train/loss", _host_scalar(loss), prog_bar=not self.grouped)
-        self.log_dict({p + k: _host_scalar(v) for k, v in metrics.items()})
 
     def _stop(self, run: FederatedRun, error: FloatingPointError) -> None:
         """A run diverged: alone, the error ends the fit; in a grid the run stops and the others go on."""

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from lfed.distributed import Ranks, TrainJob, train_cohort
 from lfed.engine import CohortResult, StepRule, batch_schedule, has_running_stats
 from lfed.host import values
-from lfed.rng import seeded_global_rng
+from lfed.round import train_prepared
 
 __all__ = ["concat_rules", "engine_key", "merge_jobs", "rule_signature", "stack_schedules", "train_together"]
 
@@ -147,8 +147,7 @@ def train_together(batch: Sequence[tuple[Any, Any]], ranks: Ranks) -> tuple[list
     for part in calls.values():
         run, prep = batch[part[0]]
         if len(part) == 1:  # exactly what lfed.round.run_round does
-            with seeded_global_rng(prep.seed, prep.record.round, "dropout", prep.w.device):
-                out[part[0]] = train_cohort(run.engine, ranks, prep.job)
+            out[part[0]] = train_prepared(run.engine, ranks, prep)
             continue
         jobs = [batch[i][1].job for i in part]
         res = train_cohort(run.engine, ranks, merge_jobs(jobs))

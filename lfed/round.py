@@ -423,19 +423,11 @@ def finish_round(
     sharing = algorithm.sharing  # SPEC §11: the local part never leaves the client (SHARE_ALL: every method the identity)
     sizes = sharing.shared_sizes_of(sizes)
     updates, w_up, ends = sharing.shared(updates), sharing.shared(w), sharing.shared(result.weights)
-    sent = algorithm.channel.upstream(updates, cohort, sizes)
-    delta, record.attention = _combined(algorithm.combination.combine(sent, record.weights, cohort), algorithm.combination)
-    delta = algorithm.channel.downstream(delta, sizes)
-    record.check(delta, "the aggregated update")
-    record.delta = delta
+    delta = aggregate(algorithm, record, updates, record.weights, sizes)
     amplification = sharing.amplification(delta, updates, job.rule, lr, cohort, record.weights)  # None: not defined
     if amplification is not None:
         record.extra["round/amplification"] = amplification
-    record.bits_up = record.uploads * algorithm.channel.bits(sizes)
-    full = sharing.expand_shared(delta)
-    w_new = server_step(full) if server_step is not None else w + full
-    w_new = sharing.keep_local(w_new, w)  # not server-optimized either (a decay or momentum would move it)
-    record.check(w_new, "the global model")
+    w_new = step_server(algorithm, record, delta, w, server_step)
     w_new_up = sharing.shared(w_new)
     for component in _each(algorithm):  # what components keep of the round (the update history)
         component.end_round(cohort, updates, w_up, w_new_up)
@@ -443,6 +435,39 @@ def finish_round(
     for component in _each(algorithm):  # what the components report
         record.extra.update(component.report(cohort))
     return w_new, record
+
+
+def aggregate(algorithm: Algorithm, record: RoundRecord, updates: Tensor, weights: Tensor, sizes: list[int]) -> Tensor:
+    """The server's half of a step up to the new model, shared by both schedules (:mod:`lfed.schedule`): the
+    ``[K, P_s]`` uploads through the channel (SPEC §8), combined with ``weights`` (SPEC §4, §5), back through the
+    channel; checked. Records ``delta``, ``attention`` and ``bits_up`` on ``record``; returns ``Δ [P_s]``."""
+    cohort = record.cohort
+    sent = algorithm.channel.upstream(updates, cohort, sizes)
+    delta, record.attention = _combined(algorithm.combination.combine(sent, weights, cohort), algorithm.combination)
+    delta = algorithm.channel.downstream(delta, sizes)
+    record.check(delta, "the aggregated update")
+    record.delta = delta
+    record.bits_up = record.uploads * algorithm.channel.bits(sizes)
+    return delta
+
+
+def step_server(algorithm: Algorithm, record: RoundRecord, delta: Tensor, w: Tensor,
+                server_step: Callable[[Tensor], Tensor] | None) -> Tensor:
+    """The new global model from ``Δ`` (shared by both schedules): the server step on the shared coordinates, the
+    local part kept as it was (SPEC §11: not server-optimized either, a decay or momentum would move it); checked."""
+    full = algorithm.sharing.expand_shared(delta)
+    w_new = server_step(full) if server_step is not None else w + full
+    w_new = algorithm.sharing.keep_local(w_new, w)
+    record.check(w_new, "the global model")
+    return w_new
+
+
+def train_prepared(engine: CohortTrainer, ranks: Ranks, prepared: PreparedRound) -> CohortResult:
+    """The engine's part of one run's step: ``prepared.job`` split over the ranks, a model's own randomness (dropout)
+    seeded by the round (:func:`lfed.rng.seeded_global_rng`). :func:`lfed.lockstep.train_together` calls it for a run
+    that trains alone."""
+    with seeded_global_rng(prepared.seed, prepared.record.round, "dropout", prepared.w.device):
+        return train_cohort(engine, ranks, prepared.job)
 
 
 def _each(algorithm: Algorithm) -> list[Component]:
@@ -503,8 +528,7 @@ def run_round(
                              steps_done=steps_done, total_rounds=total_rounds, sizes=sizes, ranks=ranks)
     if prepared.skipped:
         return w, prepared.record
-    with seeded_global_rng(seed, round, "dropout", w.device):  # a model's own randomness (dropout)
-        result = train_cohort(engine, ranks, prepared.job)  # the cohort split over the ranks (lfed.distributed)
+    result = train_prepared(engine, ranks, prepared)  # the cohort split over the ranks (lfed.distributed)
     w_new, record = finish_round(algorithm, prepared, result, engine, server_step=server_step, ranks=ranks)
     verify_round(record)
     return w_new, record

@@ -1,10 +1,10 @@
 """Rounds of a run without Lightning: :func:`fit_run` (issue 41).
 
 ``lfed.settings.build_run(...)`` builds a :class:`~lfed.run.FederatedRun`; ``fit_run(run, datamodule, rounds)``
-trains it for ``rounds`` rounds in this process and returns each round's metrics, with the evaluations
-asked for. It is the same round as under a ``Trainer`` (:class:`~lfed.driver.FederatedDriver`: prepare, one
-engine call, finish with the server step) and gives the same weights bit for bit; what it leaves to
-Lightning is the rest: loggers, checkpoints, several devices and mixed precision.
+trains it for ``rounds`` rounds in this process and returns each round's metrics, with the evaluations asked
+for. It is the same round as under a ``Trainer`` (:class:`~lfed.driver.FederatedDriver`: prepare, one engine
+call, finish with the server step: :func:`lfed.run.train_step`) and gives the same weights bit for bit; what it
+leaves to Lightning is the rest: loggers, checkpoints, several devices and mixed precision.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def fit_run(run, datamodule, rounds: int, *, total_rounds: int | None = None, ev
     """
     from lfed.algorithms import CompositionWarning
     from lfed.distributed import Ranks
-    from lfed.lockstep import train_together
+    from lfed.run import train_step
     from lfed.validation import integer
 
     integer("rounds", rounds, at_least=1)
@@ -68,25 +68,21 @@ def fit_run(run, datamodule, rounds: int, *, total_rounds: int | None = None, ev
         for line in run.notices():  # DP: where the noise comes from; splits that are client data
             print(f"lfed: {line}", file=sys.stderr)
         state["optimizer"] = run.server_optimizer([p for p in run.net.parameters() if p.requires_grad])
-    optimizer = state["optimizer"]
     history: list[dict[str, float]] = []
     for r in range(start, end):
         if not run.running:
             break
-        prepared = run.prepare(r, horizon, ranks)
-        result = None if prepared.skipped else train_together([(run, prepared)], ranks)[0][0]
-        metrics, messages = run.finish(prepared, result, optimizer, ranks)
-        for message in messages:
+        (outcome,), _ = train_step([run], [state["optimizer"]], r, horizon, ranks)
+        if outcome.error is not None:
+            raise outcome.error
+        for message in outcome.messages:
             warnings.warn(message, stacklevel=2)
-        metrics = {k: float(v) for k, v in metrics.items()}
+        metrics = {k: float(v) for k, v in outcome.metrics.items()}
         if (evaluate_every is not None and (r + 1) % evaluate_every == 0) or r + 1 == end:
             evaluated, per_client = run.evaluate(ranks, lambda t: t)
             run.record_evaluation(r + 1, evaluated, per_client)
             metrics.update(run.metric_gate(evaluated))
         history.append(metrics)
-        reason = run.stop_reason(r + 1, horizon) if r + 1 < end else None
-        if reason:  # a component forbids the next round (DP's budget)
-            run.status, run.error = "stopped", reason
     return history
 
 

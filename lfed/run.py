@@ -17,7 +17,8 @@ grid``) through these methods only; nothing here is written twice.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,11 @@ from lfed.evaluation import (
 )
 from lfed.params import ParamLayout
 from lfed.privacy.metrics import MetricGate
-from lfed.round import Algorithm, LocalTraining, PreparedRound, setup_state
+from lfed.round import Algorithm, LocalTraining, PreparedRound, RoundRecord, setup_state, verify_round
 from lfed.schedule import SYNCHRONOUS
 from lfed.server.optimizers import apply_pseudo_gradient
 
-__all__ = ["FederatedRun", "default_net"]
+__all__ = ["FederatedRun", "StepOutcome", "default_net", "train_step"]
 
 
 def data_notes(data) -> frozenset:
@@ -297,6 +298,31 @@ class FederatedRun(nn.Module):
         """
         return self.schedule.finish(self, prepared, result, optimizer, ranks)
 
+    def conclude(self, record: RoundRecord, metrics: dict[str, Any], w_before: Tensor) -> dict[str, float]:
+        """The end of every step, whichever schedule ran it: the step's one read from the device (its metrics and
+        finiteness flags, :func:`lfed.round.verify_round`), then the run's accounts: the last record, rounds done,
+        ``bmta_local`` (SPEC §9), communication (SPEC §8). Returns the metrics the run may release
+        (:mod:`lfed.privacy.metrics`). On NaN or Inf the net goes back to ``w_before`` (the last good model) and
+        ``FloatingPointError`` is raised."""
+        try:
+            metrics = verify_round(record, metrics)
+        except FloatingPointError:
+            self.layout.load_into(self.net, w_before)
+            raise
+        self.last_round = record
+        self.rounds_done = record.round + 1
+        self.bmta.add_round_metrics(record.cohort.host_values().clients, metrics)
+        metrics.update(self.comm.record(record.uploads, bits_up=record.bits_up, bits_down=record.bits_down))
+        return self.metric_gate(metrics)
+
+    def conclude_skipped(self, record: RoundRecord) -> dict[str, float]:
+        """:meth:`conclude` for a round in which no client's work counts: the cohort was sampled and sent the model,
+        but nobody's upload counts."""
+        self.bmta.add_round(record.cohort.clients, None)
+        self.last_round = record
+        self.rounds_done = record.round + 1
+        return self.metric_gate({"round/skipped": 1.0, **self.comm.record(0, bits_down=record.bits_down)})
+
     def diverged(self, error: Exception) -> dict[str, float]:
         """Stop the run (NaN or Inf); the metric that records it."""
         self.status, self.error = "diverged", str(error)
@@ -526,3 +552,74 @@ class FederatedRun(nn.Module):
             self.bmta.load_state_dict(state["bmta"])
         self.status, self.error = state.get("status", "running"), state.get("error")
         self.rounds_done = int(state.get("rounds_done", 0))
+
+
+@dataclass
+class StepOutcome:
+    """What one training step did to one run (:func:`train_step`).
+
+    Attributes:
+        run: The run.
+        metrics: The step's metrics, gated (:attr:`FederatedRun.metric_gate`); None when the run did not step.
+        messages: Its warnings (degenerate weights, a skipped round), each naming the round.
+        error: The ``FloatingPointError`` that stopped it this step (NaN or Inf; the net is that of the last good
+            round); the caller decides (alone, the error ends the fit; in a group the others go on).
+        stopped: Why the run must not train the next round (a component's ``stop_before``: DP's budget), or None;
+            the run's status is ``"stopped"`` then.
+    """
+
+    run: FederatedRun
+    metrics: dict[str, float] | None = None
+    messages: list[str] = field(default_factory=list)
+    error: FloatingPointError | None = None
+    stopped: str | None = None
+
+
+def train_step(runs: Sequence[FederatedRun], optimizers: Sequence[torch.optim.Optimizer], round: int,
+               total_rounds: int | None, ranks: Ranks) -> tuple[list[StepOutcome], int]:
+    """One training step of every running run: the one place a round is told (SPEC §1).
+
+    The Lightning driver (:class:`lfed.driver.FederatedDriver`, a run alone or a grid's group) and
+    :func:`lfed.rounds.fit_run` both call it and add only what is theirs (logging, evaluation, checkpoints).
+
+    1. *Prepare*: each run's schedule draws the step's cohort, its weights and the local training job
+       (:meth:`FederatedRun.prepare`; synchronous: :func:`lfed.round.prepare_round`).
+    2. *Train*: every cohort at once, in as few engine calls as exact (:func:`lfed.lockstep.train_together`).
+    3. *Finish*: each run's second half, from the trained rows to the new global model, its checks, metrics and
+       accounts (:meth:`FederatedRun.finish`: :func:`lfed.round.aggregate`, :func:`lfed.round.step_server`,
+       :meth:`FederatedRun.conclude`).
+    4. *Stop*: a component may forbid the next round (DP's budget); not checked after the run's last round.
+
+    Returns:
+        One :class:`StepOutcome` per running run (in ``runs``' order), and the number of engine calls.
+    """
+    from lfed.lockstep import train_together
+
+    outcomes: list[StepOutcome] = []
+    todo: list[tuple[StepOutcome, PreparedRound, torch.optim.Optimizer]] = []
+    for run, optimizer in zip(runs, optimizers):  # 1. prepare
+        if not run.running:
+            continue
+        outcome = StepOutcome(run)
+        outcomes.append(outcome)
+        try:
+            prepared = run.prepare(round, total_rounds, ranks)
+        except FloatingPointError as e:  # the start losses of a cohort (needs_start_loss)
+            outcome.error = e
+            continue
+        todo.append((outcome, prepared, optimizer))
+    trained = [(o.run, p) for o, p, _ in todo if not p.skipped]
+    results, calls = train_together(trained, ranks) if trained else ([], 0)  # 2. train
+    result_of = {id(p): r for (_, p), r in zip(trained, results)}
+    for outcome, prepared, optimizer in todo:  # 3. finish
+        try:
+            outcome.metrics, outcome.messages = outcome.run.finish(prepared, result_of.get(id(prepared)), optimizer, ranks)
+        except FloatingPointError as e:
+            outcome.error = e
+    last = total_rounds is not None and round + 1 >= total_rounds  # no round follows the last: nothing to forbid
+    for outcome in outcomes:  # 4. stop
+        run = outcome.run
+        reason = run.stop_reason(round + 1, total_rounds) if outcome.error is None and run.running and not last else None
+        if reason:
+            run.status, run.error, outcome.stopped = "stopped", reason, reason
+    return outcomes, calls

@@ -23,7 +23,7 @@ import torch
 
 from lfed.evaluation import is_classification, local_accuracy
 from lfed.host import device_rows, values
-from lfed.round import finish_round, prepare_round, verify_round
+from lfed.round import finish_round, prepare_round
 
 __all__ = ["SYNCHRONOUS", "Synchronous"]
 
@@ -57,14 +57,10 @@ class Synchronous:
         rec = prepared.record
         r = rec.round
         if prepared.skipped:
-            run.bmta.add_round(rec.cohort.clients, None)
             optimizer.zero_grad(set_to_none=True)
             optimizer.step()  # no gradients: advances the round counter only
-            run.last_round = rec
-            run.rounds_done = r + 1
-            # the cohort was sampled and sent the model, but nobody's upload counts
-            return (run.metric_gate({"round/skipped": 1.0, **run.comm.record(0, bits_down=rec.bits_down)}),
-                    [f"round {r}: no client's work counts (all inactive or dropped); the round is skipped"])
+            return run.conclude_skipped(rec), [f"round {r}: no client's work counts (all inactive or dropped); "
+                                               "the round is skipped"]
         w_new, rec = finish_round(run.components, prepared, result, run.engine,
                                   server_step=run.server_step(optimizer), ranks=ranks)
         run.layout.load_into(run.net, w_new)  # the server step's model, but the local part as it was (Sharing.keep_local)
@@ -79,16 +75,7 @@ class Synchronous:
         metrics = rec.metrics()
         if local is not None:
             metrics["client/local_acc_mean"] = torch.nanmean(local)
-        try:  # the round's one read from the device: its metrics and its finiteness flags (lfed.host)
-            metrics = verify_round(rec, metrics)
-        except FloatingPointError:
-            run.layout.load_into(run.net, prepared.w)  # the global model of the last good round, not NaN
-            raise
-        run.last_round = rec
-        run.rounds_done = r + 1
-        run.bmta.add_round_metrics(host.clients, metrics)
-        metrics.update(run.comm.record(rec.uploads, bits_up=rec.bits_up, bits_down=rec.bits_down))
-        return run.metric_gate(metrics), [f"round {r}: {m}" for m in rec.warnings]
+        return run.conclude(rec, metrics, prepared.w), [f"round {r}: {m}" for m in rec.warnings]
 
 
 #: The synchronous schedule (stateless: one instance is shared).
