@@ -224,6 +224,32 @@ def test_a_checkpoint_written_by_lfed_0_3_resumes_bit_for_bit_under_0_4(tmp_path
         assert torch.equal(a[key], b[key]), key
 
 
+@pytest.mark.parametrize("fixture", ["checkpoint_0_4_fedbuff", "checkpoint_0_4_adafl"])
+def test_a_checkpoint_written_by_lfed_0_4_resumes_bit_for_bit(tmp_path, one_thread, fixture):
+    """tests/data/checkpoint_0_4_*: written by lfed 0.4 (2bff11a) from configs whose class paths are 0.4's
+    (``lfed.models.MLP``, ``lfed.asynchronous.FedBuff``, ``lfed.clock.SimulatedClock``, ``lfed.sampling.AttentionSampler``):
+    FedBuff with clients in flight after 4 server steps, AdaFL's attention sampler after 4 rounds. Resumed to 6, each
+    equals 6 steps from scratch: the checkpoint's keys, its event queue and sampler state, and the class paths hold."""
+    import shutil
+
+    from conftest import REPO
+
+    from lfed.cli import run_cli
+
+    data = REPO / "tests" / "data" / fixture
+    ckpt = tmp_path / "last.ckpt"
+    shutil.copy(data / "last.ckpt", ckpt)
+    common = ["--config", str(data / "config.yaml"), "--trainer.max_steps=6", "--trainer.val_check_interval=6",
+              "--checkpoint_every=0"]
+    resumed = run_cli(["fit", *common, f"--trainer.default_root_dir={tmp_path / 'a'}", "--ckpt_path", str(ckpt)])
+    whole = run_cli(["fit", *common, f"--trainer.default_root_dir={tmp_path / 'b'}"])
+    assert resumed.trainer.global_step == whole.trainer.global_step == 6
+    a, b = resumed.model.state_dict(), whole.model.state_dict()
+    assert a.keys() == b.keys()
+    for key in a:  # tensors bit for bit; extra state (the event queue, the clock) equal as plain values
+        assert torch.equal(a[key], b[key]) if isinstance(a[key], torch.Tensor) else a[key] == b[key], key
+
+
 def test_an_old_method_key_on_the_command_line_overrides_its_config_files_component(tmp_path):
     """A grid axis or sweep argument in 0.3's spelling after a config of 0.4 (the later setting wins, as always)."""
     cfg = tmp_path / "new.yaml"
