@@ -54,7 +54,7 @@ def method_args(name: str) -> list[str]:
     if name == "FedAvg-0.5":
         return ["--model.algorithm", "fedavg", "--model.sampler", "uniform", "--model.fraction", "0.5"]
     if name == "AdaFL":
-        schedule = {"class_path": "lfed.sampling.StepwiseFraction", "init_args": {"start": 0.1, "end": 0.5, "stages": 5}}
+        schedule = {"class_path": "lfed.participation.sampling.StepwiseFraction", "init_args": {"start": 0.1, "end": 0.5, "stages": 5}}
         return ["--model.algorithm", "adafl", "--model.sampler_alpha", "0.9", "--model.fraction", json.dumps(schedule)]
     raise ValueError(f"method must be one of {tuple(PAPER)}, got {name!r}")
 
@@ -83,7 +83,7 @@ def cli_args(name: str, args: argparse.Namespace) -> list[str]:
 
 def run(name: str, args: argparse.Namespace) -> tuple[list[tuple[int, int, float]], float]:
     """One run; returns the evaluations ``(rounds, uploads, acc)`` and seconds per round."""
-    from lfed.cli import run_cli
+    from lfed.lightning.cli import run_cli
 
     start = time.perf_counter()
     cli = run_cli(cli_args(name, args))
@@ -93,7 +93,7 @@ def run(name: str, args: argparse.Namespace) -> tuple[list[tuple[int, int, float
 
 
 def first_reach(history: list[tuple[int, int, float]], target: float) -> tuple[int, int] | None:
-    from lfed.communication import rounds_to_reach
+    from lfed.evaluation.communication import rounds_to_reach
 
     return rounds_to_reach(history, target)
 

@@ -2,7 +2,7 @@
 
 Each of K clients holds B random character windows of the task's length (80) and takes ``--steps``
 full-batch SGD steps on rank-r LoRA adapters (peft's layers; every linear layer of the blocks) over one
-frozen lfed.models.CharTransformer base, starting from the same global adapters:
+frozen lfed.models.zoo.CharTransformer base, starting from the same global adapters:
 
 * ``lfed``: lfed's engine (``CohortTrainer``, backend ``vmap``, its default chunking) trains the K
   clients' adapters as one ``[K, P]`` computation over the base (the base read once per step);
@@ -60,7 +60,7 @@ def peak_rss_mb() -> float:
 
 
 def build(args, device):
-    from lfed.models import CharTransformer
+    from lfed.models.zoo import CharTransformer
 
     torch.manual_seed(0)
     base = CharTransformer(vocab_size=80, seq_len=80, d_model=args.d_model, num_layers=args.layers,
@@ -72,8 +72,8 @@ def build(args, device):
 
 
 def run_lfed(args, device):
-    from lfed.adapters import LoRA
     from lfed.engine import CohortTrainer, StepRule
+    from lfed.models.adapters import LoRA
 
     base, x, y = build(args, device)
     net = LoRA(base, rank=args.rank, alpha=2.0 * args.rank, target=TARGET).to(device)
@@ -104,7 +104,7 @@ def run_peft_loop(args, device):
     config = LoraConfig(r=args.rank, lora_alpha=2.0 * args.rank, lora_dropout=0.0, bias="none",
                         target_modules="^(?:" + "|".join(re.escape(n) for n in names) + ")$")
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)  # lfed.adapters.LoRA's default seed: the same A
+        torch.manual_seed(0)  # lfed.models.adapters.LoRA's default seed: the same A
         model = get_peft_model(base, config).to(device)
     start = {k: v.clone() for k, v in get_peft_model_state_dict(model).items()}
     K, B = args.k, args.batch

@@ -41,11 +41,11 @@ class StepTimes(Callback):
 def one(kind: str, steps: int, accelerator: str = "cpu") -> float:
     from lightning.pytorch import Trainer
 
-    from lfed.asynchronous import FedBuff
-    from lfed.clock import SimulatedClock
-    from lfed.data.datamodule import FederatedDataModule
-    from lfed.models import MLP
-    from lfed.module import FederatedModule
+    from lfed.core.asynchronous import FedBuff
+    from lfed.lightning.datamodule import FederatedDataModule
+    from lfed.lightning.module import FederatedModule
+    from lfed.models.zoo import MLP
+    from lfed.participation.clock import SimulatedClock
 
     torch.manual_seed(0)
     net = MLP(in_features=784, hidden=[200, 200], num_classes=10)
@@ -67,8 +67,8 @@ def one(kind: str, steps: int, accelerator: str = "cpu") -> float:
 
 
 def host_bytes(concurrency: int, num_params: int) -> int:
-    from lfed.asynchronous import FedBuff
-    from lfed.client_state import ClientStateStore
+    from lfed.core.asynchronous import FedBuff
+    from lfed.state.stores import ClientStateStore
 
     a = FedBuff(concurrency=concurrency, buffer=10)
     store = ClientStateStore("host")

@@ -17,7 +17,7 @@ RUN is one of the keys of :data:`RUNS`. Every run: MNIST, 100 clients of 2 label
 2017's pathological split), the 2NN MLP (784-200-200-10), E = 1, B = 10, client lr 0.05, server SGD lr 1;
 client durations from a log-normal clock (per-client speed exp(N(0, 1)), jitter exp(N(0, 0.1^2)), 1 s per
 local step). The budget is 1,000 used client trainings (uploads): 100 server steps of M = 10, 1,000 of M = 1.
-Synchronous FedAvg is FedBuff with C = M = 10 and s = 1 (lfed.asynchronous: the synchronous round, with the
+Synchronous FedAvg is FedBuff with C = M = 10 and s = 1 (lfed.core.asynchronous: the synchronous round, with the
 round's simulated time the slowest client's). Writes ``<out>/<run>_s<seed>.json``: per evaluation the
 server step, the uploads so far, the simulated time and the test accuracy.
 """
@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-CLOCK = {"class_path": "lfed.clock.SimulatedClock",
+CLOCK = {"class_path": "lfed.participation.clock.SimulatedClock",
          "init_args": {"distribution": "lognormal", "time_per_step": 1.0, "speed_sigma": 1.0, "jitter_sigma": 0.1}}
 
 #: name -> (asynchronous init_args, class, server steps per 1,000 uploads, evaluate every)
@@ -206,7 +206,7 @@ def main() -> None:
     parser.add_argument("--validation", type=float, default=0.0, help="data.validation_fraction (the protocol: 0.1)")
     args = parser.parse_args()
     os.environ.setdefault("WANDB_MODE", "disabled")
-    from lfed.cli import run_cli
+    from lfed.lightning.cli import run_cli
 
     kind, init, steps, every = RUNS[args.run]
     steps = args.steps or steps
@@ -216,15 +216,15 @@ def main() -> None:
         "--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(every), "--trainer.logger=false",
         "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false", "--trainer.accelerator=cpu",
         f"--trainer.default_root_dir=/tmp/async_study/{args.run}_{args.seed}",
-        "--model.net=lfed.models.MLP", "--model.net.init_args.in_features=784", "--model.net.init_args.hidden=[200,200]",
+        "--model.net=lfed.models.zoo.MLP", "--model.net.init_args.in_features=784", "--model.net.init_args.hidden=[200,200]",
         "--model.net.init_args.num_classes=10", f"--model.training.client_lr={args.lr or 0.05}", "--model.training.batch_size=10",
         "--model.training.local_epochs=1", "--model.weighting=uniform", f"--model.seed={args.seed}",
         "--model.evaluation.round_local_accuracy=false",
-        "--model.asynchronous", json.dumps({"class_path": f"lfed.asynchronous.{kind}", "init_args": init}),
+        "--model.asynchronous", json.dumps({"class_path": f"lfed.core.asynchronous.{kind}", "init_args": init}),
         "--data.dataset=mnist", "--data.num_clients=100", "--data.partition=shards", "--data.shards_per_client=2",
         "--data.holdout_fraction=0.0", f"--data.validation_fraction={args.validation}",
     ]
-    import lfed.asynchronous as la
+    import lfed.core.asynchronous as la
 
     taus: list[float] = []  # every server step's mean staleness, read from what the step logs
     finish = la.Asynchronous.finish

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from lfed.engine import CohortTrainer, StepRule
-from lfed.models import SmallCNN
+from lfed.models.zoo import SmallCNN
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_suite import PflCNN  # noqa: E402

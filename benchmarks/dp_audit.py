@@ -23,7 +23,7 @@ import torch
 from lightning.pytorch import Trainer
 
 from lfed import FederatedDataModule, FederatedModule
-from lfed.models import MLP
+from lfed.models.zoo import MLP
 from lfed.privacy import DPFedAvg
 from lfed.privacy.audit import CanaryDPFedAvg
 

@@ -22,7 +22,7 @@ import torch
 from lightning.pytorch import Callback, Trainer
 
 from lfed import FederatedDataModule, FederatedModule
-from lfed.models import MLP
+from lfed.models.zoo import MLP
 from lfed.privacy import DPFedAvg
 
 SETTINGS = {

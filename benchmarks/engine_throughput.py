@@ -35,12 +35,13 @@ import sys
 import time
 from datetime import datetime, timezone
 
-import lfed  # noqa: F401  (first: lfed sets its OpenMP defaults before torch loads; the plain loop shares them)
 import torch
 import torch.nn.functional as F
+
+import lfed  # noqa: F401  (first: lfed sets its OpenMP defaults before torch loads; the plain loop shares them)
 from lfed.engine import CohortTrainer, StepRule, batch_schedule
-from lfed.models import MLP, McMahanCIFARCNN
-from lfed.params import ParamLayout
+from lfed.engine.params import ParamLayout
+from lfed.models.zoo import MLP, McMahanCIFARCNN
 
 
 def load_mnist(data_dir: str | None, n: int) -> tuple[torch.Tensor, torch.Tensor, str]:

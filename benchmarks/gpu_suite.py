@@ -140,7 +140,7 @@ class PflCNN(nn.Module):
     conv 3x3 32 (no padding) + ReLU -> conv 3x3 64 + ReLU -> max-pool 2 -> dropout 0.25 -> dense 128 +
     ReLU -> dropout 0.5 -> dense ``num_classes``; Glorot-uniform weights as pfl's. Parameters at
     32x32 RGB, 10 classes: ``896 + 18,496 + 12,544*128+128 = 1,605,760 + 1,290`` = **1,626,442**.
-    lfed.models has no such model (McMahanCIFARCNN is the TF tutorial's 5x5 network).
+    lfed.models.zoo has no such model (McMahanCIFARCNN is the TF tutorial's 5x5 network).
     """
 
     def __init__(self, num_classes: int = 10, image_size: int = 32, dropout: bool = True) -> None:
@@ -183,8 +183,8 @@ t = mark("import_torch_s", T0)
 import lightning.pytorch
 t = mark("import_lightning_s", t)
 import lfed
-from lfed.data.datamodule import FederatedDataModule
-from lfed.module import FederatedModule
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
 t = mark("import_lfed_s", t)
 from gpu_suite import PflCNN, trainer_for
 dev = torch.device(cfg["device"])
@@ -464,7 +464,7 @@ class Suite:
 
     # ------------------------------------------------------------------ 1. correctness
     def digits(self, **kw):
-        from lfed.data.datamodule import FederatedDataModule
+        from lfed.lightning.datamodule import FederatedDataModule
 
         return FederatedDataModule(dataset="digits", num_clients=20, partition="dirichlet", rho=0.5, **kw)
 
@@ -472,8 +472,8 @@ class Suite:
         """configs/quickstart.yaml through the Python API: digits, 20 clients, MLP 64-200-200-10, FedAvg."""
         from lightning.pytorch import seed_everything
 
-        from lfed.models import MLP
-        from lfed.module import FederatedModule
+        from lfed.lightning.module import FederatedModule
+        from lfed.models.zoo import MLP
 
         seed_everything(0, verbose=False)
         net = net() if net is not None else MLP(in_features=64, hidden=[200, 200], num_classes=10)
@@ -509,7 +509,7 @@ class Suite:
             self.check(c, f"vmap vs loop, float64: {name}", rel <= tol, f"max|Δ| / max|w| <= {tol:g}", d, relative=rel,
                        rounds=rounds, params=w["vmap"].numel())
 
-        from lfed.models import SmallCNN
+        from lfed.models.zoo import SmallCNN
 
         self.guarded(c, "vmap vs loop, float64: quickstart MLP (FedAvg)", f"relative <= {tol:g}",
                      lambda: vmap_loop("quickstart MLP (FedAvg)", None, "fedavg", s.correct_rounds))
@@ -587,7 +587,7 @@ class Suite:
     # ------------------------------------------------------------------ 4. timing: the pfl CIFAR-10 job
     def pfl_data(self):
         if getattr(self, "_pfl_data", None) is None:
-            from lfed.data.datamodule import FederatedDataModule
+            from lfed.lightning.datamodule import FederatedDataModule
 
             s = self.s
             g = torch.Generator().manual_seed(0)
@@ -602,7 +602,7 @@ class Suite:
         return self._pfl_data
 
     def pfl_module(self, backend: str, cohort: int, lr: float = 0.05, seed: int = 0):
-        from lfed.module import FederatedModule
+        from lfed.lightning.module import FederatedModule
 
         torch.manual_seed(seed)
         net = PflCNN(image_size=self.s.image_size)
@@ -962,7 +962,7 @@ class Suite:
             last[method] = (k, case["steady_s_per_round"])
 
     def section_grid(self, t: dict) -> None:
-        from lfed.group import GroupMember, RunGroup
+        from lfed.lightning.group import GroupMember, RunGroup
 
         s = self.s
         points = [(lr, seed) for lr in s.grid_lrs for seed in s.grid_seeds]
@@ -1225,9 +1225,9 @@ class Suite:
     # ------------------------------------------------------------------ 3. host synchronizations per round
     def sync_cases(self) -> dict:
         """The runs whose rounds are counted: name -> (module factory, data module factory)."""
-        from lfed.data.datamodule import FederatedDataModule
-        from lfed.models import MLP
-        from lfed.module import FederatedModule
+        from lfed.lightning.datamodule import FederatedDataModule
+        from lfed.lightning.module import FederatedModule
+        from lfed.models.zoo import MLP
 
         def mlp():
             return MLP(in_features=64, hidden=[200, 200], num_classes=10)
@@ -1239,7 +1239,7 @@ class Suite:
                                    fraction=0.2, client_lr=0.1, batch_size=10, local_epochs=1)
 
         def lora():  # configs/lora_digits.yaml
-            from lfed.adapters import LoRA
+            from lfed.models.adapters import LoRA
 
             net = LoRA(MLP(in_features=64, hidden=[64, 64], num_classes=10), rank=4, alpha=8, target=["net.0", "net.2"],
                        train=["net.4.*"], freeze_a=False)
@@ -1471,7 +1471,7 @@ class Suite:
                     f"(functional_call per client), medians of {cfg['repeat']} taken in turn; the accuracies checked equal")
 
         def case(N):
-            from lfed.distributed import Ranks
+            from lfed.engine.ranks import Ranks
             from lfed.personal.ditto import Ditto
 
             params = sum(a * b + b for a, b in zip([cfg["features"], *cfg["hidden"]], [*cfg["hidden"], 10]))
@@ -1740,7 +1740,7 @@ def main(argv=None) -> int:
         args.budget_s = 120.0 if args.quick else 480.0
     if args.case_cap_s is None:
         args.case_cap_s = 20.0
-    from lfed.reporting import silence_library_noise
+    from lfed.lightning.reporting import silence_library_noise
 
     silence_library_noise()
     import logging
@@ -1748,7 +1748,7 @@ def main(argv=None) -> int:
 
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-    from lfed.algorithms import CompositionWarning
+    from lfed.core.registry import CompositionWarning
 
     warnings.filterwarnings("ignore", category=CompositionWarning)  # short test runs (few participations) are meant
     return Suite(args).run()

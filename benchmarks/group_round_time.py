@@ -22,7 +22,7 @@ import time
 
 import torch
 
-import lfed.group
+import lfed.lightning.group
 
 LRS = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3]
 
@@ -33,8 +33,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--data_dir", default=os.environ.get("LFED_DATA_DIR", "/work/shared/data"))
     a = p.parse_args()
-    from lfed.grid import build_members
-    from lfed.sweep import Sweep
+    from lfed.lightning.grid import build_members
+    from lfed.lightning.sweep import Sweep
 
     sweep = Sweep("round-time", {"model.training.client_lr": LRS, "model.seed": [0, 1, 2]})
     overrides = ["--model.algorithm=igfl", f"--trainer.max_steps={a.rounds}", f"--trainer.val_check_interval={a.rounds}",
@@ -42,8 +42,8 @@ def main() -> None:
     load = os.getloadavg()[0]
     members, second = build_members([a.config], sweep, overrides)
     seconds: list[float] = []
-    if hasattr(lfed.group.RunGroup, "step"):  # lfed 0.2: the group's own loop
-        group = lfed.group.RunGroup(members, dtype=second, log=None, checkpoint_every=0)
+    if hasattr(lfed.lightning.group.RunGroup, "step"):  # lfed 0.2: the group's own loop
+        group = lfed.lightning.group.RunGroup(members, dtype=second, log=None, checkpoint_every=0)
         group.setup()
         group._open_logs()
         for _ in range(a.rounds):
@@ -54,7 +54,7 @@ def main() -> None:
     else:
         from lightning.pytorch import Callback
 
-        from lfed.grid import train_group
+        from lfed.lightning.grid import train_group
 
         class Clock(Callback):
             def on_train_batch_start(self, *args) -> None:

@@ -65,7 +65,7 @@ def main() -> None:
     a = ap.parse_args()
     from torch.profiler import ProfilerActivity, profile
 
-    from lfed.distributed import Ranks
+    from lfed.engine.ranks import Ranks
     from lfed.personal.ditto import Ditto
 
     acc = "gpu" if a.device == "cuda" else "cpu"

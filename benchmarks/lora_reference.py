@@ -31,9 +31,9 @@ from paper_results import REPO, Runner  # noqa: E402
 
 def cli_for(configs: list[Path], args: list[str], data_dir: str, workdir: str):
     """The run's CLI built as the protocol builds it (:meth:`paper_results.Runner._args`: the same flags), not run."""
-    from lfed.cli import LfedCLI
-    from lfed.data.datamodule import FederatedDataModule
-    from lfed.module import FederatedModule
+    from lfed.lightning.cli import LfedCLI
+    from lfed.lightning.datamodule import FederatedDataModule
+    from lfed.lightning.module import FederatedModule
 
     argv = Runner(Path(data_dir), Path(workdir), print)._args(configs, ["--checkpoint_every=0", *args])
     return LfedCLI(FederatedModule, FederatedDataModule, run=False, args=argv, save_config_callback=None)

@@ -9,7 +9,7 @@ config (``configs/paper/igfl/cross_device_mnist.yaml``: 100 clients, C = 0.1, B 
 18 runs. Every repeat builds the 18 runs afresh (``lfed grid``'s own parsing) and times, in
 turn (interleaved):
 
-* ``group``: one :class:`lfed.group.RunGroup` of all 18 runs under one Trainer (one engine call per round);
+* ``group``: one :class:`lfed.lightning.group.RunGroup` of all 18 runs under one Trainer (one engine call per round);
 * ``one by one``: the same 18 runs one after another in this process, each a group of one
   (the same driver, so only the batching differs);
 * ``lfed fit``: the same 18 runs one after another through ``lfed fit``'s own path
@@ -17,7 +17,7 @@ turn (interleaved):
 * ``processes``: the same 18 runs as 18 ``lfed fit`` processes one after another, what a grid is
   without a group (a W&B agent or a shell loop): each pays the interpreter, the imports and the data.
   Its ``train s`` is an estimate: the processes' wall-clock less 18 times the seconds of one
-  ``python -c 'import lfed.cli'`` (measured once per repeat); its ``total s`` is measured.
+  ``python -c 'import lfed.lightning.cli'`` (measured once per repeat); its ``total s`` is measured.
 
 ``train s`` is the training of all rounds and the final evaluation (the data loaded and the
 runs built before the clock starts); ``total s`` adds building the runs and loading the data.
@@ -38,11 +38,11 @@ import time
 import torch
 from quiet import wait_quiet  # benchmarks/ is on sys.path when run as a script
 
-from lfed.grid import build_members, train_group
-from lfed.sweep import Sweep
+from lfed.lightning.grid import build_members, train_group
+from lfed.lightning.sweep import Sweep
 
 LRS = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3]
-CNN = '{"class_path": "lfed.models.McMahanMNISTCNN", "init_args": {"num_classes": 10}}'
+CNN = '{"class_path": "lfed.models.zoo.McMahanMNISTCNN", "init_args": {"num_classes": 10}}'
 
 
 def overrides(a) -> list[str]:
@@ -87,9 +87,9 @@ def run_one_by_one(a) -> tuple[float, float]:
 
 
 def run_lfed_fit(a) -> tuple[float, float]:
-    from lfed.cli import LfedCLI
-    from lfed.data.datamodule import FederatedDataModule
-    from lfed.module import FederatedModule
+    from lfed.lightning.cli import LfedCLI
+    from lfed.lightning.datamodule import FederatedDataModule
+    from lfed.lightning.module import FederatedModule
 
     train = 0.0
     t0 = time.perf_counter()
@@ -107,11 +107,11 @@ def run_lfed_fit(a) -> tuple[float, float]:
 def run_processes(a) -> tuple[float, float]:
     env = dict(os.environ, WANDB_MODE="disabled")
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import lfed.cli"], check=True, env=env)
+    subprocess.run([sys.executable, "-c", "import lfed.lightning.cli"], check=True, env=env)
     startup = time.perf_counter() - t
     t0 = time.perf_counter()
     for point in sweep(a).points():
-        args = [sys.executable, "-m", "lfed.cli", "fit", "--config", a.config, *Sweep.args_of(point), *overrides(a),
+        args = [sys.executable, "-m", "lfed.lightning.cli", "fit", "--config", a.config, *Sweep.args_of(point), *overrides(a),
                 "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--checkpoint_every=0",
                 "--trainer.default_root_dir=/tmp/lfed-many-runs"]
         proc = subprocess.run(args, env=env, capture_output=True, text=True)

@@ -5,7 +5,7 @@ partition of SPEC §8 with ρ = 0.1 (per-class concentration 0.01: most clients 
 labels), C = 0.1 (10 clients a round), the MLP 2NN (784-200-200-10, 199,210 parameters),
 E = 1 local epoch of mini-batch SGD, the same client learning rate for every algorithm, server
 SGD with learning rate 1 (SCAFFOLD's η_s = 1). Everything else is each preset's own choice
-(lfed.algorithms): FedAvg size weights; SCAFFOLD uniform weights (as its paper); IGFL-C size
+(lfed.core.registry): FedAvg size weights; SCAFFOLD uniform weights (as its paper); IGFL-C size
 weights and the plain mean. All runs share the seed, so they see the same partition, cohorts
 and batch order.
 
@@ -48,9 +48,9 @@ import warnings
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 
-from lfed.data.datamodule import FederatedDataModule
-from lfed.models import MLP
-from lfed.module import FederatedModule
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
+from lfed.models.zoo import MLP
 
 ALGORITHMS = ("fedavg", "scaffold", "igfl_c")
 

@@ -212,7 +212,7 @@ def first_reach(history: list[dict], target: float) -> tuple[int, int] | None:
     history of :class:`paper_results.Recorder`). ``None`` if no evaluation reached ``target``. The
     evaluation grid makes the round exact only to a multiple of the evaluation interval.
     """
-    from lfed.communication import rounds_to_reach  # checks rounds increase and uploads never decrease
+    from lfed.evaluation.communication import rounds_to_reach  # checks rounds increase and uploads never decrease
 
     return rounds_to_reach([(h["round"], h["uploads"], h["acc"]) for h in history], target)
 
@@ -447,7 +447,7 @@ def together_note(res: dict) -> str:
     if not grouped:
         return ""
     return (f"; {len(grouped)} of the {len(runs)} runs trained together in groups of up to "
-            f"{max(x.extra['group_size'] for x in grouped)} (lfed.group, --together): a grouped run's seconds are its "
+            f"{max(x.extra['group_size'] for x in grouped)} (lfed.lightning.group, --together): a grouped run's seconds are its "
             "group's divided by its size")
 
 
@@ -573,10 +573,10 @@ def section(study: Study, res: dict, cmd: str, seconds: float, load: tuple[float
                   f"at {longer}), to see whether the comparison holds once more runs have settled; the plot shows "
                   f"these longer runs.")
     if study.targets:
-        L[-1] += (f" To X%: rounds / uploads = the completed rounds and the cumulative client uploads (Σ_t K_t) at the "
-                  f"first evaluation whose *test* accuracy was ≥ X%, counted on test accuracy as the paper does (the "
-                  f"choice of the grid point above is still made on validation), mean ± std over the seeds that reached "
-                  f"it (\"k/n reached\" when not all did); exact only to the evaluation interval.")
+        L[-1] += (" To X%: rounds / uploads = the completed rounds and the cumulative client uploads (Σ_t K_t) at the "
+                  "first evaluation whose *test* accuracy was ≥ X%, counted on test accuracy as the paper does (the "
+                  "choice of the grid point above is still made on validation), mean ± std over the seeds that reached "
+                  "it (\"k/n reached\" when not all did); exact only to the evaluation interval.")
     reach_cols = [f"to {100 * t:g}%: rounds / uploads" for t in study.targets]
     L += ["", f"| method | grid (validation last-10%, seed {seeds[0]}) | chosen | test last-10% (%) mean ± std | settled (max move, pts) "
           f"| vs {study.reference}, paired (pts) | " + "".join(f"{c} | " for c in reach_cols)

@@ -358,9 +358,9 @@ class Runner:
 
     def run(self, name: str, configs: list[Path], overrides: list[str], *, track_attention: bool = False,
             datamodule=None) -> Run:
-        from lfed.cli import LfedCLI
-        from lfed.data.datamodule import FederatedDataModule
-        from lfed.module import FederatedModule
+        from lfed.lightning.cli import LfedCLI
+        from lfed.lightning.datamodule import FederatedDataModule
+        from lfed.lightning.module import FederatedModule
 
         args = self._args(configs, overrides)
         if self._key(name, args) in self._memo:
@@ -407,16 +407,16 @@ class Runner:
         return run
 
     def train_together(self, jobs: list[tuple[str, list[Path], list[str]]]) -> int:
-        """Train the jobs ``(name, configs, overrides)`` that are not cached as ONE :class:`lfed.group.RunGroup`
+        """Train the jobs ``(name, configs, overrides)`` that are not cached as ONE :class:`lfed.lightning.group.RunGroup`
         (``lfed grid``'s engine: every round the cohorts of all of them in one engine call per kind of step
         rule) and cache each as :meth:`run` would; :meth:`run` then reads them. Returns how many trained.
 
-        A member's result is the run trained alone up to float32 round-off (lfed.group), so a cached
+        A member's result is the run trained alone up to float32 round-off (lfed.lightning.group), so a cached
         entry does not depend on whether it was trained alone or in a group beyond that round-off.
         Each run's ``seconds`` is the group's wall-clock divided by its members (``extra['group_size']``).
         """
-        from lfed.grid import build_members, train_group
-        from lfed.sweep import Sweep
+        from lfed.lightning.grid import build_members, train_group
+        from lfed.lightning.sweep import Sweep
 
         todo = [(n, c, o) for n, c, o in jobs if not self.is_cached(n, c, o)]
         if not todo:
@@ -433,7 +433,7 @@ class Runner:
         if any(t != trainers[0] for t in trainers):
             raise ValueError("train_together: the runs must share their trainer settings (rounds, evaluation, precision)")
         t = trainers[0]
-        self.log(f"  training {len(members)} runs together (lfed.group.RunGroup)")
+        self.log(f"  training {len(members)} runs together (lfed.lightning.group.RunGroup)")
         train_group(members, rounds=t["max_steps"], evaluate_every=t["val_check_interval"],
                     precision=t.get("precision") or "32-true", default_root_dir=str(self.workdir))  # not the cwd
         seconds = (time.time() - start) / len(members)
@@ -455,7 +455,7 @@ def _relative(args: list[str]) -> list[str]:
 
 
 class _MemberRecorder(Recorder):
-    """A group member's logger (``log_metrics``/``save``, as :class:`lfed.reporting.MetricsCSV`) that
+    """A group member's logger (``log_metrics``/``save``, as :class:`lfed.lightning.reporting.MetricsCSV`) that
     records what :class:`Recorder` records from a Lightning run: evaluations and round diagnostics."""
 
     def __init__(self, member) -> None:
@@ -496,7 +496,7 @@ def igfl_cross_silo(r: Runner, s: Scale) -> dict:
             for alg in s.silo_algs}
 
 
-FEMNIST_MLP = ["--model.net=lfed.models.MLP", "--model.net.init_args.in_features=784",
+FEMNIST_MLP = ["--model.net=lfed.models.zoo.MLP", "--model.net.init_args.in_features=784",
                "--model.net.init_args.hidden=[200, 200]", "--model.net.init_args.num_classes=62"]
 
 
@@ -539,9 +539,9 @@ def paired_population(labels: torch.Tensor, seed: int, adjacent: bool) -> tuple[
 
 def paired_datamodule(data_dir: Path, parts: list[torch.Tensor]):
     """A FederatedDataModule whose client split is ``parts`` (built here, not by a partitioner)."""
-    from lfed.data.datamodule import FederatedData, FederatedDataModule
     from lfed.data.datasets import load_dataset
     from lfed.data.partition import label_counts, pack_indices
+    from lfed.lightning.datamodule import FederatedData, FederatedDataModule
 
     ds = load_dataset("fashion_mnist", str(data_dir))
     dm = FederatedDataModule(dataset="fashion_mnist", data_dir=str(data_dir), num_clients=10, holdout_fraction=0.0)
@@ -592,7 +592,7 @@ def adafl_base() -> tuple[list[Path], list[str], str]:
     if mnist.is_file():
         return [mnist], [], "configs/paper/adafl_mnist.yaml"
     over = ["--data.dataset=mnist", "--data.partition=shards", "--data.shards_per_client=2",
-            "--model.net=lfed.models.MLP", "--model.net.init_args.in_features=784",
+            "--model.net=lfed.models.zoo.MLP", "--model.net.init_args.in_features=784",
             "--model.net.init_args.hidden=[200, 200]", "--model.net.init_args.num_classes=10",
             "--model.training.batch_size=10", "--model.training.client_lr=0.05"]
     return [PAPER / "adafl_cifar10.yaml"], over, ("configs/paper/adafl_cifar10.yaml with MNIST overrides "
@@ -615,7 +615,7 @@ def adafl(r: Runner, s: Scale) -> dict:
     targets = "[" + ", ".join(f"{t:g}" for t in s.adafl_targets) + "]"
     stage = s.adafl_rounds // 5  # the paper's 5 stages of 0.1, 0.2, ..., 0.5, shrunk with the run
     points = [[i * stage, round(0.1 * (i + 1), 1)] for i in range(5)]
-    schedule = json.dumps({"class_path": "lfed.sampling.ExplicitFraction", "init_args": {"points": points}})
+    schedule = json.dumps({"class_path": "lfed.participation.sampling.ExplicitFraction", "init_args": {"points": points}})
     scaled = [f"--model.fraction={schedule}", f"--model.training.batch_size={s.adafl_batch}"]
     runs = {name: r.run(name, configs, [*over, *scaled, *v, f"--model.evaluation.accuracy_targets={targets}",
                                         *rounds_overrides(s.adafl_rounds, s.adafl_eval)])

@@ -6,7 +6,7 @@
 1. Evaluating every client's personalized model on its own held-out split, at N clients (each with
    ``--train`` training and ``--held`` held-out examples of ``--features`` inputs, 10 classes, the
    MLP 2NN of ``--hidden``), with Ditto's personal models ``v_k`` set for every client:
-   * ``vmapped``: :meth:`lfed.run.FederatedRun.personal_evaluation` (``personal_chunk`` clients per
+   * ``vmapped``: :meth:`lfed.core.run.FederatedRun.personal_evaluation` (``personal_chunk`` clients per
      vmapped call, lfed's way);
    * ``one by one``: the same accuracies, one client after another (``functional_call`` of the net with
      the client's row on its held-out examples), checked equal to the vmapped ones.
@@ -91,7 +91,7 @@ def interleaved(fs, n: int) -> list[float]:
 
 
 def synthetic(num_clients: int, train: int, held: int, features: int, seed: int = 0):
-    from lfed.data.datamodule import FederatedDataModule
+    from lfed.lightning.datamodule import FederatedDataModule
 
     g = torch.Generator().manual_seed(seed)
     n = num_clients * (train + held)
@@ -102,13 +102,13 @@ def synthetic(num_clients: int, train: int, held: int, features: int, seed: int 
 
 
 def module(objective, features: int, hidden: list[int], device: str, **kwargs):
-    from lfed.models import MLP
-    from lfed.module import FederatedModule
+    from lfed.lightning.module import FederatedModule
+    from lfed.models.zoo import MLP
 
     torch.manual_seed(0)
     args = dict(objective=objective, fraction=0.1, training={"client_lr": 0.05, "batch_size": 10, "local_epochs": 1},
                 seed=0)
-    args.update(kwargs)  # engine={...}, evaluation={...}: lfed.settings' groups
+    args.update(kwargs)  # engine={...}, evaluation={...}: lfed.core.settings' groups
     return FederatedModule(MLP(in_features=features, hidden=hidden, num_classes=10), **args)
 
 
@@ -181,7 +181,7 @@ def agreement(run, clients, row_of, loop: torch.Tensor, vmapped: torch.Tensor, m
 
 
 def evaluation(args, N: int, device: str) -> None:
-    from lfed.distributed import Ranks
+    from lfed.engine.ranks import Ranks
     from lfed.personal.ditto import Ditto
     from lfed.personal.finetune import FedAvgFT
 

@@ -24,7 +24,7 @@ def one(N: int, n: int) -> dict:
     import torch
 
     from lfed.data import partition as P
-    from lfed.data.datamodule import FederatedDataModule
+    from lfed.lightning.datamodule import FederatedDataModule
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(N * n + 100, 8, generator=g)

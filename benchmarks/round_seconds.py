@@ -18,9 +18,9 @@ T0 = time.perf_counter()
 
 from lightning.pytorch import Callback  # noqa: E402
 
-from lfed.cli import LfedCLI  # noqa: E402
-from lfed.data.datamodule import FederatedDataModule  # noqa: E402
-from lfed.module import FederatedModule  # noqa: E402
+from lfed.lightning.cli import LfedCLI  # noqa: E402
+from lfed.lightning.datamodule import FederatedDataModule  # noqa: E402
+from lfed.lightning.module import FederatedModule  # noqa: E402
 
 
 class RoundTimer(Callback):
@@ -42,8 +42,8 @@ def main() -> None:
     a = p.parse_args()
     imports = time.perf_counter() - T0
     print(f"imports: {imports:.2f} s")
-    print(f"| config | backend | s/round (median) | min | data+setup s |")
-    print(f"|---|---|---|---|---|")
+    print("| config | backend | s/round (median) | min | data+setup s |")
+    print("|---|---|---|---|---|")
     for backend in a.backends:
         t = time.perf_counter()
         cli = LfedCLI(

@@ -35,11 +35,11 @@ from datetime import datetime, timezone  # noqa: E402
 def one(cfg: dict) -> dict:
     """Run one setting in this process; return its measurements."""
     os.environ.setdefault("WANDB_MODE", "disabled")
-    from lfed import FederatedDataModule, FederatedModule  # first: lfed's OpenMP defaults before torch loads
-    from lfed.models import MLP
-
     import torch
     from lightning.pytorch import Callback, Trainer
+
+    from lfed import FederatedDataModule, FederatedModule  # first: lfed's OpenMP defaults before torch loads
+    from lfed.models.zoo import MLP
 
     if cfg.get("threads"):
         torch.set_num_threads(cfg["threads"])

@@ -1,4 +1,4 @@
-"""Client-state placements at scale: memory and time as N grows, per placement (lfed.client_state).
+"""Client-state placements at scale: memory and time as N grows, per placement (lfed.state.stores).
 
 Synthetic data (Gaussian inputs, labels from a random linear teacher), ``--examples`` examples
 per client (IID split), B = 10, E = 1, for SCAFFOLD (``c_k``: one ``[N, P]`` tensor) and EFL with
@@ -53,7 +53,7 @@ def one(cfg: dict) -> dict:
     from lightning.pytorch import Callback, Trainer
 
     from lfed import FederatedDataModule, FederatedModule
-    from lfed.models import MLP, McMahanCIFARCNN
+    from lfed.models.zoo import MLP, McMahanCIFARCNN
 
     N, K, n = cfg["N"], cfg["K"], cfg["n"]
     shape = (64,) if cfg["model"] == "mlp" else (3, 32, 32)

@@ -92,7 +92,7 @@ def main() -> None:
             print(f"repeat {r} load {load:.2f} | {cond:7s} {model} {backend:4s} {setting:8s} "
                   f"steady {res['steady_round_s']:.3f} s/round (threads {res['threads']}, acc {res['test_acc']:.3f})",
                   flush=True)
-    print(f"\n| condition | model | backend | " + " | ".join(a.settings.split(",")) + " |")
+    print("\n| condition | model | backend | " + " | ".join(a.settings.split(",")) + " |")
     print("|---|---|---|" + "---|" * len(a.settings.split(",")))
     for cond, model, backend in itertools.product(a.conditions.split(","), a.models.split(","), a.backends.split(",")):
         row = [statistics.median(results[(cond, model, backend, s)]) for s in a.settings.split(",")]

@@ -4,7 +4,7 @@
 dataset over simulated clients (``FederatedDataModule``: the same as a Lightning data module); ``CohortTrainer`` trains a cohort at once;
 ``FederatedRun`` is one run with no Lightning in it (``build_run`` builds it from settings, ``fit_run``
 trains it), ``RunGroup`` many runs in lock-step. ``LocalTraining``, ``Stragglers``, ``Engine`` and
-``Evaluation`` are the settings' groups (:mod:`lfed.settings`).
+``Evaluation`` are the settings' groups (:mod:`lfed.core.settings`).
 
 The public API is five packages (docs/extending.md):
 
@@ -17,7 +17,7 @@ The public API is five packages (docs/extending.md):
 * ``lfed.personal``: personalized methods; ``lfed.privacy``: DP-FedAvg and its accountant.
 
 Every name is imported when first used (a module-level ``__getattr__``), so ``import lfed`` loads
-neither torch nor Lightning, and ``import lfed.round`` (a round as a function) or ``import lfed.run``
+neither torch nor Lightning, and ``import lfed.core.round`` (a round as a function) or ``import lfed.core.run``
 loads no Lightning.
 """
 
@@ -30,46 +30,46 @@ from typing import Any
 #: Public names and the modules that define them (imported on first use).
 _LAZY = {
     # drivers and runs
-    "FederatedModule": "lfed.module",
-    "FederatedDataModule": "lfed.data.datamodule",
+    "FederatedModule": "lfed.lightning.module",
+    "FederatedDataModule": "lfed.lightning.datamodule",
     "FederatedDataset": "lfed.data.federated",
     "FederatedData": "lfed.data.federated",
-    "FederatedRun": "lfed.run",
-    "RunGroup": "lfed.group",
-    # a run from its settings, and its rounds without Lightning (lfed.settings, lfed.rounds)
-    "build_run": "lfed.settings",
-    "fit_run": "lfed.rounds",
-    "Stragglers": "lfed.stragglers",
-    "Engine": "lfed.settings",
-    "Evaluation": "lfed.settings",
+    "FederatedRun": "lfed.core.run",
+    "RunGroup": "lfed.lightning.group",
+    # a run from its settings, and its rounds without Lightning (lfed.core.settings, lfed.core.fit)
+    "build_run": "lfed.core.settings",
+    "fit_run": "lfed.core.fit",
+    "Stragglers": "lfed.participation.stragglers",
+    "Engine": "lfed.core.settings",
+    "Evaluation": "lfed.core.settings",
     # the round as a function (no Trainer) and what builds its arguments
-    "run_round": "lfed.round",
-    "prepare_round": "lfed.round",
-    "finish_round": "lfed.round",
-    "setup_state": "lfed.round",
-    "Algorithm": "lfed.round",
-    "LocalTraining": "lfed.round",
-    "RoundRecord": "lfed.round",
+    "run_round": "lfed.core.round",
+    "prepare_round": "lfed.core.round",
+    "finish_round": "lfed.core.round",
+    "setup_state": "lfed.core.round",
+    "Algorithm": "lfed.core.round",
+    "LocalTraining": "lfed.core.round",
+    "RoundRecord": "lfed.core.round",
     "CohortTrainer": "lfed.engine",
     "CohortResult": "lfed.engine",
     # what every component shares
-    "Component": "lfed.component",
-    "Cohort": "lfed.component",
-    "HostCohort": "lfed.component",
-    "LocalWork": "lfed.component",
-    "CompositionContext": "lfed.component",
-    "NOT_COMPUTED": "lfed.component",
+    "Component": "lfed.base.component",
+    "Cohort": "lfed.base.component",
+    "HostCohort": "lfed.base.component",
+    "LocalWork": "lfed.base.component",
+    "CompositionContext": "lfed.base.component",
+    "NOT_COMPUTED": "lfed.base.component",
     "StepRule": "lfed.engine",
     "LossTerm": "lfed.engine",
     "TermModel": "lfed.engine.term",
-    "ParamLayout": "lfed.params",
-    "StateSpec": "lfed.state",
-    "GLOBAL": "lfed.state",
-    "StateStore": "lfed.state",
-    "ModuleStateStore": "lfed.state",
-    "ClientStateStore": "lfed.client_state",
-    "HookError": "lfed.validation",
-    "CompositionWarning": "lfed.algorithms",
+    "ParamLayout": "lfed.engine.params",
+    "StateSpec": "lfed.state.spec",
+    "GLOBAL": "lfed.state.spec",
+    "StateStore": "lfed.state.spec",
+    "ModuleStateStore": "lfed.state.spec",
+    "ClientStateStore": "lfed.state.stores",
+    "HookError": "lfed.checks",
+    "CompositionWarning": "lfed.core.registry",
 }
 _LIGHTNING = {"FederatedDataModule", "FederatedModule", "RunGroup"}
 
@@ -101,10 +101,97 @@ def _lazy_exports(package: str, table: dict[str, str], before: Callable[[str], N
 
 
 def _silence(name: str) -> None:
-    if name in _LIGHTNING:  # narrow filters for Lightning-internal messages (lfed.reporting), once Lightning is used
-        from lfed.reporting import silence_library_noise
+    if name in _LIGHTNING:  # narrow filters for Lightning-internal messages (lfed.lightning.reporting), once Lightning is used
+        from lfed.lightning.reporting import silence_library_noise
 
         silence_library_noise()
 
 
 __getattr__, __dir__ = _lazy_exports(__name__, _LAZY, _silence)
+
+# ---------------------------------------------------------------------- 0.4's module paths (docs/architecture.md)
+#: Modules that moved in 0.5: ``0.4 path -> 0.5 path``. An old path still imports (a config's ``class_path``, a
+#: checkpoint's pickled class, a user's ``import``), says once where the module is now, and gives the same objects.
+MOVED = {
+    "lfed.round": "lfed.core.round",
+    "lfed.run": "lfed.core.run",
+    "lfed.rounds": "lfed.core.fit",
+    "lfed.schedule": "lfed.core.synchronous",
+    "lfed.asynchronous": "lfed.core.asynchronous",
+    "lfed.lockstep": "lfed.core.lockstep",
+    "lfed.settings": "lfed.core.settings",
+    "lfed.algorithms": "lfed.core.registry",
+    "lfed.component": "lfed.base.component",
+    "lfed.module": "lfed.lightning.module",
+    "lfed.driver": "lfed.lightning.driver",
+    "lfed.group": "lfed.lightning.group",
+    "lfed.cli": "lfed.lightning.cli",
+    "lfed.grid": "lfed.lightning.grid",
+    "lfed.sweep": "lfed.lightning.sweep",
+    "lfed.member_logs": "lfed.lightning.member_logs",
+    "lfed.checkpoint": "lfed.lightning.checkpoint",
+    "lfed.callbacks": "lfed.lightning.callbacks",
+    "lfed.reporting": "lfed.lightning.reporting",
+    "lfed.ddp": "lfed.lightning.ddp",
+    "lfed.data.datamodule": "lfed.lightning.datamodule",
+    "lfed.sampling": "lfed.participation.sampling",
+    "lfed.stragglers": "lfed.participation.stragglers",
+    "lfed.clock": "lfed.participation.clock",
+    "lfed.communication": "lfed.evaluation.communication",
+    "lfed.amplification": "lfed.evaluation.amplification",
+    "lfed.adapters": "lfed.models.adapters",
+    "lfed.distributed": "lfed.engine.ranks",
+    "lfed.host": "lfed.engine.host",
+    "lfed.params": "lfed.engine.params",
+    "lfed.engine.schedule": "lfed.engine.batches",
+    "lfed.client_state": "lfed.state.stores",
+    "lfed.fingerprint": "lfed.state.fingerprint",
+    "lfed.atomic": "lfed.state.atomic",
+    "lfed.validation": "lfed.checks",
+}
+
+
+class MovedModule(type(importlib)):
+    """An 0.4 module path: every attribute is the 0.5 module's (the same objects)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(importlib.import_module(MOVED[self.__name__]), name)
+
+    def __dir__(self) -> list[str]:
+        return dir(importlib.import_module(MOVED[self.__name__]))
+
+
+class _MovedFinder:
+    """Finds 0.4's module paths (:data:`MOVED`) for the import system."""
+
+    @staticmethod
+    def find_spec(fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in MOVED:
+            return None
+        from importlib.machinery import ModuleSpec
+
+        return ModuleSpec(fullname, _MovedFinder)
+
+    @staticmethod
+    def create_module(spec: Any) -> MovedModule:
+        import warnings
+
+        warnings.warn(f"{spec.name} moved to {MOVED[spec.name]} in lfed 0.5; the old path works until 0.6",
+                      FutureWarning, stacklevel=2)
+        return MovedModule(spec.name)
+
+    @staticmethod
+    def exec_module(module: Any) -> None:
+        pass
+
+
+def _install_moved_finder() -> None:
+    import sys
+
+    if not any(f is _MovedFinder for f in sys.meta_path):
+        sys.meta_path.insert(0, _MovedFinder)
+
+
+_install_moved_finder()

@@ -1,4 +1,4 @@
-"""The ``lfed`` command: ``lfed fit|validate|test`` (:mod:`lfed.cli`) and ``lfed grid`` (:mod:`lfed.grid`).
+"""The ``lfed`` command: ``lfed fit|validate|test`` (:mod:`lfed.lightning.cli`) and ``lfed grid`` (:mod:`lfed.lightning.grid`).
 
 The dispatch lives here, above both, so neither imports the other's caller.
 """
@@ -13,10 +13,10 @@ __all__ = ["main"]
 def main() -> None:
     """Entry point of the ``lfed`` console script (and ``python -m lfed``)."""
     if sys.argv[1:2] == ["grid"]:
-        from lfed.grid import main as grid_main
+        from lfed.lightning.grid import main as grid_main
 
         grid_main(sys.argv[2:])
         return
-    from lfed.cli import main as cli_main
+    from lfed.lightning.cli import main as cli_main
 
     cli_main()

@@ -153,7 +153,7 @@ class PrivateStreams:
     * ``seeded`` (the default): from ``(seed, round, "<stream>/<key>")`` like every other stream, so a run is
       reproducible and resumes bit for bit. Anyone who knows the seed and ``key`` can regenerate the noise and
       subtract it: the guarantee then holds only against an adversary who does not know the seed. ``key``
-      (:attr:`lfed.run.FederatedRun.stream_key`, a digest of the run's settings) keeps runs of other settings
+      (:attr:`lfed.core.run.FederatedRun.stream_key`, a digest of the run's settings) keeps runs of other settings
       (the members of a grid) on distinct streams at equal seeds; ``""`` (``common_noise: true``) shares them.
     * ``secure``: every generator is seeded with 63 bits from the operating system's cryptographic randomness
       (:func:`secrets.randbits`), drawn afresh for every round and stream and kept nowhere, so nothing logged or

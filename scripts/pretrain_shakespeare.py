@@ -16,7 +16,7 @@ studies).
 It works in chunks of at most ``--minutes`` (a shared machine): the training state is kept in
 ``<out>.train.pt`` and the next call continues it exactly (same batches, same optimizer state). When
 all ``--epochs`` are done it writes ``<out>`` (``torch.save(model.state_dict())``, what
-``lfed.adapters.LoRA(base_checkpoint=...)`` loads) and ``<out>.json`` (settings and metrics).
+``lfed.models.adapters.LoRA(base_checkpoint=...)`` loads) and ``<out>.json`` (settings and metrics).
 
     LFED_DATA_DIR=/path/to/data python scripts/pretrain_shakespeare.py --out runs/shakespeare_base/base.pt
 """
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from lfed.data.datasets import load_dataset
-from lfed.models import CharTransformer, count_parameters
+from lfed.models.zoo import CharTransformer, count_parameters
 
 
 def public_share(groups: torch.Tensor, clients: int) -> torch.Tensor:
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> dict:
         model.load_state_dict(best["model"])
     metrics = evaluate(model, x_test, y_test)
     torch.save(model.state_dict(), out)
-    summary = {"model": "lfed.models.CharTransformer", "init_args": kwargs, "parameters": count_parameters(model),
+    summary = {"model": "lfed.models.zoo.CharTransformer", "init_args": kwargs, "parameters": count_parameters(model),
                "public_train_examples": int(x.shape[0]), "public_test_examples": int(x_test.shape[0]),
                "clients_left_out": args.clients, "steps": total, "seconds": round(seconds, 1), "test": metrics,
                "settings": vars(args)}

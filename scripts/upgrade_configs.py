@@ -7,7 +7,7 @@ The ``model:`` block's flat keys move into their groups (``client_lr`` -> ``trai
 renamed roles get their new word (``aggregation`` -> ``combination``, ``compression`` -> ``channel``), a method
 setting becomes its component's (``mu: 0.1`` -> ``objective: {class_path: ...Prox, init_args: {mu: 0.1}}``),
 and ``model.<key>`` in grid axes and ``--model.<key>`` in overrides get the new path. Each rewritten file is
-checked: its ``model:`` section must equal :func:`lfed.settings.upgrade` of the old one.
+checked: its ``model:`` section must equal :func:`lfed.core.settings.upgrade` of the old one.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from lfed.settings import GROUPED, METHOD, RENAMED, upgrade
+from lfed.core.settings import GROUPED, METHOD, RENAMED, upgrade
 
 KEY = re.compile(r"^  ([A-Za-z_]\w*):(.*)$")
 
@@ -93,7 +93,7 @@ def upgrade_text(text: str) -> tuple[str, list[str]]:
     new_text = _paths(new_text)
     got = (yaml.safe_load(new_text) or {}).get("model") or {}
     if got != new_model:
-        raise SystemExit(f"the rewrite differs from lfed.settings.upgrade:\n{got}\n!=\n{new_model}")
+        raise SystemExit(f"the rewrite differs from lfed.core.settings.upgrade:\n{got}\n!=\n{new_model}")
     return new_text, messages
 
 

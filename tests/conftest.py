@@ -37,7 +37,7 @@ def run_rounds(module, datamodule, rounds, *, evaluate_every=None, precision="64
 @pytest.fixture
 def one_thread():
     """One intra-op thread for the test: runs trained together equal runs trained alone bit for bit
-    only when no batched product is split differently across threads (lfed.group's docstring)."""
+    only when no batched product is split differently across threads (lfed.lightning.group's docstring)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

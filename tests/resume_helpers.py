@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lfed.checkpoint import AtomicCheckpointIO
+from lfed.lightning.checkpoint import AtomicCheckpointIO
 
 HOLD_MARK = "lfed-test: holding"
 

@@ -1,4 +1,4 @@
-"""LoRA adapters on a frozen base (lfed.adapters, SPEC §12), checked by hand.
+"""LoRA adapters on a frozen base (lfed.models.adapters, SPEC §12), checked by hand.
 
 The federated tests adapt the bias-free linear regression of tests/test_client_objectives.py
 (``f(x) = w₀·x``, three clients of 2, 3 and 4 examples, squared loss, full-batch steps, float64):
@@ -23,9 +23,9 @@ from test_client_objectives import CLIENT_ROWS, W_INIT, X, Y, squared_loss, toy_
 from test_resume import assert_same_state, fit, load, run_state, write_config
 from torch import nn
 
-from lfed.adapters import LoRA, load_base, lora_targets
-from lfed.module import FederatedModule
-from lfed.params import ParamLayout
+from lfed.engine.params import ParamLayout
+from lfed.lightning.module import FederatedModule
+from lfed.models.adapters import LoRA, load_base, lora_targets
 
 BACKENDS = ["vmap", "loop"]
 TOL = dict(atol=1e-13, rtol=0)
@@ -208,14 +208,14 @@ def test_two_rounds_of_adapters_by_hand(backend, freeze_a):
 
 
 # ----------------------------------------------------------------------------- resume, checkpoints, CLI
-LORA_NET = {"class_path": "lfed.adapters.LoRA",
-            "init_args": {"net": {"class_path": "lfed.models.MLP", "init_args": {"in_features": 64, "hidden": [16], "num_classes": 10}},
+LORA_NET = {"class_path": "lfed.models.adapters.LoRA",
+            "init_args": {"net": {"class_path": "lfed.models.zoo.MLP", "init_args": {"in_features": 64, "hidden": [16], "num_classes": 10}},
                           "rank": 2, "alpha": 4.0, "target": ["net.*"]}}
 
 
 @pytest.mark.parametrize("backend, freeze_a", [("vmap", False), ("loop", True)])
 def test_resume_of_an_adapter_run_is_bit_identical(tmp_path, backend, freeze_a):
-    keep_all = {"callbacks": [{"class_path": "lfed.checkpoint.RoundCheckpoint",
+    keep_all = {"callbacks": [{"class_path": "lfed.lightning.checkpoint.RoundCheckpoint",
                                "init_args": {"dirpath": str(tmp_path / "ckpts"), "every_n_train_steps": 3, "save_top_k": -1}}]}
     net = {**LORA_NET, "init_args": {**LORA_NET["init_args"], "freeze_a": freeze_a}}
     config = write_config(tmp_path / "cfg.yaml", "scaffold", trainer=keep_all, backend=backend, net=net)
@@ -243,14 +243,14 @@ def test_train_leaves_base_parameters_trainable_in_full_and_refuses_an_adapted_l
 
 
 def test_a_run_loads_its_base_at_set_up_and_refuses_a_base_that_does_not_fit(tmp_path):
-    from lfed.models import MLP
+    from lfed.models.zoo import MLP
 
     torch.manual_seed(3)
     pretrained = MLP(in_features=64, hidden=[16], num_classes=10)
     path = tmp_path / "base.pt"
     torch.save(pretrained.state_dict(), path)
-    net = {"class_path": "lfed.adapters.LoRA",
-           "init_args": {"net": {"class_path": "lfed.models.MLP", "init_args": {"in_features": 64, "hidden": [16], "num_classes": 10}},
+    net = {"class_path": "lfed.models.adapters.LoRA",
+           "init_args": {"net": {"class_path": "lfed.models.zoo.MLP", "init_args": {"in_features": 64, "hidden": [16], "num_classes": 10}},
                          "rank": 2, "target": ["net.0"], "train": ["net.2.*"], "base_checkpoint": str(path)}}
     cli = fit(write_config(tmp_path / "cfg.yaml", "fedavg", rounds=2, every=0, net=net))
     lora = cli.model.net
@@ -258,7 +258,7 @@ def test_a_run_loads_its_base_at_set_up_and_refuses_a_base_that_does_not_fit(tmp
     assert torch.equal(lora.base_layer("net.0").weight, pretrained.net[0].weight.double())  # loaded, untouched by 2 rounds
     assert not torch.equal(lora.net.net[2].weight, pretrained.net[2].weight.double())  # the head trained
     assert "client/acc_mean" in cli.trainer.callback_metrics and "client/perplexity_mean" not in cli.trainer.callback_metrics
-    wrong = {**net, "init_args": {**net["init_args"], "net": {"class_path": "lfed.models.MLP",
+    wrong = {**net, "init_args": {**net["init_args"], "net": {"class_path": "lfed.models.zoo.MLP",
                                                               "init_args": {"in_features": 64, "hidden": [32], "num_classes": 10}}}}
     fits_not = r"base_checkpoint: .*base.pt does not fit MLP: shapes differ: net.0.weight \(file \[16, 64\], model \[32, 64\]\)"
     with pytest.raises(ValueError, match=fits_not):
@@ -268,7 +268,7 @@ def test_a_run_loads_its_base_at_set_up_and_refuses_a_base_that_does_not_fit(tmp
 @pytest.mark.usefixtures("one_thread")  # bit for bit needs one intra-op thread (tests/test_group.py)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_grid_of_adapter_runs_equals_each_run_alone(backend, tmp_path):
-    """Each adapter run is its own engine call (lfed.lockstep.engine_key): the runs' frozen parts may differ
+    """Each adapter run is its own engine call (lfed.core.lockstep.engine_key): the runs' frozen parts may differ
     (here FFA-LoRA's A, drawn from the seed of each run), and one product of the base over all rows rounds
     differently from the products over each run's rows."""
     from test_group import ROUNDS, assert_members_equal_alone, config
@@ -364,7 +364,7 @@ def test_text_chains_and_passage_holdout_by_hand():
 def test_early_stopped_pretraining_keeps_the_epoch_best_on_held_out_passages(tmp_path, data_dir, capsys):
     pretrain = _pretrain([])
     from lfed.data.datasets import load_dataset
-    from lfed.models import CharTransformer
+    from lfed.models.zoo import CharTransformer
 
     args = [*TINY[:-1], "4", "--val-fraction", "0.3", "--lr", "0.3", "--clients", "8"]  # 4 epochs; public: 2 roles
     out = tmp_path / "a" / "base.pt"
@@ -418,7 +418,7 @@ def test_lora_shakespeare_config_runs_over_a_pretrained_base(tmp_path, data_dir)
 
 
 def test_pretrained_loads_a_base_for_full_fine_tuning_or_under_frozen_parts(tmp_path):
-    from lfed.adapters import Pretrained
+    from lfed.models.adapters import Pretrained
 
     torch.manual_seed(0)
     pretrained = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))

@@ -1,4 +1,4 @@
-"""``round/amplification``: the round's step against FedAvg's step from the same gradients (lfed.round)."""
+"""``round/amplification``: the round's step against FedAvg's step from the same gradients (lfed.core.round)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from conftest import run_rounds
 from lightning.pytorch import Callback
 from torch import nn
 
-from lfed.data.datamodule import FederatedDataModule
+from lfed.core.round import gradient_displacement
 from lfed.engine import StepRule
-from lfed.module import FederatedModule
-from lfed.round import gradient_displacement
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
 
 
 def test_gradient_displacement_undoes_the_shift_and_scale_by_hand():

@@ -1,4 +1,4 @@
-"""Asynchronous FL on a simulated clock (lfed.clock, lfed.asynchronous; docs/async.md).
+"""Asynchronous FL on a simulated clock (lfed.participation.clock, lfed.core.asynchronous; docs/async.md).
 
 The exactness tests run lfed's FedBuff and FedAsync for 20 server steps through the Trainer and
 compare the server model with a hand-written float64 event simulation: a heap over arrival times,
@@ -19,11 +19,11 @@ from conftest import flat_weights, run_rounds
 from torch import nn
 from torch.nn import functional as F
 
-from lfed.asynchronous import Asynchronous, FedAsync, FedBuff, staleness_weight
 from lfed.client.objectives import Prox
-from lfed.clock import SimulatedClock
-from lfed.data.datamodule import FederatedDataModule
-from lfed.module import FederatedModule
+from lfed.core.asynchronous import Asynchronous, FedAsync, FedBuff, staleness_weight
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
+from lfed.participation.clock import SimulatedClock
 from lfed.rng import round_generator
 
 BACKENDS = ["vmap", "loop"]
@@ -128,7 +128,7 @@ def test_fedasyncs_staleness_offset_is_the_papers_t_minus_tau():
 def test_a_bad_durations_file_is_refused_before_round_0(tmp_path, content, match):
     """The file is read and checked in the composition check before round 0 (0.4 read it at the first dispatch,
     after the run had started), naming the file and the line; a missing file too."""
-    from lfed.component import CompositionContext
+    from lfed.base.component import CompositionContext
 
     path = tmp_path / "durations.txt"
     path.write_text(content)
@@ -478,14 +478,14 @@ def test_a_dispatch_that_diverges_stops_the_run_naming_the_dispatched_clients():
 # ----------------------------------------------------------------------------- exact resume
 
 
-ASYNC = {"class_path": "lfed.asynchronous.FedBuff",
-         "init_args": {"concurrency": 6, "buffer": 2, "clock": {"class_path": "lfed.clock.SimulatedClock",
+ASYNC = {"class_path": "lfed.core.asynchronous.FedBuff",
+         "init_args": {"concurrency": 6, "buffer": 2, "clock": {"class_path": "lfed.participation.clock.SimulatedClock",
                                                                 "init_args": {"distribution": "lognormal",
                                                                               "speed_sigma": 1.0, "jitter_sigma": 0.2}}}}
 
 
 #: the same, with availability windows (each client free 30% of every 20 simulated s): steps that wait for a window
-WINDOWS = {**ASYNC, "init_args": {**ASYNC["init_args"], "clock": {"class_path": "lfed.clock.SimulatedClock", "init_args": {
+WINDOWS = {**ASYNC, "init_args": {**ASYNC["init_args"], "clock": {"class_path": "lfed.participation.clock.SimulatedClock", "init_args": {
     **ASYNC["init_args"]["clock"]["init_args"], "availability_period": 20.0, "availability_fraction": 0.3}}}}
 
 
@@ -505,7 +505,7 @@ def test_resume_from_a_middle_checkpoint_with_clients_in_flight_is_bit_identical
     clients in flight."""
     from test_resume import assert_same_state, fit, load, write_config
 
-    keep_all = {"callbacks": [{"class_path": "lfed.checkpoint.RoundCheckpoint",
+    keep_all = {"callbacks": [{"class_path": "lfed.lightning.checkpoint.RoundCheckpoint",
                                "init_args": {"dirpath": str(tmp_path / "ckpts"), "every_n_train_steps": 3, "save_top_k": -1}}]}
     config = write_config(tmp_path / "cfg.yaml", "fedavg", trainer=keep_all, asynchronous=clock, client_state=placement,
                           fraction=None)
@@ -543,7 +543,7 @@ def test_sigkill_mid_run_then_resume_last_is_bit_identical(tmp_path):
 def test_the_digits_config_runs_and_reports_simulated_time(tmp_path):
     from conftest import REPO
 
-    from lfed.cli import run_cli
+    from lfed.lightning.cli import run_cli
 
     cli = run_cli(["fit", "--config", str(REPO / "configs" / "fedbuff_digits.yaml"), "--trainer.logger=false",
                    "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
@@ -564,7 +564,7 @@ def test_the_digits_config_runs_and_reports_simulated_time(tmp_path):
         (["--model.objective", "scaffold"], "asynchronous: objective: Scaffold keeps client or server state"),
         (["--model.objective", "lfed.client.feddyn.FedDyn"], "asynchronous: objective: FedDyn"),
         (["--model.algorithm", "ditto"], "asynchronous: objective: Ditto"),
-        (["--model.asynchronous", "lfed.asynchronous.FedAsync", "--model.channel", "0.1"],
+        (["--model.asynchronous", "lfed.core.asynchronous.FedAsync", "--model.channel", "0.1"],
          "asynchronous: channel: FedAsync mixes the client's model"),
     ],
 )
@@ -587,7 +587,7 @@ def test_the_digits_config_with_availability_windows_and_compression_runs(tmp_pa
     """What composes, as a user writes it: windows on the config's clock and ternary compression (FedBuff)."""
     from conftest import REPO
 
-    from lfed.cli import run_cli
+    from lfed.lightning.cli import run_cli
 
     cli = run_cli(["fit", "--config", str(REPO / "configs" / "fedbuff_digits.yaml"), "--trainer.logger=false",
                    "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false", "--trainer.max_steps=6",
@@ -600,7 +600,7 @@ def test_the_digits_config_with_availability_windows_and_compression_runs(tmp_pa
     assert cli.model.comm.uploads == 30
 
 
-WINDOWED_CLOCK = ["--model.asynchronous.init_args.clock", "lfed.clock.SimulatedClock",
+WINDOWED_CLOCK = ["--model.asynchronous.init_args.clock", "lfed.participation.clock.SimulatedClock",
                   "--model.asynchronous.init_args.clock.init_args.availability_period", "20",
                   "--model.asynchronous.init_args.clock.init_args.availability_fraction", "0.3"]
 
@@ -612,7 +612,7 @@ def test_two_processes_give_the_one_process_async_run(tmp_path, clock):
     windows too (steps that dispatch nobody)."""
     from test_distributed import _assert_same_state, _one_process, _two_processes
 
-    extra = ["--model.asynchronous", "lfed.asynchronous.FedBuff", "--model.asynchronous.init_args.concurrency", "5",
+    extra = ["--model.asynchronous", "lfed.core.asynchronous.FedBuff", "--model.asynchronous.init_args.concurrency", "5",
              "--model.asynchronous.init_args.buffer", "2", "--model.engine.client_state", "host", *clock]
     log = _two_processes(tmp_path, extra, "lightning")
     assert "ReplicaCheck: the state of all 2 ranks was identical at each of 4 checks" in log
@@ -625,7 +625,7 @@ def test_two_processes_give_the_one_process_async_run(tmp_path, clock):
 
 @pytest.mark.usefixtures("one_thread")
 def test_a_grid_of_async_runs_equals_each_run_alone(tmp_path):
-    """lfed grid: the members' dispatched clients are trained in one engine call per server step (lfed.lockstep),
+    """lfed grid: the members' dispatched clients are trained in one engine call per server step (lfed.core.lockstep),
     each member bit for bit its run alone (float64, one thread)."""
     from test_group import F64, assert_members_equal_alone, config
 

@@ -10,8 +10,8 @@ import torch
 from conftest import run_rounds
 from test_privacy import _cohort, _digits, _module
 
-from lfed.component import standalone_store
-from lfed.models import MLP
+from lfed.base.component import standalone_store
+from lfed.models.zoo import MLP
 from lfed.privacy.audit import CanaryDPFedAvg, epsilon_lower_bound, guess, p_value
 
 

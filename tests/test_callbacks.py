@@ -1,4 +1,4 @@
-"""lfed.callbacks: attention heatmaps (000 Fig. 2) and the communication table, on real runs."""
+"""lfed.lightning.callbacks: attention heatmaps (000 Fig. 2) and the communication table, on real runs."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from lightning.pytorch.loggers import WandbLogger
 from PIL import Image
 from torch import nn
 
-from lfed.callbacks import AttentionHeatmap, CommunicationCost, render_attention
-from lfed.data.datamodule import FederatedDataModule
-from lfed.module import FederatedModule
+from lfed.lightning.callbacks import AttentionHeatmap, CommunicationCost, render_attention
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
 from lfed.server.attention import attention_combine
 
 
@@ -153,7 +153,7 @@ def test_heatmap_explains_blank_cells_of_never_paired_clients():
 
 
 def test_heatmap_titles_count_rounds_as_the_file_names_do(tmp_path, monkeypatch):
-    import lfed.callbacks as callbacks
+    import lfed.lightning.callbacks as callbacks
 
     titles = []
     real = callbacks.render_attention

@@ -6,7 +6,7 @@ import sys
 import pytest
 from conftest import REPO
 
-from lfed.cli import run_cli
+from lfed.lightning.cli import run_cli
 
 
 def test_quickstart_digits_learns_through_the_cli(tmp_path):
@@ -44,7 +44,7 @@ def test_mnist_from_data_dir_learns_through_the_cli(tmp_path, data_dir):
 
 
 def test_console_script_prints_a_complete_config():
-    out = subprocess.run([sys.executable, "-m", "lfed.cli", "fit", "--print_config"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "lfed.lightning.cli", "fit", "--print_config"], capture_output=True, text=True, check=True).stdout
     for key in ("model:", "algorithm: fedavg", "server_optimizer", "data:", "num_clients", "partition", "max_steps"):
         assert key in out
 
@@ -56,20 +56,20 @@ def test_unknown_algorithm_is_refused_with_the_allowed_names(capsys):
     err = capsys.readouterr().err
     assert "model.algorithm" in err and "fedsgd" in err and "'scaffold'" in err and "'feddyn'" in err
     # the module itself (Python, no parser) refuses it with the same names
-    from lfed.module import FederatedModule
+    from lfed.lightning.module import FederatedModule
 
     with pytest.raises(ValueError, match="algorithm: 'fedsgd' is not one of .*scaffold"):
         FederatedModule(algorithm="fedsgd")
 
 
 def test_default_logger_is_wandb_offline_without_an_account(monkeypatch, tmp_path):
-    from lfed.cli import default_logger, wandb_logged_in
+    from lfed.lightning.cli import default_logger, wandb_logged_in
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     assert not wandb_logged_in()
-    assert default_logger()["class_path"] == "lfed.reporting.QuietWandbLogger"
+    assert default_logger()["class_path"] == "lfed.lightning.reporting.QuietWandbLogger"
     assert default_logger()["init_args"]["offline"] is True
     (tmp_path / "netrc").write_text("machine api.wandb.ai\n  login user\n  password abc\n")
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
@@ -80,7 +80,7 @@ def test_quickstart_writes_an_offline_wandb_run_with_no_account(tmp_path):
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("WANDB")}
     env.update({"WANDB_MODE": "offline", "NETRC": str(tmp_path / "none"), "WANDB_SILENT": "true"})
     subprocess.run(
-        [sys.executable, "-m", "lfed.cli", "fit", "--config", str(REPO / "configs/quickstart.yaml"),
+        [sys.executable, "-m", "lfed.lightning.cli", "fit", "--config", str(REPO / "configs/quickstart.yaml"),
          "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false",
          "--trainer.logger.init_args.save_dir", str(tmp_path)],
         cwd=tmp_path, env=env, check=True, capture_output=True, text=True, timeout=300,

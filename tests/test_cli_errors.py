@@ -1,7 +1,7 @@
 """A mistake in the configuration is one line on stderr, ``lfed fit: error: ...``, and exit status 2.
 
-Most runs call the console script's entry point, :func:`lfed.cli.main`, with ``sys.argv``
-patched (fast); two run ``python -m lfed.cli`` as a user's terminal does (the traceback, or
+Most runs call the console script's entry point, :func:`lfed.lightning.cli.main`, with ``sys.argv``
+patched (fast); two run ``python -m lfed.lightning.cli`` as a user's terminal does (the traceback, or
 not). ``run_cli`` (the Python API) keeps raising the exceptions themselves: tests/test_cli.py
 and tests/test_first_hour_cli.py check that.
 """
@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO
 from lightning.pytorch import Callback
 
-from lfed.cli import ConfigError, FirstStep, main, one_line, run_cli
+from lfed.lightning.cli import ConfigError, FirstStep, main, one_line, run_cli
 
 QUICK = REPO / "configs" / "quickstart.yaml"
 
@@ -28,7 +28,7 @@ def base(tmp_path: Path, sub: str = "fit") -> list[str]:
 
 
 def run_main(monkeypatch, capsys, args: list[str]) -> tuple[int | str | None, str]:
-    """``lfed <args>`` through :func:`lfed.cli.main`: its exit status and stderr."""
+    """``lfed <args>`` through :func:`lfed.lightning.cli.main`: its exit status and stderr."""
     monkeypatch.setenv("WANDB_MODE", "disabled")
     monkeypatch.delenv("LFED_DEBUG", raising=False)
     monkeypatch.setattr(sys, "argv", ["lfed", *args])
@@ -92,7 +92,7 @@ def test_parser_errors_are_one_line_too(tmp_path, monkeypatch, capsys):
     assert last_line(err).startswith("lfed fit: error: model.algorithm: expected one of 'fedavg'") and "got fedsgd" in err
     code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--optimizer", "torch.optim.Adam"])
     assert code == 2 and last_line(err).startswith("lfed fit: error: --optimizer") and "--model.server_optimizer" in err
-    code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--model.net", "lfed.models.MLP", "--model.net.bogus", "3"])
+    code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--model.net", "lfed.models.zoo.MLP", "--model.net.bogus", "3"])
     assert code == 2 and "model.net" in last_line(err) and "Option 'bogus' is not accepted" in last_line(err), err
     code, err = run_main(monkeypatch, capsys, ["--model.training.client_lr", "0.1"])  # no subcommand
     assert code == 2 and last_line(err).startswith("lfed: error: ") and "fit" in last_line(err), err
@@ -152,7 +152,7 @@ def test_one_line_keeps_a_message_of_one_line_and_joins_the_others():
 def lfed_terminal(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB", "LFED_DEBUG", "JSONARGPARSE"))}
     environ.update({"PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", **(env or {})})
-    return subprocess.run([sys.executable, "-m", "lfed.cli", *args], cwd=tmp_path, env=environ, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "lfed.lightning.cli", *args], cwd=tmp_path, env=environ, capture_output=True,
                           text=True, timeout=300)
 
 

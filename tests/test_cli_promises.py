@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO
 from test_cli_errors import QUICK, base, run_main
 
-from lfed.cli import run_cli
+from lfed.lightning.cli import run_cli
 
 PERSONAL = REPO / "configs" / "personal_digits.yaml"
 
@@ -104,7 +104,7 @@ def test_the_readmes_grid_command_runs_as_written_with_an_override_as_fit_takes_
     import shlex
     import shutil
 
-    from lfed.grid import run_grid
+    from lfed.lightning.grid import run_grid
 
     [command] = re.findall(r"`(lfed grid [^`]+)`", (REPO / "README.md").read_text())
     words = shlex.split(command)
@@ -148,7 +148,7 @@ def test_a_nested_settings_error_is_lfeds_own_line_with_its_argument_path(name, 
 
 def test_a_dp_runs_end_line_shows_epsilon_delta_and_the_calibrated_noise(tmp_path, monkeypatch):
     lines: list[str] = []
-    monkeypatch.setattr("lfed.driver.rank_zero_info", lambda message, *a, **k: lines.append(message))
+    monkeypatch.setattr("lfed.lightning.driver.rank_zero_info", lambda message, *a, **k: lines.append(message))
     cli = run_cli(["fit", "--config", str(REPO / "configs" / "dp_digits.yaml"), "--trainer.max_steps", "2",
                    "--model.combination.init_args.noise_multiplier", "null", "--model.combination.init_args.target_epsilon", "8",
                    "--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path)])

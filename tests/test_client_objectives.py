@@ -28,8 +28,8 @@ from lightning.pytorch import Callback, Trainer
 from torch import nn
 
 from lfed.client.objectives import EFL, Prox
-from lfed.data.datamodule import FederatedDataModule
-from lfed.module import FederatedModule
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
 
 BACKENDS = ["vmap", "loop"]
 TOL = dict(atol=1e-13, rtol=0)
@@ -456,7 +456,7 @@ def test_checkpoint_with_state_for_other_clients_or_model_is_refused(objective, 
     """A checkpoint whose per-client state is [3, 2] cannot resume a run with 4 clients or with
     a 3-parameter model: a ValueError names the buffer and both shapes.
 
-    Lightning's resume also compares run fingerprints (lfed.checkpoint) and may refuse first;
+    Lightning's resume also compares run fingerprints (lfed.lightning.checkpoint) and may refuse first;
     the state-shape check is what remains for a checkpoint without one (older, or edited) and
     for a plain ``load_state_dict``, so both are exercised with the fingerprints removed.
     """

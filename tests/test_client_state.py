@@ -1,4 +1,4 @@
-"""Placements of per-client state (lfed.client_state): device, host, disk.
+"""Placements of per-client state (lfed.state.stores): device, host, disk.
 
 Every placement must give the same run bit for bit (float64, CPU, both backends): the global
 model and the whole state dict (whose per-client entries are the same sparse
@@ -18,10 +18,10 @@ from conftest import flat_weights, run_rounds
 from lightning.pytorch import Trainer
 from torch import nn
 
-from lfed.client_state import ClientStateFileError, ClientStateStore, dense_rows
-from lfed.data.datamodule import FederatedDataModule
-from lfed.module import FederatedModule
-from lfed.state import StateSpec
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
+from lfed.state.spec import StateSpec
+from lfed.state.stores import ClientStateFileError, ClientStateStore, dense_rows
 
 PLACEMENTS = ["device", "host", "disk"]
 N = 12

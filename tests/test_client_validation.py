@@ -14,9 +14,9 @@ from test_personal_eval import accuracy_by_hand, classification_module
 from torch import nn
 from torch.func import functional_call
 
-from lfed.data.datamodule import FederatedDataModule
-from lfed.evaluation import own_split_scores, perplexity_summary, personal_scores
-from lfed.module import FederatedModule
+from lfed.evaluation.scores import own_split_scores, perplexity_summary, personal_scores
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
 from lfed.personal.ditto import Ditto
 
 
@@ -79,7 +79,7 @@ def test_own_split_scores_accuracy_and_nll_by_hand(batch):
     d = data_module().build()
     torch.manual_seed(3)
     net = nn.Linear(4, 3).double()
-    from lfed.params import ParamLayout
+    from lfed.engine.params import ParamLayout
 
     layout = ParamLayout.from_module(net)
     rows = torch.randn(3, layout.num_params, dtype=torch.float64)
@@ -102,7 +102,7 @@ def test_own_split_scores_accuracy_and_nll_by_hand(batch):
 def test_personal_scores_make_each_chunks_models_once_for_both_splits():
     d = data_module().build()
     net = nn.Linear(4, 3).double()
-    from lfed.params import ParamLayout
+    from lfed.engine.params import ParamLayout
 
     layout = ParamLayout.from_module(net)
     rows = torch.randn(d.num_clients, layout.num_params, dtype=torch.float64, generator=torch.Generator().manual_seed(1))

@@ -7,10 +7,10 @@ import pytest
 import torch
 from conftest import REPO
 
-from lfed.cli import LfedCLI, run_cli
-from lfed.client_state import dense_rows
-from lfed.data.datamodule import FederatedDataModule
-from lfed.module import FederatedModule
+from lfed.lightning.cli import LfedCLI, run_cli
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
+from lfed.state.stores import dense_rows
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 QUIET = ["--trainer.logger=false", "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false"]
@@ -79,7 +79,7 @@ STATE = {"prox": [], "scaffold": ["objective.client_control", "objective.control
 
 
 def _entry(state: dict, name: str):
-    """A tensor of the state dict: per-client rows come as sparse entries (lfed.client_state), made dense here."""
+    """A tensor of the state dict: per-client rows come as sparse entries (lfed.state.stores), made dense here."""
     return dense_rows(state, name) if f"{name}.rows" in state else state[name]
 
 

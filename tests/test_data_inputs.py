@@ -11,8 +11,8 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
-from lfed.data.datamodule import FederatedDataModule
-from lfed.module import FederatedModule
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
 
 
 class _Items(Dataset):

@@ -9,8 +9,8 @@ from conftest import DATA_DIR, REQUIRE_DATA, missing_data_outcome, run_rounds
 from torch import nn
 from torch.func import functional_call
 
-from lfed.data.datamodule import FederatedDataModule
-from lfed.module import FederatedModule
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
 
 BACKENDS = ["vmap", "loop"]
 needs_data = pytest.mark.skipif(missing_data_outcome(DATA_DIR, REQUIRE_DATA) is not None and not REQUIRE_DATA,
@@ -65,7 +65,7 @@ def test_invert_pixels_trains_on_one_minus_x_by_hand(backend):
 
 
 def test_invert_pixels_is_part_of_the_dataset_key_and_a_shared_load_is_shared_by_key():
-    from lfed.data.datamodule import share_datasets
+    from lfed.lightning.datamodule import share_datasets
 
     a, a2, b = (FederatedDataModule(dataset="digits", invert_pixels=True),
                 FederatedDataModule(dataset="digits", invert_pixels=True), FederatedDataModule(dataset="digits"))
@@ -86,10 +86,10 @@ def test_invert_pixels_refuses_inputs_that_are_no_image_in_0_1(x, match):
 
 
 def test_invert_pixels_is_in_the_data_fingerprint_so_a_resume_across_it_is_refused():
-    from lfed.fingerprint import data_fingerprint
+    from lfed.state.fingerprint import data_fingerprint
 
     x, y = pixels()
-    from lfed.fingerprint import verify_fingerprint
+    from lfed.state.fingerprint import verify_fingerprint
 
     inv, raw = data_fingerprint(data(x, y, True)), data_fingerprint(data(x, y, False))
     assert inv["data.invert_pixels"] is True and raw["data.invert_pixels"] is False

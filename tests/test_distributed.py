@@ -1,4 +1,4 @@
-"""Scale out over Lightning's DDP (lfed.distributed, docs/distributed.md).
+"""Scale out over Lightning's DDP (lfed.engine.ranks, docs/distributed.md).
 
 Two kinds of tests:
 
@@ -35,9 +35,9 @@ import pytest
 import torch
 from torch import nn
 
-from lfed.cli import run_cli
 from lfed.client.fisher import FisherJob, fisher_diagonal, fisher_share
-from lfed.distributed import (
+from lfed.engine import CohortTrainer, StepRule
+from lfed.engine.ranks import (
     Ranks,
     TrainJob,
     assemble_rows,
@@ -49,7 +49,7 @@ from lfed.distributed import (
     train_cohort,
     train_share,
 )
-from lfed.engine import CohortTrainer, StepRule
+from lfed.lightning.cli import run_cli
 from lfed.rng import round_generator
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -186,7 +186,7 @@ trainer:
   enable_model_summary: false
 model:
   net:
-    class_path: lfed.models.MLP
+    class_path: lfed.models.zoo.MLP
     init_args: {in_features: 64, hidden: [32], num_classes: 10}
   fraction: 0.5
   client_lr: 0.05
@@ -223,7 +223,7 @@ def _free_port() -> int:
 
 
 def _two_processes(tmp_path: Path, extra: list[str], launcher: str) -> str:
-    """``python -m lfed.cli fit ... --trainer.strategy ddp --trainer.devices 2`` on the CPU (Gloo).
+    """``python -m lfed.lightning.cli fit ... --trainer.strategy ddp --trainer.devices 2`` on the CPU (Gloo).
 
     ``launcher="lightning"``: one command, Lightning starts the second process (one machine).
     ``launcher="torchrun"``: both processes started at once with the environment torchrun gives
@@ -244,11 +244,11 @@ trainer:
       init_args: {{dirpath: {tmp_path / 'ckpt'}, every_n_train_steps: 2, save_top_k: -1, filename: "r{{step}}", auto_insert_metric_name: false}}
     - class_path: lightning.pytorch.callbacks.ModelCheckpoint
       init_args: {{dirpath: {tmp_path / 'ckpt'}, filename: end, save_on_train_epoch_end: true}}
-    - class_path: lfed.ddp.ReplicaCheck
+    - class_path: lfed.lightning.ddp.ReplicaCheck
 """
     )
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    cmd = [sys.executable, "-m", "lfed.cli", "fit", "--config", str(config), "--config", str(callbacks), *extra,
+    cmd = [sys.executable, "-m", "lfed.lightning.cli", "fit", "--config", str(config), "--config", str(callbacks), *extra,
            "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.default_root_dir", str(tmp_path / "ddp")]
     if launcher == "lightning":
         workers = [{}]
@@ -341,7 +341,7 @@ def test_secure_noise_on_two_processes_is_the_same_on_every_rank(tmp_path):
 
 @pytest.mark.parametrize("case, placement", [("scaffold", "host"), ("efl", "disk")])
 def test_two_processes_with_rows_off_the_device_give_the_one_process_device_run(case, placement, tmp_path):
-    """Each rank keeps a full replica of the client state (lfed.client_state) in its placement:
+    """Each rank keeps a full replica of the client state (lfed.state.stores) in its placement:
     2 processes with ``host`` / ``disk`` rows end in the state of 1 process with dense ``device``
     buffers (the same sparse checkpoint entries), and the ranks agree after every round."""
     extra = CASES[case]
@@ -362,7 +362,7 @@ def test_a_grid_on_two_processes_equals_the_grid_on_one(tmp_path):
     """``lfed grid --trainer.strategy ddp --trainer.devices 2``: the union of the runs' cohorts (FedAvg and
     SCAFFOLD, two learning rates: two engine calls a round) split over the ranks, the ranks identical after
     every round (ReplicaCheck), and every run's state, evaluations and counters those of the grid on one process."""
-    from lfed.grid import run_grid
+    from lfed.lightning.grid import run_grid
 
     repo = Path(__file__).resolve().parents[1]
     sweep = tmp_path / "s.yaml"
@@ -373,7 +373,7 @@ def test_a_grid_on_two_processes_equals_the_grid_on_one(tmp_path):
               "--checkpoint_every=2"]
     env = {**os.environ, "WANDB_MODE": "disabled"}
     cmd = [sys.executable, "-m", "lfed", "grid", *common, "--root", str(tmp_path / "ddp"), "--trainer.strategy=ddp",
-           "--trainer.devices=2", "--trainer.callbacks+=lfed.ddp.ReplicaCheck"]
+           "--trainer.devices=2", "--trainer.callbacks+=lfed.lightning.ddp.ReplicaCheck"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:]

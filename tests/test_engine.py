@@ -6,7 +6,7 @@ from torch import nn
 
 from lfed.client.fisher import fisher_diagonal
 from lfed.engine import CohortTrainer, StepRule, batch_schedule
-from lfed.models import MLP, McMahanMNISTCNN
+from lfed.models.zoo import MLP, McMahanMNISTCNN
 
 
 def _clients(sizes, total):

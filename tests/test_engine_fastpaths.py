@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from lfed.engine import CohortTrainer, StepRule
-from lfed.models import MLP, ReddiEMNISTCNN
+from lfed.models.zoo import MLP, ReddiEMNISTCNN
 
 
 def _data(n, shape, classes, seed=0, dtype=torch.float64):

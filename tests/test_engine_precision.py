@@ -9,12 +9,12 @@ import torch
 from conftest import run_rounds
 from torch import nn
 
-import lfed.run
-from lfed.data.datamodule import FederatedDataModule
+import lfed.core.run
 from lfed.engine import CohortTrainer, StepRule
 from lfed.engine.precision import local_autocast, round_precision
-from lfed.models import MLP
-from lfed.module import FederatedModule
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
+from lfed.models.zoo import MLP
 
 BF16 = torch.bfloat16
 
@@ -125,13 +125,13 @@ def test_bf16_mixed_leaves_the_rest_of_the_round_in_float32(aggregation, monkeyp
     """With a net autocast has nothing to do in, bf16-mixed is 32-true bit for bit: no server arithmetic (the
     aggregate's weighted sum, attention's products, the server optimizer) ran in bfloat16."""
     outside = []
-    finish = lfed.run.FederatedRun.finish
+    finish = lfed.core.run.FederatedRun.finish
 
     def spy(self, *args, **kwargs):
         outside.append((torch.is_autocast_enabled("cpu"), _mm_dtype()))
         return finish(self, *args, **kwargs)
 
-    monkeypatch.setattr(lfed.run.FederatedRun, "finish", spy)
+    monkeypatch.setattr(lfed.core.run.FederatedRun, "finish", spy)
     weights = {}
     for precision in ("32-true", "bf16-mixed"):
         torch.manual_seed(0)
@@ -189,13 +189,13 @@ def test_the_float32_matmul_precision_is_the_users(monkeypatch):
             inside.append(torch.get_float32_matmul_precision())
             return self.fc(x.flatten(1))
 
-    finish = lfed.run.FederatedRun.finish
+    finish = lfed.core.run.FederatedRun.finish
 
     def spy(self, *args, **kwargs):
         outside.append(torch.get_float32_matmul_precision())
         return finish(self, *args, **kwargs)
 
-    monkeypatch.setattr(lfed.run.FederatedRun, "finish", spy)
+    monkeypatch.setattr(lfed.core.run.FederatedRun, "finish", spy)
     before = torch.get_float32_matmul_precision()
     try:
         for chosen in ("medium", "highest"):
@@ -216,9 +216,9 @@ def test_16_mixed_with_lightnings_loss_scaler_trains_and_says_the_scaler_is_not_
     import lightning.pytorch as pl
     from lightning.pytorch.plugins.precision import MixedPrecision
 
-    from lfed.data.datamodule import FederatedDataModule
-    from lfed.models import MLP
-    from lfed.module import FederatedModule
+    from lfed.lightning.datamodule import FederatedDataModule
+    from lfed.lightning.module import FederatedModule
+    from lfed.models.zoo import MLP
 
     pl.seed_everything(0)
     module = FederatedModule(net=MLP(64, [32], 10), fraction=0.25)

@@ -1,4 +1,4 @@
-"""lfed.evaluation: test loss of any loss form, regression, the net's output checked before round 0,
+"""lfed.evaluation.scores: test loss of any loss form, regression, the net's output checked before round 0,
 the evaluation after the last round, the round schedule refused early, the resumable rounds loader."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
-from lfed.data.datamodule import FederatedDataModule, RoundsLoader
-from lfed.evaluation import evaluate_split, per_example_loss
-from lfed.module import FederatedModule
+from lfed.evaluation.scores import evaluate_split, per_example_loss
+from lfed.lightning.datamodule import FederatedDataModule, RoundsLoader
+from lfed.lightning.module import FederatedModule
 
 
 def _three_point_test(**dm_kwargs):
@@ -76,7 +76,7 @@ def test_per_example_loss_of_a_reduced_function_by_hand():
 
 
 def test_evaluation_adds_batches_exactly_and_each_example_once_over_the_ranks():
-    from lfed.distributed import Ranks
+    from lfed.engine.ranks import Ranks
 
     net = _fixed_net()
     x, y = torch.zeros(3, 2, dtype=torch.float64), torch.tensor([0, 1, 1])
@@ -250,7 +250,7 @@ def test_exact_resume_mid_run_raises_no_dataloader_warning_and_continues_from_th
 
 def _tiny_fed():
     """4 clients; inputs are one-hot rows of 2 features; held-out positions by hand."""
-    from lfed.data.datamodule import FederatedData
+    from lfed.lightning.datamodule import FederatedData
 
     x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
     y = torch.tensor([0, 1, 1, 1, 0, 0])
@@ -262,8 +262,8 @@ def _tiny_fed():
 
 
 def test_local_accuracy_of_each_clients_own_weights_by_hand():
-    from lfed.evaluation import local_accuracy
-    from lfed.params import ParamLayout
+    from lfed.engine.params import ParamLayout
+    from lfed.evaluation.scores import local_accuracy
 
     net = nn.Linear(2, 2, bias=False).double()
     layout = ParamLayout.from_module(net)
@@ -279,7 +279,7 @@ def test_local_accuracy_of_each_clients_own_weights_by_hand():
 
 
 def test_bmta_global_and_local_are_best_over_rounds_of_participant_means_by_hand():
-    from lfed.evaluation import BestMeanAccuracy
+    from lfed.evaluation.scores import BestMeanAccuracy
 
     b = BestMeanAccuracy()
     nan = float("nan")
@@ -319,7 +319,7 @@ def test_client_evaluation_gives_each_clients_accuracy_and_mean_nll_by_hand():
     picks class 0); client 2 holds out nothing."""
     from types import SimpleNamespace
 
-    from lfed.evaluation import client_evaluation
+    from lfed.evaluation.scores import client_evaluation
 
     class LastToken(torch.nn.Module):
         def __init__(self):

@@ -9,7 +9,7 @@ import yaml
 from conftest import REPO, flat_weights, run_rounds
 from test_client_objectives import BACKENDS, W_INIT, grad, toy_data, toy_module
 
-from lfed.cli import run_cli
+from lfed.lightning.cli import run_cli
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def median(monkeypatch):
 
 
 def test_the_median_by_hand(median):
-    from lfed.component import Cohort
+    from lfed.base.component import Cohort
 
     updates = torch.tensor([[1.0, -2.0], [5.0, 0.0], [3.0, 7.0], [100.0, 100.0]])
     cohort = Cohort(0, torch.arange(4), torch.ones(4), torch.ones(4), torch.ones(4), 4)
@@ -168,7 +168,7 @@ def test_moon_reads_a_representation_and_runs_the_net_with_other_rows_two_rounds
 
 
 def FederatedModuleFor(net, objective, backend, lr):
-    from lfed.module import FederatedModule
+    from lfed.lightning.module import FederatedModule
 
     return FederatedModule(net, objective=objective, loss=ce, fraction=1.0, client_lr=lr, batch_size=None,
                            local_steps=2, backend=backend, seed=3)

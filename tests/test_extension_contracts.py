@@ -1,5 +1,5 @@
 """Each extension point of docs/extending.md, met as a user's own file meets it (issue 41): it works, or it is
-stopped with one line (a :class:`lfed.validation.HookError` / ``ValueError``) naming the hook and the fix.
+stopped with one line (a :class:`lfed.checks.HookError` / ``ValueError``) naming the hook and the fix.
 
 The user's files are written under ``tmp_path`` and imported from there, as ``class_path`` would.
 """
@@ -15,7 +15,7 @@ import torch
 from conftest import flat_weights, run_rounds
 from test_client_objectives import BACKENDS, W_INIT, grad, toy_data, toy_module
 
-from lfed.validation import HookError
+from lfed.checks import HookError
 
 
 def gd_free(w, k, steps, lr=0.1):
@@ -316,7 +316,7 @@ def test_a_cohort_without_a_start_loss_can_be_copied_and_every_use_names_the_fla
     import copy
     import dataclasses
 
-    from lfed.component import Cohort
+    from lfed.base.component import Cohort
 
     c = Cohort(0, torch.tensor([1, 2]), torch.tensor([3, 4]), torch.tensor([1, 1]), torch.tensor([1, 1]), 5)
     d = dataclasses.replace(c, round=1)

@@ -16,8 +16,8 @@ import torch
 from conftest import REPO
 from test_client_objectives import BACKENDS, TOL, W_INIT, N, fit, grad, toy_module
 
-from lfed.cli import run_cli
 from lfed.client.feddyn import FedDyn
+from lfed.lightning.cli import run_cli
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -18,9 +18,9 @@ import torch
 import yaml
 from conftest import REPO
 
-from lfed.checkpoint import AtomicCheckpointIO, NotACheckpointError, read_checkpoint, verify_fingerprint
-from lfed.cli import default_logger, resolve_short_names, run_cli, shorten_subclass_list
-from lfed.reporting import MetricsCSV, RoundTable, config_id, latest_checkpoint
+from lfed.lightning.checkpoint import AtomicCheckpointIO, NotACheckpointError, read_checkpoint, verify_fingerprint
+from lfed.lightning.cli import default_logger, resolve_short_names, run_cli, shorten_subclass_list
+from lfed.lightning.reporting import MetricsCSV, RoundTable, config_id, latest_checkpoint
 
 QUICK = REPO / "configs" / "quickstart.yaml"
 
@@ -38,7 +38,7 @@ def quick(tmp_path: Path, *extra: str, rounds: int = 4, sub: str = "fit", config
 def lfed_subprocess(tmp_path: Path, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}
     base.update({"PYTHONPATH": str(REPO), "NETRC": str(tmp_path / "no-netrc"), **(env or {})})
-    return subprocess.run([sys.executable, "-m", "lfed.cli", *args], cwd=tmp_path, env=base, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "lfed.lightning.cli", *args], cwd=tmp_path, env=base, capture_output=True,
                           text=True, timeout=600, check=check)
 
 
@@ -59,9 +59,9 @@ def test_wandb_mode_disabled_writes_no_wandb_run_but_still_a_metrics_csv(tmp_pat
 
 def test_default_logger_follows_wandb_mode(monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    assert default_logger()["class_path"] == "lfed.reporting.MetricsCSV"
+    assert default_logger()["class_path"] == "lfed.lightning.reporting.MetricsCSV"
     monkeypatch.setenv("WANDB_MODE", "offline")
-    assert default_logger()["class_path"] == "lfed.reporting.QuietWandbLogger"
+    assert default_logger()["class_path"] == "lfed.lightning.reporting.QuietWandbLogger"
 
 
 # ----------------------------------------------------------------------------- item 3: one server optimizer
@@ -94,7 +94,7 @@ def test_an_optimizer_in_a_config_file_is_refused_too(tmp_path, capsys):
 def test_the_fit_summary_line_shows_the_server_optimizer(tmp_path, monkeypatch):
     # read from the call itself: whether Lightning's loggers reach caplog depends on the import order
     lines = []
-    monkeypatch.setattr("lfed.driver.rank_zero_info", lambda message, *a, **k: lines.append(message))
+    monkeypatch.setattr("lfed.lightning.driver.rank_zero_info", lambda message, *a, **k: lines.append(message))
     quick(tmp_path, "--trainer.logger", "false", "--model.server_optimizer", "lfed.server.optimizers.FedAdam",
           "--model.server_optimizer.lr", "0.01", rounds=1)
     [line] = [m for m in lines if m.startswith("lfed: fedavg on")]
@@ -223,23 +223,23 @@ def test_help_is_readable(tmp_path):
     out = lfed_subprocess(tmp_path, "fit", "--help").stdout
     lines = out.splitlines()
     assert len(lines) < 800, len(lines)  # 2,317 lines before, most of them lists of torch classes
-    assert "lfed.models.MLP" in out and "more (any importable class path)" in out
+    assert "lfed.models.zoo.MLP" in out and "more (any importable class path)" in out
     assert "--optimizer CONFIG" not in out
 
 
 def test_short_model_names_mean_lfeds_models(tmp_path):
-    assert resolve_short_names(["fit", "--model.net", "MLP"]) == ["fit", "--model.net", "lfed.models.MLP"]
-    assert resolve_short_names(["--model.net=SmallCNN"]) == ["--model.net=lfed.models.SmallCNN"]
+    assert resolve_short_names(["fit", "--model.net", "MLP"]) == ["fit", "--model.net", "lfed.models.zoo.MLP"]
+    assert resolve_short_names(["--model.net=SmallCNN"]) == ["--model.net=lfed.models.zoo.SmallCNN"]
     assert resolve_short_names(["--model.net", "torchvision.ops.MLP"]) == ["--model.net", "torchvision.ops.MLP"]
     cli = quick(tmp_path, "--trainer.logger", "false", "--model.net", "MLP", "--model.net.in_features", "64",
                 "--model.net.hidden", "[16]", "--model.net.num_classes", "10", rounds=1)
-    assert type(cli.model.net).__module__ == "lfed.models" and type(cli.model.net).__name__ == "MLP"
+    assert type(cli.model.net).__module__ == "lfed.models.zoo" and type(cli.model.net).__name__ == "MLP"
 
 
 def test_shorten_subclass_list_keeps_lfeds_classes_and_counts_the_rest():
-    text = "The net (default: null, known subclasses: torch.nn.Module, lfed.models.MLP, lfed.FederatedModule, a.B, c.D, e.F, g.H, i.J)"
+    text = "The net (default: null, known subclasses: torch.nn.Module, lfed.models.zoo.MLP, lfed.FederatedModule, a.B, c.D, e.F, g.H, i.J)"
     short = shorten_subclass_list(text, keep=2)
-    assert "lfed.models.MLP, torch.nn.Module, a.B, ... and 4 more" in short and "lfed.FederatedModule" not in short
+    assert "lfed.models.zoo.MLP, torch.nn.Module, a.B, ... and 4 more" in short and "lfed.FederatedModule" not in short
 
 
 # ----------------------------------------------------------------------------- item 13: validate/test without a config
@@ -297,9 +297,9 @@ def test_private_lightning_apis_lfed_relies_on_still_exist():
     from lightning.pytorch.cli import LightningCLI
     from lightning.pytorch.loggers import WandbLogger
 
-    # lfed.cli.LfedCLI._parse_ckpt_path: Lightning's CLI must still call it right after parsing.
+    # lfed.lightning.cli.LfedCLI._parse_ckpt_path: Lightning's CLI must still call it right after parsing.
     assert "self._parse_ckpt_path()" in inspect.getsource(LightningCLI.__init__)
-    # lfed.checkpoint.RoundCheckpoint.on_validation_end: the deferred save.
+    # lfed.lightning.checkpoint.RoundCheckpoint.on_validation_end: the deferred save.
     for name, params in [
         ("_should_skip_saving_checkpoint", ["self", "trainer"]),
         ("_monitor_candidates", ["self", "trainer"]),
@@ -307,9 +307,9 @@ def test_private_lightning_apis_lfed_relies_on_still_exist():
         ("_save_last_checkpoint", ["self", "trainer", "monitor_candidates"]),
     ]:
         assert list(inspect.signature(getattr(ModelCheckpoint, name)).parameters) == params, name
-    # lfed.checkpoint._validation_follows
+    # lfed.lightning.checkpoint._validation_follows
     trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
     assert callable(trainer.fit_loop.epoch_loop._should_check_val_fx) and hasattr(trainer.fit_loop, "_data_fetcher")
     assert list(inspect.signature(trainer.fit_loop.epoch_loop._should_check_val_fx).parameters) == ["data_fetcher"]
-    # lfed.reporting.QuietWandbLogger
+    # lfed.lightning.reporting.QuietWandbLogger
     assert "anonymous" in WandbLogger(offline=True)._wandb_init

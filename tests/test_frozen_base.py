@@ -19,9 +19,9 @@ from conftest import run_rounds
 from test_resume import assert_same_state, fit, load, run_state, write_config
 from torch import nn
 
-from lfed.data.datamodule import FederatedDataModule
-from lfed.module import FederatedModule
-from lfed.params import ParamLayout
+from lfed.engine.params import ParamLayout
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
 
 BACKENDS = ["vmap", "loop"]
 
@@ -130,7 +130,7 @@ def test_the_loop_backend_shares_the_frozen_base_instead_of_copying_it():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_resume_with_a_frozen_base_is_bit_identical_and_the_checkpoint_holds_the_base_once(tmp_path, backend):
-    keep_all = {"callbacks": [{"class_path": "lfed.checkpoint.RoundCheckpoint",
+    keep_all = {"callbacks": [{"class_path": "lfed.lightning.checkpoint.RoundCheckpoint",
                                "init_args": {"dirpath": str(tmp_path / "ckpts"), "every_n_train_steps": 3, "save_top_k": -1}}]}
     config = write_config(tmp_path / "cfg.yaml", "scaffold", trainer=keep_all, backend=backend,
                           net={"class_path": "test_frozen_base.HalfFrozenMLP"})

@@ -1,9 +1,9 @@
-"""Many runs, one engine (lfed.group, lfed grid): every member equals the same run trained alone.
+"""Many runs, one engine (lfed.lightning.group, lfed grid): every member equals the same run trained alone.
 
-"Alone" is ``lfed fit``'s own path: the LightningCLI parser of :mod:`lfed.cli`, then
+"Alone" is ``lfed fit``'s own path: the LightningCLI parser of :mod:`lfed.lightning.cli`, then
 ``Trainer.fit`` of the FederatedModule (float64 on the CPU). Bit for bit needs one intra-op
 thread (several threads may split a batched product of many rows differently from one of few;
-lfed.group's docstring), so these tests run with one.
+lfed.lightning.group's docstring), so these tests run with one.
 """
 
 import functools
@@ -13,14 +13,14 @@ import torch
 from conftest import REPO
 from lightning.pytorch import Callback
 
-from lfed.cli import LfedCLI
-from lfed.data.datamodule import FederatedDataModule
 from lfed.engine import CohortTrainer, StepRule, batch_schedule
-from lfed.grid import build_members, run_grid, train_group
-from lfed.group import GroupMember, concat_rules, rule_signature, stack_schedules
-from lfed.models import MLP
-from lfed.module import FederatedModule
-from lfed.sweep import Sweep, load_sweep
+from lfed.lightning.cli import LfedCLI
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.grid import build_members, run_grid, train_group
+from lfed.lightning.group import GroupMember, concat_rules, rule_signature, stack_schedules
+from lfed.lightning.module import FederatedModule
+from lfed.lightning.sweep import Sweep, load_sweep
+from lfed.models.zoo import MLP
 
 F64 = ["--trainer.precision=64-true", "--trainer.accelerator=cpu"]
 
@@ -43,7 +43,7 @@ def alone(configs, point, overrides, tmp_path):
 
 
 def grouped(configs, parameters, overrides, root=None, **kwargs):
-    """The grid trained as one RunGroup under a plain Trainer (lfed.grid.train_group)."""
+    """The grid trained as one RunGroup under a plain Trainer (lfed.lightning.grid.train_group)."""
     members, trainer = build_members(configs, Sweep("t", parameters), overrides)
     group, _ = train_group(members, rounds=trainer["max_steps"], evaluate_every=trainer["val_check_interval"],
                            precision=trainer["precision"], default_root_dir=root, **kwargs)
@@ -196,12 +196,12 @@ def test_lfed_grid_command_writes_each_run_and_the_table(tmp_path, capsys):
 
 def test_lfed_grid_builds_one_run_per_point_and_no_lightning_module(tmp_path, monkeypatch):
     """The grid builds runs (lfed.build_run), each point once, and its one driver is the group: no FederatedModule."""
-    import lfed.grid
-    from lfed.module import FederatedModule
+    import lfed.lightning.grid
+    from lfed.lightning.module import FederatedModule
 
     built = []
-    real = lfed.grid.build_run
-    monkeypatch.setattr(lfed.grid, "build_run", lambda **s: built.append(s["training"].client_lr) or real(**s))
+    real = lfed.lightning.grid.build_run
+    monkeypatch.setattr(lfed.lightning.grid, "build_run", lambda **s: built.append(s["training"].client_lr) or real(**s))
 
     @functools.wraps(FederatedModule.__init__)  # the parser still reads the settings from its signature
     def no_module(self, *args, **kwargs):

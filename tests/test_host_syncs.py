@@ -14,11 +14,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lfed.component import Cohort
-from lfed.data.datamodule import FederatedDataModule
-from lfed.host import device_rows, read_metrics, to_device, values
-from lfed.models import MLP
-from lfed.module import FederatedModule
+from lfed.base.component import Cohort
+from lfed.engine.host import device_rows, read_metrics, to_device, values
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
+from lfed.models.zoo import MLP
 
 
 class ScalarReads(TorchDispatchMode):
@@ -68,7 +68,7 @@ def _module(algorithm: str):
         data.pop("rho")
     elif algorithm == "lora":
         pytest.importorskip("peft", reason="LoRA adapters need peft (pip install 'lfed[adapters]')")
-        from lfed.adapters import LoRA
+        from lfed.models.adapters import LoRA
 
         kwargs["algorithm"] = "fedavg"
         net = LoRA(net=MLP(64, [32, 32], 10), rank=2, alpha=4, target=["net.0", "net.2"], train=["net.4.*"])
@@ -80,7 +80,7 @@ def _module(algorithm: str):
                                        "fedrep", "fedper", "fedavg_ft"])
 def test_a_round_reads_no_device_scalar(algorithm):
     """At most 2 scalar reads per training step (issue 37's bound; there were 37 for FedAvg): the round's checks
-    run on host values and its metrics reach the host in one transfer (``lfed.host.read_metrics``)."""
+    run on host values and its metrics reach the host in one transfer (``lfed.engine.host.read_metrics``)."""
     pl.seed_everything(0)
     module, dm = _module(algorithm)
     reads = ScalarReads()
@@ -202,8 +202,8 @@ def test_a_masked_write_of_device_rows_has_no_data_dependent_shape():
     run of 2026-11-26 saw one CUDA sync per write from a boolean index; ``torch.where`` has none. Same values."""
     from torch import nn
 
-    from lfed.client_state import ClientStateStore
-    from lfed.state import StateSpec
+    from lfed.state.spec import StateSpec
+    from lfed.state.stores import ClientStateStore
 
     store, owner = ClientStateStore("device"), nn.Module()
     store.register_owner("o", owner)

@@ -127,10 +127,10 @@ def test_lfed_has_no_import_cycles():
 
 
 def test_cli_and_grid_do_not_import_each_other():
-    """``lfed grid`` builds its runs with lfed.cli's parser; the command's dispatch is lfed.entry, above both."""
+    """``lfed grid`` builds its runs with lfed.lightning.cli's parser; the command's dispatch is lfed.entry, above both."""
     graph = import_graph(REPO / "lfed")
-    assert "lfed.cli" in graph["lfed.grid"] and "lfed.grid" not in graph["lfed.cli"]
-    assert {"lfed.cli", "lfed.grid"} <= graph["lfed.entry"]
+    assert "lfed.lightning.cli" in graph["lfed.lightning.grid"] and "lfed.lightning.grid" not in graph["lfed.lightning.cli"]
+    assert {"lfed.lightning.cli", "lfed.lightning.grid"} <= graph["lfed.entry"]
 
 
 def test_data_datasets_and_leaf_do_not_import_each_other():

@@ -1,4 +1,4 @@
-"""Tests for lfed.models: exact parameter counts, shapes, float64, torch.func/vmap."""
+"""Tests for lfed.models.zoo: exact parameter counts, shapes, float64, torch.func/vmap."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, stack_module_state, vmap
 
-from lfed.models import (
+from lfed.models.zoo import (
     MLP,
     MODELS,
     CharLSTM,

@@ -6,8 +6,8 @@ from conftest import flat_weights, run_rounds
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from lfed.data.datamodule import FederatedDataModule
-from lfed.module import FederatedModule
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
 
 
 def _toy(n=30, d=5, classes=3, seed=0):

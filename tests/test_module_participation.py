@@ -13,12 +13,12 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import Logger
 from torch import nn
 
-from lfed.cli import run_cli
-from lfed.data.datamodule import FederatedDataModule
-from lfed.module import FederatedModule
+from lfed.lightning.cli import run_cli
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
+from lfed.participation.sampling import AttentionSampler, ConstantFraction, ExplicitFraction, StepwiseFraction, UniformSampler
+from lfed.participation.stragglers import Stragglers
 from lfed.rng import round_generator
-from lfed.sampling import AttentionSampler, ConstantFraction, ExplicitFraction, StepwiseFraction, UniformSampler
-from lfed.stragglers import Stragglers
 
 D_IN, CLASSES = 3, 2
 
@@ -462,7 +462,7 @@ def _cli(tmp_path, *args):
         # the config's own StepwiseFraction(0.1, 0.5, 5) over 5 rounds of 50 clients: 5+10+15+20+25
         (None, StepwiseFraction, 75),
         ("0.2", ConstantFraction, 50),
-        ('{"class_path": "lfed.sampling.ExplicitFraction", "init_args": {"points": [[0, 0.04], [3, 0.5]]}}',
+        ('{"class_path": "lfed.participation.sampling.ExplicitFraction", "init_args": {"points": [[0, 0.04], [3, 0.5]]}}',
          ExplicitFraction, 2 + 2 + 2 + 25 + 25),
     ],
     ids=["yaml-stepwise", "float", "explicit-arg"],
@@ -477,7 +477,7 @@ def test_fraction_from_yaml_and_command_line(tmp_path, fraction, kind, uploads):
 
 
 def test_decreasing_schedule_from_the_command_line_is_refused_with_the_reason(tmp_path, capsys):
-    bad = '{"class_path": "lfed.sampling.StepwiseFraction", "init_args": {"start": 0.5, "end": 0.1}}'
+    bad = '{"class_path": "lfed.participation.sampling.StepwiseFraction", "init_args": {"start": 0.5, "end": 0.1}}'
     with pytest.raises((ValueError, SystemExit)) as info:  # jsonargparse raises or exits, by version
         _cli(tmp_path, "--trainer.max_steps", "1", "--model.fraction", bad)
     message = str(info.value) + capsys.readouterr().err

@@ -19,13 +19,13 @@ from conftest import REPO, flat_weights, run_rounds
 from lightning.pytorch import Callback
 from torch import nn
 
-from lfed.cli import run_cli
-from lfed.data.datamodule import FederatedDataModule
 from lfed.data.partition import label_counts, pack_indices
-from lfed.module import FederatedModule
+from lfed.lightning.cli import run_cli
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
+from lfed.participation.stragglers import Stragglers
 from lfed.server import attention as attention_mod
 from lfed.server.optimizers import FedAdagrad, FedAdam, FedYogi
-from lfed.stragglers import Stragglers
 
 F64 = torch.float64
 D, C = 4, 3  # features, classes: nn.Linear(4, 3) has tensors of 12 and 3 entries

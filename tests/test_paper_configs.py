@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import REPO
 
-from lfed.cli import LfedCLI, run_cli
-from lfed.data.datamodule import FederatedDataModule
-from lfed.module import FederatedModule
+from lfed.lightning.cli import LfedCLI, run_cli
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
 from lfed.server.optimizers import FedAdam
 
 PAPER = REPO / "configs" / "paper"

@@ -9,7 +9,7 @@ from conftest import flat_weights, run_rounds
 from test_client_objectives import BACKENDS, W_INIT, Recorder, grad, toy_data, toy_module
 
 from lfed.client.objectives import ClientRule
-from lfed.module import FederatedModule
+from lfed.lightning.module import FederatedModule
 from lfed.personal.ditto import Ditto
 
 TOL = dict(atol=1e-13, rtol=0)

@@ -13,10 +13,10 @@ from test_client_objectives import BACKENDS, W_INIT, grad, toy_data, toy_module
 from torch import nn
 from torch.func import functional_call
 
-from lfed.data.datamodule import FederatedDataModule
-from lfed.distributed import Ranks
-from lfed.evaluation import accuracy_summary, personal_accuracies
-from lfed.module import FederatedModule
+from lfed.engine.ranks import Ranks
+from lfed.evaluation.scores import accuracy_summary, personal_accuracies
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
 from lfed.personal.ditto import Ditto
 from lfed.personal.finetune import FedAvgFT
 

@@ -11,7 +11,7 @@ from test_client_objectives import CLIENT_ROWS, Recorder, X, Y, toy_data
 from torch import nn
 from torch.func import functional_call
 
-from lfed.module import FederatedModule
+from lfed.lightning.module import FederatedModule
 
 TOL = dict(atol=1e-12, rtol=0)
 
@@ -94,7 +94,7 @@ def test_fedbn_two_rounds_by_hand(backend, track):
 
 
 def test_fedbn_evaluation_uses_each_clients_own_statistics():
-    from lfed.evaluation import personal_accuracies
+    from lfed.evaluation.scores import personal_accuracies
 
     m = fedbn_module("loop", True, fraction=1.0)
     run_rounds(m, toy_data(), rounds=2)

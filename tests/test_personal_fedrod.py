@@ -12,7 +12,7 @@ from conftest import flat_weights, run_rounds
 from test_client_objectives import BACKENDS, CLIENT_ROWS, Recorder, X, Y, toy_data
 from torch import nn
 
-from lfed.module import FederatedModule
+from lfed.lightning.module import FederatedModule
 from lfed.personal.fedrod import FedRoD
 
 TOL = dict(atol=1e-12, rtol=0)
@@ -92,7 +92,7 @@ def test_fedrod_two_rounds_by_hand(backend):
 
 def test_the_head_is_named_or_the_last_linear_layer():
     net = make_net()
-    from lfed.params import ParamLayout
+    from lfed.engine.params import ParamLayout
 
     layout = ParamLayout.from_module(net)
     rod = FedRoD()

@@ -9,8 +9,8 @@ import torch
 from conftest import flat_weights, run_rounds
 from test_client_objectives import BACKENDS, CLIENT_ROWS, W_INIT, Recorder, X, grad, per_example_grads, toy_data, toy_module
 
-from lfed.distributed import Ranks
-from lfed.module import FederatedModule
+from lfed.engine.ranks import Ranks
+from lfed.lightning.module import FederatedModule
 from lfed.personal.perfedavg import PerFedAvg
 
 TOL = dict(atol=1e-12, rtol=0)

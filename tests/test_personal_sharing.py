@@ -11,7 +11,7 @@ from lightning.pytorch import Trainer
 from test_client_objectives import BACKENDS, CLIENT_ROWS, W_INIT, Recorder, X, Y, toy_data, toy_module
 from torch import nn
 
-from lfed.params import ParamLayout
+from lfed.engine.params import ParamLayout
 from lfed.personal.fedper import FedPer
 from lfed.personal.fedrep import FedRep
 from lfed.personal.sharing import Sharing, norm_parameter_names
@@ -238,14 +238,14 @@ def resume_data():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(N * 6, 4, generator=g, dtype=torch.float64)
     y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
-    from lfed.data.datamodule import FederatedDataModule
+    from lfed.lightning.datamodule import FederatedDataModule
 
     return FederatedDataModule.from_tensors(x, y, x[:20], y[:20], num_clients=N, partition="iid",
                                             holdout_fraction=0.2, num_classes=3, seed=1)
 
 
 def resume_module(objective, placement, tmp_path, backend="vmap"):
-    from lfed.module import FederatedModule
+    from lfed.lightning.module import FederatedModule
     from lfed.personal.fedbn import FedBN
 
     torch.manual_seed(0)

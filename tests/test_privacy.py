@@ -10,11 +10,11 @@ import pytest
 import torch
 from conftest import flat_weights, run_rounds
 
-from lfed.component import Cohort, standalone_store
-from lfed.data.datamodule import FederatedDataModule
+from lfed.base.component import Cohort, standalone_store
 from lfed.data.datasets import load_dataset
-from lfed.models import MLP
-from lfed.module import FederatedModule
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
+from lfed.models.zoo import MLP
 from lfed.privacy import DPFedAvg, PrivacyAccountant, clip_rows
 from lfed.privacy.accountant import calibrate_noise, epsilon
 
@@ -221,7 +221,7 @@ def test_rounds_with_no_client_still_release_their_noise():
 def test_resume_restores_the_accountant_exactly(tmp_path):
     from lightning.pytorch import Trainer
 
-    from lfed.fingerprint import ResumeWarning
+    from lfed.state.fingerprint import ResumeWarning
 
     def fit(rounds, ckpt=None):
         m = _module(algorithm="dp_fedavg", fraction=0.3,
@@ -284,7 +284,7 @@ def _fit_dp(rounds, ckpt=None, stop_after=None, dp=None, **dp_settings):
     ResumeWarnings it gave."""
     from lightning.pytorch import Callback, Trainer
 
-    from lfed.fingerprint import ResumeWarning
+    from lfed.state.fingerprint import ResumeWarning
 
     class StopAfter(Callback):
         def on_train_batch_end(self, trainer, *args):
@@ -396,7 +396,7 @@ def test_an_unreachable_budget_is_refused_before_round_0():
 def test_a_budget_stops_the_run_before_a_round_would_spend_more_with_its_evaluation_and_a_checkpoint(tmp_path):
     from lightning.pytorch import Trainer
 
-    from lfed.checkpoint import RoundCheckpoint
+    from lfed.lightning.checkpoint import RoundCheckpoint
 
     delta = 1 / 10 ** 1.1
     e3, e4 = epsilon({(0.3, 1.0): 3}, delta), epsilon({(0.3, 1.0): 4}, delta)
@@ -467,7 +467,7 @@ COMPONENTS_UNDER_DP = {
         noise_multiplier=1.0, clip=0.5, target_quantile=0.5, count_noise=2.0)}, None),
     "local_noise (local DP)": (lambda: _dp_row() | {"combination": DPFedAvg(noise_multiplier=0.0, local_noise=1.0)},
                                None),
-    "asynchronous: FedBuff, FedAsync": (lambda: _dp_row(asynchronous=__import__("lfed.asynchronous").asynchronous.FedBuff(
+    "asynchronous: FedBuff, FedAsync": (lambda: _dp_row(asynchronous=__import__("lfed.core.asynchronous").asynchronous.FedBuff(
         concurrency=4, buffer=2)), "asynchronous: combination: DP-FedAvg is not implemented asynchronously"),
     "local_noise with target_quantile": (lambda: _dp_row() | {"combination": DPFedAvg(
         noise_multiplier=0.0, local_noise=1.0, target_quantile=0.5)}, "target_quantile: adaptive clipping sends each "
@@ -642,7 +642,7 @@ def test_log_unaccounted_is_reachable_from_the_command_line(tmp_path):
 
     from conftest import REPO
 
-    from lfed.cli import run_cli
+    from lfed.lightning.cli import run_cli
 
     def columns(where, *extra):
         run_cli(["fit", "--config", str(REPO / "configs" / "dp_digits.yaml"), "--trainer.max_steps=2",
@@ -694,8 +694,8 @@ def test_dp_scaffold_control_variate_by_hand():
 def test_dp_scaffold_takes_its_share_of_the_noise_multiplier():
     """z_Δ = (z⁻² - z_c⁻²)^(-1/2) (with adaptive clipping also - (2σ_b)⁻²), so the round stays one Gaussian mechanism
     of multiplier z: the accountant's (q, z). z_c ≤ z leaves the updates nothing: refused, naming control_noise."""
+    from lfed.base.component import CompositionContext
     from lfed.client.objectives import Scaffold
-    from lfed.component import CompositionContext
 
     def prepared(z, z_c, **extra):
         dp = DPFedAvg(noise_multiplier=z, clip=0.5, delta=1e-5, **extra)
@@ -736,8 +736,8 @@ def test_a_dp_scaffold_run_is_accounted_at_z_and_its_control_variate_is_noised(b
 
 @pytest.mark.parametrize("log_unaccounted", [False, True])
 def test_the_communication_table_of_a_dp_run_is_kept_only_with_log_unaccounted(tmp_path, log_unaccounted):
-    """lfed.callbacks.CommunicationCost records the realised uploads (an un-noised count of the clients)."""
-    from lfed.callbacks import CommunicationCost
+    """lfed.lightning.callbacks.CommunicationCost records the realised uploads (an un-noised count of the clients)."""
+    from lfed.lightning.callbacks import CommunicationCost
 
     cost = CommunicationCost(dirpath=str(tmp_path))
     m = _module(algorithm="dp_fedavg", fraction=0.5,

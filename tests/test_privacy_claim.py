@@ -10,18 +10,18 @@ import math
 import pytest
 import torch
 
-from lfed.component import Cohort, Component, standalone_store
-from lfed.data.datamodule import FederatedDataModule
+from lfed.base.component import Cohort, Component, standalone_store
+from lfed.core.fit import fit_run
+from lfed.core.round import LocalTraining
+from lfed.core.settings import build_run
 from lfed.data.datasets import load_dataset
 from lfed.data.tensors import DatasetTensors
-from lfed.models import MLP
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.models.zoo import MLP
 from lfed.privacy import DPFedAvg
 from lfed.privacy.contents import classify, flatten
 from lfed.rng import PrivateStreams, round_generator
-from lfed.round import LocalTraining
-from lfed.rounds import fit_run
-from lfed.settings import build_run
-from lfed.state import StateSpec
+from lfed.state.spec import StateSpec
 
 N = 10
 
@@ -181,7 +181,7 @@ def test_secure_runs_of_one_seed_differ_and_seeded_ones_repeat(capsys):
 def test_a_secure_poisson_cohort_is_not_the_seeds():
     """The Poisson cohort is part of the mechanism: under noise: secure it is drawn from the OS, so 20 rounds of
     one seed are not the seeded sampler's cohorts (q = 0.5 of 10: equal by chance with probability 2^-10 a round)."""
-    from lfed.sampling import PoissonSampler
+    from lfed.participation.sampling import PoissonSampler
 
     sampler = PoissonSampler()
     sampler.num_clients = N
@@ -236,7 +236,7 @@ def test_every_key_of_a_dp_checkpoint_is_in_the_release_table_and_client_data_is
     from lightning.pytorch import Trainer
 
     from lfed.client.objectives import Scaffold
-    from lfed.module import FederatedModule
+    from lfed.lightning.module import FederatedModule
 
     torch.manual_seed(0)
     module = FederatedModule(MLP(64, [16], 10), algorithm="dp_fedavg", fraction=0.5, seed=0,
@@ -262,7 +262,7 @@ def test_every_key_of_a_dp_checkpoint_is_in_the_release_table_and_client_data_is
 def test_a_run_without_dp_marks_nothing(tmp_path):
     from lightning.pytorch import Trainer
 
-    from lfed.module import FederatedModule
+    from lfed.lightning.module import FederatedModule
 
     torch.manual_seed(0)
     module = FederatedModule(MLP(64, [16], 10), fraction=0.5, seed=0, training=LocalTraining(client_lr=0.05, local_steps=1))

@@ -1,4 +1,4 @@
-"""benchmarks/paper_protocol.py --group: runs trained together (lfed.group) record what the same runs
+"""benchmarks/paper_protocol.py --group: runs trained together (lfed.lightning.group) record what the same runs
 trained alone through Lightning record: evaluations (test, validation, client accuracy, uploads),
 the final summary, the round diagnostics, divergence."""
 

@@ -59,7 +59,7 @@ def test_the_method_names_of_the_issue_are_exported():
     assert {"Component", "Cohort", "LocalWork", "StateSpec", "run_round", "Algorithm", "LocalTraining", "setup_state",
             "CohortTrainer", "FederatedModule", "FederatedDataModule", "FederatedDataset"} <= set(lfed.__all__)
     from lfed.client.feddyn import FedDyn
-    from lfed.state import StateSpec
+    from lfed.state.spec import StateSpec
 
     assert lfed.client.FedDyn is FedDyn and lfed.StateSpec is StateSpec
 
@@ -179,7 +179,7 @@ def test_the_extending_page_s_python_runs(doc_folder):
 
 
 def test_the_extending_page_s_lfed_fit_line_runs(doc_folder, tmp_path):
-    from lfed.cli import run_cli
+    from lfed.lightning.cli import run_cli
 
     lines = [ln for b in doc_folder if b["lang"] == "bash" for ln in b["code"].split("\n") if "fedcm.yaml" in ln]
     assert len(lines) == 1, lines

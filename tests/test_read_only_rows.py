@@ -1,4 +1,4 @@
-"""Rows read without a copy (issue 39): under :func:`lfed.state.read_only_rows` a dense state answers a
+"""Rows read without a copy (issue 39): under :func:`lfed.state.spec.read_only_rows` a dense state answers a
 contiguous range of clients with a view of itself, host and disk rows stored in consecutive slots too (else they
 go through one reused buffer), and
 a row that starts as the global model is returned as read once every client of the range has started.
@@ -13,11 +13,11 @@ from conftest import flat_weights, run_rounds
 from test_personal_eval import accuracy_by_hand, classification_data, classification_module
 from torch import nn
 
-from lfed.client_state import ClientStateStore
-from lfed.component import Component
-from lfed.distributed import Ranks
+from lfed.base.component import Component
+from lfed.engine.ranks import Ranks
 from lfed.personal.ditto import Ditto
-from lfed.state import GLOBAL, ModuleStateStore, StateSpec, client_range, read_only_rows
+from lfed.state.spec import GLOBAL, ModuleStateStore, StateSpec, client_range, read_only_rows
+from lfed.state.stores import ClientStateStore
 
 N, P = 9, 5
 

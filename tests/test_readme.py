@@ -34,7 +34,7 @@ def test_a_run_without_lightning_imports_no_lightning_module():
     """build_run + fit_run of 3 rounds on a FederatedDataset, in a fresh interpreter: no `lightning` module loaded."""
     code = ("import sys\n"
             "from lfed import FederatedDataset, LocalTraining, build_run, fit_run\n"
-            "from lfed.models import MLP\n"
+            "from lfed.models.zoo import MLP\n"
             "run = build_run(net=MLP(64, [16], 10), training=LocalTraining(client_lr=0.1))\n"
             "assert len(fit_run(run, FederatedDataset(dataset='digits', num_clients=10), 3)) == 3\n"
             "print(sorted(m for m in sys.modules if m == 'lightning' or m.startswith(('lightning.', 'pytorch_lightning'))))\n")

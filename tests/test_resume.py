@@ -1,6 +1,6 @@
-"""Exact resume and fault tolerance of a federated run (lfed.checkpoint, the CLI defaults).
+"""Exact resume and fault tolerance of a federated run (lfed.lightning.checkpoint, the CLI defaults).
 
-The kill tests start a real ``python -m lfed.cli fit`` subprocess on digits, make it block at a
+The kill tests start a real ``python -m lfed.lightning.cli fit`` subprocess on digits, make it block at a
 known point (tests/resume_helpers.py prints a marker and waits), SIGKILL it from here, resume
 from its ``last.ckpt`` in this process, and require the end state (global model, every
 per-client buffer, server optimizer state, communication meter, evaluation history) to be
@@ -23,16 +23,16 @@ from conftest import REPO
 from lightning.pytorch import Trainer
 from resume_helpers import HOLD_MARK, RoundLog
 
-from lfed import algorithms
-from lfed.checkpoint import AtomicCheckpointIO, ResumeWarning, RoundCheckpoint, install_atomic_io, verify_fingerprint
-from lfed.cli import run_cli
 from lfed.client.objectives import EFL, Prox
-from lfed.data.datamodule import FederatedDataModule
+from lfed.core import registry as algorithms
 from lfed.data.datasets import load_dataset
-from lfed.module import FederatedModule
+from lfed.lightning.checkpoint import AtomicCheckpointIO, ResumeWarning, RoundCheckpoint, install_atomic_io, verify_fingerprint
+from lfed.lightning.cli import run_cli
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
+from lfed.participation.sampling import UniformSampler, cohort_size
+from lfed.participation.stragglers import Stragglers
 from lfed.rng import round_generator
-from lfed.sampling import UniformSampler, cohort_size
-from lfed.stragglers import Stragglers
 
 TESTS = Path(__file__).resolve().parent
 ROUNDS = 6  # R; checkpoints every R/2 = 3 rounds; the kill lands in round 4 (0-based)
@@ -60,7 +60,7 @@ def write_config(path: Path, algorithm: str, *, rounds: int = ROUNDS, every: int
         },
         "model": {
             "algorithm": algorithm,
-            "net": {"class_path": "lfed.models.MLP", "init_args": {"in_features": 64, "hidden": hidden or [16], "num_classes": 10}},
+            "net": {"class_path": "lfed.models.zoo.MLP", "init_args": {"in_features": 64, "hidden": hidden or [16], "num_classes": 10}},
             "client_lr": 0.05, "batch_size": 10, "local_steps": 3,
             **({} if algorithm.startswith("adafl") else {"fraction": 0.3}),  # AdaFL keeps its 0.1 -> 0.5 schedule
             **model,
@@ -76,7 +76,7 @@ def fit(config: Path, *args: str):
 
 
 def checkpoint_dir(default_root_dir: Path) -> Path:
-    """``checkpoints/`` of the one run under ``default_root_dir`` (runs/<name>/version_<n>/, lfed.reporting)."""
+    """``checkpoints/`` of the one run under ``default_root_dir`` (runs/<name>/version_<n>/, lfed.lightning.reporting)."""
     [run] = sorted(default_root_dir.glob("runs/*/version_*"))
     return run / "checkpoints"
 
@@ -108,7 +108,7 @@ def assert_same_state(got: dict, want: dict) -> None:
 def start_lfed(config: Path, *args: str) -> subprocess.Popen:
     env = dict(os.environ, WANDB_MODE="disabled", PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO)]))
     return subprocess.Popen(
-        [sys.executable, "-m", "lfed.cli", "fit", "--config", str(config), *args],
+        [sys.executable, "-m", "lfed.lightning.cli", "fit", "--config", str(config), *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=config.parent,
     )
 
@@ -202,7 +202,7 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_pat
 )
 def test_resume_from_a_middle_checkpoint_is_bit_identical(tmp_path, algorithm, extra):
     """Resume from the round-3 file of a run that kept every checkpoint (save_top_k=-1)."""
-    keep_all = {"callbacks": [{"class_path": "lfed.checkpoint.RoundCheckpoint",
+    keep_all = {"callbacks": [{"class_path": "lfed.lightning.checkpoint.RoundCheckpoint",
                                "init_args": {"dirpath": str(tmp_path / "ckpts"), "every_n_train_steps": 3, "save_top_k": -1}}]}
     config = write_config(tmp_path / "cfg.yaml", algorithm, trainer=keep_all, **extra)
     want = run_state(fit(config))
@@ -291,7 +291,7 @@ def test_verify_fingerprint_compares_shared_keys_only():
 
 
 def _digits_module(backend: str, **kwargs) -> FederatedModule:
-    from lfed.models import MLP
+    from lfed.models.zoo import MLP
 
     torch.manual_seed(0)
     return FederatedModule(MLP(64, [16], 10), fraction=0.3, client_lr=0.05, batch_size=10, local_steps=3,
@@ -383,7 +383,7 @@ def test_round_checkpoint_refuses_non_atomic_or_mid_round_saves():
 
 
 def _cli_trainer(tmp_path, *args):
-    from lfed.cli import LfedCLI
+    from lfed.lightning.cli import LfedCLI
 
     cli = LfedCLI(FederatedModule, FederatedDataModule, run=False,
                   args=["--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path), *args])
@@ -423,7 +423,7 @@ def test_install_atomic_io_leaves_a_users_checkpoint_io_alone():
 
 
 def _warnings_for(algorithm: str, num_clients: int = 100, total_rounds: int = 500, **given) -> list[str]:
-    from lfed.settings import settings
+    from lfed.core.settings import settings
 
     s = settings(algorithm=algorithm, **given)  # the roles, and the stragglers group
     roles = {k: s[k] for k in algorithms.ROLES}

@@ -13,16 +13,16 @@ import inspect
 import pytest
 import torch
 
-import lfed.round
-import lfed.run
-from lfed import algorithms
+import lfed.core.round
+import lfed.core.run
+from lfed.base.component import CompositionContext
 from lfed.client.objectives import ClientRule, Plain
-from lfed.component import CompositionContext
+from lfed.core import registry as algorithms
+from lfed.core.round import Algorithm
+from lfed.participation.sampling import ClientSampler, PoissonSampler, UniformSampler
 from lfed.personal.ditto import Ditto
 from lfed.personal.sharing import SHARE_ALL, resolve_sharing
 from lfed.privacy.dp_fedavg import DPFedAvg
-from lfed.round import Algorithm
-from lfed.sampling import ClientSampler, PoissonSampler, UniformSampler
 from lfed.server.channel import Channel, Dense, TernaryTopK
 from lfed.server.weighting import SizeWeights, UniformWeights
 
@@ -109,7 +109,7 @@ def test_dp_reads_the_neighbours_declarations_not_their_names():
         DPFedAvg().prepare_run(_dp_context(channel=MyQuantizer()))
 
 
-@pytest.mark.parametrize("module", [lfed.round, lfed.run])
+@pytest.mark.parametrize("module", [lfed.core.round, lfed.core.run])
 def test_the_round_and_the_run_name_no_feature(module):
     code = "\n".join(line.split("#")[0] for line in inspect.getsource(module).splitlines())
     for feature in ("sharing is", ".personalized", "personal_rows is", '"dwfed"', "history.fill", "history.record"):

@@ -1,4 +1,4 @@
-"""The functional round (lfed.round.run_round) without a Trainer: a fixed cohort and fixed step
+"""The functional round (lfed.core.round.run_round) without a Trainer: a fixed cohort and fixed step
 counts in, the new weights, the components' state and the round's record out, checked by hand.
 
 The toy regression of tests/test_client_objectives.py (P = 2, three clients of 2, 3 and 4
@@ -16,10 +16,10 @@ import torch
 from test_client_objectives import BACKENDS, W_INIT, grad, squared_loss, toy_data
 from torch import nn
 
-from lfed import algorithms
+from lfed.core import registry as algorithms
+from lfed.core.round import LocalTraining, run_round, setup_state
 from lfed.engine import CohortTrainer
-from lfed.round import LocalTraining, run_round, setup_state
-from lfed.state import ModuleStateStore
+from lfed.state.spec import ModuleStateStore
 
 TOL = dict(atol=1e-13, rtol=0)
 
@@ -96,11 +96,11 @@ def test_the_sampler_and_straggler_model_draw_when_nothing_is_given():
 
 
 def test_a_round_and_a_run_import_no_lightning():
-    """The round as a function (lfed.round) and a run without a driver (lfed.run) load no Lightning."""
+    """The round as a function (lfed.core.round) and a run without a driver (lfed.core.run) load no Lightning."""
     import subprocess
     import sys
 
-    code = "import sys, lfed.round, lfed.run; print(sorted(m for m in sys.modules if m.split('.')[0] == 'lightning'))"
+    code = "import sys, lfed.core.round, lfed.core.run; print(sorted(m for m in sys.modules if m.split('.')[0] == 'lightning'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
 
@@ -109,8 +109,8 @@ def test_a_cohort_whose_device_copy_drifted_from_its_host_copy_is_caught_in_the_
     """Issue 50: a device copy of the cohort's sizes off by one from the host copy (which Per-FedAvg, FedRoD and the
     step counts read) moved only their numbers and no test saw it. verify_round reads the agreement with the round's
     other flags (no extra device read) and raises naming the copies; equal copies pass."""
-    from lfed.component import Cohort
-    from lfed.round import RoundRecord, verify_round
+    from lfed.base.component import Cohort
+    from lfed.core.round import RoundRecord, verify_round
 
     def record(shift: int) -> RoundRecord:
         c = Cohort(0, torch.tensor([1, 4]), torch.tensor([5, 7]), torch.tensor([2, 2]), torch.tensor([2, 2]), 6)

@@ -1,4 +1,4 @@
-"""Tests for lfed.sampling (SPEC §5), lfed.stragglers (SPEC §6) and lfed.communication."""
+"""Tests for lfed.participation.sampling (SPEC §5), lfed.participation.stragglers (SPEC §6) and lfed.evaluation.communication."""
 
 import io
 import math
@@ -6,8 +6,7 @@ import math
 import pytest
 import torch
 
-from lfed.rng import round_generator
-from lfed.sampling import (
+from lfed.participation.sampling import (
     SAMPLERS,
     AttentionSampler,
     CommunicationMeter,
@@ -22,6 +21,7 @@ from lfed.sampling import (
     round_half_up,
     rounds_to_reach,
 )
+from lfed.rng import round_generator
 
 F64 = torch.float64
 

@@ -11,13 +11,13 @@ import torch
 import yaml
 from conftest import flat_weights, run_rounds
 
-from lfed.data.datamodule import FederatedDataModule
-from lfed.models import MLP
-from lfed.module import FederatedModule
-from lfed.round import LocalTraining
-from lfed.rounds import fit_run
-from lfed.settings import Engine, Evaluation, SettingDeprecation, build_run, upgrade, upgrade_args
-from lfed.stragglers import Stragglers
+from lfed.core.fit import fit_run
+from lfed.core.round import LocalTraining
+from lfed.core.settings import Engine, Evaluation, SettingDeprecation, build_run, upgrade, upgrade_args
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
+from lfed.models.zoo import MLP
+from lfed.participation.stragglers import Stragglers
 
 
 def digits(**kw):
@@ -119,7 +119,7 @@ def test_the_command_line_and_a_config_file_in_the_old_spelling_are_rewritten(tm
 
 
 def test_lfed_fit_runs_a_config_of_0_3_and_prints_one_deprecation_line_per_key(tmp_path, capsys):
-    from lfed.cli import run_cli
+    from lfed.lightning.cli import run_cli
 
     old = tmp_path / "old.yaml"
     old.write_text("model:\n  algorithm: fedprox\n  mu: 0.2\n  client_lr: 0.1\n  local_epochs: 2\n"
@@ -167,7 +167,7 @@ def test_fit_run_in_pieces_within_its_horizon_is_one_call_and_past_it_is_refused
     the cohorts of fit_run(4) (1, 2, 3, 4 clients of 10: 0.1 -> 0.4 in 4 stages) and ends on the same weights; 0.4
     squeezed the schedule into each call (1, 3, 3, 4). Going past the horizon is refused for it (named), and
     extends it for a run with a constant fraction."""
-    from lfed.sampling import StepwiseFraction
+    from lfed.participation.sampling import StepwiseFraction
 
     def run():
         return build_run(net=net(), algorithm="adafl", fraction=StepwiseFraction(0.1, 0.4, 4), seed=2,
@@ -189,7 +189,7 @@ def test_fit_run_in_pieces_within_its_horizon_is_one_call_and_past_it_is_refused
     constant = build_run(net=net(), training=LocalTraining(client_lr=0.1), seed=1)
     fit_run(constant, digits(), 1)
     assert len(fit_run(constant, digits(), 2)) == 2 and constant.rounds_done == 3  # nothing depends on the horizon
-    from lfed.sampling import ExplicitFraction  # a schedule by round, not by the run's length: extends too
+    from lfed.participation.sampling import ExplicitFraction  # a schedule by round, not by the run's length: extends too
 
     explicit = build_run(net=net(), fraction=ExplicitFraction([(0, 0.2), (2, 0.4)]), seed=1,
                          training=LocalTraining(client_lr=0.1))
@@ -208,7 +208,7 @@ def test_a_checkpoint_written_by_lfed_0_3_resumes_bit_for_bit_under_0_4(tmp_path
 
     from conftest import REPO
 
-    from lfed.cli import run_cli
+    from lfed.lightning.cli import run_cli
 
     fixture = REPO / "tests" / "data" / "checkpoint_0_3"
     ckpt = tmp_path / "last.ckpt"
@@ -226,15 +226,15 @@ def test_a_checkpoint_written_by_lfed_0_3_resumes_bit_for_bit_under_0_4(tmp_path
 
 @pytest.mark.parametrize("fixture", ["checkpoint_0_4_fedbuff", "checkpoint_0_4_adafl"])
 def test_a_checkpoint_written_by_lfed_0_4_resumes_bit_for_bit(tmp_path, one_thread, fixture):
-    """tests/data/checkpoint_0_4_*: written by lfed 0.4 (2bff11a) from configs whose class paths are 0.4's
-    (``lfed.models.MLP``, ``lfed.asynchronous.FedBuff``, ``lfed.clock.SimulatedClock``, ``lfed.sampling.AttentionSampler``):
+    """tests/data/checkpoint_0_4_*: written by lfed 0.4 (2bff11a) from configs with 0.4's class paths (``lfed.models.MLP``,
+    ``lfed.asynchronous.FedBuff``, ``lfed.clock.SimulatedClock``, ``lfed.sampling.AttentionSampler``, moved in 0.5):
     FedBuff with clients in flight after 4 server steps, AdaFL's attention sampler after 4 rounds. Resumed to 6, each
-    equals 6 steps from scratch: the checkpoint's keys, its event queue and sampler state, and the class paths hold."""
+    equals 6 steps from scratch: the checkpoint's keys, its event queue and sampler state, and the old paths hold."""
     import shutil
 
     from conftest import REPO
 
-    from lfed.cli import run_cli
+    from lfed.lightning.cli import run_cli
 
     data = REPO / "tests" / "data" / fixture
     ckpt = tmp_path / "last.ckpt"
@@ -253,10 +253,10 @@ def test_a_checkpoint_written_by_lfed_0_4_resumes_bit_for_bit(tmp_path, one_thre
 def test_an_old_method_key_on_the_command_line_overrides_its_config_files_component(tmp_path):
     """A grid axis or sweep argument in 0.3's spelling after a config of 0.4 (the later setting wins, as always)."""
     cfg = tmp_path / "new.yaml"
-    cfg.write_text("model:\n  algorithm: adafl\n  sampler:\n    class_path: lfed.sampling.AttentionSampler\n"
+    cfg.write_text("model:\n  algorithm: adafl\n  sampler:\n    class_path: lfed.participation.sampling.AttentionSampler\n"
                    "    init_args: {alpha: 0.9}\n")
     args, said = upgrade_args(["fit", "--config", str(cfg), "--model.sampler_alpha=0.5"])
-    assert args[-1] == '--model.sampler={"class_path": "lfed.sampling.AttentionSampler", "init_args": {"alpha": 0.5}}'
+    assert args[-1] == '--model.sampler={"class_path": "lfed.participation.sampling.AttentionSampler", "init_args": {"alpha": 0.5}}'
     assert len(said) == 1
     with pytest.raises(ValueError, match="given with model.sampler.init_args.alpha"):  # in one place: refused
-        upgrade({"sampler": {"class_path": "lfed.sampling.AttentionSampler", "init_args": {"alpha": 0.9}}, "sampler_alpha": 0.5})
+        upgrade({"sampler": {"class_path": "lfed.participation.sampling.AttentionSampler", "init_args": {"alpha": 0.9}}, "sampler_alpha": 0.5})

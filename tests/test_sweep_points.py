@@ -20,9 +20,9 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import CSVLogger
 
 from lfed import FederatedDataModule, FederatedModule
-from lfed.cli import run_cli
-from lfed.models import MLP
-from lfed.sweep import Sweep, load_sweep
+from lfed.lightning.cli import run_cli
+from lfed.lightning.sweep import Sweep, load_sweep
+from lfed.models.zoo import MLP
 
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
 QUICK = REPO / "configs" / "quickstart.yaml"

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from conftest import REPO
 
-from lfed.cli import LfedCLI, run_cli
-from lfed.data.datamodule import FederatedDataModule
-from lfed.module import FederatedModule
+from lfed.lightning.cli import LfedCLI, run_cli
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
 
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
 HEAD = ["${env}", "lfed", "fit"]

@@ -8,9 +8,9 @@ from conftest import run_rounds
 from lightning.pytorch import Callback
 from torch import nn
 
-from lfed.data.datamodule import FederatedDataModule
 from lfed.data.partition import validation_split
-from lfed.module import FederatedModule
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
 
 
 def test_validation_split_sizes_disjoint_and_seeded():

@@ -22,10 +22,10 @@ from torch.func import functional_call
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from conftest import run_rounds  # noqa: E402
 
-from lfed.data.datamodule import FederatedDataModule  # noqa: E402
 from lfed.engine import batch_schedule  # noqa: E402
-from lfed.models import MLP  # noqa: E402
-from lfed.module import FederatedModule  # noqa: E402
+from lfed.lightning.datamodule import FederatedDataModule  # noqa: E402
+from lfed.lightning.module import FederatedModule  # noqa: E402
+from lfed.models.zoo import MLP  # noqa: E402
 from lfed.personal.ditto import Ditto  # noqa: E402
 from lfed.rng import round_generator  # noqa: E402
 

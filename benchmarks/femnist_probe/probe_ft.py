@@ -19,11 +19,11 @@ from torch.func import functional_call
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from conftest import run_rounds  # noqa: E402
 
-from lfed.data.datamodule import FederatedDataModule  # noqa: E402
-from lfed.distributed import Ranks  # noqa: E402
 from lfed.engine import batch_schedule  # noqa: E402
-from lfed.models import MLP  # noqa: E402
-from lfed.module import FederatedModule  # noqa: E402
+from lfed.engine.ranks import Ranks  # noqa: E402
+from lfed.lightning.datamodule import FederatedDataModule  # noqa: E402
+from lfed.lightning.module import FederatedModule  # noqa: E402
+from lfed.models.zoo import MLP  # noqa: E402
 from lfed.personal.finetune import FedAvgFT  # noqa: E402
 from lfed.rng import round_generator  # noqa: E402
 
@@ -143,7 +143,7 @@ def main():
               + f" | max |row - hand| {float((rows[k].double() - v).abs().max()):.2e}"
               + " | batch losses " + " ".join(f"{x:.2f}" for x in losses))
     # all writers: lfed's numbers
-    from lfed.evaluation import local_accuracy
+    from lfed.evaluation.scores import local_accuracy
     g_acc = local_accuracy(mnet, layout, w32.expand(N, -1), d, clients)
     p_acc = local_accuracy(mnet, layout, rows, d, clients)
     print(f"all {N} writers: global mean {float(g_acc.nanmean()):.4f} personal (lfed rows) mean {float(p_acc.nanmean()):.4f}")

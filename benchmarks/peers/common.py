@@ -40,7 +40,7 @@ def load_arrays(data: str) -> dict[str, np.ndarray]:
 
 
 class MLP(nn.Module):
-    """McMahan et al.'s 2NN, 784-200-200-10 with ReLU (199,210 parameters), like lfed.models.MLP."""
+    """McMahan et al.'s 2NN, 784-200-200-10 with ReLU (199,210 parameters), like lfed.models.zoo.MLP."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -45,7 +45,7 @@ def main() -> None:
     from lightning.pytorch import Callback, Trainer
 
     from lfed import FederatedDataModule, FederatedModule
-    from lfed.models import MLP, McMahanMNISTCNN
+    from lfed.models.zoo import MLP, McMahanMNISTCNN
 
     t_import = time.perf_counter()
     if args.threads:

@@ -11,19 +11,19 @@ component that is both the client rule and the server combination, with its stat
   ``Δ = mean_{k counting} Δ_k - h / α`` (uniform mean, ``N`` all clients), applied by the server
   optimizer like any ``Δ`` (SGD with lr 1 gives the paper's ``w ← mean_k w_k - h/α``).
 
-Registered as the preset ``feddyn`` by one line in :data:`lfed.algorithms.PRESETS`.
+Registered as the preset ``feddyn`` by one line in :data:`lfed.core.registry.PRESETS`.
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
+from lfed.base.component import Cohort
+from lfed.checks import number
 from lfed.client.objectives import ClientRule
-from lfed.component import Cohort
 from lfed.engine import StepRule
 from lfed.server.combination import ServerCombination
-from lfed.state import StateSpec
-from lfed.validation import number
+from lfed.state.spec import StateSpec
 
 __all__ = ["FedDyn"]
 

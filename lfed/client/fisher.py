@@ -4,7 +4,7 @@
 ``min(n_k, num_samples)`` of its examples drawn without replacement (per-example gradients,
 never squared batch gradients). Only :class:`~lfed.client.objectives.EFL` uses it; the engine
 and the round know nothing of it. :func:`fisher_cohort` splits the clients over the ranks like
-local training (:mod:`lfed.distributed`).
+local training (:mod:`lfed.engine.ranks`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 from torch.func import functional_call, grad, vmap
 
-from lfed.distributed import Ranks, assign_rows, gather_rows
 from lfed.engine import CohortTrainer
+from lfed.engine.ranks import Ranks, assign_rows, gather_rows
 
 __all__ = ["FisherJob", "fisher_cohort", "fisher_diagonal", "fisher_share"]
 
@@ -62,7 +62,7 @@ def fisher_diagonal(
         raise ValueError(f"num_samples: must be >= 1, got {num_samples}")
     K, P = weights.shape
     n = num_examples.detach().cpu().long()
-    max_n = max(n.tolist(), default=0)  # the round gives the host sizes (lfed.host)
+    max_n = max(n.tolist(), default=0)  # the round gives the host sizes (lfed.engine.host)
     S = min(int(num_samples), max_n)
     keys = torch.rand(K, max_n, generator=generator, dtype=torch.float64)
     keys.masked_fill_(torch.arange(max_n) >= n[:, None], math.inf)

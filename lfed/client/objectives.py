@@ -1,7 +1,7 @@
 """Local objectives (SPEC §2): plain, prox, scaffold, igfl, efl.
 
-Each objective is a :class:`ClientRule` component (:mod:`lfed.component`) that declares its
-per-client and server state (:mod:`lfed.state` allocates it, checkpoints it and checks its
+Each objective is a :class:`ClientRule` component (:mod:`lfed.base.component`) that declares its
+per-client and server state (:mod:`lfed.state.spec` allocates it, checkpoints it and checks its
 shapes). Before local training it turns its state into a :class:`~lfed.engine.StepRule` for
 the whole cohort (one general step, ``w ← w - eta_l (grad_scale g + decay ⊙ w + shift)``);
 after local training it updates its state from the clients' final weights. Nothing here loops
@@ -23,13 +23,13 @@ efl        ``u_k``, ``v_k`` (``fisher_u``, ``fisher_v``) and      ``2·N·P + 2�
            their sums ``U``, ``V``
 =========  =====================================================  ==========================
 
-For example SCAFFOLD on :class:`~lfed.models.McMahanCIFARCNN` at its default 32×32 input
+For example SCAFFOLD on :class:`~lfed.models.zoo.McMahanCIFARCNN` at its default 32×32 input
 (P = 1,756,426) with 100 clients keeps ``c_k`` in 100 × 1,756,426 × 4 B ≈ 703 MB (670 MiB) in
 float32, twice that in float64; at the paper's 24×24 crops (P = 1,068,298) it is ≈ 427 MB.
 EFL keeps two such tensors (≈ 1.4 GB at 32×32), IGFL one. The MNIST 2NN (P = 199,210) with
 100 clients needs ≈ 80 MB per tensor. A checkpoint carries all of it; loading one whose state
 was made for another ``N`` or ``P`` fails with a :class:`ValueError` naming the buffer and both
-shapes (:func:`lfed.state.check_state_shapes`).
+shapes (:func:`lfed.state.spec.check_state_shapes`).
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lfed.component import Cohort, Component, LocalWork
+from lfed.base.component import Cohort, Component, LocalWork
+from lfed.checks import integer, number
 from lfed.engine import LossTerm, StepRule
-from lfed.host import device_rows, values
+from lfed.engine.host import device_rows, values
 from lfed.rng import round_generator, seeded_global_rng
-from lfed.state import StateSpec, check_state_shapes
-from lfed.validation import integer, number
+from lfed.state.spec import StateSpec, check_state_shapes
 
 __all__ = ["OBJECTIVES", "OBJECTIVE_CLASSES", "ClientRule", "Cohort", "EFL", "IGFL", "Plain", "Prox", "Scaffold",
            "build_objective", "check_state_shapes"]
@@ -105,7 +105,7 @@ class ClientRule(Component):
     def personal_rows(self, clients: Tensor, w: Tensor, local: LocalWork) -> Tensor:
         """``[K, P]`` the personalized models of ``clients`` (any clients, not only a cohort) given the global ``w``.
 
-        ``local`` is a :class:`~lfed.component.LocalWork` over these clients' training data (the run's
+        ``local`` is a :class:`~lfed.base.component.LocalWork` over these clients' training data (the run's
         batch size, its step budget as ``steps_done``, ``client_lr``), for a method whose personal
         model is trained at evaluation time (FedAvg-FT). The global model by default.
         """
@@ -115,7 +115,7 @@ class ClientRule(Component):
         """The models each personalized evaluation scores beside the global ``w`` (SPEC §11), by metric prefix:
         ``{"personal": clients -> personal_rows(clients, w, local(clients))}`` for a :attr:`personalized` rule, none for
         any other (the run then evaluates the global model alone). ``local(clients)`` is the
-        :class:`~lfed.component.LocalWork` over those clients' training data."""
+        :class:`~lfed.base.component.LocalWork` over those clients' training data."""
         if not self.personalized:
             return {}
         return {"personal": lambda clients: self.personal_rows(clients, w, local(clients))}
@@ -214,7 +214,7 @@ class Scaffold(ClientRule):
 
     def __init__(self, control_clip: float | None = None, control_noise: float | None = None) -> None:
         super().__init__()
-        from lfed.validation import number
+        from lfed.checks import number
 
         if (control_clip is None) != (control_noise is None):
             raise ValueError("control_clip, control_noise: DP-SCAFFOLD clips the control updates to control_clip and "
@@ -274,7 +274,7 @@ class IGFL(ClientRule):
     ``w ← w + Δ_I + Δ_G``, i.e. the step rule with ``grad_scale = 1 + 1/|S|`` and
     ``shift = (Δw_k / |S| - Δw_ps) / (eta_l T_k)``. ``Δw_k`` (the client's update from the
     last round it took part in) and ``Δw_ps`` (the global model's last change) are the round's
-    update history (:class:`lfed.round.UpdateHistory`, ``uses_history``).
+    update history (:class:`lfed.core.round.UpdateHistory`, ``uses_history``).
     """
 
     name = "igfl"
@@ -329,7 +329,7 @@ class EFL(ClientRule):
 
     def round_metrics(self, cohort: Cohort, lr: float) -> dict[str, float | Tensor]:
         """``efl/max_lr_lambda_u``: ``max_i η λ U_i`` of this round's step (stable only below 2, SPEC §2 efl);
-        a device value, read with the round's other metrics (:mod:`lfed.host`)."""
+        a device value, read with the round's other metrics (:mod:`lfed.engine.host`)."""
         return {"efl/max_lr_lambda_u": lr * self.lam * self.state("fisher_u_sum").max()}
 
     def after_local(self, cohort: Cohort, w_start: Tensor, w_end: Tensor, lr: float, local: LocalWork) -> None:
@@ -338,7 +338,7 @@ class EFL(ClientRule):
         host = cohort.host_values()
         if not any(values(host.active)):
             return
-        active = device_rows(host.active, w_end.device)  # rows, not a boolean mask: no device read (lfed.host)
+        active = device_rows(host.active, w_end.device)  # rows, not a boolean mask: no device read (lfed.engine.host)
         clients = cohort.clients[active.to(cohort.clients.device)]
         with seeded_global_rng(local.seed, local.round, "fisher_dropout", w_end.device):  # a model's dropout
             job = FisherJob(w_end[active], local.data_x, local.data_y, local.index[active.to(local.index.device)],
@@ -369,7 +369,7 @@ def build_objective(name: str) -> ClientRule:
     if isinstance(name, str) and name in OBJECTIVE_CLASSES:
         return OBJECTIVE_CLASSES[name]()
     if isinstance(name, str) and "." in name:
-        from lfed.component import load_class
+        from lfed.base.component import load_class
 
         return load_class(name, ClientRule, "objective")()
     raise ValueError(f"objective: {name!r} is not one of {OBJECTIVES}")

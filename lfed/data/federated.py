@@ -3,7 +3,7 @@
 The pooled training set lives in two tensors; a client is a list of positions in them
 (packed into an ``[N, max_n]`` index with sizes), so a whole cohort's batch is gathered on the
 device in one indexing operation. Each client also has a held-out split for client-side
-evaluation (SPEC §9). :mod:`lfed.data.datamodule` wraps it for Lightning (the rounds as the
+evaluation (SPEC §9). :mod:`lfed.lightning.datamodule` wraps it for Lightning (the rounds as the
 training loader, evaluation ticks).
 """
 
@@ -87,7 +87,7 @@ class FederatedData:
         """A host (CPU) copy of the per-client field ``name`` (:data:`HOST_FIELDS`), made once and kept.
 
         A round reads its cohort's sizes and label counts from these copies without waiting for the device
-        (:mod:`lfed.host`); :meth:`to` hands them on, so data moved to a device keeps the copies it was built with.
+        (:mod:`lfed.engine.host`); :meth:`to` hands them on, so data moved to a device keeps the copies it was built with.
         """
         if name not in HOST_FIELDS:
             raise ValueError(f"name: one of {HOST_FIELDS}, got {name!r}")
@@ -266,8 +266,8 @@ def _inverted(ds: DatasetTensors) -> DatasetTensors:
 class FederatedDataset:
     """A dataset partitioned over ``num_clients`` simulated clients (SPEC §8), with no Lightning in it.
 
-    What a round needs of the data (:meth:`build` gives the :class:`FederatedData`); :func:`lfed.rounds.fit_run`
-    takes it as it is, and :class:`lfed.data.datamodule.FederatedDataModule` is the same with Lightning's loaders.
+    What a round needs of the data (:meth:`build` gives the :class:`FederatedData`); :func:`lfed.core.fit.fit_run`
+    takes it as it is, and :class:`lfed.lightning.datamodule.FederatedDataModule` is the same with Lightning's loaders.
 
     Args:
         dataset: A built-in dataset name (``digits``, ``mnist``, ``fashion_mnist``,
@@ -480,7 +480,7 @@ class FederatedDataset:
 
     def state_dict(self) -> dict:
         """What the clients' data is, for checkpoints: sizes, seed, partition and its fingerprint."""
-        from lfed.fingerprint import data_fingerprint
+        from lfed.state.fingerprint import data_fingerprint
 
         d = self.build()
         return {
@@ -498,6 +498,6 @@ class FederatedDataset:
             ValueError: If the checkpoint's clients were split differently (another dataset,
                 number of clients, partition, seed, or other example indices), naming each difference.
         """
-        from lfed.fingerprint import data_fingerprint, verify_fingerprint
+        from lfed.state.fingerprint import data_fingerprint, verify_fingerprint
 
         verify_fingerprint(state_dict.get("fingerprint"), data_fingerprint(self), "the checkpoint's data")

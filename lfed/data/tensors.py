@@ -1,7 +1,7 @@
 """A dataset as tensors (:class:`DatasetTensors`), label checks and the cache of decoded datasets.
 
 Shared by the dataset loaders of :mod:`lfed.data.datasets` and :mod:`lfed.data.leaf` and by
-:mod:`lfed.data.datamodule` and :mod:`lfed.data.partition`; it imports none of them.
+:mod:`lfed.lightning.datamodule` and :mod:`lfed.data.partition`; it imports none of them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from lfed.atomic import write_atomically
+from lfed.state.atomic import write_atomically
 
 __all__ = ["DatasetTensors", "cached_tensors", "resolve_cache_dir", "source_key", "validate_labels"]
 

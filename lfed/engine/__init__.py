@@ -25,7 +25,7 @@ computation of later steps.
 The parts, one concept a module:
 
 * :mod:`lfed.engine.rule`: the step rule (:class:`StepRule`, :class:`LossTerm`);
-* :mod:`lfed.engine.schedule`: batch schedules (:func:`batch_schedule`, :func:`steps_per_epoch`);
+* :mod:`lfed.engine.batches`: batch schedules (:func:`batch_schedule`, :func:`steps_per_epoch`);
 * :mod:`lfed.engine.losses`: per-example losses (:func:`as_per_example_loss`, :func:`per_example_mean`);
 * :mod:`lfed.engine.result`: what training returns (:class:`CohortResult`);
 * :mod:`lfed.engine.vmap`: the ``vmap`` backend;
@@ -40,6 +40,7 @@ The parts, one concept a module:
 Every name is importable from ``lfed.engine``; patch a name where it is used (its module above).
 """
 
+from lfed.engine.batches import batch_schedule, steps_per_epoch
 from lfed.engine.conv import conv1d_matmul, conv2d_matmul
 from lfed.engine.loop import has_running_stats
 from lfed.engine.losses import LossFn, as_per_example_loss, per_example_cross_entropy, per_example_mean
@@ -47,7 +48,6 @@ from lfed.engine.precision import local_autocast, round_precision
 from lfed.engine.result import CohortResult
 from lfed.engine.rule import LossTerm, StepRule
 from lfed.engine.rule import _apply_step_ as _apply_step_  # private, imported from here by tests/test_engine.py
-from lfed.engine.schedule import batch_schedule, steps_per_epoch
 from lfed.engine.trainer import BACKENDS, CohortTrainer
 
 __all__ = [

@@ -74,7 +74,7 @@ def term_per_example(extra, batch: int):
     if not isinstance(extra, _Tensor) or extra.dim() == 0 or (extra.dim() == 1 and extra.shape[0] == batch):
         return extra
     shape = ", ".join("B" if i == 0 and n == batch else str(n) for i, n in enumerate(extra.shape))
-    from lfed.validation import HookError
+    from lfed.checks import HookError
 
     raise HookError(f"loss_term: its function returned shape [{shape}] for a batch of B examples; return [B] "
                     "(one value per example) or a scalar (one value for the batch), e.g. .reshape(-1) or .sum(-1)")

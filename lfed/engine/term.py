@@ -25,7 +25,7 @@ class TermModel:
 
     Attributes:
         features: The current model's output of ``layer`` on the batch; reading it for a term without a
-            ``layer`` raises a :class:`~lfed.validation.HookError` that names the fix.
+            ``layer`` raises a :class:`~lfed.checks.HookError` that names the fix.
     """
 
     def __init__(self, net: nn.Module, layout: Any, buffers: dict[str, Tensor], layer: str | None) -> None:
@@ -35,7 +35,7 @@ class TermModel:
     @property
     def features(self) -> Tensor:
         if self.layer is None:
-            from lfed.validation import HookError
+            from lfed.checks import HookError
 
             names = [n for n, _ in self.net.named_modules() if n]
             shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")

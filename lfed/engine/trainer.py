@@ -1,6 +1,6 @@
 """CohortTrainer: the entry point of local training of a cohort, and the choice of its backend.
 
-:class:`CohortTrainer` checks its inputs, draws the batch schedule (:mod:`lfed.engine.schedule`),
+:class:`CohortTrainer` checks its inputs, draws the batch schedule (:mod:`lfed.engine.batches`),
 splits the cohort into chunks and hands each chunk to a backend: ``vmap``
 (:mod:`lfed.engine.vmap`) or ``loop`` (:mod:`lfed.engine.loop`), resolved from ``"auto"`` by a
 probe step.
@@ -16,15 +16,15 @@ import torch
 from torch import Tensor, nn
 from torch.func import grad_and_value, vmap
 
+from lfed.engine.batches import batch_schedule
+from lfed.engine.host import to_device
 from lfed.engine.loop import LoopBackend, has_running_stats
 from lfed.engine.losses import LossFn, as_per_example_loss
+from lfed.engine.params import ParamLayout
 from lfed.engine.recorded import _rng_state, _set_rng_state
 from lfed.engine.result import CohortResult
 from lfed.engine.rule import StepRule
-from lfed.engine.schedule import batch_schedule
 from lfed.engine.vmap import VmapBackend
-from lfed.host import to_device
-from lfed.params import ParamLayout
 
 BACKENDS = ("auto", "vmap", "loop")
 
@@ -183,10 +183,10 @@ class CohortTrainer(VmapBackend, LoopBackend):
     ) -> CohortResult:
         """Local training of K clients from the broadcast weights ``w_start``.
 
-        The rows need not belong to one run: :mod:`lfed.group` trains the cohorts of several
+        The rows need not belong to one run: :mod:`lfed.lightning.group` trains the cohorts of several
         runs in one call, each row with its own start weights (``w_start [K, P]``), learning
         rate (``lr [K]``) and batches (``schedule``), and their rules concatenated
-        (:func:`lfed.group.concat_rules`). Each row's result is the one it gets trained alone.
+        (:func:`lfed.lightning.group.concat_rules`). Each row's result is the one it gets trained alone.
 
         Args:
             w_start: ``[P]`` broadcast global weights, or ``[K, P]`` start weights per row.
@@ -201,7 +201,7 @@ class CohortTrainer(VmapBackend, LoopBackend):
             generator: CPU generator for the batch schedule (unused when ``schedule`` is given).
             rows: Train only these rows of the cohort (``[K_r]`` indices; None: all K). The
                 batch schedule is still drawn for all K, so each client trains exactly as it
-                would beside the others (:mod:`lfed.distributed` splits a cohort over ranks so).
+                would beside the others (:mod:`lfed.engine.ranks` splits a cohort over ranks so).
             schedule: ``(positions [K, T, B'], valid [K, T, B'])``, the batches of every row
                 (:func:`batch_schedule`, ``T >= max(steps_done)``); None: drawn from ``generator``.
             buffers: ``{name: [K, *shape]}`` each row's own start values of some of the net's buffers

@@ -17,13 +17,13 @@ from torch import Tensor
 from torch.func import functional_call
 
 from lfed.engine.conv import CONV_FORMS, choose_form, conv_forms
+from lfed.engine.host import to_device
 from lfed.engine.losses import per_example_mean
 from lfed.engine.precision import local_autocast
 from lfed.engine.recorded import RecordedStep
 from lfed.engine.result import CohortResult
 from lfed.engine.rule import LossTerm, _is_plain, _pick_rows, term_per_example
 from lfed.engine.term import TermModel
-from lfed.host import to_device
 
 
 def _lr_runs(lr: Tensor) -> list[tuple[int, int, float]]:

@@ -10,7 +10,7 @@
 
 Every evaluation scores each client's personalized model (:meth:`~lfed.client.objectives.ClientRule.personal_rows`)
 and the global model on the client's own held-out split (``personal/acc_*``, ``global/acc_*``:
-:meth:`lfed.run.FederatedRun.personal_evaluation`).
+:meth:`lfed.core.run.FederatedRun.personal_evaluation`).
 
 Every method is importable from ``lfed.personal`` (imported on first use), with the pieces of a method with a
 local part: :class:`~lfed.personal.local_part.LocalPartRule` (FedPer in full; FedRep and FedBN subclass it) and

@@ -28,11 +28,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lfed.checks import number
 from lfed.client.objectives import ClientRule
 from lfed.engine import batch_schedule
 from lfed.rng import round_generator
-from lfed.state import GLOBAL, StateSpec
-from lfed.validation import number
+from lfed.state.spec import GLOBAL, StateSpec
 
 
 class APFL(ClientRule):

@@ -6,7 +6,7 @@ model ``v_k`` for as many steps ``s_k`` on ``F_k(v) + (λ/2)||v − w^r||²``:
 ``v_k ← v_k − η(∇F_k(v_k) + λ(v_k − w^r))``, ``w^r`` the model it received this round. ``v_k``
 starts as the global model at the client's first participation (``StateSpec(init=GLOBAL)``),
 and the cohort's personal training is one engine call split over the ranks like the round's own
-(:meth:`lfed.component.LocalWork.train`, batches from ``(seed, round, "personal")``). The
+(:meth:`lfed.base.component.LocalWork.train`, batches from ``(seed, round, "personal")``). The
 personalized model of client ``k`` is ``v_k`` (the global model for a client that never took part).
 
     model:
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from lfed.checks import number
 from lfed.client.objectives import ClientRule
 from lfed.engine import StepRule
-from lfed.state import GLOBAL, StateSpec
-from lfed.validation import number
+from lfed.state.spec import GLOBAL, StateSpec
 
 
 class Ditto(ClientRule):

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from lfed.personal.local_part import LocalPartRule
 from lfed.personal.sharing import NORM_TYPES, Sharing, norm_parameter_names
-from lfed.state import GLOBAL, StateSpec
+from lfed.state.spec import GLOBAL, StateSpec
 
 
 class FedBN(LocalPartRule):

@@ -8,7 +8,7 @@ body with the client's new head frozen, ``φ ← φ − η ∇_φ F_k(φ, h_k)``
 epochs (or ``body_steps`` steps) for each client that did any work. The server aggregates the body
 updates only. Both phases are one engine call each over the cohort (the head phase is the round's
 own training with the body's gradient masked: ``StepRule(grad_mask=...)``; the body phase is
-:meth:`lfed.component.LocalWork.train` from the head phase's weights, batches from
+:meth:`lfed.base.component.LocalWork.train` from the head phase's weights, batches from
 ``(seed, round, "body")``).
 
     model:
@@ -24,9 +24,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from lfed.checks import integer
 from lfed.engine import StepRule, steps_per_epoch
 from lfed.personal.local_part import LocalPartRule
-from lfed.validation import integer
 
 
 class FedRep(LocalPartRule):

@@ -41,7 +41,7 @@ from lfed.client.objectives import ClientRule
 from lfed.engine import LossTerm, StepRule, batch_schedule
 from lfed.engine.losses import per_example_cross_entropy
 from lfed.rng import round_generator
-from lfed.state import StateSpec
+from lfed.state.spec import StateSpec
 
 
 def balanced_softmax_term(params, out: Tensor, x: Tensor, y: Tensor, log_prior: Tensor) -> Tensor:
@@ -151,7 +151,7 @@ class FedRoD(ClientRule):
         self._check_loss(local.engine)
         K = cohort.clients.numel()
         steps = (local.steps_done if local.host_steps_done is None else local.host_steps_done).detach().cpu().long()
-        T = int(steps.max()) if K else 0  # host values (lfed.host): no device read inside the round
+        T = int(steps.max()) if K else 0  # host values (lfed.engine.host): no device read inside the round
         n_host = local.num_examples if local.host_num_examples is None else local.host_num_examples
         positions, valid = batch_schedule(n_host, T, local.batch_size,
                                           round_generator(local.seed, local.round, "batches"))  # the round's own batches

@@ -6,7 +6,7 @@ Adaptation"): training is FedAvg's; at every evaluation each evaluated client ru
 plain SGD at ``eta_ft`` from the global model on its training data,
 ``v_k ← v_k − eta_ft ∇F_k(v_k; batch)``, ``v_k⁰ = w``, and its personalized model is the result.
 No state. The fine-tuning of the evaluated clients is one engine call per evaluation chunk
-(:meth:`lfed.component.LocalWork.train`), with batches drawn from ``(seed, rounds done, "finetune")``.
+(:meth:`lfed.base.component.LocalWork.train`), with batches drawn from ``(seed, rounds done, "finetune")``.
 
     model:
       objective: {class_path: lfed.personal.finetune.FedAvgFT, init_args: {epochs: 1}}
@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lfed.checks import integer, number
 from lfed.client.objectives import ClientRule
 from lfed.engine import StepRule, steps_per_epoch
-from lfed.validation import integer, number
 
 
 class FedAvgFT(ClientRule):

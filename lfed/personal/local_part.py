@@ -1,7 +1,7 @@
 """The base of methods that keep part of the model on each client (FedPer, FedRep, FedBN; SPEC §11).
 
 A :class:`LocalPartRule` names its local parameters (:attr:`local`: ``fnmatch`` globs over parameter
-names; default: the last layer, the head). The round (:mod:`lfed.round`, :class:`lfed.personal.sharing.Sharing`)
+names; default: the last layer, the head). The round (:mod:`lfed.core.round`, :class:`lfed.personal.sharing.Sharing`)
 then:
 
 * starts each cohort client's local training from ``[w_shared, u_k]``: the global shared part and
@@ -23,7 +23,7 @@ from torch import Tensor
 
 from lfed.client.objectives import ClientRule
 from lfed.personal.sharing import Sharing
-from lfed.state import GLOBAL, StateSpec
+from lfed.state.spec import GLOBAL, StateSpec
 
 
 def head_names(layout) -> list[str]:

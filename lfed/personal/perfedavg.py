@@ -34,10 +34,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lfed.checks import integer, number, one_of
 from lfed.client.objectives import ClientRule
 from lfed.engine import StepRule, batch_schedule
 from lfed.rng import round_generator
-from lfed.validation import integer, number, one_of
 
 VARIANTS = ("fo", "hf")
 
@@ -73,7 +73,7 @@ class PerFedAvg(ClientRule):
     def after_local(self, cohort, w_start, w_end, lr, local) -> Tensor:
         K = cohort.clients.numel()
         steps = (local.steps_done if local.host_steps_done is None else local.host_steps_done).detach().cpu().long()
-        T = int(steps.max()) if K else 0  # host values (lfed.host): no device read inside the round
+        T = int(steps.max()) if K else 0  # host values (lfed.engine.host): no device read inside the round
         n_k, B = (local.num_examples if local.host_num_examples is None else local.host_num_examples), local.batch_size
         inner = batch_schedule(n_k, T, B, round_generator(local.seed, local.round, "batches"))  # D_t: the round's own
         outer = batch_schedule(n_k, T, B, round_generator(local.seed, local.round, "perfedavg_outer"))  # D'_t

@@ -3,9 +3,9 @@
 A personalized method that keeps part of the model on each client (FedPer's and FedRep's head,
 FedBN's normalization layers) names its *local* parameters by name patterns (``fnmatch`` globs
 over ``named_parameters()`` names, e.g. ``"fc2.*"``) or by module type. :class:`Sharing` turns
-that into a split of the flat vector ``[P]`` (:class:`~lfed.params.ParamLayout`) into a shared
+that into a split of the flat vector ``[P]`` (:class:`~lfed.engine.params.ParamLayout`) into a shared
 part ``[P_s]`` and a local part ``[P_l]``, whole tensors each, in the layout's order. The round
-(:mod:`lfed.round`) then trains every client from the global shared part and its own local part,
+(:mod:`lfed.core.round`) then trains every client from the global shared part and its own local part,
 and uploads, compresses, counts bits for, combines and server-steps the shared part only; the local
 part is per-client state of the rule and never leaves the client.
 
@@ -21,9 +21,9 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-from lfed.amplification import server_amplification
-from lfed.params import ParamLayout
-from lfed.validation import name_matches
+from lfed.checks import name_matches
+from lfed.engine.params import ParamLayout
+from lfed.evaluation.amplification import server_amplification
 
 __all__ = ["SHARE_ALL", "ShareAll", "Sharing", "norm_parameter_names", "resolve_sharing"]
 
@@ -35,7 +35,7 @@ class Sharing:
     """The split of the flat vector into shared and local coordinates.
 
     Args:
-        layout: The model's :class:`~lfed.params.ParamLayout`.
+        layout: The model's :class:`~lfed.engine.params.ParamLayout`.
         local: Names of the local parameters (each a name of ``layout``).
 
     Attributes:
@@ -137,7 +137,7 @@ class Sharing:
         return self.num_local if local else self.num_shared
 
     def amplification(self, *args) -> None:
-        """None: the server amplification (:func:`lfed.amplification.server_amplification`) is not defined on the shared
+        """None: the server amplification (:func:`lfed.evaluation.amplification.server_amplification`) is not defined on the shared
         part (the step rule's shift is over every coordinate)."""
         return None
 
@@ -170,7 +170,7 @@ class ShareAll:
         return w_new
 
     def amplification(self, *args) -> Tensor | None:
-        """The round's server amplification (:func:`lfed.amplification.server_amplification`, same arguments)."""
+        """The round's server amplification (:func:`lfed.evaluation.amplification.server_amplification`, same arguments)."""
         return server_amplification(*args)
 
     def __repr__(self) -> str:

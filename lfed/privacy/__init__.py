@@ -3,9 +3,9 @@
 * :mod:`lfed.privacy.clipping`: per-client L2 clipping of the cohort's ``[K, P]`` updates at once;
 * :mod:`lfed.privacy.accountant`: the privacy ledger of a run (``dp-accounting``'s RDP accountant);
 * :mod:`lfed.privacy.dp_fedavg`: :class:`DPFedAvg`, the server combination (clip, noise, fixed denominator,
-  adaptive clipping, local DP), with Poisson sampling (:class:`lfed.sampling.PoissonSampler`);
+  adaptive clipping, local DP), with Poisson sampling (:class:`lfed.participation.sampling.PoissonSampler`);
 * :mod:`lfed.privacy.releases`: DP-FedAvg's refusal of every value a component releases beside its update
-  (:attr:`lfed.component.Component.releases`);
+  (:attr:`lfed.base.component.Component.releases`);
 * :mod:`lfed.privacy.metrics`: the gate on the metrics a DP run logs (private ones only, or the rest marked
   ``unaccounted/``);
 * :mod:`lfed.privacy.audit`: the one-run audit by canary clients (Steinke, Nasr, Jagielski 2023), ε_lower against ε.

@@ -34,10 +34,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lfed.component import HostCohort
+from lfed.base.component import HostCohort
+from lfed.checks import integer, number
 from lfed.privacy.dp_fedavg import DPFedAvg
 from lfed.rng import round_generator
-from lfed.validation import integer, number
 
 __all__ = ["AuditResult", "CanaryDPFedAvg", "epsilon_lower_bound", "guess", "p_value"]
 

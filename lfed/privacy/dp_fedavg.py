@@ -8,7 +8,7 @@ seeded stream, the same on every rank) and the sum is divided by the expected co
 
     Δ = (Σ_{k∈S} Δ_k · min(1, C / ‖Δ_k‖) + N(0, z²C² I)) / m
 
-With Poisson sampling (:class:`lfed.sampling.PoissonSampler`, rate ``q = m / N``) a round is the
+With Poisson sampling (:class:`lfed.participation.sampling.PoissonSampler`, rate ``q = m / N``) a round is the
 sampled Gaussian mechanism; :class:`lfed.privacy.accountant.PrivacyAccountant` composes the rounds
 and the round logs ``privacy/epsilon`` at ``δ`` (default ``1/N^1.1``). A round with no counting
 client still releases its noise (never skipped: skipping would reveal that nobody took part).
@@ -22,14 +22,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lfed.host import values
+from lfed.checks import number
+from lfed.engine.host import values
 from lfed.privacy.accountant import ACCOUNTANTS, PrivacyAccountant, calibrate_noise, epsilon
 from lfed.privacy.clipping import clip_factors, clip_rows
 from lfed.privacy.releases import check_releases
 from lfed.rng import NOISE_MODES, PrivateStreams
 from lfed.server.combination import ServerCombination
-from lfed.state import StateSpec
-from lfed.validation import number
+from lfed.state.spec import StateSpec
 
 __all__ = ["DPFedAvg"]
 
@@ -268,7 +268,7 @@ class DPFedAvg(ServerCombination):
     def combine(self, updates, weights, cohort):
         K, P = updates.shape
         counting = cohort.counting.to(updates.device)
-        n_counting = sum(values(cohort.host_values().counting))  # host values: no device read (lfed.host)
+        n_counting = sum(values(cohort.host_values().counting))  # host values: no device read (lfed.engine.host)
         m = float(cohort.expected_size)
         # the bound: a fixed one is the setting itself (a host float); an adaptive one moves every round on the
         # device (its next value comes from the norms) and is used there, read to the host only with the metrics.

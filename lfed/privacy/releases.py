@@ -2,9 +2,9 @@
 
 DP-FedAvg (:mod:`lfed.privacy.dp_fedavg`) accounts one value a round: the clipped, noised sum of the counting
 clients' updates. A component that sends anything else computed from the clients' data to the server, to other
-clients or into the global model says so where it is defined, in :attr:`lfed.component.Component.releases` (one
+clients or into the global model says so where it is defined, in :attr:`lfed.base.component.Component.releases` (one
 clause each: what, and how it leaves the clients); the run adds the net's own (BatchNorm running statistics,
-:meth:`lfed.run.FederatedRun.net_releases`). A DP run refuses every one before round 0 with one line naming the
+:meth:`lfed.core.run.FederatedRun.net_releases`). A DP run refuses every one before round 0 with one line naming the
 setting (:func:`refusal`); state that stays on its client (personal models, local layers) is no release.
 """
 

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from lfed.component import Cohort, Component
-from lfed.host import device_rows
+from lfed.base.component import Cohort, Component
+from lfed.engine.host import device_rows
 from lfed.server import compression as c
-from lfed.state import StateSpec
+from lfed.state.spec import StateSpec
 
 __all__ = ["Channel", "Dense", "TernaryTopK"]
 

@@ -13,9 +13,9 @@ from typing import Literal
 
 from torch import Tensor
 
-from lfed.component import Cohort, Component
+from lfed.base.component import Cohort, Component
+from lfed.checks import number, one_of
 from lfed.server.attention import QUERIES, TIME_WEIGHTS, AttentionResult
-from lfed.validation import number, one_of
 
 __all__ = ["IGFLAttention", "Mean", "ServerCombination", "build_combination"]
 

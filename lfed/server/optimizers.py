@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from lfed.validation import number
+from lfed.checks import number
 
 __all__ = ["FedAdam", "FedYogi", "FedAdagrad", "apply_pseudo_gradient"]
 

@@ -14,9 +14,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from lfed.component import Cohort, Component
+from lfed.base.component import Cohort, Component
+from lfed.checks import one_of
 from lfed.server.weights import PARTIAL_WORK, aggregation_weights, counting_mask
-from lfed.validation import one_of
 
 __all__ = ["AggregationWeights", "DWFedWeights", "PartialWork", "SizeWeights", "UniformWeights", "build_weights"]
 
@@ -63,7 +63,7 @@ class AggregationWeights(Component):
         """``[K]`` float64 weights (0 for clients whose work does not count).
 
         Computed on the host from the cohort's host values (:attr:`Cohort.host`; the round gives the label
-        counts on the host too), so the round's input checks read no device value (:mod:`lfed.host`); the
+        counts on the host too), so the round's input checks read no device value (:mod:`lfed.engine.host`); the
         round moves the weights to the device. A subclass may return them on either.
 
         Warns :class:`~lfed.server.weights.DegenerateWeightsWarning` where a rule falls back.

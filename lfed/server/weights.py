@@ -70,7 +70,7 @@ def _check_vector(name: str, value: Tensor) -> Tensor:
 def _check_nonnegative(name: str, value: Tensor) -> None:
     if value.dtype == torch.bool:
         raise ValueError(f"{name} must be a numeric tensor, got dtype torch.bool")
-    # .tolist() reads a host tensor without a dispatch (a round passes host values, lfed.host); a device
+    # .tolist() reads a host tensor without a dispatch (a round passes host values, lfed.engine.host); a device
     # tensor given directly to these functions is read once here
     if value.is_floating_point() and not torch.isfinite(value).all().tolist():
         raise ValueError(f"{name} must be finite, got {value.tolist()}")
@@ -183,7 +183,7 @@ def label_distance(client_label_counts: Tensor, population_label_counts: Tensor)
     counts = client_label_counts.to(torch.float64)
     pop = population_label_counts.to(torch.float64).to(counts.device)
     rows = counts.sum(dim=1)
-    if (rows <= 0).any().tolist():  # host values in a round (lfed.host)
+    if (rows <= 0).any().tolist():  # host values in a round (lfed.engine.host)
         empty = torch.nonzero(rows <= 0).flatten().tolist()
         raise ValueError(f"client_label_counts has clients with no examples (rows {empty})")
     if not (pop.sum() > 0).tolist():

@@ -1,0 +1,319 @@
+"""Named algorithms as compositions of lfed's pieces (DESIGN.md: algorithms are compositions).
+
+A preset fills the :class:`~lfed.lightning.module.FederatedModule` arguments that a config leaves
+unset (``None``); anything set explicitly wins, so ``algorithm: scaffold`` with
+``sampler: attention`` is AdaFL sampling + SCAFFOLD with no new code. A choice is a name
+(``objective: scaffold``) or a component object (``class_path``, or a dotted class path string
+for the objective); :func:`build` turns the resolved choices into a :class:`~lfed.core.round.Algorithm`.
+A new algorithm in its own file is registered by one line in :data:`PRESETS` (``feddyn``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import torch
+
+#: Defaults of every composable choice (FedAvg).
+BASE: dict[str, Any] = {
+    "objective": "plain",
+    "weighting": "size",
+    "partial_work": "keep",
+    "combination": "mean",
+    "sampler": "uniform",
+    "fraction": 0.1,
+    "channel": None,
+}
+
+
+def _server(name: str, **kwargs: Any):
+    """A server-optimizer factory by name, resolved lazily."""
+
+    def factory(params):
+        if name == "sgd":
+            return torch.optim.SGD(params, **kwargs)
+        from lfed.server import optimizers
+
+        return getattr(optimizers, name)(params, **kwargs)
+
+    factory.__qualname__ = f"{name}({', '.join(f'{k}={v}' for k, v in kwargs.items())})"
+    return factory
+
+
+def _stepwise(start: float, end: float, stages: int):
+    from lfed.participation.sampling import StepwiseFraction
+
+    return StepwiseFraction(start, end, stages)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # McMahan et al. 2017
+    "fedavg": {},
+    # Hsu et al. 2019; beta = 0.9 as in IGFL's tables
+    "fedavgm": {"server_optimizer": _server("sgd", lr=1.0, momentum=0.9)},
+    # Reddi et al. 2021, tau = 0.01 (IGFL's tables use 0.1 and 0.01)
+    "fedadam": {"server_optimizer": _server("FedAdam", lr=0.01, tau=0.01)},
+    "fedyogi": {"server_optimizer": _server("FedYogi", lr=0.01, tau=0.01)},
+    "fedadagrad": {"server_optimizer": _server("FedAdagrad", lr=0.01, tau=0.01)},
+    # Li et al. 2020: partial work counts as is
+    "fedprox": {"objective": "prox", "partial_work": "keep"},
+    # Karimireddy et al. 2020: uniform weights as the paper
+    "scaffold": {"objective": "scaffold", "weighting": "uniform"},
+    # Huang et al. (000): IGFL = IGFL-C + IGFL-S. 000 picks the attention query per setting:
+    # time for cross-silo with every client each round (Table 1), global for cross-device
+    # CIFAR-10 (Table 2), self for EMNIST-62 (Table 3); §5.4: time suits full participation,
+    # global suits 10 classes. lfed's defaults are Table 2's setting (C = 0.1, 10 classes):
+    # global. Pick another with `combination:` or igfl_s_self / igfl_s_time.
+    "igfl": {"objective": "igfl", "combination": "global"},
+    "igfl_c": {"objective": "igfl"},
+    "igfl_s": {"combination": "global"},
+    "igfl_s_self": {"combination": "self"},
+    "igfl_s_global": {"combination": "global"},
+    "igfl_s_time": {"combination": "time"},
+    # Chen et al. (002)
+    "dwfed": {"weighting": "dwfed"},
+    # Chen, Chong, Quek (003): attention sampling, fraction 0.1 -> 0.5, size weights
+    "adafl": {"sampler": "attention", "fraction": ("stepwise", 0.1, 0.5, 5)},
+    "adafl_scaffold": {"sampler": "attention", "fraction": ("stepwise", 0.1, 0.5, 5), "objective": "scaffold"},
+    "adafl_fedprox": {"sampler": "attention", "fraction": ("stepwise", 0.1, 0.5, 5), "objective": "prox"},
+    # Ma et al. (004): Fisher-elastic objective, T/s weights for partial work, ternary compression
+    # with residuals both ways. 004's text gives no sparsity q (its implementation details are in
+    # a supplement we do not have): q = 0.1 is ours; `channel: false` switches it off.
+    "efl": {"objective": "efl", "partial_work": "scale", "channel": 0.1},
+    # Acar et al. 2021 (SPEC §2 feddyn): one file, lfed/client/feddyn.py (client rule + server combination)
+    "feddyn": {"objective": "lfed.client.feddyn.FedDyn"},
+    # McMahan et al. 2018 (SPEC §10): Poisson sampling, uniform weights, clip + noise + fixed denominator;
+    # set its noise, clip and budget with combination: {class_path: lfed.privacy.DPFedAvg, init_args: {...}}
+    "dp_fedavg": {"sampler": "poisson", "weighting": "uniform", "combination": "lfed.privacy.dp_fedavg.DPFedAvg"},
+    # the same with Reddi et al.'s FedAdam server (DP-FedAdam: the server optimizer is post-processing)
+    "dp_fedadam": {"sampler": "poisson", "weighting": "uniform", "combination": "lfed.privacy.dp_fedavg.DPFedAvg",
+                   "server_optimizer": _server("FedAdam", lr=0.01, tau=0.01)},
+    # SPEC §11, personalized FL: one client rule per method (lfed/personal/), each with a personalized model per client
+    "fedavg_ft": {"objective": "lfed.personal.finetune.FedAvgFT"},
+    "ditto": {"objective": "lfed.personal.ditto.Ditto"},
+    "fedper": {"objective": "lfed.personal.fedper.FedPer"},
+    "fedrep": {"objective": "lfed.personal.fedrep.FedRep"},
+    "fedbn": {"objective": "lfed.personal.fedbn.FedBN"},
+    "apfl": {"objective": "lfed.personal.apfl.APFL"},
+    "perfedavg": {"objective": "lfed.personal.perfedavg.PerFedAvg"},
+    "fedrod": {"objective": "lfed.personal.fedrod.FedRoD"},
+}
+
+#: The preset names, as a ``Literal`` so configs and ``--help`` list and check them.
+AlgorithmName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
+
+
+def _objective_class(value: Any) -> type | None:
+    """The client-rule class of an objective setting (a name, a dotted class path or a component); None if unknown."""
+    from lfed.client.objectives import OBJECTIVE_CLASSES, ClientRule
+
+    if isinstance(value, ClientRule):
+        return type(value)
+    if isinstance(value, str) and value in OBJECTIVE_CLASSES:
+        return OBJECTIVE_CLASSES[value]
+    if isinstance(value, str) and "." in value:
+        from lfed.base.component import load_class
+
+        try:
+            return load_class(value, ClientRule, "objective")
+        except ValueError:
+            return None
+    return None
+
+
+def _check_preset_objective(algorithm: str, given: Any) -> None:
+    """A preset that names an objective and an explicit objective of another class contradict each other: refused.
+
+    (An explicit objective of the preset's class, or a subclass of it, sets the preset's objective's own settings:
+    ``algorithm: ditto`` with ``objective: {class_path: Ditto, init_args: {lam: 0.1}}``.)
+    """
+    preset = PRESETS[algorithm].get("objective")
+    if preset is None or given is None:
+        return
+    want, have = _objective_class(preset), _objective_class(given)
+    if want is None or have is None or issubclass(have, want):
+        return
+    raise ValueError(f"objective: {have.__name__} contradicts algorithm={algorithm!r}, whose objective is {want.__name__}; "
+                     f"set objective: null (--model.objective null) to train {algorithm}, or the algorithm of your objective")
+
+
+def resolve(algorithm: str, **explicit: Any) -> dict[str, Any]:
+    """Fill the arguments left ``None`` in ``explicit`` from preset ``algorithm``, then from :data:`BASE`."""
+    if algorithm not in PRESETS:
+        raise ValueError(f"algorithm: {algorithm!r} is not one of {sorted(PRESETS)}")
+    unknown = sorted(set(explicit) - set(ROLES))
+    if unknown:  # a group's setting or 0.3's word: lfed.core.settings.settings() turns those into roles and groups
+        raise TypeError(f"resolve: {unknown} are not roles; the roles are {ROLES}")
+    _check_preset_objective(algorithm, explicit.get("objective"))
+    out = dict(BASE)
+    out["server_optimizer"] = _server("sgd", lr=1.0)
+    out.update(PRESETS[algorithm])
+    for key, value in explicit.items():
+        if value is not None:
+            out[key] = value
+    out["combination_explicit"] = explicit.get("combination") is not None
+    out["preset_combination"] = PRESETS[algorithm].get("combination")
+    if isinstance(out["fraction"], tuple) and out["fraction"][0] == "stepwise":
+        out["fraction"] = _stepwise(*out["fraction"][1:])
+    return out
+
+
+def build(cfg: dict[str, Any], stragglers=None):
+    """The :class:`~lfed.core.round.Algorithm` of a resolved composition (:func:`resolve`'s output).
+
+    Each entry of ``cfg`` is a name (its component with its own defaults) or a component object (used
+    as it is: a method's settings are its component's, ``Prox(mu=0.1)``); ``stragglers`` a
+    :class:`~lfed.participation.stragglers.Stragglers` (None: none). An objective that brings its own server combination
+    (:meth:`~lfed.client.objectives.ClientRule.server_combination`) gets it unless the user set
+    another, which is refused.
+    """
+    from lfed.client.objectives import ClientRule, build_objective
+    from lfed.core.round import Algorithm
+    from lfed.participation.cohorts import Participation
+    from lfed.participation.sampling import SAMPLERS, ClientSampler
+    from lfed.participation.stragglers import Stragglers
+    from lfed.server.channel import Channel, Dense, TernaryTopK
+    from lfed.server.combination import ServerCombination, build_combination
+    from lfed.server.weighting import AggregationWeights, build_weights
+
+    stragglers = stragglers if stragglers is not None else Stragglers()
+    obj = cfg["objective"]
+    objective = obj if isinstance(obj, ClientRule) else build_objective(obj)
+    w = cfg["weighting"]
+    weighting = w if isinstance(w, AggregationWeights) else build_weights(w, cfg["partial_work"])
+    comb = cfg["combination"]
+    own = objective.server_combination()
+    _check_dp_kept(cfg, objective, own)
+    if own is not None:
+        if cfg.get("combination_explicit") and comb is not own:
+            raise ValueError(
+                f"combination: objective {objective.name!r} brings its own server combination "
+                f"({type(own).__name__}); leave combination unset"
+            )
+        combination = own
+    elif isinstance(comb, ServerCombination):
+        combination = comb
+    elif isinstance(comb, str) and "." in comb:  # a preset's component by class path (DP-FedAvg)
+        from lfed.base.component import load_class
+
+        combination = load_class(comb, ServerCombination, "combination")()
+    else:
+        combination = build_combination(comb)
+    q = cfg["channel"]
+    if isinstance(q, Channel):
+        channel = q
+    elif q is None or q is False:
+        channel = Dense()
+    else:
+        channel = TernaryTopK(q)
+    s = cfg["sampler"]
+    if isinstance(s, ClientSampler):
+        sampler = s
+    elif s not in SAMPLERS:
+        raise ValueError(f"sampler: {s!r} is not one of {tuple(SAMPLERS)}")
+    else:
+        sampler = SAMPLERS[s]()
+    participation = Participation(cfg["fraction"], stragglers.p_inactive, stragglers.p_incomplete)
+    return Algorithm(objective, weighting, combination, channel, sampler, participation)
+
+
+def _is_dp(choice: Any) -> bool:
+    """Whether a combination choice (a component, or a class path) is DP-FedAvg or a subclass of it."""
+    from lfed.base.component import load_class
+    from lfed.privacy.dp_fedavg import DPFedAvg
+
+    if isinstance(choice, str) and "." in choice:
+        try:
+            choice = load_class(choice, DPFedAvg, "combination")
+        except ValueError:  # another combination, or no class: build says which
+            return False
+        return True
+    return isinstance(choice, DPFedAvg)
+
+
+def _check_dp_kept(cfg: dict[str, Any], objective: Any, own: Any) -> None:
+    """Refuse a composition in which DP-FedAvg, asked for, would be replaced by another server combination (an
+    objective's own, FedDyn's; or an explicit combination over a DP preset's): the run would not be private."""
+    from lfed.privacy.releases import refusal
+
+    if _is_dp(cfg["combination"]) and own is not None:
+        what = next(iter(objective.releases), f"{type(objective).__name__} brings its own server combination, which "
+                                              "would replace DP-FedAvg")
+        raise ValueError(refusal("objective", what))
+    if cfg.get("combination_explicit") and _is_dp(cfg.get("preset_combination")) and not _is_dp(cfg["combination"]):
+        comb = cfg["combination"]
+        name = comb if isinstance(comb, str) else type(comb).__name__
+        raise ValueError(f"combination: {name!r} would replace the preset's DP-FedAvg (no clipping, no noise: the run "
+                         "would not be private); give combination: lfed.privacy.DPFedAvg (its class_path and "
+                         "init_args), or a preset without DP")
+
+
+#: The model settings that choose a component (by name or ``class_path``).
+ROLES = ("objective", "weighting", "partial_work", "combination", "channel", "sampler", "fraction", "server_optimizer")
+
+
+def composition_label(algorithm: str, class_paths: Iterable[str]) -> str:
+    """The run's name for logs and run directories: the preset and the user's own components.
+
+    ``composition_label("fedavg", ["lfed.client.objectives.Plain", "fednova.FedNova"])`` is
+    ``"fedavg+FedNova"``: lfed's own components are named by the preset already.
+    """
+    own = [p.rsplit(".", 1)[-1] for p in class_paths if isinstance(p, str) and "." in p and not p.startswith("lfed.")]
+    return "+".join([str(algorithm), *dict.fromkeys(own)])
+
+
+def settings_label(model: dict[str, Any]) -> str:
+    """:func:`composition_label` of a run's ``model`` settings (before anything is built): ``class_path`` values."""
+    paths = []
+    for role in ROLES:
+        value = model.get(role)
+        if isinstance(value, dict) and isinstance(value.get("class_path"), str):
+            paths.append(value["class_path"])
+    objective = model.get("objective")
+    if isinstance(objective, str) and "." in objective:  # a dotted class path given as a string
+        paths.append(objective)
+    return composition_label(model.get("algorithm") or "fedavg", [p for p in paths if not p.startswith(("torch.", "lfed."))])
+
+
+class CompositionWarning(UserWarning):
+    """A composition of lfed's pieces that runs but does not do what its settings suggest."""
+
+
+def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozenset(), *,
+                         num_clients: int | None = None, total_rounds: int | None = None,
+                         net_releases: tuple[str, ...] = (), run_key: str = "",
+                         data_notes: frozenset = frozenset()) -> list[str]:
+    """Every component's own preparation and check of the run's composition (:meth:`lfed.base.component.Component.prepare_run`,
+    :meth:`~lfed.base.component.Component.composition_warnings`).
+
+    Every piece composes with every other (DESIGN.md), but some combinations silently do
+    nothing or something else than their names say; each component knows its own (a component
+    of the user's too), so no list here names them.
+
+    Args:
+        algorithm: The run's components (:class:`lfed.core.round.Algorithm`).
+        explicit: The roles the user set (a preset's own choices are not questioned).
+        num_clients: ``N``, when known; ``total_rounds``: the run's rounds, when known (with both,
+            the checks see every round's cohort size).
+        net_releases: What the run releases of its net beyond the parameters (:meth:`lfed.core.run.FederatedRun.net_releases`).
+        run_key, data_notes: :class:`lfed.base.component.CompositionContext`'s.
+
+    Returns:
+        The warnings, one sentence each (the caller emits them as :class:`CompositionWarning`).
+    """
+    from lfed.base.component import CompositionContext
+    from lfed.participation.sampling import cohort_size
+
+    participation = algorithm.participation
+    sizes = None
+    if num_clients is not None and total_rounds is not None and total_rounds > 0:
+        sizes = [cohort_size(participation.fraction(r, total_rounds), num_clients) for r in range(total_rounds)]
+    roles = algorithm.roles()
+    context = CompositionContext(frozenset(explicit), participation.stragglers.p_inactive,
+                                 participation.stragglers.p_incomplete, num_clients, total_rounds, sizes, roles,
+                                 tuple(net_releases), run_key, frozenset(data_notes))
+    unique = list({id(c): c for c in roles.values()}.values())
+    for component in unique:  # before round 0: refuse what cannot run, derive settings
+        component.prepare_run(context)
+    return [message for component in unique for message in component.composition_warnings(context)]

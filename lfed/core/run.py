@@ -1,0 +1,625 @@
+"""One federated run, with no Lightning in it: its model, components, round, evaluation, summary and state.
+
+A :class:`FederatedRun` is the whole life of one run (SPEC §1, §9): set-up from the data
+(:meth:`~FederatedRun.setup`), its round in two halves around the engine
+(:meth:`~FederatedRun.prepare` and :meth:`~FederatedRun.finish`, which hold the after-round
+bookkeeping: client buffers, ``bmta_local``, communication), its evaluation
+(:meth:`~FederatedRun.evaluate`), the end-of-run summary (:meth:`~FederatedRun.summary`) and the
+state a checkpoint carries beside its tensors (:meth:`~FederatedRun.extra_state`, with the
+run's fingerprint). It is an ``nn.Module`` whose submodules are the global model ``net`` and the
+components by role, so its declared state is in its state dict.
+
+The one driver, :class:`lfed.lightning.driver.FederatedDriver` (a LightningModule), trains one run
+(:class:`lfed.lightning.module.FederatedModule`) or many in lock-step (:class:`lfed.lightning.group.RunGroup`, ``lfed
+grid``) through these methods only; nothing here is written twice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lfed.core import registry as algorithms
+from lfed.core.round import Algorithm, LocalTraining, PreparedRound, RoundRecord, setup_state, verify_round
+from lfed.core.synchronous import SYNCHRONOUS
+from lfed.engine import CohortResult, CohortTrainer, as_per_example_loss
+from lfed.engine.loop import has_running_stats
+from lfed.engine.params import ParamLayout
+from lfed.engine.ranks import Ranks
+from lfed.evaluation.communication import CommunicationMeter, check_accuracy_targets
+from lfed.evaluation.scores import (
+    BestMeanAccuracy,
+    check_task,
+    client_accuracies,
+    client_evaluation,
+    evaluate_split,
+    is_classification,
+    perplexity_summary,
+    worst_share_mean,
+)
+from lfed.privacy.metrics import MetricGate
+from lfed.server.optimizers import apply_pseudo_gradient
+from lfed.state.stores import ClientStateStore
+
+__all__ = ["FederatedRun", "StepOutcome", "default_net", "train_step"]
+
+
+def data_notes(data) -> frozenset:
+    """What the data says of its splits (:attr:`lfed.lightning.datamodule.FederatedData.notes`; none for other containers)."""
+    return frozenset(getattr(data, "notes", ()) or ())
+
+
+def default_net(data) -> nn.Module:
+    """lfed's MLP 2NN sized from the data (the model when none is given)."""
+    from lfed.models.zoo import MLP
+
+    outputs = data.num_classes if data.num_classes is not None else math.prod(data.train_y.shape[1:])
+    return MLP(in_features=math.prod(data.train_x.shape[1:]), num_classes=outputs)
+
+
+class FederatedRun(nn.Module):
+    """One federated run (module docstring).
+
+    Args:
+        components: The round's components (:class:`lfed.core.round.Algorithm`).
+        training_plan: How clients train (:class:`lfed.core.round.LocalTraining`).
+        server_optimizer: ``params -> torch.optim.Optimizer`` on the pseudo-gradient ``-Δ``.
+        net: The global model (None: :func:`default_net` at :meth:`setup`).
+        loss: The client loss (None: cross-entropy).
+        backend, chunk_size: The engine's (:class:`~lfed.engine.CohortTrainer`).
+        seed: Seed of every draw of the run.
+        accuracy_targets: Test accuracies for the "rounds (uploads) to reach" report.
+        store: Where per-client state lives (:class:`~lfed.state.stores.ClientStateStore`).
+        algorithm: The preset's name; ``explicit``: the roles the user set (composition checks).
+        name: The run's name in a group ('' for a run alone).
+        personal_clients: Clients whose personalized and global models each evaluation scores on their own
+            held-out splits (SPEC §11): None, all clients with a held-out split; a number, a seeded sample of
+            that many of them (the same sample at every evaluation).
+        personal_chunk: Clients evaluated (and fine-tuned, FedAvg-FT) per vmapped call; bounds the memory
+            of the ``[chunk, P]`` personalized models.
+        round_local_accuracy: After every round, score the cohort's locally trained models on their own
+            held-out splits (``client/local_acc_mean``, ``final/bmta_local``, SPEC §9). False skips it
+            (with a large model it can cost more than the round's training).
+    """
+
+    def __init__(self, components: Algorithm, training_plan: LocalTraining, server_optimizer: Callable, *,
+                 net: nn.Module | None = None, loss: nn.Module | None = None, backend: str = "auto",
+                 chunk_size: int | None = None, seed: int = 0, accuracy_targets: list[float] | None = None,
+                 store: ClientStateStore | None = None, algorithm: str = "fedavg", explicit: frozenset = frozenset(),
+                 name: str = "", personal_clients: int | None = None, personal_chunk: int = 256,
+                 round_local_accuracy: bool = True) -> None:
+        super().__init__()
+        from lfed.checks import integer
+
+        if personal_clients is not None:
+            integer("personal_clients", personal_clients, at_least=1, detail=" or None (every client)")
+        integer("personal_chunk", personal_chunk, at_least=1)
+        if not isinstance(round_local_accuracy, bool):
+            raise ValueError(f"round_local_accuracy: must be true or false, got {round_local_accuracy!r}")
+        self.round_local_accuracy = round_local_accuracy
+        self.personal_clients, self.personal_chunk = personal_clients, personal_chunk
+        self.last_personal: dict[str, Tensor] | None = None  # the last evaluation's per-client accuracies
+        for role, component in components.roles().items():  # submodules: their state is in the state dict
+            if any(m is component for m in self._modules.values()):  # one component in two roles (FedDyn): once
+                object.__setattr__(self, role, component)
+            else:
+                setattr(self, role, component)
+        self.components, self.training_plan, self.server_optimizer = components, training_plan, server_optimizer
+        self.net, self.loss, self.loss_fn = net, loss, as_per_example_loss(loss)
+        self.backend, self.chunk_size, self.seed = backend, chunk_size, seed
+        self.accuracy_targets = check_accuracy_targets(accuracy_targets)
+        self.store = store if store is not None else ClientStateStore("device", None)
+        self.algorithm, self.explicit, self.name = algorithm, set(explicit), name
+        self.layout = ParamLayout.from_module(net) if net is not None else None
+        self.engine: CohortTrainer | None = None
+        self.data = None  # the federated data on the device (:meth:`device_data`)
+        self.datamodule = None
+        self.comm = CommunicationMeter()
+        self.eval_history: list[tuple[int, float]] = []
+        self.val_history: list[tuple[int, float]] = []
+        self.bmta = BestMeanAccuracy()
+        self.status, self.error = "running", None
+        self.rounds_done = 0
+        self.final_summary: dict[str, float] = {}
+        self.last_round = None  # the RoundRecord of the last round trained (callbacks read it)
+
+    @property
+    def private_metrics(self) -> tuple[str, ...]:
+        """:attr:`server_held_metrics`, less those of a split that belongs to the training clients
+        (:func:`lfed.lightning.datamodule.data_notes`: LEAF's test split is its writers' own held-out examples)."""
+        notes = data_notes(self.data) if self.data is not None else frozenset()
+        out = self.server_held_metrics
+        if "test_from_clients" in notes:
+            out = tuple(p for p in out if not p.startswith(("test/", "final/test_", "final/rounds_to_")))
+        if "val_from_clients" in notes:
+            out = tuple(p for p in out if not p.startswith(("val/", "final/val_")))
+        return out
+
+    #: The run's own metrics computed on server-held data only (the test split, the server's validation split
+    #: carved out before partitioning) or from public counts (rounds): what a DP run logs of them by default
+    #: (:mod:`lfed.privacy.metrics`). Everything else the run logs reads the clients' data without noise.
+    server_held_metrics: tuple[str, ...] = ("test/*", "val/*", "final/test_acc", "final/test_acc_last10pct",
+                                        "final/val_acc_last10pct", "final/rounds_to_*")
+
+    # ------------------------------------------------------------------ what it is
+    @property
+    def metric_gate(self) -> MetricGate:
+        """What of the run's metrics may be logged, and under which names (:mod:`lfed.privacy.metrics`): all of them,
+        unless a component guards them (DP-FedAvg)."""
+        return MetricGate.of(self.components.roles().values(), self.private_metrics)
+
+    @property
+    def composition(self) -> dict[str, Any]:
+        """The names of the round's components (logs, the fingerprint, composition checks)."""
+        c = self.components
+        out = {"objective": c.objective.name, "weighting": c.weighting.name, "partial_work": c.weighting.partial_work,
+               "combination": c.combination.name, "channel": c.channel.sparsity, "sampler": c.sampler.name,
+               "fraction": c.participation.fraction}
+        out.update(self.schedule.composition())  # lfed.core.synchronous: asynchronous training's one line
+        return out
+
+    @property
+    def schedule(self) -> Any:
+        """When the server steps (:mod:`lfed.core.synchronous`): the asynchronous component (``model.asynchronous``), or
+        synchronous rounds (:data:`~lfed.core.synchronous.SYNCHRONOUS`)."""
+        return self.components.asynchronous if self.components.asynchronous is not None else SYNCHRONOUS
+
+    @property
+    def label(self) -> str:
+        """The preset and the user's own components: ``fedavg+FedNova`` (:func:`lfed.core.registry.composition_label`)."""
+        paths = [f"{type(c).__module__}.{type(c).__qualname__}" for c in self.components.roles().values()]
+        return algorithms.composition_label(self.algorithm, paths)
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self, data, default_root_dir: str | Path | None = None,
+              convert: Callable[[nn.Module], nn.Module] | None = None) -> None:
+        """Build the default net if none was given, load a pretrained base (a submodule's ``load_pretrained()``,
+        :class:`lfed.models.adapters.LoRA`) and allocate every component's state for the data's clients.
+
+        ``convert``: puts the net in the run's precision first (Lightning's ``precision_plugin.convert_module``),
+        so state is allocated, and a checkpoint restored, in that precision.
+        """
+        if self.net is None:
+            self.net = default_net(data)
+        if convert is not None:
+            self.net = convert(self.net)
+        for module in self.net.modules():  # a pretrained base from its file (lfed.models.adapters.LoRA), before any check of the net
+            if callable(getattr(module, "load_pretrained", None)):
+                module.load_pretrained()
+        self.layout = ParamLayout.from_module(self.net)
+        self.components.attach(self.net, self.layout)  # partial sharing (SPEC §11), before state is allocated
+        check_task(self.net, data, self.loss)  # the net's output against the classes / targets, before round 0
+        if self.store.placement == "disk" and self.store.directory is None:
+            self.store.directory = Path(default_root_dir or ".") / (f"client_state-{self.name}" if self.name else "client_state")
+        like = next(self.net.parameters()).detach()
+        setup_state(self.components, self.store, data.client_sizes, self.layout.num_params, like)
+        # a sampler of random cohort sizes (Poisson) gives a new shape almost every round: recording one graph per
+        # shape would cost more than its replays save (BENCHMARKS.md "DP beside pfl"), so its steps run eagerly
+        self.engine = CohortTrainer(self.net, self.loss, self.backend, self.chunk_size,
+                                    trace=self.components.sampler.fixed_size)
+
+    def start(self, data, total_rounds: int | None) -> list[str]:
+        """Checks before round 0 (``data``: on the device); the composition warnings to show."""
+        self.data = data
+        if self.loss is None and data.task == "regression":
+            raise ValueError("loss: the default (cross-entropy) needs class labels, but the targets are floating "
+                             "(regression); give a regression loss, e.g. loss=torch.nn.MSELoss()")
+        for component in {id(c): c for c in self.components.roles().values()}.values():  # each checks its own needs
+            component.check_start(data)
+        return algorithms.validate_composition(self.components, self.explicit, num_clients=data.num_clients,
+                                               total_rounds=total_rounds, net_releases=self.net_releases(),
+                                               run_key=self.stream_key(data), data_notes=data_notes(data))
+
+    def depends_on_total_rounds(self) -> str | None:
+        """What of the run depends on its horizon (``trainer.max_steps``): a fraction schedule over the run, a
+        component's (DP's noise calibrated for the run's rounds), named; None when nothing does."""
+        names = ["the fraction schedule"] if self.participation.fraction.depends_on_total_rounds else []
+        names += [role for role, c in self.components.roles().items() if getattr(c, "depends_on_total_rounds", False)]
+        return ", ".join(names) or None
+
+    def notices(self) -> list[str]:
+        """Lines to print at start-up (after :meth:`start`): where DP's noise comes from (a component's
+        ``start_notice``), and which evaluation splits a DP run treats as client data."""
+        out = [c.start_notice() for c in {id(c): c for c in self.components.roles().values()}.values()
+               if callable(getattr(c, "start_notice", None))]
+        notes, gate = data_notes(self.data), self.metric_gate
+        if gate.active and notes:
+            shown = "logged as unaccounted/<name>" if gate.mode == "mark" else "not logged (log_unaccounted: true logs them as unaccounted/<name>)"
+            splits = [s for s, n in (("test", "test_from_clients"), ("validation", "val_from_clients")) if n in notes]
+            out.append(f"data: the {' and '.join(splits)} split of this dataset belongs to the training clients (LEAF's "
+                       f"per-writer examples), so under DP its metrics are client data, not server-held: {shown}")
+        return out
+
+    def stream_key(self, data) -> str:
+        """A digest of the run's settings except its seed (and the rounds): the composition, every component's
+        hyper-parameters, the training plan, the net's layout and the clients' data (:func:`lfed.state.fingerprint.run_fingerprint`).
+        DP's seeded noise streams are keyed by it (:class:`lfed.rng.PrivateStreams`): two runs of other settings at
+        one seed (a grid's members) draw other noise; the same run alone or in a grid draws the same."""
+        import hashlib
+
+        from lfed.state.fingerprint import run_fingerprint, tensor_digest
+
+        fp = {k: v for k, v in run_fingerprint(self, None, self.datamodule).items() if k != "hparams.seed"}
+        fp["data.client_sizes"] = tensor_digest(data.client_sizes)
+        return hashlib.blake2b(repr(sorted(fp.items())).encode(), digest_size=8).hexdigest()
+
+    # ------------------------------------------------------------------ one round
+    @property
+    def running(self) -> bool:
+        """Whether the run trains on: not ``diverged`` or ``stopped`` (``done`` after its last round, which more may follow)."""
+        return self.status not in ("diverged", "stopped")
+
+    def stop_reason(self, round: int, total_rounds: int | None) -> str | None:
+        """Why the run must not train round ``round`` (a component's :meth:`~lfed.base.component.Component.stop_before`:
+        DP's privacy budget), or None."""
+        k = self.participation.cohort_size(round, total_rounds, self.data.num_clients)
+        for component in {id(c): c for c in self.components.roles().values()}.values():
+            reason = component.stop_before(round, k, self.data.num_clients)
+            if reason:
+                return reason
+        return None
+
+    def prepare(self, round: int, total_rounds: int | None, ranks: Ranks | None = None) -> PreparedRound:
+        """The step up to its local training: its schedule's (:mod:`lfed.core.synchronous`; a synchronous round,
+        :func:`lfed.core.round.prepare_round`, or an asynchronous server step's dispatch)."""
+        return self.schedule.prepare(self, round, total_rounds, ranks)
+
+    def server_step(self, optimizer: torch.optim.Optimizer) -> Callable[[Tensor], Tensor]:
+        """``Δ -> w'``: ``optimizer`` steps once on the pseudo-gradient ``-Δ`` (SPEC §4.1); the new flat weights."""
+        trainable = [p for p in self.net.parameters() if p.requires_grad]
+        inner = getattr(optimizer, "optimizers", None)  # the driver's RunOptimizers (configure_optimizers()): its step ticks
+        if isinstance(inner, list):
+            if len(inner) != 1:
+                raise ValueError(f"server_step: configure_optimizers() holds the server optimizers of {len(inner)} runs; "
+                                 "give each run its own: run.server_step(optimizers.optimizers[i])")
+            optimizer = inner[0]
+
+        def step(delta: Tensor) -> Tensor:
+            optimizer.zero_grad(set_to_none=True)
+            apply_pseudo_gradient(optimizer, trainable, delta)
+            optimizer.zero_grad(set_to_none=True)
+            return self.layout.module_vector(self.net)
+
+        return step
+
+    def finish(self, prepared: PreparedRound, result: CohortResult | None, optimizer: torch.optim.Optimizer,
+               ranks: Ranks) -> tuple[dict[str, float], list[str]]:
+        """The rest of the step from the engine's ``result`` (its schedule's, :mod:`lfed.core.synchronous`); its metrics and its
+        warnings.
+
+        A skipped round (no client's work counts) steps the optimizer with no gradient (the round
+        counter only). Raises ``FloatingPointError`` if the round produced NaN or Inf.
+        """
+        return self.schedule.finish(self, prepared, result, optimizer, ranks)
+
+    def conclude(self, record: RoundRecord, metrics: dict[str, Any], w_before: Tensor) -> dict[str, float]:
+        """The end of every step, whichever schedule ran it: the step's one read from the device (its metrics and
+        finiteness flags, :func:`lfed.core.round.verify_round`), then the run's accounts: the last record, rounds done,
+        ``bmta_local`` (SPEC §9), communication (SPEC §8). Returns the metrics the run may release
+        (:mod:`lfed.privacy.metrics`). On NaN or Inf the net goes back to ``w_before`` (the last good model) and
+        ``FloatingPointError`` is raised."""
+        try:
+            metrics = verify_round(record, metrics)
+        except FloatingPointError:
+            self.layout.load_into(self.net, w_before)
+            raise
+        self.last_round = record
+        self.rounds_done = record.round + 1
+        self.bmta.add_round_metrics(record.cohort.host_values().clients, metrics)
+        metrics.update(self.comm.record(record.uploads, bits_up=record.bits_up, bits_down=record.bits_down))
+        return self.metric_gate(metrics)
+
+    def conclude_skipped(self, record: RoundRecord) -> dict[str, float]:
+        """:meth:`conclude` for a round in which no client's work counts: the cohort was sampled and sent the model,
+        but nobody's upload counts."""
+        self.bmta.add_round(record.cohort.clients, None)
+        self.last_round = record
+        self.rounds_done = record.round + 1
+        return self.metric_gate({"round/skipped": 1.0, **self.comm.record(0, bits_down=record.bits_down)})
+
+    def diverged(self, error: Exception) -> dict[str, float]:
+        """Stop the run (NaN or Inf); the metric that records it."""
+        self.status, self.error = "diverged", str(error)
+        return self.metric_gate({"run/diverged": 1.0})  # found in the clients' raw updates too: unaccounted under DP
+
+    def net_releases(self) -> tuple[str, ...]:
+        """What the run releases of the net beyond its parameters (:attr:`lfed.base.component.Component.releases`): the
+        cohort's BatchNorm running statistics, averaged into the global model (:meth:`_aggregate_buffers`)."""
+        if self.net is None or not has_running_stats(self.net):
+            return ()
+        names = [n for n, b in self.net.named_buffers() if b is not None and b.is_floating_point()]
+        shown = ", ".join(names[:3]) + (f", ... {len(names)} buffers" if len(names) > 3 else "")
+        return (f"the net's BatchNorm running statistics ({shown}) are averaged over the cohort's clients, un-noised, "
+                "into the global model every round",)
+
+    def aggregate_buffers(self, buffers: dict[str, Tensor], weights: Tensor) -> None:
+        """Average floating buffers (BatchNorm running stats) with the normalised weights."""
+        own = dict(self.net.named_buffers())
+        a = weights / weights.sum()
+        for name, stacked in buffers.items():
+            if stacked.is_floating_point():
+                own[name].copy_(torch.einsum("k,k...->...", a.to(stacked.dtype), stacked))
+            else:
+                own[name].copy_(stacked.max(0).values)
+
+    # ------------------------------------------------------------------ evaluation (SPEC §9)
+    def client_accuracy(self, ranks: Ranks | None = None, reduce_sum: Callable[[Tensor], Tensor] | None = None) -> Tensor | None:
+        """``[N]`` accuracy of the global model on each client's held-out split (NaN without one); None if none has one."""
+        ranks = ranks or Ranks()
+        return client_accuracies(self.net, self.data, ranks.rank, ranks.world_size, reduce_sum or (lambda t: t))
+
+    def evaluate(self, ranks: Ranks, reduce_sum: Callable[[Tensor], Tensor], batch_size: int = 2048) -> tuple[dict[str, float], Tensor | None]:
+        """The global model on the test set, the server's validation split and the clients' held-out splits
+        (accuracy; with token inputs, a language model, also each client's perplexity ``exp(mean NLL)``).
+
+        Each rank evaluates its share, the sums are reduced over the ranks (``reduce_sum``), so every
+        example counts once. Returns the metrics and the per-client accuracies (for :meth:`record_evaluation`).
+        """
+        d = self.data
+        classification = is_classification(d.test_y)
+        metrics = evaluate_split(self.net, self.loss_fn, d.test_x, d.test_y, ranks, reduce_sum, batch_size, classification)
+        if d.has_validation:  # the server's validation split (data.validation_fraction)
+            val = evaluate_split(self.net, self.loss_fn, d.train_x[d.val_index], d.train_y[d.val_index], ranks,
+                                 reduce_sum, batch_size, classification)
+            metrics.update({k.replace("test/", "val/"): v for k, v in val.items()})
+        tokens = not (d.train_x.dtype.is_floating_point or d.train_x.dtype.is_complex)  # a language model: perplexity too
+        evaluated = client_evaluation(self.net, d, ranks.rank, ranks.world_size, reduce_sum, batch_size, nll=tokens)
+        per_client = None if evaluated is None else evaluated[0]
+        metrics.update(self.schedule.evaluation_metrics())  # against simulated time too (lfed.core.synchronous)
+        if per_client is not None:
+            client = per_client[~torch.isnan(per_client)]
+            metrics["client/acc_mean"] = float(client.mean())
+            metrics["client/acc_worst10"] = worst_share_mean(client, 0.1)
+            metrics.update(self.personal_evaluation(evaluated, ranks, reduce_sum, tokens, batch_size))
+        if evaluated is not None and evaluated[1] is not None:  # SPEC §12: each client's perplexity exp(mean NLL)
+            ppl = perplexity_summary(evaluated[1], "client")  # the one formula of personal/* and global/* too
+            metrics.update({k.replace("_worst10pct", "_worst10"): v for k, v in ppl.items()})  # client/*_worst10, as acc
+        return metrics, per_client
+
+    def personal_sample(self) -> Tensor:
+        """The clients of the personalized evaluation: every client with a held-out split, or a seeded sample
+        of ``personal_clients`` of them (fixed for the run: drawn from ``(seed, "personal_sample")``)."""
+        from lfed.rng import round_generator
+
+        d = self.data
+        clients = (d.holdout_sizes > 0).nonzero().squeeze(1)
+        if self.personal_clients is not None and self.personal_clients < clients.numel():
+            pick = torch.randperm(clients.numel(), generator=round_generator(self.seed, 0, "personal_sample"))
+            clients = clients[pick[: self.personal_clients].sort().values.to(clients.device)]
+        return clients
+
+    def personal_evaluation(self, evaluated: tuple[Tensor, Tensor | None], ranks: Ranks,
+                            reduce_sum: Callable[[Tensor], Tensor], tokens: bool, batch_size: int = 2048) -> dict[str, float]:
+        """SPEC §11: each sampled client's personalized model and the global model on the client's own splits.
+
+        ``global/acc_*`` are the global model's accuracies (``evaluated``: :func:`~lfed.evaluation.scores.client_evaluation`'s
+        accuracies and NLLs on every client's held-out split) on the sampled clients; ``personal/acc_*`` are those of
+        each client's own model where the objective has one (:meth:`~lfed.client.objectives.ClientRule.personal_models`:
+        a personalized rule's :meth:`~lfed.client.objectives.ClientRule.personal_rows`), built ``personal_chunk``
+        clients per vmapped call (:func:`lfed.evaluation.scores.personal_scores`). Each: the mean over clients, the
+        mean of the worst 10% (``ceil(0.1 n)`` clients) and the standard deviation (population, ``1/n``).
+        With clients' own validation splits (``data.client_validation_fraction``) the same on them,
+        ``global_val/*`` and ``personal_val/*`` (each chunk's models made once for both splits); on token
+        data (``tokens``) also ``*/perplexity_mean`` and ``*/perplexity_worst10pct`` (SPEC §12).
+        At most ``batch_size`` examples go through the net at once (``data.eval_batch_size``).
+        Every rank computes all of it (the same numbers).
+        """
+        from lfed.evaluation.scores import accuracy_summary, perplexity_summary, personal_scores
+
+        clients = self.personal_sample()
+        if clients.numel() == 0:
+            return {}
+        d = self.data
+
+        def summaries(acc: Tensor, nll: Tensor | None, prefix: str) -> dict[str, float]:
+            out = accuracy_summary(acc, prefix)
+            if tokens and nll is not None:
+                out.update(perplexity_summary(nll, prefix))
+            return out
+
+        at = clients.to(evaluated[0].device)
+        glob = evaluated[0][at]
+        self.last_personal = {"clients": clients.cpu(), "global": glob.cpu()}
+        metrics = summaries(glob, None if evaluated[1] is None else evaluated[1][at], "global")
+        splits: tuple[str, ...] = ("test",)
+        if d.has_client_validation:
+            splits = ("test", "val")
+            val = client_evaluation(self.net, d, ranks.rank, ranks.world_size, reduce_sum, batch_size, nll=tokens, split="val")
+            if val is not None:
+                metrics.update(summaries(val[0][at], None if val[1] is None else val[1][at], "global_val"))
+        with torch.inference_mode(False), torch.enable_grad():  # FedAvg-FT trains in the validation loop
+            w = self.layout.module_vector(self.net)
+            models = self.components.objective.personal_models(w, lambda c: self.local_work(c, ranks))  # none: global only
+            for prefix, rows in models.items():
+                scores = personal_scores(self.net, self.layout, d, clients, rows, self.personal_chunk, splits=splits,
+                                         nll=tokens, batch=batch_size)
+                self.last_personal[prefix] = scores["test"][0].cpu()
+                for split, (acc, nll) in scores.items():
+                    metrics.update(summaries(acc, nll, prefix if split == "test" else f"{prefix}_val"))
+        return metrics
+
+    def local_work(self, clients: Tensor, ranks: Ranks):
+        """A :class:`~lfed.base.component.LocalWork` over ``clients``' training data: the run's batch size, step budget
+        (``steps_done``) and ``client_lr``; batches seeded by ``(seed, rounds done, stream)``."""
+        from lfed.base.component import LocalWork
+
+        d, plan = self.data, self.training_plan
+        n_k = d.client_sizes[clients]
+        return LocalWork(self.engine, ranks, d.train_x, d.train_y, d.client_index[clients], self.seed,
+                         self.rounds_done, n_k, plan.step_budget(n_k), plan.client_lr, plan.batch_size, plan)
+
+    def accuracy_histogram(self, path: str | Path) -> Path | None:
+        """A histogram of the last evaluation's per-client accuracies (personalized and global) saved to ``path``
+        (PNG, matplotlib); None when there was none or matplotlib is missing."""
+        last = self.last_personal
+        if last is None or self.metric_gate.name("personal/acc_histogram") is None:  # per-client accuracies: not under DP
+            return None
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return None
+        fig, ax = plt.subplots(figsize=(6, 4))
+        bins = torch.linspace(0, 1, 21).tolist()
+        for key, label in (("global", "global model"), ("personal", "personalized models")):
+            if key in last:
+                ax.hist(last[key].numpy(), bins=bins, alpha=0.6, label=f"{label} (mean {float(last[key].mean()):.3f})")
+        ax.set_xlabel("accuracy on the client's own held-out split")
+        ax.set_ylabel("clients")
+        ax.set_title(f"{self.label}: {last['clients'].numel()} clients, after {self.rounds_done} rounds")
+        ax.legend()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        return path
+
+    def record_evaluation(self, rounds_done: int, metrics: dict[str, float], per_client: Tensor | None) -> None:
+        """Keep an evaluation of training (histories, accuracy targets, ``bmta_global``)."""
+        if "val/acc" in metrics:
+            self.val_history.append((rounds_done, metrics["val/acc"]))
+        acc = metrics.get("test/acc")
+        if acc is not None:
+            self.eval_history.append((rounds_done, acc))
+            self.comm.log_accuracy(acc)
+            if per_client is not None:
+                self.bmta.add_evaluation(per_client)
+
+    # ------------------------------------------------------------------ end of run
+    def last_rounds_accuracy(self, share: float = 0.1, split: str = "test") -> float | None:
+        """Mean accuracy over the evaluations in the last ``share`` of rounds (IGFL's figure).
+
+        ``split``: ``test`` (the global test set) or ``val`` (the server's validation split).
+        """
+        history = {"test": self.eval_history, "val": self.val_history}[split]
+        if not history:
+            return None
+        last = history[-1][0]
+        cutoff = last - max(1, math.ceil(share * last))
+        accs = [a for r, a in history if r > cutoff]
+        return sum(accs) / len(accs)
+
+    def summary(self) -> dict[str, float]:
+        """The end-of-run figures (``final/*``); also kept as :attr:`final_summary`."""
+        out: dict[str, float] = {}
+        for key, split in (("final/test_acc_last10pct", "test"), ("final/val_acc_last10pct", "val")):
+            value = self.last_rounds_accuracy(split=split)
+            if value is not None:
+                out[key] = value
+        if self.eval_history:
+            out["final/test_acc"] = self.eval_history[-1][1]
+        for target in self.accuracy_targets:
+            hit = self.comm.rounds_to_reach(target)
+            if hit is not None:
+                out[f"final/rounds_to_{target:g}"] = hit[0]
+                out[f"final/uploads_to_{target:g}"] = hit[1]
+        out["final/uploads_total"] = self.comm.uploads
+        clock = self.schedule.step_times()  # simulated seconds after each step (lfed.core.synchronous; none if synchronous)
+        if clock:
+            out["final/simulated_time"] = clock[-1]
+        for target in self.accuracy_targets:
+            hit = self.comm.rounds_to_reach(target)
+            if hit is not None and 0 < hit[0] <= len(clock):
+                out[f"final/time_to_{target:g}"] = clock[hit[0] - 1]
+        out.update(self.bmta.summary())
+        for component in {id(c): c for c in self.components.roles().values()}.values():  # DP: ε, δ, z
+            out.update(component.summary())
+        out = self.metric_gate(out)
+        self.final_summary = out
+        return out
+
+    # ------------------------------------------------------------------ checkpoint state
+    def extra_state(self) -> dict[str, Any]:
+        """What a checkpoint carries beside the tensors: counters, histories, status."""
+        return {"comm": self.comm.state_dict(), "eval_history": list(self.eval_history),
+                "val_history": list(self.val_history), "bmta": self.bmta.state_dict(),
+                "status": self.status, "error": self.error, "name": self.name, "rounds_done": self.rounds_done}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`extra_state`."""
+        self.comm.load_state_dict(state["comm"])
+        self.eval_history = [tuple(x) for x in state["eval_history"]]
+        self.val_history = [tuple(x) for x in state.get("val_history", [])]
+        if "bmta" in state:
+            self.bmta.load_state_dict(state["bmta"])
+        self.status, self.error = state.get("status", "running"), state.get("error")
+        self.rounds_done = int(state.get("rounds_done", 0))
+
+
+@dataclass
+class StepOutcome:
+    """What one training step did to one run (:func:`train_step`).
+
+    Attributes:
+        run: The run.
+        metrics: The step's metrics, gated (:attr:`FederatedRun.metric_gate`); None when the run did not step.
+        messages: Its warnings (degenerate weights, a skipped round), each naming the round.
+        error: The ``FloatingPointError`` that stopped it this step (NaN or Inf; the net is that of the last good
+            round); the caller decides (alone, the error ends the fit; in a group the others go on).
+        stopped: Why the run must not train the next round (a component's ``stop_before``: DP's budget), or None;
+            the run's status is ``"stopped"`` then.
+    """
+
+    run: FederatedRun
+    metrics: dict[str, float] | None = None
+    messages: list[str] = field(default_factory=list)
+    error: FloatingPointError | None = None
+    stopped: str | None = None
+
+
+def train_step(runs: Sequence[FederatedRun], optimizers: Sequence[torch.optim.Optimizer], round: int,
+               total_rounds: int | None, ranks: Ranks) -> tuple[list[StepOutcome], int]:
+    """One training step of every running run: the one place a round is told (SPEC §1).
+
+    The Lightning driver (:class:`lfed.lightning.driver.FederatedDriver`, a run alone or a grid's group) and
+    :func:`lfed.core.fit.fit_run` both call it and add only what is theirs (logging, evaluation, checkpoints).
+
+    1. *Prepare*: each run's schedule draws the step's cohort, its weights and the local training job
+       (:meth:`FederatedRun.prepare`; synchronous: :func:`lfed.core.round.prepare_round`).
+    2. *Train*: every cohort at once, in as few engine calls as exact (:func:`lfed.core.lockstep.train_together`).
+    3. *Finish*: each run's second half, from the trained rows to the new global model, its checks, metrics and
+       accounts (:meth:`FederatedRun.finish`: :func:`lfed.core.round.aggregate`, :func:`lfed.core.round.step_server`,
+       :meth:`FederatedRun.conclude`).
+    4. *Stop*: a component may forbid the next round (DP's budget); not checked after the run's last round.
+
+    Returns:
+        One :class:`StepOutcome` per running run (in ``runs``' order), and the number of engine calls.
+    """
+    from lfed.core.lockstep import train_together
+
+    outcomes: list[StepOutcome] = []
+    todo: list[tuple[StepOutcome, PreparedRound, torch.optim.Optimizer]] = []
+    for run, optimizer in zip(runs, optimizers):  # 1. prepare
+        if not run.running:
+            continue
+        outcome = StepOutcome(run)
+        outcomes.append(outcome)
+        try:
+            prepared = run.prepare(round, total_rounds, ranks)
+        except FloatingPointError as e:  # the start losses of a cohort (needs_start_loss)
+            outcome.error = e
+            continue
+        todo.append((outcome, prepared, optimizer))
+    trained = [(o.run, p) for o, p, _ in todo if not p.skipped]
+    results, calls = train_together(trained, ranks) if trained else ([], 0)  # 2. train
+    result_of = {id(p): r for (_, p), r in zip(trained, results)}
+    for outcome, prepared, optimizer in todo:  # 3. finish
+        try:
+            outcome.metrics, outcome.messages = outcome.run.finish(prepared, result_of.get(id(prepared)), optimizer, ranks)
+        except FloatingPointError as e:
+            outcome.error = e
+    last = total_rounds is not None and round + 1 >= total_rounds  # no round follows the last: nothing to forbid
+    for outcome in outcomes:  # 4. stop
+        run = outcome.run
+        reason = run.stop_reason(round + 1, total_rounds) if outcome.error is None and run.running and not last else None
+        if reason:
+            run.status, run.error, outcome.stopped = "stopped", reason, reason
+    return outcomes, calls

@@ -1,0 +1,402 @@
+"""A run's settings in groups, one spelling each, and :func:`build_run`: the run without Lightning (issue 41).
+
+The ``model:`` section of a config (the arguments of :class:`lfed.lightning.module.FederatedModule` and of
+:func:`build_run`) says what to train with words the code and the checkpoint also use:
+
+* the composition: ``algorithm`` (a preset) and the roles it fills, each a name or a component with its
+  own settings (``objective: {class_path: lfed.client.Prox, init_args: {mu: 0.1}}``): ``objective``,
+  ``weighting``, ``partial_work``, ``combination``, ``channel``, ``sampler``, ``fraction``, ``server_optimizer``;
+* the groups: ``training`` (:class:`~lfed.core.round.LocalTraining`: how clients train), ``stragglers``
+  (:class:`~lfed.participation.stragglers.Stragglers`), ``engine`` (:class:`Engine`: how the cohort is computed and
+  where client state lives) and ``evaluation`` (:class:`Evaluation`);
+* ``net``, ``loss``, ``seed`` and ``asynchronous``.
+
+The flat keys of lfed 0.3 (``client_lr``, ``mu``, ``aggregation``, ...) still work for one release:
+:func:`upgrade` rewrites them to the new form and says so in one line each (:class:`SettingDeprecation`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from lfed.checks import integer, one_of
+from lfed.core.registry import ROLES
+
+__all__ = ["Engine", "Evaluation", "SettingDeprecation", "build_run", "upgrade", "upgrade_args"]
+
+
+@dataclass(frozen=True)
+class Engine:
+    """How the cohort is computed and where per-client state lives.
+
+    Attributes:
+        backend: ``auto``, ``vmap`` (the cohort as one computation) or ``loop`` (client by client).
+        chunk_size: Train at most this many clients at once (bounds memory); None: the whole cohort.
+        client_state: Where per-client rows live (:mod:`lfed.state.stores`): ``device``, ``host`` or ``disk``.
+        client_state_dir: The ``disk`` files' directory (None: ``<default_root_dir>/client_state``).
+    """
+
+    backend: Literal["auto", "vmap", "loop"] = "auto"
+    chunk_size: int | None = None
+    client_state: Literal["device", "host", "disk"] = "device"
+    client_state_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        from lfed.engine import BACKENDS
+        from lfed.state.stores import PLACEMENTS
+
+        one_of("engine.backend", self.backend, BACKENDS)
+        one_of("engine.client_state", self.client_state, PLACEMENTS)
+        if self.chunk_size is not None:
+            integer("engine.chunk_size", self.chunk_size, at_least=1, detail=" or None (the whole cohort)")
+        if self.client_state_dir is not None and self.client_state != "disk":
+            raise ValueError("engine.client_state_dir: only used with client_state='disk' (engine.client_state), "
+                             f"got client_state={self.client_state!r}")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What an evaluation scores besides the global model on the test set.
+
+    Attributes:
+        personal_clients: Clients scored on their own held-out splits (``global/*``, ``personal/*``;
+            docs/personalization.md): None, all; a number, a seeded sample of that many.
+        personal_chunk: Clients whose personal models are scored per vmapped call (bounds memory).
+        round_local_accuracy: Score the trained models on their held-out splits each round (``bmta_local``).
+        accuracy_targets: Test accuracies for the "rounds (uploads) to reach" report.
+    """
+
+    personal_clients: int | None = None
+    personal_chunk: int = 256
+    round_local_accuracy: bool = True
+    accuracy_targets: list[float] | None = None
+
+    def __post_init__(self) -> None:
+        if self.personal_clients is not None:
+            integer("evaluation.personal_clients", self.personal_clients, at_least=1, detail=" or None (every client)")
+        integer("evaluation.personal_chunk", self.personal_chunk, at_least=1)
+
+
+class SettingDeprecation(FutureWarning):
+    """A setting spelled as in lfed 0.3; it works until 0.5 (the message names the new spelling)."""
+
+
+#: 0.3's flat keys that moved into a group: ``key -> group``.
+GROUPED = {
+    "client_lr": "training", "batch_size": "training", "local_epochs": "training", "local_steps": "training",
+    "p_inactive": "stragglers", "p_incomplete": "stragglers",
+    "backend": "engine", "chunk_size": "engine", "client_state": "engine", "client_state_dir": "engine",
+    "personal_clients": "evaluation", "personal_chunk": "evaluation", "round_local_accuracy": "evaluation",
+    "accuracy_targets": "evaluation",
+}
+#: 0.3's words for two roles, now the code's and the checkpoint's: ``old -> new``.
+RENAMED = {"aggregation": "combination", "compression": "channel"}
+#: 0.3's flat method settings, now their component's own: ``key -> (role, names that build the component,
+#: its class path, its argument)``.
+METHOD = {
+    "mu": ("objective", ("prox",), "lfed.client.objectives.Prox", "mu"),
+    "efl_lambda": ("objective", ("efl",), "lfed.client.objectives.EFL", "lam"),
+    "fisher_samples": ("objective", ("efl",), "lfed.client.objectives.EFL", "fisher_samples"),
+    "attention_temperature": ("combination", ("self", "global", "time"), "lfed.server.combination.IGFLAttention",
+                              "temperature"),
+    "time_weights": ("combination", ("self", "global", "time"), "lfed.server.combination.IGFLAttention", "time_weights"),
+    "sampler_alpha": ("sampler", ("attention",), "lfed.participation.sampling.AttentionSampler", "alpha"),
+}
+#: The component argument a name stands for (an attention query's name is its ``query``).
+_NAME_ARGUMENT = {"lfed.server.combination.IGFLAttention": "query"}
+DEPRECATED = frozenset(GROUPED) | frozenset(RENAMED) | frozenset(METHOD)
+
+
+def _class_path(value: Any) -> str | None:
+    if isinstance(value, dict) and isinstance(value.get("class_path"), str):
+        return value["class_path"]
+    if isinstance(value, str) and "." in value:
+        return value
+    if value is not None and not isinstance(value, (str, int, float, bool, dict, list, tuple)):
+        return f"{type(value).__module__}.{type(value).__qualname__}"
+    return None
+
+
+def _same_class(path: str | None, wanted: str) -> bool:
+    if path is None:
+        return False
+    if path == wanted or path.rsplit(".", 1)[-1] == wanted.rsplit(".", 1)[-1] and path.startswith("lfed."):
+        return True
+    from lfed.base.component import load_class
+
+    try:
+        module, name = wanted.rsplit(".", 1)
+        return issubclass(load_class(path, object, "class"), getattr(__import__(module, fromlist=[name]), name))
+    except (ValueError, ImportError, AttributeError):
+        return False
+
+
+def upgrade(model: dict[str, Any], prefix: str = "model.", context: dict[str, Any] | None = None,
+            later: bool = False) -> tuple[dict[str, Any], list[str]]:
+    """``model`` settings with 0.3's flat keys rewritten to the grouped form, and one message per key rewritten.
+
+    A grouped key goes into its group (``client_lr`` -> ``training.client_lr``), a renamed role to its new word
+    (``aggregation`` -> ``combination``), and a method setting onto its component: ``mu: 0.1`` with the objective
+    ``prox`` (named, or the preset's) becomes ``objective: {class_path: lfed.client.objectives.Prox, init_args:
+    {mu: 0.1}}``. A method setting whose component is not in the run did nothing in 0.3 and is dropped, and
+    says so. A key given both ways is refused: which one wins would be a silent choice. ``context``: settings
+    given elsewhere (an earlier config file) that tell ``algorithm`` and the roles when ``model`` does not;
+    ``later``: ``model`` comes after ``context`` (a command-line argument after a config file) and so overrides
+    its component's setting, as any later setting does.
+    """
+    context = context or {}
+    out = dict(model)
+    messages: list[str] = []
+    for old, new in RENAMED.items():
+        if old in out:
+            if out.get(new) is not None and out[old] is not None:
+                raise ValueError(f"{prefix}{old}: given with {prefix}{new}, its new name; give {new} only")
+            value = out.pop(old)
+            if value is not None or new not in out:
+                out[new] = value
+            messages.append(f"{prefix}{old} is deprecated: it is {prefix}{new} now")
+    for key, group in GROUPED.items():
+        if key not in out:
+            continue
+        value = out.pop(key)
+        current = out.get(group)
+        if current is None:
+            current = {}
+        elif not isinstance(current, dict):  # a group object (Python): its fields as a dict
+            current = {f.name: getattr(current, f.name) for f in fields(current)}
+        else:
+            current = dict(current)
+        if key in current and current[key] != value:
+            raise ValueError(f"{prefix}{key}: given with {prefix}{group}.{key}, its new place; give {group}.{key} only")
+        current[key] = value
+        out[group] = current
+        messages.append(f"{prefix}{key} is deprecated: it is {prefix}{group}.{key} now")
+    for key, (role, names, path, argument) in METHOD.items():
+        if key not in out:
+            continue
+        value = out.pop(key)
+        choice = out.get(role, context.get(role))
+        if choice is None:
+            from lfed.core import registry as algorithms
+
+            preset = algorithms.PRESETS.get(out.get("algorithm") or context.get("algorithm") or "fedavg", {})
+            choice = preset.get(role, algorithms.BASE.get(role))
+        short = path.rsplit(".", 1)[-1]
+        new = f"{prefix}{role}: {{class_path: {path}, init_args: {{{argument}: {value!r}}}}}"
+        if isinstance(choice, str) and choice in names:
+            args = {_NAME_ARGUMENT[path]: choice} if path in _NAME_ARGUMENT else {}
+            out[role] = {"class_path": path, "init_args": {**args, argument: value}}
+        elif isinstance(choice, dict) and _same_class(_class_path(choice), path):
+            init = dict(choice.get("init_args") or {})
+            if argument in init and init[argument] != value and not (later and role not in model):
+                raise ValueError(f"{prefix}{key}: given with {prefix}{role}.init_args.{argument}; give the latter only")
+            out[role] = {**choice, "init_args": {**init, argument: value}}
+        elif _same_class(_class_path(choice), path) and not isinstance(choice, (str, dict)):  # a built component
+            raise ValueError(f"{prefix}{key}: set it on the {role} component you built ({short}({argument}=...))")
+        else:
+            from lfed.base.component import load_class
+
+            load_class(path, object, key)(**{argument: value})  # a bad value is refused even where unused, as in 0.3
+            messages.append(f"{prefix}{key} is deprecated and did nothing here (the {role} is not {short}): dropped; "
+                            f"it is now a setting of {short}: {new}")
+            continue
+        messages.append(f"{prefix}{key} is deprecated: it is {new} now")
+    return out, messages
+
+
+def warn_deprecated(messages: Iterable[str]) -> None:
+    for message in messages:
+        warnings.warn(message, SettingDeprecation, stacklevel=3)
+
+
+def upgrade_args(args: list[str]) -> tuple[list[str], list[str]]:
+    """A command line with 0.3's keys rewritten, and one message per key: in each ``--config`` file's ``model:``
+    section (the file is then given as its upgraded text) and in ``--model.<key> value`` arguments
+    (``--model.client_lr 0.1`` -> ``--model.training.client_lr 0.1``; ``--model.mu 0.1`` -> the objective as a
+    component with its ``mu``, found from the preset and roles given before it)."""
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    out: list[str] = []
+    messages: list[str] = []
+    seen: dict[str, Any] = {}  # algorithm and roles given so far (files, then arguments)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        key, eq, value = arg.partition("=")
+        if key.startswith("--") and not eq and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            value, step = args[i + 1], 2
+        else:
+            step = 1
+        if key == "--config" and value and Path(value).is_file():
+            data = yaml.safe_load(Path(value).read_text())
+            model = data.get("model") if isinstance(data, dict) else None
+            if isinstance(model, dict):
+                upgraded, said = upgrade(model, context=seen)
+                seen.update({k: upgraded[k] for k in ("algorithm", *ROLES) if k in upgraded})
+                if said:
+                    messages += [f"{value}: {m}" for m in said]
+                    out += ["--config", yaml.safe_dump({**data, "model": upgraded}, sort_keys=False)]
+                    i += step
+                    continue
+            out += args[i:i + step]
+            i += step
+            continue
+        name = key[len("--model."):] if key.startswith("--model.") else None
+        head = name.split(".", 1)[0] if name else None
+        if head in ("algorithm", *ROLES) and name == head:
+            seen[head] = value
+        if head in RENAMED:
+            new = f"--model.{RENAMED[head]}{name[len(head):]}"
+            messages.append(f"--model.{head} is deprecated: it is --model.{RENAMED[head]} now")
+            if head == name:
+                seen[RENAMED[head]] = value
+            out += [new + eq + value] if step == 1 else [new, value]
+        elif name in GROUPED:
+            new = f"--model.{GROUPED[name]}.{name}"
+            messages.append(f"--model.{name} is deprecated: it is {new} now")
+            out += [new + eq + value] if step == 1 else [new, value]
+        elif name in METHOD:
+            try:
+                number = yaml.safe_load(value)
+            except yaml.YAMLError:
+                number = value
+            upgraded, said = upgrade({name: number}, context=seen, later=True)
+            messages += [m.replace("model.", "--model.", 1) for m in said]
+            role = METHOD[name][0]
+            if role in upgraded:
+                seen[role] = upgraded[role]
+                out.append(f"--model.{role}={json.dumps(upgraded[role])}")
+        else:
+            out += args[i:i + step]
+        i += step
+    return out, messages
+
+
+def _instantiate(value: Any, role: str) -> Any:
+    """A ``{class_path, init_args}`` choice (from :func:`upgrade`) as its component, for Python callers."""
+    if isinstance(value, dict) and "class_path" in value:
+        from lfed.base.component import load_class
+
+        return load_class(value["class_path"], object, role)(**(value.get("init_args") or {}))
+    return value
+
+
+GROUPS = ("training", "stragglers", "engine", "evaluation")
+
+
+def settings(
+    *,
+    net=None,
+    algorithm: str = "fedavg",
+    objective: Any = None,
+    weighting: Any = None,
+    partial_work: str | None = None,
+    combination: Any = None,
+    channel: Any = None,
+    sampler: Any = None,
+    fraction: Any = None,
+    server_optimizer: Callable | None = None,
+    training=None,
+    stragglers=None,
+    engine: Engine | None = None,
+    evaluation: Evaluation | None = None,
+    loss=None,
+    seed: int = 0,
+    asynchronous=None,
+    **deprecated: Any,
+) -> dict[str, Any]:
+    """A run's settings in their one form: 0.3's flat keys upgraded (:func:`upgrade`, with a
+    :class:`SettingDeprecation` each), each group a dataclass (given as None, a dict or itself), a role given as
+    ``{class_path, init_args}`` built. The keyword arguments of :func:`build_run` and ``FederatedModule``."""
+    from lfed.core.round import LocalTraining
+    from lfed.participation.stragglers import Stragglers
+
+    out = dict(net=net, algorithm=algorithm, objective=objective, weighting=weighting, partial_work=partial_work,
+               combination=combination, channel=channel, sampler=sampler, fraction=fraction,
+               server_optimizer=server_optimizer, training=training, stragglers=stragglers, engine=engine,
+               evaluation=evaluation, loss=loss, seed=seed, asynchronous=asynchronous)
+    classes = {"training": LocalTraining, "stragglers": Stragglers, "engine": Engine, "evaluation": Evaluation}
+    if deprecated:
+        unknown = sorted(set(deprecated) - DEPRECATED)
+        if unknown:
+            raise TypeError(f"unknown settings {unknown}")
+        for name, cls in classes.items():  # a group at its defaults was not given (FederatedModule's signature)
+            if out[name] == cls():
+                out[name] = None
+        given = {k: out[k] for k in ("algorithm", *ROLES, *GROUPS) if out[k] is not None}
+        upgraded, messages = upgrade({**given, **deprecated}, prefix="")
+        warn_deprecated(messages)
+        out.update({k: upgraded.get(k) for k in (*ROLES, *GROUPS)})
+    for name, cls in classes.items():
+        out[name] = _group(out[name], cls, name)
+    for role in ROLES:
+        out[role] = _instantiate(out[role], role)
+    return out
+
+
+def build_run(**kwargs: Any):
+    """The :class:`~lfed.core.run.FederatedRun` of these settings (:func:`settings`' keywords: the ``model:``
+    section of a config): what :class:`~lfed.lightning.module.FederatedModule` runs, built without Lightning.
+
+    Each role left None comes from the preset ``algorithm``. Train it with :func:`lfed.core.fit.fit_run`
+    (no Trainer) or under a Lightning ``Trainer`` (``FederatedModule``).
+    """
+    return run_of(settings(**kwargs))
+
+
+def run_of(s: dict[str, Any]):
+    """The :class:`~lfed.core.run.FederatedRun` of settings already in their one form (:func:`settings`' output): what
+    :func:`build_run` and ``FederatedModule`` build, each checking and upgrading the settings once."""
+    from lfed.core import registry as algorithms
+    from lfed.core.run import FederatedRun
+    from lfed.state.stores import ClientStateStore
+
+    roles = {k: s[k] for k in ROLES}
+    cfg = algorithms.resolve(s["algorithm"], **roles)
+    components = algorithms.build(cfg, s["stragglers"])
+    components.asynchronous = s["asynchronous"]
+    engine, evaluation = s["engine"], s["evaluation"]
+    return FederatedRun(
+        components, s["training"], cfg["server_optimizer"], net=s["net"], loss=s["loss"], backend=engine.backend,
+        chunk_size=engine.chunk_size, seed=s["seed"], accuracy_targets=evaluation.accuracy_targets,
+        store=ClientStateStore(engine.client_state, engine.client_state_dir), algorithm=s["algorithm"],
+        explicit=frozenset(k for k, v in roles.items() if v is not None),
+        personal_clients=evaluation.personal_clients, personal_chunk=evaluation.personal_chunk,
+        round_local_accuracy=evaluation.round_local_accuracy,
+    )
+
+
+def plain(s: dict[str, Any]) -> dict[str, Any]:
+    """:func:`settings`' output as a checkpoint's hyperparameters: groups as dicts; objects (a net, a component,
+    a loss) left out: they are rebuilt from the config."""
+    from dataclasses import asdict
+
+    out = {}
+    for key, value in s.items():
+        if key in GROUPS:
+            out[key] = asdict(value)
+        elif value is None or isinstance(value, (str, int, float, bool, dict, list, tuple)):
+            out[key] = value
+    return out
+
+
+def _group(value: Any, cls: type, name: str):
+    """A group given as None (its defaults), a dict of some of its fields, or itself."""
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"{name}: unknown settings {unknown}; known: {sorted(known)}")
+        return cls(**value)
+    raise TypeError(f"{name}: a {cls.__name__} or a dict of its settings, got {type(value).__name__}")
+

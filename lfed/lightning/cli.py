@@ -1,0 +1,699 @@
+"""``lfed fit|validate|test --config ...``: LightningCLI over FederatedModule and FederatedDataModule.
+
+Defaults that make a federated run read well:
+
+* Every run writes into its own directory, ``<trainer.default_root_dir>/runs/<algorithm>-<dataset>-<config
+  id>/version_<n>/`` (the current directory when ``default_root_dir`` is not set; the config id is a
+  hash of the ``model``, ``data`` and ``seed_everything`` settings, :mod:`lfed.lightning.reporting`): ``config.yaml``,
+  ``metrics.csv`` (every logged metric, one row per round), ``checkpoints/last.ckpt`` and the
+  Weights & Biases run (``wandb/``). The Trainer's ``default_root_dir`` is that directory.
+* An atomic ``last.ckpt`` every ``checkpoint_every`` rounds (10)
+  (:class:`lfed.lightning.checkpoint.RoundCheckpoint` through :class:`lfed.lightning.checkpoint.AtomicCheckpointIO`; a
+  ``ModelCheckpoint`` of your own in ``trainer.callbacks`` replaces it). ``--ckpt_path last`` resumes
+  the latest run of the same configuration, in its own directory.
+* ``lfed validate|test --ckpt_path X`` needs no config: the model and data settings come from the
+  checkpoint.
+* Validation counts rounds (``val_check_interval`` rounds, no per-epoch check, no sanity check), the
+  progress bar counts rounds, and the end of ``fit`` prints the evaluations as a table.
+* Weights & Biases logging, online when the user is logged in, offline otherwise; ``WANDB_MODE=disabled``
+  turns W&B off (the metrics CSV is still written). The loggers' run config (W&B's config, a
+  ``CSVLogger``'s ``hparams.yaml``) holds the run's settings under their config names
+  (``model.seed``, ``data.seed``, ``seed_everything``, :func:`lfed.lightning.reporting.flat_settings`), in
+  place of Lightning's merge of the module's and the datamodule's hyperparameters
+  (``trainer.enable_autolog_hparams`` is off), which refuses a run whose ``model.seed`` and
+  ``data.seed`` differ.
+* One way to set the server optimizer, ``--model.server_optimizer``: Lightning's ``--optimizer`` and
+  ``--lr_scheduler`` are refused with a message naming it.
+* Short class names of lfed's models (``--model.net MLP``) mean :mod:`lfed.models.zoo`' classes, and
+  ``--help`` lists at most a few of the hundreds of torch subclasses a type accepts.
+* A mistake in the configuration is one line, ``lfed fit: error: <argument>: <what is allowed>``,
+  and exit status 2 (:func:`main`): the parser's errors, and a ``ValueError``, ``TypeError`` or
+  ``FileNotFoundError`` (what lfed's checks raise) from building the model, data and trainer or
+  from setting up the run before its first round (data loading, ``setup``, ``on_fit_start``,
+  checkpoint checks). An error once the first round has started, or any other exception, keeps
+  its traceback; ``LFED_DEBUG=1`` shows the traceback of every error. :func:`run_cli` (the
+  Python API) raises every exception as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import netrc
+import os
+import re
+import sys
+from argparse import ArgumentError
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from lfed.checks import HookError
+from lfed.core.registry import settings_label
+from lfed.core.settings import upgrade_args
+from lfed.lightning.checkpoint import RoundCheckpoint, install_atomic_io, read_checkpoint
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.lightning.module import FederatedModule
+from lfed.lightning.reporting import (
+    MetricsCSV,
+    RoundProgressBar,
+    RoundTable,
+    config_id,
+    flat_settings,
+    latest_checkpoint,
+    run_directory,
+    run_name,
+    silence_library_noise,
+)
+from lfed.models import zoo as lfed_models
+
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+#: Where the run's settings are stored in a checkpoint (plain values, readable with ``weights_only``).
+CONFIG_KEY = "lfed_config"
+
+#: Environment variable through which DDP worker processes find their rank 0's run directory.
+RUN_DIR_ENV = "LFED_RUN_DIR"
+
+#: Environment variable that makes ``lfed`` show the traceback of a configuration error.
+DEBUG_ENV = "LFED_DEBUG"
+
+#: What a mistake in the configuration raises before the run's first round (lfed's checks).
+CONFIG_ERRORS = (ValueError, TypeError, FileNotFoundError)
+
+
+def wandb_logged_in() -> bool:
+    """Whether a W&B API key is configured (environment or ``~/.netrc``), without prompting."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+        return os.path.exists(path) and netrc.netrc(path).authenticators("api.wandb.ai") is not None
+    except (netrc.NetrcParseError, OSError):
+        return False
+
+
+def default_logger() -> dict | bool:
+    """The default logger config: W&B, offline unless logged in; none when ``WANDB_MODE=disabled``.
+
+    The W&B files go to the run directory (``save_dir`` is filled in per run). With
+    ``WANDB_MODE=disabled`` there is no W&B logger at all (so no offline run directory either);
+    the metrics CSV is written in both cases.
+    """
+    if os.environ.get("WANDB_MODE", "").strip().lower() == "disabled":
+        return {"class_path": "lfed.lightning.reporting.MetricsCSV", "init_args": {"dirpath": None}}
+    return {
+        "class_path": "lfed.lightning.reporting.QuietWandbLogger",
+        "init_args": {"project": "lfed", "save_dir": None, "offline": not wandb_logged_in()},
+    }
+
+
+# --------------------------------------------------------------------------- help and names
+
+
+#: lfed classes that are subclasses of a torch type but no value a user passes (they are lfed's own parts).
+_INTERNAL = ("lfed.FederatedModule", "lfed.lightning.module.", "lfed.client.", "lfed.engine.", "lfed.participation.sampling.ClientSampler",
+             "lfed.participation.sampling.UniformSampler", "lfed.participation.sampling.AttentionSampler", "lfed.base.component.Component",
+             "lfed.lightning.driver.", "lfed.participation.clock.")
+
+
+#: The lfed classes an argument's help lists (others: every lfed class not in :data:`_INTERNAL`).
+_LISTED = {"model.objective": ("lfed.client.objectives.", "lfed.client.feddyn."), "model.net": ("lfed.models.zoo.",),
+           "model.loss": ()}
+
+
+def shorten_subclass_list(text: str, keep: int = 4, dest: str = "") -> str:
+    """Shorten jsonargparse's ``", known subclasses: a, b, ..."`` help suffix.
+
+    lfed's own classes are all kept; of the others, the first ``keep`` are shown and the rest
+    counted (any importable class path is accepted all the same). ``dest``: the argument (the net lists
+    lfed's models, the loss torch's losses, the objective lfed's client rules: :data:`_LISTED`).
+    """
+    mark = ", known subclasses: "
+    if mark not in text:
+        return text
+    head, names = text.split(mark, 1)
+    names = [n.strip() for n in names.split(",") if n.strip()]
+    if dest in _LISTED:
+        own = [n for n in names if n.startswith(_LISTED[dest]) and not n.endswith(".ClientRule")]
+    else:
+        own = [n for n in names if n.startswith("lfed.") and not n.startswith(_INTERNAL)]
+    other = [n for n in names if not n.startswith("lfed.") and (dest != "model.loss" or n.endswith("Loss"))]
+    shown = own + other[:keep]
+    more = len(other) - len(other[:keep])
+    tail = f", ... and {more} more (any importable class path)" if more > 0 else ""
+    return f"{head}{mark}{', '.join(shown)}{tail}"
+
+
+class LfedHelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help formatter with the "known subclasses" lists shortened (:func:`shorten_subclass_list`)."""
+
+    def add_argument(self, action: Any) -> None:
+        full = getattr(action, "extra_help", None)
+        if callable(full) and not getattr(full, "lfed_short", False):
+
+            dest = getattr(action, "dest", "")
+
+            def short(full=full, dest=dest) -> str:
+                return shorten_subclass_list(full(), dest=dest)
+
+            short.lfed_short = True  # type: ignore[attr-defined]
+            action.extra_help = short
+        super().add_argument(action)
+
+
+def lfed_model_names() -> dict[str, str]:
+    """Short name -> class path of every ``nn.Module`` in :mod:`lfed.models.zoo`."""
+    from torch import nn
+
+    out = {}
+    for name in dir(lfed_models):
+        obj = getattr(lfed_models, name)
+        if isinstance(obj, type) and issubclass(obj, nn.Module) and obj.__module__ == lfed_models.__name__:
+            out[name] = f"{obj.__module__}.{obj.__qualname__}"
+    return out
+
+
+def resolve_short_names(args: list[str]) -> list[str]:
+    """``--model.net MLP`` (or ``=MLP``) -> ``--model.net lfed.models.zoo.MLP`` for lfed's models.
+
+    jsonargparse resolves a bare class name among every imported subclass of ``nn.Module`` and
+    finds ``torchvision.ops.MLP`` first; lfed's models come first here.
+    """
+    names = lfed_model_names()
+    out = list(args)
+    for i, a in enumerate(out):
+        if a == "--model.net" and i + 1 < len(out) and out[i + 1] in names:
+            out[i + 1] = names[out[i + 1]]
+        elif a.startswith("--model.net=") and a.split("=", 1)[1] in names:
+            out[i] = "--model.net=" + names[a.split("=", 1)[1]]
+    return out
+
+
+#: Lightning's own optimizer arguments, refused: the server optimizer is ``--model.server_optimizer``.
+REFUSED = {
+    "optimizer": "--optimizer would replace the server optimizer without a word; set it with "
+    "--model.server_optimizer (e.g. --model.server_optimizer torch.optim.SGD --model.server_optimizer.lr 1.0, "
+    "or lfed.server.optimizers.FedAdam)",
+    "lr_scheduler": "--lr_scheduler is not supported: lfed steps its server optimizer itself once per round; set the "
+    "server optimizer with --model.server_optimizer",
+}
+
+
+def _refused_in_args(args: list[str]) -> str | None:
+    for a in args:
+        for key, message in REFUSED.items():
+            flag = f"--{key}"
+            if a == flag or a.startswith((flag + ".", flag + "=", flag + "+")):
+                return message
+    return None
+
+
+# --------------------------------------------------------------------------- configuration errors
+
+
+class ConfigError(Exception):
+    """A mistake in a run's configuration, found before its first round; its message is one line.
+
+    :class:`LfedCLI` raises it with ``config_errors=True`` (the ``lfed`` console script), with
+    the original exception as its ``__cause__``.
+    """
+
+
+class FirstStep(Callback):
+    """Notes when the run's first step starts: a round (``fit``) or an evaluation batch.
+
+    An exception before it is raised while the run is being set up (its configuration); one
+    after it, by the run itself.
+    """
+
+    def __init__(self) -> None:
+        self.started = False
+
+    def _start(self, *args: Any, **kwargs: Any) -> None:
+        self.started = True
+
+    on_train_batch_start = on_validation_batch_start = on_test_batch_start = on_predict_batch_start = _start
+
+
+_CLASS = re.compile(r"<class '(?:builtins\.)?([\w.]+)'>")
+
+
+def _type_names(text: str) -> str:
+    """``"[<class 'torch.nn.modules.module.Module'>, <class 'NoneType'>]"`` -> ``"torch.nn.modules.module.Module or null"``."""
+    names = ["null" if n == "NoneType" else n for n in _CLASS.findall(text)]
+    return " or ".join(names)
+
+
+def _parser_key_message(key: str, body: list[str]) -> str:
+    """One line from jsonargparse's ``Parser key "K": ...`` message: the key, what is allowed, what was given."""
+    text = "\n".join(body)
+    given = re.search(r"(?:Given value|Got value): (.*)", text)
+    literal = re.search(r"Expected a typing\.Literal\[(.*)\]", text)
+    expected = None
+    if literal:
+        expected = f"one of {literal.group(1)}"
+    elif "Subtypes:" in text:
+        expected = _type_names(text.split("Subtypes:", 1)[1].splitlines()[0])
+    elif m := re.search(r"Expected a (<class '[^']+'>)", text):
+        expected = _type_names(m.group(1))
+    reasons: list[str] = []
+    if "Errors:" in text:
+        for line in text.split("Errors:", 1)[1].splitlines():
+            line = line.strip()
+            if line.startswith(("Given value", "Subtypes:")):
+                break
+            if line.startswith("- "):
+                reasons.append(line[2:])
+            elif line and reasons:
+                reasons[-1] = f"{reasons[-1]} {line}"
+        reasons = [r for r in reasons if not re.fullmatch(r"Expected a <class 'NoneType'>", r)]
+    if expected is None or given is None:
+        return f"{key}: " + " ".join(line.strip() for line in body if line.strip())
+    tail = f" ({'; '.join(reasons)})" if reasons else ""
+    return f"{key}: expected {expected}, got {given.group(1).strip()}{tail}"
+
+
+def one_line(message: str) -> str:
+    """An error message as one line (jsonargparse's ``Parser key`` messages: key, allowed, given).
+
+    >>> one_line('Parser key "model.training.client_lr":\\n  Expected a <class ' + "'float'>. Got value: abc")
+    'model.training.client_lr: expected float, got abc'
+    >>> one_line("ckpt_path: x.ckpt does not match this configuration:\\n  data.seed: checkpoint 0, this run 1")
+    'ckpt_path: x.ckpt does not match this configuration: data.seed: checkpoint 0, this run 1'
+    """
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    if not lines:
+        return str(message).strip() or "(no message)"
+    m = re.match(r'Parser key "([^"]+)":\s*(.*)', lines[0])
+    if m:
+        return _parser_key_message(m.group(1), [m.group(2), *lines[1:]])
+    out = lines[0]
+    for line in lines[1:]:
+        out += (" " if out.endswith(":") else "; ") + line
+    return out
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+class RunConfig(Callback):
+    """The run's ``model``, ``data`` and ``seed_everything`` settings: in every checkpoint and in the loggers.
+
+    ``lfed validate|test --ckpt_path X`` rebuilds the model and data from them (no config needed).
+    Once the run's checks have passed (the start of training or evaluation) every logger gets them as
+    hyperparameters under their config names
+    (``model.seed``, ``data.seed``: :func:`lfed.lightning.reporting.flat_settings`).
+    """
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.settings = settings
+
+    def _log(self, trainer: Trainer, *args: Any) -> None:
+        """The settings to every logger, once, when the run's checks have passed (a refused run starts no W&B run)."""
+        if getattr(self, "_logged", False):
+            return
+        self._logged = True
+        params = flat_settings(self.settings)
+        for logger in trainer.loggers:
+            logger.log_hyperparams(params)
+
+    on_train_start = on_validation_start = on_test_start = on_predict_start = _log
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        checkpoint[CONFIG_KEY] = self.settings
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-able copy of a parsed config value (Namespaces -> dicts, paths -> str)."""
+    if hasattr(value, "as_dict"):
+        value = value.as_dict()
+    return json.loads(json.dumps(value, default=str))
+
+
+def settings_of(cfg) -> dict[str, Any]:
+    """A run's ``model``, ``data`` and ``seed_everything`` settings as plain values (its identity: the config id)."""
+    return {"model": _plain(cfg.get("model")), "data": _plain(cfg.get("data")), "seed_everything": _plain(cfg.get("seed_everything"))}
+
+
+class LfedCLI(LightningCLI):
+    """LightningCLI with round-based defaults, per-run directories and a config check.
+
+    Lightning's ``--optimizer``/``--lr_scheduler`` are off (``auto_configure_optimizers=False``)
+    and refused; the help lists subclasses briefly (:class:`LfedHelpFormatter`).
+
+    Args:
+        config_errors: Raise a mistake in the configuration as a :class:`ConfigError` with a
+            one-line message: the parser's errors (the parser then raises instead of printing
+            its usage and exiting), and a ``ValueError``, ``TypeError`` or ``FileNotFoundError``
+            raised before the run's first step (:data:`CONFIG_ERRORS`, :class:`FirstStep`).
+            Other exceptions, and any after the first step, are raised as they are.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        auto_configure_optimizers: bool = False,
+        parser_kwargs: dict | None = None,
+        config_errors: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        short: dict[str, Any] = {"formatter_class": LfedHelpFormatter}
+        if config_errors:
+            short["exit_on_error"] = False
+        parser_kwargs = {**short, **{s: dict(short) for s in SUBCOMMANDS}, **(parser_kwargs or {})}
+        self.first_step = FirstStep()
+        try:
+            super().__init__(*args, auto_configure_optimizers=auto_configure_optimizers, parser_kwargs=parser_kwargs, **kwargs)
+        except ArgumentError as err:
+            if not config_errors:
+                raise
+            raise ConfigError(one_line(str(err))) from err
+        except CONFIG_ERRORS as err:
+            if not self.first_step.started:  # a refusal during set-up: the run never was
+                self._discard_run_dir()
+            if not config_errors or (self.first_step.started and not isinstance(err, HookError)):
+                raise
+            raise ConfigError(self._nested_message(str(err)) or one_line(str(err))) from err
+
+    def _nested_message(self, text: str) -> str | None:
+        """lfed's own message of a component's setting under a ``class_path`` first, as one line with its argument path.
+
+        jsonargparse reports a ``ValueError`` of a component's ``__init__`` (``delta: must be ... in (0, 1), got 1.5``)
+        inside its "Does not validate against any of the Union subtypes" text, without the key; this finds the
+        component's key in the config by its class path: ``model.combination.init_args.delta: must be ...``.
+        """
+        if "Union subtypes" not in text or "Errors:" not in text:
+            return None
+        reasons = [ln.strip()[2:] for ln in text.split("Errors:", 1)[1].splitlines() if ln.strip().startswith("- ")]
+        own = [r for r in reasons if not r.startswith(("Expected a ", "Not a valid", "Problem with given class_path",
+                                                         "Import path", "Type "))]
+        found = re.search(r"class_path='([^']+)'", text)
+        if not own or found is None:
+            return None
+        key = None
+        try:
+            settings = self._settings(self._subconfig())
+        except Exception:  # noqa: BLE001 - the message without its key is still lfed's
+            settings = {}
+
+        def walk(value: Any, path: str) -> None:
+            nonlocal key
+            if isinstance(value, dict):
+                if value.get("class_path") == found.group(1) and key is None:
+                    key = path
+                for k, v in value.items():
+                    walk(v, f"{path}.{k}" if path else k)
+
+        walk({k: v for k, v in settings.items() if k in ("model", "data")}, "")
+        reason = own[0]
+        name = re.match(r"([A-Za-z_][\w.]*): (.*)", reason)
+        if key is None:
+            return f"{found.group(1)}: {reason}"
+        if name:
+            return f"{key}.init_args.{name.group(1)}: {name.group(2)}"
+        return f"{key}: {reason}"
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument(
+            "--checkpoint_every",
+            type=int,
+            default=10,
+            help="Rounds between checkpoints (an atomic last.ckpt in <run directory>/checkpoints); "
+            "0 turns lfed's default checkpoint off. Ignored when trainer.callbacks has a ModelCheckpoint.",
+        )
+        for key in REFUSED:  # so that a config file's `optimizer:` is refused too, not merely unknown
+            parser.add_argument(f"--{key}", type=Any, default=None, help="Not supported: use --model.server_optimizer.")
+        parser.set_defaults(
+            {
+                "trainer.max_steps": 100,
+                "trainer.val_check_interval": 10,
+                "trainer.check_val_every_n_epoch": None,
+                "trainer.num_sanity_val_steps": 0,
+                "trainer.logger": default_logger(),
+                "trainer.log_every_n_steps": 1,
+                "trainer.enable_model_summary": False,
+                "trainer.enable_autolog_hparams": False,  # RunConfig logs the settings under their own names
+            }
+        )
+
+    def parse_arguments(self, parser, args) -> None:
+        """Parse ``args`` with lfed's short model names, refusing Lightning's optimizer arguments."""
+        if not isinstance(args, (dict,)) and not hasattr(args, "as_dict"):
+            args = list(sys.argv[1:] if args is None else args)
+            refused = _refused_in_args(args)
+            if refused:
+                parser.error(refused)
+            try:
+                args, deprecated = upgrade_args(args)  # lfed 0.3's flat keys, one line each (lfed.core.settings)
+            except ValueError as err:
+                parser.error(str(err))
+            for message in deprecated:
+                print(f"lfed: deprecated: {message}", file=sys.stderr)
+            args = resolve_short_names(args)
+            self.given_args = args
+            self.config = parser.parse_args(args)  # Lightning's parse_arguments, without its warning about sys.argv
+        else:
+            super().parse_arguments(parser, args)
+        cfg = self.config.get(self.config.get("subcommand")) if self.config.get("subcommand") else self.config
+        if cfg is not None:
+            for key, message in REFUSED.items():
+                if cfg.get(key) is not None:
+                    parser.error(f"{key}: {message}")
+
+    def _parse_ckpt_path(self) -> None:
+        """Nothing: lfed reads ``--ckpt_path`` itself in :meth:`before_instantiate_classes`.
+
+        Lightning's CLI calls this private method right after parsing to replace the model
+        arguments of the config with the hyperparameters stored in a ``--ckpt_path`` file. lfed
+        does not want that: for ``fit`` the config defines the run and the checkpoint only its
+        state (a checkpoint of another run is refused with the differences listed,
+        :func:`lfed.lightning.checkpoint.verify_fingerprint`); for ``validate``/``test`` the settings
+        come from the checkpoint's own record of the run, model network included, and an
+        unreadable file is reported as not an lfed checkpoint. There is no public hook that
+        runs before Lightning's; tests/test_first_hour_cli.py fails if Lightning stops calling
+        this method.
+        """
+
+    # ----------------------------------------------------------------- run directory, checkpoint
+    def _subconfig(self):
+        return self.config[self.subcommand] if self.subcommand else self.config
+
+    def _settings(self, cfg) -> dict[str, Any]:
+        return settings_of(cfg)
+
+    def before_instantiate_classes(self) -> None:
+        """Read ``--ckpt_path`` (settings for validate/test, ``last``), choose the run directory."""
+        silence_library_noise()
+        cfg = self._subconfig()
+        ckpt = cfg.get("ckpt_path")
+        root = Path(cfg.get("trainer", {}).get("default_root_dir") or os.getcwd())
+        settings = self._settings(cfg)
+        evaluating = self.subcommand in ("validate", "test", "predict")
+        if evaluating and ckpt is None:
+            raise ValueError(f"ckpt_path: lfed {self.subcommand} scores a trained model; give --ckpt_path <file.ckpt> "
+                             "(or last: the latest checkpoint of this configuration)")
+        if self.subcommand == "fit":
+            _check_an_end(cfg.get("trainer", {}))
+        given = settings
+        if ckpt is not None and ckpt != "last" and evaluating:
+            settings = self._settings_from_checkpoint(str(ckpt))
+            self._check_config_fits_checkpoint(str(ckpt), given, settings)
+        config_dir = root / "runs" / run_name(settings_label(settings["model"] or {}), settings["data"].get("dataset"), config_id(settings))
+        run_dir = None
+        if ckpt == "last":
+            found = latest_checkpoint(config_dir)
+            if found is None:
+                rank_zero_warn(f"ckpt_path: 'last' found no checkpoint of this configuration under {config_dir}; starting a new run")
+                cfg["ckpt_path"] = None
+            else:
+                rank_zero_info(f"lfed: resuming {found}")
+                cfg["ckpt_path"] = str(found)
+                if self.subcommand == "fit":
+                    run_dir = found.parent.parent
+            if evaluating and found is None:
+                raise ValueError(f"ckpt_path: 'last' found no checkpoint of this configuration under {config_dir}; "
+                                 f"lfed {self.subcommand} scores a trained model: give its --ckpt_path <file.ckpt>")
+            if evaluating and found is not None:
+                settings = self._settings_from_checkpoint(str(found))
+        elif ckpt is not None and self.subcommand == "fit":
+            read_checkpoint(ckpt)  # a file that is not an lfed checkpoint fails here, before any round
+            path = Path(ckpt).resolve()
+            if path.parent.name == "checkpoints" and path.parent.parent.parent == config_dir.resolve():
+                run_dir = path.parent.parent  # continue in the run's own directory
+        cfg = self._subconfig()  # reading a checkpoint's settings replaced self.config
+        inherited = os.environ.get(RUN_DIR_ENV)
+        if run_dir is None and inherited and os.environ.get("LOCAL_RANK", "0") != "0":
+            run_dir = Path(inherited)  # a DDP worker: rank 0 chose the directory
+        self._created_run_dir = None
+        if run_dir is None:
+            run_dir = self._created_run_dir = run_directory(config_dir)
+        os.environ[RUN_DIR_ENV] = str(run_dir)
+        self.run_dir = run_dir
+        self.run_settings = settings
+        cfg["trainer"]["default_root_dir"] = str(run_dir)
+        logger = cfg["trainer"].get("logger")
+        for lg in logger if isinstance(logger, list) else [logger]:
+            init = lg.get("init_args") if hasattr(lg, "get") else None
+            if init is None:
+                continue
+            if "Wandb" in str(lg.get("class_path")) and init.get("save_dir") is None:
+                init["save_dir"] = str(run_dir)
+            if str(lg.get("class_path")).endswith("MetricsCSV") and init.get("dirpath") is None:
+                init["dirpath"] = str(run_dir)
+
+    def _check_config_fits_checkpoint(self, ckpt: str, given: dict[str, Any], saved: dict[str, Any]) -> None:
+        """``lfed validate|test --config A --ckpt_path <run of B>``: refused, naming the settings that differ.
+
+        Only settings the command gave (``--config``, ``--model.*``, ``--data.*``, ``--seed_everything``) are
+        compared; without them the checkpoint's own settings are used. ``data.data_dir`` may differ (where the
+        data is on this machine).
+        """
+        flags = [a for a in getattr(self, "given_args", []) or [] if isinstance(a, str) and a.startswith("--")]
+        if not any(a.split("=", 1)[0] == "--config" or (a.startswith(("--model", "--data", "--seed_everything"))
+                                                         and not a.startswith("--data.data_dir")) for a in flags):
+            return
+        mine, theirs = flat_settings(given), flat_settings(saved)
+        differ = [k for k in sorted(set(mine) | set(theirs))
+                  if k != "data.data_dir" and mine.get(k) != theirs.get(k)]
+        if differ:
+            shown = "; ".join(f"{k}: checkpoint {theirs.get(k)!r}, config {mine.get(k)!r}" for k in differ[:4])
+            more = f"; ... {len(differ)} settings in all" if len(differ) > 4 else ""
+            raise ValueError(f"ckpt_path: {ckpt} was written by another configuration than this command's ({shown}{more}); "
+                             "drop --config (the checkpoint holds its own settings) or give the run's own")
+
+    def instantiate_classes(self) -> None:
+        """Lightning's, but a run that fails to start leaves no empty run directory behind."""
+        try:
+            super().instantiate_classes()
+        except BaseException:
+            created = getattr(self, "_created_run_dir", None)
+            if created is not None and created.is_dir() and not any(created.iterdir()):
+                self._discard_run_dir()
+            raise
+
+    def _discard_run_dir(self) -> None:
+        """Remove the run directory this command made (its ``config.yaml``, an offline W&B run), and its
+        configuration's directory when that is left empty: a run refused before its first step leaves nothing."""
+        import shutil
+
+        created = getattr(self, "_created_run_dir", None)
+        if created is None or not created.is_dir() or os.environ.get("LOCAL_RANK", "0") != "0":
+            return
+        for logger in (getattr(getattr(self, "trainer", None), "loggers", None) or []):
+            finish = getattr(getattr(logger, "_experiment", None), "finish", None)
+            if callable(finish):  # a W&B run that was started: closed before its files go
+                try:
+                    finish(quiet=True)
+                except Exception:  # noqa: BLE001 - the refusal is what the user must see
+                    pass
+        shutil.rmtree(created, ignore_errors=True)
+        if created.parent.is_dir() and not any(created.parent.iterdir()):
+            created.parent.rmdir()
+        self._created_run_dir = None
+
+    def _settings_from_checkpoint(self, ckpt: str) -> dict[str, Any]:
+        """Apply the checkpoint's model and data settings to the config (validate/test); return them."""
+        saved = read_checkpoint(ckpt).get(CONFIG_KEY)
+        cfg = self._subconfig()
+        if not saved:
+            rank_zero_warn(
+                f"ckpt_path: {ckpt} holds no record of its run's settings (not saved by `lfed fit`): "
+                "the model and data settings of this command's config are used"
+            )
+            return self._settings(cfg)
+        saved = {k: v for k, v in saved.items() if v is not None}
+        data_dir = cfg.get("data", {}).get("data_dir") if cfg.get("data") is not None else None
+        update = {k: saved[k] for k in ("model", "data") if k in saved}
+        if data_dir is not None and "data" in update:
+            update["data"] = {**update["data"], "data_dir": data_dir}  # where the data is on this machine
+        new = self.parser.parse_object({self.subcommand: update}, self.config)
+        self.config = new
+        cfg = self._subconfig()
+        if "seed_everything" in saved:
+            cfg["seed_everything"] = saved["seed_everything"]
+        return self._settings(cfg)
+
+    def instantiate_trainer(self, **kwargs) -> Trainer:
+        """The Trainer, with lfed's checkpoint, progress bar, round table, metrics CSV and atomic IO."""
+        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        every = config.get("checkpoint_every", 10)
+        if every is not None and every < 0:
+            raise ValueError(f"checkpoint_every: must be >= 0 rounds (0 turns it off), got {every}")
+        trainer_config = config.get("trainer", {})
+        callbacks = trainer_config.get("callbacks") or []
+        callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
+        run_dir = getattr(self, "run_dir", None) or Path(trainer_config.get("default_root_dir") or os.getcwd())
+        if (
+            every
+            and self.subcommand in ("fit", None)
+            and trainer_config.get("enable_checkpointing") is not False
+            and not any(isinstance(c, ModelCheckpoint) for c in callbacks)
+        ):
+            callbacks.append(RoundCheckpoint(dirpath=os.path.join(str(run_dir), "checkpoints"), every_n_train_steps=every))
+        if trainer_config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
+            callbacks.append(RoundProgressBar())
+        if not any(isinstance(c, RoundTable) for c in callbacks):
+            callbacks.append(RoundTable())
+        callbacks.append(RunConfig(getattr(self, "run_settings", None) or self._settings(self._subconfig())))
+        callbacks.append(self.first_step)
+        kwargs.setdefault("callbacks", callbacks)
+        logger = trainer_config.get("logger")
+        loggers = [] if logger in (None, False) else list(logger) if isinstance(logger, list) else [logger]
+        wants_log = logger is not False
+        if wants_log and not any(isinstance(lg, MetricsCSV) for lg in loggers) and all(isinstance(lg, Logger) for lg in loggers):
+            kwargs.setdefault("logger", [*loggers, MetricsCSV(run_dir)])
+        trainer = super().instantiate_trainer(**kwargs)
+        install_atomic_io(trainer.strategy)
+        return trainer
+
+
+def _check_an_end(trainer: Any) -> None:
+    """``lfed fit`` needs an end: ``trainer.max_steps`` >= 1 rounds (or a ``max_epochs`` / ``max_time`` of its own)."""
+    steps = trainer.get("max_steps")
+    if steps is not None and steps >= 1:
+        return
+    epochs, time = trainer.get("max_epochs"), trainer.get("max_time")
+    if (epochs is not None and epochs >= 0) or time is not None:
+        return
+    raise ValueError(f"trainer.max_steps: the rounds of the run, an integer >= 1, got {steps} (a run with no end)")
+
+
+def run_cli(args: list[str] | None = None) -> LfedCLI:
+    """Run ``lfed`` with ``args`` (``sys.argv`` when None) and return the CLI object (tests, notebooks)."""
+    silence_library_noise()
+    return LfedCLI(FederatedModule, FederatedDataModule, save_config_kwargs={"overwrite": True}, args=args)
+
+
+def _prog(args: list[str]) -> str:
+    """``lfed fit`` (the subcommand of ``args``), or ``lfed`` without one."""
+    sub = next((a for a in args if a in SUBCOMMANDS), None)
+    return f"lfed {sub}" if sub else "lfed"
+
+
+def main() -> None:
+    """``lfed fit|validate|test`` (the ``lfed`` command, :func:`lfed.entry.main`, sends ``lfed grid`` to :mod:`lfed.lightning.grid`).
+
+    A mistake in the configuration (:class:`ConfigError`) is printed as one line,
+    ``lfed fit: error: <message>``, on stderr, and the exit status is 2; with ``LFED_DEBUG=1``
+    every error shows its traceback (the parser's too: ``JSONARGPARSE_DEBUG``).
+    """
+    if os.environ.get(DEBUG_ENV, "").strip() not in ("", "0"):
+        os.environ.setdefault("JSONARGPARSE_DEBUG", "true")  # the parser raises instead of printing its usage
+        run_cli()
+        return
+    silence_library_noise()
+    try:
+        LfedCLI(FederatedModule, FederatedDataModule, save_config_kwargs={"overwrite": True}, config_errors=True)
+    except ConfigError as err:
+        print(f"{_prog(sys.argv[1:])}: error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,92 @@
+"""FederatedModule: one federated run under Lightning, one round per training step (SPEC §1).
+
+It is the one driver (:class:`lfed.lightning.driver.FederatedDriver`) of one run
+(:class:`lfed.core.run.FederatedRun`, built by :func:`lfed.core.settings.build_run` from the ``model:`` section of a config):
+``automatic_optimization`` is off; each ``training_step`` runs the round (sample a cohort,
+train it on the device with :class:`~lfed.engine.CohortTrainer`, combine the updates, step the
+server optimizer once), so ``global_step == round`` and Lightning's ``max_steps``,
+``val_check_interval``, checkpointing, loggers and progress bar all count rounds. The module
+reads as its run: ``module.net`` is the global model, ``module.objective`` ... the components,
+whose declared state (:mod:`lfed.state.spec`) is in the state dict, so a checkpoint resumes a run exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from lfed.client.objectives import OBJECTIVES, ClientRule
+from lfed.core import registry as algorithms
+from lfed.core.asynchronous import Asynchronous
+from lfed.core.round import LocalTraining
+from lfed.core.settings import Engine, Evaluation, plain, run_of, settings
+from lfed.lightning.driver import FederatedDriver
+from lfed.participation.sampling import ClientSampler, FractionSchedule
+from lfed.participation.stragglers import Stragglers
+from lfed.server.channel import Channel
+from lfed.server.combination import ServerCombination
+from lfed.server.weighting import AggregationWeights
+
+# the groups' defaults (frozen dataclasses: one instance each is safe to share)
+_TRAINING, _STRAGGLERS, _ENGINE, _EVALUATION = LocalTraining(), Stragglers(), Engine(), Evaluation()
+
+
+class FederatedModule(FederatedDriver):
+    """Federated training of one global model over simulated clients.
+
+    The arguments are a run's settings (:mod:`lfed.core.settings`; :func:`lfed.core.settings.build_run` builds the
+    same run without Lightning). Every role left ``None`` comes from the preset ``algorithm``
+    (:mod:`lfed.core.registry`); set any of them to compose your own algorithm, by name or as a component with
+    its own settings (``class_path``; see ``docs/extending.md``). lfed 0.3's flat keys (``client_lr``,
+    ``mu``, ``aggregation``, ...) still work with a one-line deprecation naming the new key.
+
+    Args:
+        net: The global model (any ``nn.Module``). None builds lfed's MLP 2NN sized from the data.
+        algorithm: A preset (:data:`lfed.core.registry.PRESETS`).
+        objective: Client rule (SPEC §2): a name or a ``ClientRule`` with its settings.
+        weighting: Aggregation weights (SPEC §3): a name or an ``AggregationWeights``.
+        partial_work: What stragglers' partial work counts for: keep, drop, scale (EFL T/s).
+        combination: Server combination (SPEC §4): a name or a ``ServerCombination``.
+        channel: Upload channel (SPEC §7): ternary sparsity q in (0, 1], False (dense), or a ``Channel``.
+        sampler: Client sampler (SPEC §5): uniform, attention (AdaFL), poisson (DP), or a ``ClientSampler``.
+        fraction: Participation fraction C in (0, 1], or a schedule (lfed.participation.sampling).
+        server_optimizer: Optimizer on the pseudo-gradient -Δ (``torch.optim.SGD``, lr=1: FedAvg).
+        training: How clients train.
+        stragglers: Clients that do less than planned (SPEC §6).
+        engine: How the cohort is computed and where client state lives.
+        evaluation: What an evaluation scores besides the global model.
+        loss: Client loss (a torch.nn loss; cross-entropy by default).
+        seed: Seed of sampling, stragglers, batches and Fisher draws (per round).
+        asynchronous: FedBuff / FedAsync on a simulated clock (docs/async.md). None: synchronous.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module | None = None,
+        algorithm: algorithms.AlgorithmName = "fedavg",
+        objective: Literal[OBJECTIVES] | ClientRule | None = None,  # type: ignore[valid-type]
+        weighting: Literal["size", "uniform", "dwfed"] | AggregationWeights | None = None,
+        partial_work: Literal["keep", "drop", "scale"] | None = None,
+        combination: Literal["mean", "self", "global", "time"] | ServerCombination | None = None,
+        channel: float | bool | Channel | None = None,
+        sampler: Literal["uniform", "attention", "poisson"] | ClientSampler | None = None,
+        fraction: float | FractionSchedule | None = None,
+        server_optimizer: Callable[[Iterable], torch.optim.Optimizer] | None = None,
+        training: LocalTraining = _TRAINING,
+        stragglers: Stragglers = _STRAGGLERS,
+        engine: Engine = _ENGINE,
+        evaluation: Evaluation = _EVALUATION,
+        loss: nn.Module | None = None,
+        seed: int = 0,
+        asynchronous: Asynchronous | None = None,
+        **deprecated: Any,
+    ) -> None:
+        s = settings(net=net, algorithm=algorithm, objective=objective, weighting=weighting, partial_work=partial_work,
+                     combination=combination, channel=channel, sampler=sampler, fraction=fraction,
+                     server_optimizer=server_optimizer, training=training, stragglers=stragglers, engine=engine,
+                     evaluation=evaluation, loss=loss, seed=seed, asynchronous=asynchronous, **deprecated)
+        super().__init__([run_of(s)])
+        self.save_hyperparameters(plain(s))  # the settings in their one form, plain values (weights_only checkpoints)
