@@ -148,6 +148,7 @@ MOVED = {
     "lfed.fingerprint": "lfed.state.fingerprint",
     "lfed.atomic": "lfed.state.atomic",
     "lfed.validation": "lfed.checks",
+    "lfed.privacy.metrics": "lfed.base.metric_gate",
 }
 
 

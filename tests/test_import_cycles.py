@@ -155,3 +155,28 @@ def test_the_walk_finds_function_local_and_relative_cycles(tmp_path):
     assert graph["pkg.c"] == {"pkg.d"} and graph["pkg.d"] == {"pkg.c"} and graph["pkg.e"] == set()
     assert cycles(graph) == [["pkg.a", "pkg.sub.b"], ["pkg.c", "pkg.d"]]
     assert cycles(graph, {frozenset({"pkg.c", "pkg.d"})}) == [["pkg.a", "pkg.sub.b"]]
+
+
+#: What a package below the Lightning layer may not import (docs/architecture.md): no package but lfed.lightning (and
+#: lfed.entry, the command) imports Lightning's layer; the round core and the component contract import no feature.
+FEATURES = ("lfed.personal", "lfed.privacy")
+#: The one core module that names features: the registry is the table of every built-in name (its presets build
+#: DP-FedAvg; it refuses a composition that would drop DP), read where a run is built, not in the round.
+NAMES_FEATURES = {"lfed.core.registry"}
+
+
+def test_only_the_lightning_layer_imports_it():
+    graph = import_graph(REPO / "lfed")
+    below = {m: ts for m, ts in graph.items() if not m.startswith("lfed.lightning") and m not in ("lfed.entry", "lfed.__main__")}
+    bad = {m: sorted(t for t in ts if t.startswith("lfed.lightning")) for m, ts in below.items()}
+    bad = {m: ts for m, ts in bad.items() if ts and m != "lfed"}  # lfed/__init__: names only, imported on first use
+    assert not bad, f"modules below the Lightning layer import it: {bad}"
+
+
+def test_the_core_and_the_contract_import_no_feature_package():
+    graph = import_graph(REPO / "lfed")
+    core = {m: ts for m, ts in graph.items() if m.startswith(("lfed.core", "lfed.base")) and m not in NAMES_FEATURES}
+    assert "lfed.core.round" in core and "lfed.base.sharing" in core["lfed.core.round"]  # the walk sees the core
+    bad = {m: sorted(t for t in ts if t.startswith(FEATURES)) for m, ts in core.items()}
+    bad = {m: ts for m, ts in bad.items() if ts}
+    assert not bad, f"the core imports features: {bad}"

@@ -509,7 +509,7 @@ def test_every_component_under_dp_is_refused_in_one_line_before_round_0_or_runs_
 
 # ---------------------------------------------------------------------- metrics under DP (docs/privacy.md)
 def test_the_metric_gate_by_hand():
-    from lfed.privacy.metrics import MetricGate
+    from lfed.base.metric_gate import MetricGate
 
     metrics = {"test/acc": 0.5, "train/loss": 1.0, "final/rounds_to_0.8": 3.0, "global_val/acc_mean": 0.2}
     private = ("test/*", "final/rounds_to_*", "val/*")

@@ -193,3 +193,35 @@ def test_the_extending_page_s_lfed_fit_line_runs(doc_folder, tmp_path):
     assert objective.state("momentum").abs().sum() > 0
     assert any(k.endswith("objective.momentum") for k in cli.model.state_dict())  # in every checkpoint
     assert cli.model.runs[0].label == "fedavg+FedCM"
+
+
+@pytest.mark.parametrize("old", sorted(__import__("lfed").MOVED))
+def test_a_module_path_of_0_4_still_imports_and_says_where_it_is(old):
+    """Each module moved in 0.5 (lfed.MOVED) still imports from its 0.4 path (a config's class_path, a pickled class,
+    a user's import), with one FutureWarning naming the new path, and gives the very objects of the new module."""
+    import warnings
+
+    import lfed
+
+    sys.modules.pop(old, None)
+    new = importlib.import_module(lfed.MOVED[old])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        moved = importlib.import_module(old)
+        public = [n for n in dir(new) if not n.startswith("_")]
+        assert public and all(getattr(moved, n) is getattr(new, n) for n in public)
+    said = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    assert said == [f"{old} moved to {lfed.MOVED[old]} in lfed 0.5; the old path works until 0.6"]
+
+
+def test_every_class_path_in_configs_sweeps_docs_and_readme_is_a_0_5_path():
+    """What lfed ships names the classes where they are: no 0.4 path (those import with a warning) in its files."""
+    import lfed
+
+    found = []
+    for path in [*REPO.glob("configs/**/*.yaml"), *REPO.glob("sweeps/*.yaml"), *REPO.glob("docs/*.md"), REPO / "README.md"]:
+        for m in re.finditer(r"lfed(?:\.\w+)+", path.read_text()):
+            name = m.group(0)
+            if any(name == old or name.startswith(old + ".") for old in lfed.MOVED):
+                found.append(f"{path.relative_to(REPO)}: {name}")
+    assert not found, found

@@ -311,9 +311,9 @@ class Component(nn.Module):
     dp_shares: tuple[float, ...] = ()
     #: The metrics of :meth:`report` (names, or prefixes ending in ``*``) computed only from values a DP run releases
     #: privatized (the noised aggregate, a noised count) or from server-held data: the ones a DP run logs by default
-    #: (:mod:`lfed.privacy.metrics`). A metric not declared here is taken as read from the clients' data un-noised.
+    #: (:mod:`lfed.base.metric_gate`). A metric not declared here is taken as read from the clients' data un-noised.
     private_metrics: tuple[str, ...] = ()
-    #: How the run's metrics are gated (:mod:`lfed.privacy.metrics`): None (no opinion), ``"drop"`` (log only private
+    #: How the run's metrics are gated (:mod:`lfed.base.metric_gate`): None (no opinion), ``"drop"`` (log only private
     #: metrics) or ``"mark"`` (log the rest as ``unaccounted/<name>``); DP-FedAvg guards its run's metrics.
     metric_policy: str | None = None
     #: Whether the component is defined in an asynchronous run (:mod:`lfed.core.asynchronous`: updates computed on older

@@ -28,7 +28,7 @@ only the shared coordinates; the global model's local coordinates never move. ``
 return the clients' final models (FedRep's body phase).
 
 The round names no feature and no component: every role has a do-nothing default that it calls
-like any other (the sharing :data:`~lfed.personal.sharing.SHARE_ALL` without a local part, the hooks
+like any other (the sharing :data:`~lfed.base.sharing.SHARE_ALL` without a local part, the hooks
 of :class:`~lfed.base.component.Component` and :class:`~lfed.client.objectives.ClientRule`), and each
 component checks its own place in the run (:meth:`~lfed.base.component.Component.prepare_run`).
 """
@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from lfed.base.component import Cohort, Component, HostCohort, LocalWork
+from lfed.base.sharing import SHARE_ALL, resolve_sharing
 from lfed.client.objectives import ClientRule
 from lfed.engine import CohortResult, CohortTrainer, steps_per_epoch
 from lfed.engine.host import device_rows, read_metrics, to_device, values
@@ -53,7 +54,6 @@ from lfed.evaluation.amplification import gradient_displacement, server_amplific
 from lfed.evaluation.scores import client_losses
 from lfed.participation.cohorts import Participation
 from lfed.participation.sampling import ClientSampler
-from lfed.personal.sharing import SHARE_ALL, resolve_sharing
 from lfed.rng import round_generator, seeded_global_rng
 from lfed.server.attention import AttentionResult
 from lfed.server.channel import Channel
@@ -121,7 +121,7 @@ class Algorithm:
 
         With a :class:`~lfed.personal.sharing.Sharing`, the round uploads, compresses, counts bits for,
         combines and server-steps only its shared coordinates; the objective keeps the local ones. Without
-        one (``make_sharing`` returns None) it is :data:`~lfed.personal.sharing.SHARE_ALL`.
+        one (``make_sharing`` returns None) it is :data:`~lfed.base.sharing.SHARE_ALL`.
         """
         self.sharing = resolve_sharing(self.objective, net, layout)
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lfed.base.metric_gate import MetricGate
 from lfed.core import registry as algorithms
 from lfed.core.round import Algorithm, LocalTraining, PreparedRound, RoundRecord, setup_state, verify_round
 from lfed.core.synchronous import SYNCHRONOUS
@@ -43,7 +44,6 @@ from lfed.evaluation.scores import (
     perplexity_summary,
     worst_share_mean,
 )
-from lfed.privacy.metrics import MetricGate
 from lfed.server.optimizers import apply_pseudo_gradient
 from lfed.state.stores import ClientStateStore
 
@@ -143,14 +143,14 @@ class FederatedRun(nn.Module):
 
     #: The run's own metrics computed on server-held data only (the test split, the server's validation split
     #: carved out before partitioning) or from public counts (rounds): what a DP run logs of them by default
-    #: (:mod:`lfed.privacy.metrics`). Everything else the run logs reads the clients' data without noise.
+    #: (:mod:`lfed.base.metric_gate`). Everything else the run logs reads the clients' data without noise.
     server_held_metrics: tuple[str, ...] = ("test/*", "val/*", "final/test_acc", "final/test_acc_last10pct",
                                         "final/val_acc_last10pct", "final/rounds_to_*")
 
     # ------------------------------------------------------------------ what it is
     @property
     def metric_gate(self) -> MetricGate:
-        """What of the run's metrics may be logged, and under which names (:mod:`lfed.privacy.metrics`): all of them,
+        """What of the run's metrics may be logged, and under which names (:mod:`lfed.base.metric_gate`): all of them,
         unless a component guards them (DP-FedAvg)."""
         return MetricGate.of(self.components.roles().values(), self.private_metrics)
 
@@ -302,7 +302,7 @@ class FederatedRun(nn.Module):
         """The end of every step, whichever schedule ran it: the step's one read from the device (its metrics and
         finiteness flags, :func:`lfed.core.round.verify_round`), then the run's accounts: the last record, rounds done,
         ``bmta_local`` (SPEC §9), communication (SPEC §8). Returns the metrics the run may release
-        (:mod:`lfed.privacy.metrics`). On NaN or Inf the net goes back to ``w_before`` (the last good model) and
+        (:mod:`lfed.base.metric_gate`). On NaN or Inf the net goes back to ``w_before`` (the last good model) and
         ``FloatingPointError`` is raised."""
         try:
             metrics = verify_round(record, metrics)

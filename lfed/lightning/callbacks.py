@@ -357,7 +357,7 @@ class CommunicationCost(Callback):
     ``dirpath`` (default ``<trainer.log_dir>``) and logs the table to W&B when a ``WandbLogger``
     is attached.
 
-    The realised uploads are an un-noised count of the clients: a DP run (:mod:`lfed.privacy.metrics`) keeps no table
+    The realised uploads are an un-noised count of the clients: a DP run (:mod:`lfed.base.metric_gate`) keeps no table
     by default, and with ``log_unaccounted`` logs it to W&B as ``unaccounted/<key>``.
 
     Args:

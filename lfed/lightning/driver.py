@@ -240,7 +240,7 @@ class FederatedDriver(LightningModule):
         if not self.grouped:
             raise error
         rank_zero_warn(f"lfed: {run.name} stopped at round {int(self.global_step)}: {error}")
-        for key, value in run.diverged(error).items():  # gated (lfed.privacy.metrics)
+        for key, value in run.diverged(error).items():  # gated (lfed.base.metric_gate)
             self.log(self._prefix(run) + key, value)
         if not any(r.running for r in self.runs):
             self.trainer.should_stop = True
@@ -267,7 +267,7 @@ class FederatedDriver(LightningModule):
             if record:
                 run.record_evaluation(int(self.global_step), metrics, per_client)
             p = self._prefix(run)
-            for key, value in run.metric_gate(metrics).items():  # under DP: what it may release (lfed.privacy.metrics)
+            for key, value in run.metric_gate(metrics).items():  # under DP: what it may release (lfed.base.metric_gate)
                 self.log(p + key, value, prog_bar=key == "test/acc" and not self.grouped)
 
     def client_accuracy(self) -> torch.Tensor | None:

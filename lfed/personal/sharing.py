@@ -9,8 +9,9 @@ part ``[P_s]`` and a local part ``[P_l]``, whole tensors each, in the layout's o
 and uploads, compresses, counts bits for, combines and server-steps the shared part only; the local
 part is per-client state of the rule and never leaves the client.
 
-A rule without a local part has :data:`SHARE_ALL` (:class:`ShareAll`), the do-nothing sharing: every
-coordinate is shared, and each of its methods is the identity. The round calls the same methods on
+A rule without a local part has :data:`~lfed.base.sharing.SHARE_ALL` (:class:`~lfed.base.sharing.ShareAll`, the
+round's default, in :mod:`lfed.base.sharing`), the do-nothing sharing: every coordinate is shared, and each of its
+methods is the identity. The round calls the same methods on
 either, so it has no branch of its own for partial sharing.
 """
 
@@ -21,9 +22,9 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
+from lfed.base.sharing import SHARE_ALL, ShareAll, resolve_sharing  # noqa: F401 (their 0.4 home)
 from lfed.checks import name_matches
 from lfed.engine.params import ParamLayout
-from lfed.evaluation.amplification import server_amplification
 
 __all__ = ["SHARE_ALL", "ShareAll", "Sharing", "norm_parameter_names", "resolve_sharing"]
 
@@ -140,55 +141,6 @@ class Sharing:
         """None: the server amplification (:func:`lfed.evaluation.amplification.server_amplification`) is not defined on the shared
         part (the step rule's shift is over every coordinate)."""
         return None
-
-
-class ShareAll:
-    """The do-nothing sharing (:data:`SHARE_ALL`): every coordinate is shared, and each method is the identity.
-
-    The sharing of every rule whose :meth:`~lfed.client.objectives.ClientRule.make_sharing` returns None (the
-    default), with the methods of :class:`Sharing` the round calls.
-    """
-
-    def shared_sizes_of(self, sizes: Sequence[int]) -> list[int]:
-        """``sizes``: every tensor travels whole."""
-        return sizes
-
-    def state_size(self, num_params: int, local: bool) -> int:
-        """``P``: every component's rows are the whole model."""
-        return num_params
-
-    def shared(self, x: Tensor) -> Tensor:
-        """``x`` itself."""
-        return x
-
-    def expand_shared(self, shared: Tensor) -> Tensor:
-        """``shared`` itself (it is the whole update)."""
-        return shared
-
-    def keep_local(self, w_new: Tensor, w_old: Tensor) -> Tensor:
-        """``w_new`` itself (there is no local part)."""
-        return w_new
-
-    def amplification(self, *args) -> Tensor | None:
-        """The round's server amplification (:func:`lfed.evaluation.amplification.server_amplification`, same arguments)."""
-        return server_amplification(*args)
-
-    def __repr__(self) -> str:
-        return "SHARE_ALL"
-
-
-#: The sharing of a rule with no local part (:class:`ShareAll`).
-SHARE_ALL = ShareAll()
-
-
-def resolve_sharing(rule, net, layout) -> Sharing | ShareAll:
-    """The round's sharing for ``net``: ``rule.make_sharing(net, layout)``, also kept as ``rule.sharing`` (where the
-    rule reads it), or :data:`SHARE_ALL` when the rule returns None (every parameter shared)."""
-    made = rule.make_sharing(net, layout)
-    if made is None:
-        return SHARE_ALL
-    rule.sharing = made
-    return made
 
 
 def norm_parameter_names(net: nn.Module) -> list[str]:

@@ -6,7 +6,7 @@
   adaptive clipping, local DP), with Poisson sampling (:class:`lfed.participation.sampling.PoissonSampler`);
 * :mod:`lfed.privacy.releases`: DP-FedAvg's refusal of every value a component releases beside its update
   (:attr:`lfed.base.component.Component.releases`);
-* :mod:`lfed.privacy.metrics`: the gate on the metrics a DP run logs (private ones only, or the rest marked
+* :mod:`lfed.base.metric_gate`: the gate on the metrics a DP run logs (private ones only, or the rest marked
   ``unaccounted/``);
 * :mod:`lfed.privacy.audit`: the one-run audit by canary clients (Steinke, Nasr, Jagielski 2023), ε_lower against ε.
 
@@ -22,7 +22,7 @@ _LAZY = {
     "calibrate_noise": "lfed.privacy.accountant",
     "clip_rows": "lfed.privacy.clipping",
     "clip_factors": "lfed.privacy.clipping",
-    "MetricGate": "lfed.privacy.metrics",
+    "MetricGate": "lfed.base.metric_gate",
     "check_releases": "lfed.privacy.releases",
     "CanaryDPFedAvg": "lfed.privacy.audit",
     "AuditResult": "lfed.privacy.audit",

@@ -51,7 +51,7 @@ class DPFedAvg(ServerCombination):
         local_noise: ``σ_l >= 0``: each client adds ``N(0, σ_l² C² I)`` to its clipped update (local DP; then ``z = 0``).
         accountant: ``rdp`` (default) or ``pld`` (dp-accounting's).
         log_unaccounted: False (default): the run logs only metrics computed from the noised releases or from
-            server-held data (:attr:`private_metrics`, the test split; :mod:`lfed.privacy.metrics`). True: also the
+            server-held data (:attr:`private_metrics`, the test split; :mod:`lfed.base.metric_gate`). True: also the
             metrics read from the clients' data without noise (the training loss, the cohort's local accuracy, the
             realised cohort size, the clients' held-out accuracies), each renamed ``unaccounted/<name>``.
         noise: ``seeded`` (default): the noise and the Poisson cohort come from the run's seed (reproducible, exact
@@ -136,7 +136,7 @@ class DPFedAvg(ServerCombination):
 
     @property
     def metric_policy(self) -> str:
-        """DP guards the run's metrics (:mod:`lfed.privacy.metrics`): ``mark`` with ``log_unaccounted``, else ``drop``."""
+        """DP guards the run's metrics (:mod:`lfed.base.metric_gate`): ``mark`` with ``log_unaccounted``, else ``drop``."""
         return "mark" if self.log_unaccounted else "drop"
 
     @property
