@@ -467,7 +467,7 @@ COMPONENTS_UNDER_DP = {
         noise_multiplier=1.0, clip=0.5, target_quantile=0.5, count_noise=2.0)}, None),
     "local_noise (local DP)": (lambda: _dp_row() | {"combination": DPFedAvg(noise_multiplier=0.0, local_noise=1.0)},
                                None),
-    "asynchronous: FedBuff, FedAsync": (lambda: _dp_row(asynchronous=__import__("lfed.core.asynchronous").asynchronous.FedBuff(
+    "asynchronous: FedBuff, FedAsync": (lambda: _dp_row(asynchronous=__import__("lfed.core.asynchronous").core.asynchronous.FedBuff(
         concurrency=4, buffer=2)), "asynchronous: combination: DP-FedAvg is not implemented asynchronously"),
     "local_noise with target_quantile": (lambda: _dp_row() | {"combination": DPFedAvg(
         noise_multiplier=0.0, local_noise=1.0, target_quantile=0.5)}, "target_quantile: adaptive clipping sends each "

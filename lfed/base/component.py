@@ -266,7 +266,8 @@ class CompositionContext:
         cohort_sizes: ``K_t`` of every round, when ``N`` and the rounds are known.
         components: Every component of the run by role.
         net_releases: What the run releases of the net beyond its parameters (BatchNorm running statistics
-            averaged over the cohort: :meth:`lfed.core.run.FederatedRun.net_releases`), as :attr:`Component.releases`.
+            averaged over the cohort: :meth:`lfed.core.run.FederatedRun.net_releases`), as a component's ``releases``
+            (:mod:`lfed.privacy.releases`).
         run_key: A digest of the run's settings except its seed (:meth:`lfed.core.run.FederatedRun.stream_key`): DP's
             seeded noise streams are keyed by it, so runs of other settings never share noise (``""``: unknown).
         data_notes: What the run's data says of itself that a component may refuse or gate: ``test_from_clients``
@@ -299,23 +300,6 @@ class Component(nn.Module):
     uses_history: bool = False
     #: Whether the component reads :attr:`Cohort.start_loss` (each client's loss under the round's model).
     needs_start_loss: bool = False
-    #: What the component sends beyond the round's aggregated update from the clients' data to the server, to other
-    #: clients or into the global model: one clause each, what and how ("SCAFFOLD's server control variate c is
-    #: averaged from the clients' raw control updates, unclipped and un-noised, and sent to every later cohort").
-    #: DP-FedAvg refuses a run with any before round 0 (:mod:`lfed.privacy.releases`). State that stays on its
-    #: client (a personal model, a local layer) is no release. None by default.
-    releases: tuple[str, ...] = ()
-    #: The noise multipliers of the component's own Gaussian releases of each round on the sampled cohort, each of
-    #: clipped contributions and noise ``z_i`` times their clip (DP-SCAFFOLD's control updates): DP-FedAvg gives each
-    #: its share of the round's multiplier ``z`` (``z_Δ = (z⁻² - Σ z_i⁻²)^(-1/2)``). None by default.
-    dp_shares: tuple[float, ...] = ()
-    #: The metrics of :meth:`report` (names, or prefixes ending in ``*``) computed only from values a DP run releases
-    #: privatized (the noised aggregate, a noised count) or from server-held data: the ones a DP run logs by default
-    #: (:mod:`lfed.base.metric_gate`). A metric not declared here is taken as read from the clients' data un-noised.
-    private_metrics: tuple[str, ...] = ()
-    #: How the run's metrics are gated (:mod:`lfed.base.metric_gate`): None (no opinion), ``"drop"`` (log only private
-    #: metrics) or ``"mark"`` (log the rest as ``unaccounted/<name>``); DP-FedAvg guards its run's metrics.
-    metric_policy: str | None = None
     #: Whether the component is defined in an asynchronous run (:mod:`lfed.core.asynchronous`: updates computed on older
     #: models, a server step per buffer of arrivals). Read from the class's own body, not inherited: a subclass
     #: changes what the component computes and says so again (``asynchronous_ready = True``).

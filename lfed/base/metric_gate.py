@@ -5,10 +5,12 @@ aggregate, the noised clipped count) and what the server computes on its own dat
 split). Every other metric read from the clients' data without noise (the training loss, the cohort's local
 accuracy, the realised cohort size, the clients' held-out accuracies) is an unaccounted release.
 
-A metric is *private* when its producer declares it so: :attr:`lfed.base.component.Component.private_metrics` for what a
-component reports, :attr:`lfed.core.run.FederatedRun.private_metrics` for the run's own (evaluation on server-held data,
+A metric is *private* when its producer declares it so: a component's ``private_metrics`` (names, or prefixes ending in
+``*``, of what its ``report`` computes only from values a DP run releases privatized, or from server-held data) for
+what a component reports, :attr:`lfed.core.run.FederatedRun.private_metrics` for the run's own (evaluation on server-held data,
 the summary figures built from it). A metric nobody declares is unaccounted: a new metric cannot leak by omission.
-A component that guards a run's metrics (:attr:`lfed.base.component.Component.metric_policy`: DP-FedAvg) sets the gate:
+A component that guards a run's metrics declares a ``metric_policy`` (DP-FedAvg; both declarations are class attributes
+read here, not part of the component contract):
 
 * ``drop`` (DP's default): only private metrics are logged;
 * ``mark`` (``log_unaccounted: true``): the rest too, each renamed ``unaccounted/<name>``;

@@ -144,10 +144,6 @@ class ClientRule(Component):
         (a rule with local parameters: the global shared part and each client's own local part)."""
         return w
 
-    @property
-    def needs_history(self) -> bool:
-        return self.uses_history
-
 
 def _check_coefficient(name: str, value: float) -> float:
     return number(name, value, at_least=0)

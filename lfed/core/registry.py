@@ -235,10 +235,10 @@ def _is_dp(choice: Any) -> bool:
 def _check_dp_kept(cfg: dict[str, Any], objective: Any, own: Any) -> None:
     """Refuse a composition in which DP-FedAvg, asked for, would be replaced by another server combination (an
     objective's own, FedDyn's; or an explicit combination over a DP preset's): the run would not be private."""
-    from lfed.privacy.releases import refusal
+    from lfed.privacy.releases import refusal, releases_of
 
     if _is_dp(cfg["combination"]) and own is not None:
-        what = next(iter(objective.releases), f"{type(objective).__name__} brings its own server combination, which "
+        what = next(iter(releases_of(objective)), f"{type(objective).__name__} brings its own server combination, which "
                                               "would replace DP-FedAvg")
         raise ValueError(refusal("objective", what))
     if cfg.get("combination_explicit") and _is_dp(cfg.get("preset_combination")) and not _is_dp(cfg["combination"]):

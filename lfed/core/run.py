@@ -329,7 +329,7 @@ class FederatedRun(nn.Module):
         return self.metric_gate({"run/diverged": 1.0})  # found in the clients' raw updates too: unaccounted under DP
 
     def net_releases(self) -> tuple[str, ...]:
-        """What the run releases of the net beyond its parameters (:attr:`lfed.base.component.Component.releases`): the
+        """What the run releases of the net beyond its parameters (a component's ``releases``, :mod:`lfed.privacy.releases`): the
         cohort's BatchNorm running statistics, averaged into the global model (:meth:`_aggregate_buffers`)."""
         if self.net is None or not has_running_stats(self.net):
             return ()

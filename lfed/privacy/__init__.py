@@ -5,7 +5,7 @@
 * :mod:`lfed.privacy.dp_fedavg`: :class:`DPFedAvg`, the server combination (clip, noise, fixed denominator,
   adaptive clipping, local DP), with Poisson sampling (:class:`lfed.participation.sampling.PoissonSampler`);
 * :mod:`lfed.privacy.releases`: DP-FedAvg's refusal of every value a component releases beside its update
-  (:attr:`lfed.base.component.Component.releases`);
+  (a component's ``releases``);
 * :mod:`lfed.base.metric_gate`: the gate on the metrics a DP run logs (private ones only, or the rest marked
   ``unaccounted/``);
 * :mod:`lfed.privacy.audit`: the one-run audit by canary clients (Steinke, Nasr, Jagielski 2023), ε_lower against ε.

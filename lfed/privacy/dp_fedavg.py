@@ -131,7 +131,7 @@ class DPFedAvg(ServerCombination):
         self.target_quantile, self.clip_lr, self.count_noise = target_quantile, float(clip_lr), count_noise
         self.accountant = PrivacyAccountant(accountant)
         self.update_multiplier = z  # z_Δ: the updates' share of z under adaptive clipping (prepare_run)
-        self.shares: tuple[float, ...] = ()  # the components' own noised releases (Component.dp_shares; prepare_run)
+        self.shares: tuple[float, ...] = ()  # the components' own noised releases (their dp_shares, lfed.privacy.releases; prepare_run)
         self._report: dict[str, float] = {}
 
     @property

@@ -2,10 +2,22 @@
 
 DP-FedAvg (:mod:`lfed.privacy.dp_fedavg`) accounts one value a round: the clipped, noised sum of the counting
 clients' updates. A component that sends anything else computed from the clients' data to the server, to other
-clients or into the global model says so where it is defined, in :attr:`lfed.base.component.Component.releases` (one
-clause each: what, and how it leaves the clients); the run adds the net's own (BatchNorm running statistics,
+clients or into the global model says so where it is defined, in its ``releases`` (one clause each: what, and how it
+leaves the clients); the run adds the net's own (BatchNorm running statistics,
 :meth:`lfed.core.run.FederatedRun.net_releases`). A DP run refuses every one before round 0 with one line naming the
 setting (:func:`refusal`); state that stays on its client (personal models, local layers) is no release.
+
+The two declarations a component makes for DP (class attributes, read here and by :class:`~lfed.privacy.DPFedAvg`;
+a component that declares neither has none; the component contract, :class:`lfed.base.component.Component`, does not
+carry them):
+
+* ``releases: tuple[str, ...]``: what the component sends beyond the round's aggregated update from the clients' data
+  to the server, to other clients or into the global model, one clause each, what and how ("SCAFFOLD's server control
+  variate c is averaged from the clients' raw control updates, unclipped and un-noised, and sent to every later
+  cohort"). DP-FedAvg refuses a run with any before round 0.
+* ``dp_shares: tuple[float, ...]``: the noise multipliers of the component's own Gaussian releases of each round on
+  the sampled cohort, each of clipped contributions and noise ``z_i`` times their clip (DP-SCAFFOLD's control
+  updates): DP-FedAvg gives each its share of the round's multiplier ``z`` (``z_Δ = (z⁻² - Σ z_i⁻²)^(-1/2)``).
 """
 
 from __future__ import annotations
@@ -13,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["INSTEAD", "SETTINGS", "check_releases", "refusal"]
+__all__ = ["INSTEAD", "SETTINGS", "check_releases", "refusal", "releases_of"]
 
 #: The setting that chooses the component of each role (the names a config and the command line use).
 SETTINGS = {"participation": "fraction"}
@@ -35,10 +47,15 @@ def refusal(setting: str, what: str) -> str:
             f"use {instead} with DP")
 
 
+def releases_of(component: Any) -> tuple[str, ...]:
+    """What ``component`` declares it releases (``releases``; none when it declares nothing)."""
+    return tuple(getattr(component, "releases", ()))
+
+
 def check_releases(components: dict[str, Any], net_releases: Iterable[str] = ()) -> None:
     """Raise ``ValueError`` (:func:`refusal`) for the first release of any component (by role) or of the net."""
     for role, component in components.items():
-        for what in getattr(component, "releases", ()):
+        for what in releases_of(component):
             raise ValueError(refusal(SETTINGS.get(role, role), what))
     for what in net_releases:
         raise ValueError(refusal("net", what))
