@@ -167,3 +167,20 @@ def test_the_terminal_shows_one_line_and_lfed_debug_the_traceback(tmp_path):
     assert last_line(debug.stderr) == "ValueError: fraction must be in (0, 1], got 0.0"
     parser = lfed_terminal(tmp_path, *base(tmp_path), "--model.training.client_lr", "abc", env={"LFED_DEBUG": "1"})
     assert "Traceback (most recent call last)" in parser.stderr and "model.training.client_lr" in parser.stderr
+
+
+def test_a_run_that_diverges_ends_in_one_line_naming_the_round_and_the_fix(tmp_path):
+    """A client_lr that overflows: exit 1 and one line (the round, the clients, "Lower client_lr"), no traceback."""
+    done = lfed_terminal(tmp_path, *base(tmp_path), "--model.training.client_lr", "1e30", "--trainer.max_steps", "3")
+    assert done.returncode == 1, done.stderr[-3000:]
+    line = last_line(done.stderr)
+    assert line.startswith("lfed fit: stopped: round 0: ") and "contain NaN or Inf" in line and "Lower client_lr" in line
+    assert "Traceback" not in done.stderr
+
+
+def test_max_epochs_without_max_steps_is_refused_in_one_line(monkeypatch, capsys, tmp_path):
+    """An epoch is no unit of a federated run (lfed's loader would make one 1,000 rounds): refused before round 0."""
+    args = [*base(tmp_path), "--trainer.max_steps", "-1", "--trainer.max_epochs", "2"]
+    code, err = run_main(monkeypatch, capsys, args)
+    assert code == 2
+    assert last_line(err).startswith("lfed fit: error: trainer.max_epochs: a federated run counts rounds, not epochs")

@@ -55,7 +55,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lfed.checks import HookError
 from lfed.core.registry import settings_label
-from lfed.core.settings import upgrade_args
+from lfed.core.settings import retired, upgrade_args
 from lfed.lightning.checkpoint import RoundCheckpoint, install_atomic_io, read_checkpoint
 from lfed.lightning.datamodule import FederatedDataModule
 from lfed.lightning.module import FederatedModule
@@ -450,11 +450,11 @@ class LfedCLI(LightningCLI):
             if refused:
                 parser.error(refused)
             try:
-                args, deprecated = upgrade_args(args)  # lfed 0.3's flat keys, one line each (lfed.core.settings)
+                _, old = upgrade_args(args)  # lfed 0.3's flat keys: refused in one line naming each new spelling
             except ValueError as err:
                 parser.error(str(err))
-            for message in deprecated:
-                print(f"lfed: deprecated: {message}", file=sys.stderr)
+            if old:
+                parser.error(retired(old))
             args = resolve_short_names(args)
             self.given_args = args
             self.config = parser.parse_args(args)  # Lightning's parse_arguments, without its warning about sys.argv
@@ -654,13 +654,17 @@ class LfedCLI(LightningCLI):
 
 
 def _check_an_end(trainer: Any) -> None:
-    """``lfed fit`` needs an end: ``trainer.max_steps`` >= 1 rounds (or a ``max_epochs`` / ``max_time`` of its own)."""
+    """``lfed fit`` needs an end: ``trainer.max_steps`` >= 1 rounds (or a ``max_time`` of its own; epochs are no unit of a
+    federated run, so ``max_epochs`` without ``max_steps`` is refused)."""
     steps = trainer.get("max_steps")
     if steps is not None and steps >= 1:
         return
     epochs, time = trainer.get("max_epochs"), trainer.get("max_time")
-    if (epochs is not None and epochs >= 0) or time is not None:
+    if time is not None:
         return
+    if epochs is not None and epochs >= 0:  # lfed's loader has no epochs: an "epoch" would be 1,000 rounds
+        raise ValueError(f"trainer.max_epochs: a federated run counts rounds, not epochs (one training step is one "
+                         f"round); give trainer.max_steps, the number of rounds (>= 1), instead of max_epochs={epochs}")
     raise ValueError(f"trainer.max_steps: the rounds of the run, an integer >= 1, got {steps} (a run with no end)")
 
 
@@ -693,6 +697,9 @@ def main() -> None:
     except ConfigError as err:
         print(f"{_prog(sys.argv[1:])}: error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except FloatingPointError as err:  # a run that diverged: its message names the round, the clients and the fix
+        print(f"{_prog(sys.argv[1:])}: stopped: {err} ({DEBUG_ENV}=1 shows the traceback)", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":  # pragma: no cover
