@@ -4,8 +4,6 @@ without Lightning (``build_run`` + ``fit_run``) equals the same run under a Trai
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 import yaml
@@ -13,7 +11,7 @@ from conftest import flat_weights, run_rounds
 
 from lfed.core.fit import fit_run
 from lfed.core.round import LocalTraining
-from lfed.core.settings import Engine, Evaluation, SettingDeprecation, build_run, upgrade, upgrade_args
+from lfed.core.settings import Engine, Evaluation, build_run, upgrade, upgrade_args
 from lfed.lightning.datamodule import FederatedDataModule
 from lfed.lightning.module import FederatedModule
 from lfed.models.zoo import MLP
@@ -86,20 +84,22 @@ def test_a_key_given_both_ways_with_two_values_is_refused():
         upgrade({"aggregation": "mean", "combination": "global"})
 
 
-def test_old_python_keywords_build_the_same_run_and_say_the_new_key_each():
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        old = FederatedModule(net(), algorithm="fedprox", mu=0.5, client_lr=0.2, aggregation="global",
-                              attention_temperature=0.5, backend="loop", p_inactive=0.1)
-    said = [str(w.message) for w in caught if issubclass(w.category, SettingDeprecation)]
-    assert len(said) == 6 and any("mu is deprecated: it is objective: {class_path: lfed.client.objectives.Prox" in m for m in said)
+def test_old_python_keywords_are_refused_in_one_line_and_their_upgrade_builds_the_same_run():
+    old = dict(algorithm="fedprox", mu=0.5, client_lr=0.2, aggregation="global", attention_temperature=0.5,
+               backend="loop", p_inactive=0.1)
+    with pytest.raises(ValueError) as refused:
+        FederatedModule(net(), **old)
+    line = str(refused.value)
+    assert "\n" not in line and line.count("removed in 0.5") == 6 and "scripts/upgrade_configs.py" in line
+    assert "mu: lfed 0.3's spelling, removed in 0.5; it is objective: {class_path: lfed.client.objectives.Prox" in line
     from lfed.client.objectives import Prox
     from lfed.server.combination import IGFLAttention
 
-    new = FederatedModule(net(), algorithm="fedprox", objective=Prox(mu=0.5), training=LocalTraining(client_lr=0.2),
-                          combination=IGFLAttention("global", temperature=0.5), engine=Engine(backend="loop"),
-                          stragglers=Stragglers(p_inactive=0.1))
-    a, b = old.runs[0], new.runs[0]
+    upgraded, _ = upgrade(old, prefix="")  # what scripts/upgrade_configs.py writes
+    a = FederatedModule(net(), **upgraded).runs[0]
+    b = FederatedModule(net(), algorithm="fedprox", objective=Prox(mu=0.5), training=LocalTraining(client_lr=0.2),
+                        combination=IGFLAttention("global", temperature=0.5), engine=Engine(backend="loop"),
+                        stragglers=Stragglers(p_inactive=0.1)).runs[0]
     assert (a.components.objective.mu, a.components.combination.temperature, a.components.combination.query) == (0.5, 0.5, "global")
     assert a.training_plan == b.training_plan and a.backend == b.backend == "loop"
     assert repr(a.composition) == repr(b.composition)
@@ -118,7 +118,12 @@ def test_the_command_line_and_a_config_file_in_the_old_spelling_are_rewritten(tm
     assert len(said) == 6 and said[0].startswith(f"{old}: model.compression is deprecated")
 
 
-def test_lfed_fit_runs_a_config_of_0_3_and_prints_one_deprecation_line_per_key(tmp_path, capsys):
+def test_lfed_fit_refuses_a_config_of_0_3_in_one_line_and_runs_it_once_upgraded(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
     from lfed.lightning.cli import run_cli
 
     old = tmp_path / "old.yaml"
@@ -126,13 +131,21 @@ def test_lfed_fit_runs_a_config_of_0_3_and_prints_one_deprecation_line_per_key(t
                    "data:\n  dataset: digits\n  num_clients: 10\n")
     with pytest.raises(SystemExit) as stop:
         run_cli(["fit", "--config", str(old), "--print_config"])
+    assert stop.value.code == 2
+    _, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if "removed in 0.5" in ln]
+    assert len(lines) == 1 and lines[0].count("removed in 0.5") == 3 and "model.training.client_lr" in lines[0]
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "upgrade_configs.py"), str(old)], capture_output=True,
+                          text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    with pytest.raises(SystemExit) as stop:
+        run_cli(["fit", "--config", str(old), "--print_config"])
     assert stop.value.code in (0, None)
     out, err = capsys.readouterr()
     printed = yaml.safe_load(out)["model"]
     assert printed["training"]["client_lr"] == 0.1 and printed["training"]["local_epochs"] == 2
     assert printed["objective"]["class_path"].endswith("Prox") and printed["objective"]["init_args"]["mu"] == 0.2
-    lines = [ln for ln in err.splitlines() if ln.startswith("lfed: deprecated:")]
-    assert len(lines) == 3 and all(ln.count("\n") == 0 for ln in lines)
+    assert "removed in 0.5" not in err
 
 
 # ------------------------------------------------------------------------------ a run without Lightning
@@ -200,21 +213,31 @@ def test_fit_run_in_pieces_within_its_horizon_is_one_call_and_past_it_is_refused
 # ------------------------------------------------------------------------------ a checkpoint of lfed 0.3
 
 
-def test_a_checkpoint_written_by_lfed_0_3_resumes_bit_for_bit_under_0_4(tmp_path, one_thread):
+def test_a_checkpoint_written_by_lfed_0_3_resumes_bit_for_bit_once_its_config_is_upgraded(tmp_path, one_thread):
     """tests/data/checkpoint_0_3: SCAFFOLD on digits after 2 rounds, written by lfed 0.3 (ac52bc0) from its config in
-    0.3's flat spelling. Resumed for a third round here, it equals three rounds of 0.4 from scratch, the client
-    controls included: the checkpoint's keys and the round's maths did not move with the settings."""
+    0.3's flat spelling. 0.5 refuses that spelling on the command line (exit 2, one line naming each new key);
+    scripts/upgrade_configs.py rewrites the config, and the checkpoint resumed for a third round with it equals three
+    rounds of 0.5 from scratch, the client controls included: the checkpoint's keys and the round's maths did not move."""
     import shutil
+    import subprocess
+    import sys
 
     from conftest import REPO
 
     from lfed.lightning.cli import run_cli
 
     fixture = REPO / "tests" / "data" / "checkpoint_0_3"
-    ckpt = tmp_path / "last.ckpt"
+    ckpt, config = tmp_path / "last.ckpt", tmp_path / "config.yaml"
     shutil.copy(fixture / "last.ckpt", ckpt)  # a resume may write next to it
-    common = ["--config", str(fixture / "config.yaml"), "--trainer.max_steps=3", "--trainer.val_check_interval=3",
-              "--checkpoint_every=0"]
+    shutil.copy(fixture / "config.yaml", config)
+    with pytest.raises(SystemExit) as refused:
+        run_cli(["fit", "--config", str(config), "--trainer.max_steps=3"])
+    assert refused.value.code == 2
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "upgrade_configs.py"), str(config)], capture_output=True,
+                          text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert "client_lr" in config.read_text() and "training:" in config.read_text()
+    common = ["--config", str(config), "--trainer.max_steps=3", "--trainer.val_check_interval=3", "--checkpoint_every=0"]
     resumed = run_cli(["fit", *common, f"--trainer.default_root_dir={tmp_path / 'a'}", "--ckpt_path", str(ckpt)])
     whole = run_cli(["fit", *common, f"--trainer.default_root_dir={tmp_path / 'b'}"])
     assert resumed.trainer.global_step == whole.trainer.global_step == 3

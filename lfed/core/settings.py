@@ -11,13 +11,13 @@ The ``model:`` section of a config (the arguments of :class:`lfed.lightning.modu
   where client state lives) and ``evaluation`` (:class:`Evaluation`);
 * ``net``, ``loss``, ``seed`` and ``asynchronous``.
 
-The flat keys of lfed 0.3 (``client_lr``, ``mu``, ``aggregation``, ...) still work for one release:
-:func:`upgrade` rewrites them to the new form and says so in one line each (:class:`SettingDeprecation`).
+The flat keys of lfed 0.3 (``client_lr``, ``mu``, ``aggregation``, ...) worked until 0.5, as promised: now each is
+refused before anything runs, in one line naming its grouped spelling (:func:`retired`); ``scripts/upgrade_configs.py``
+rewrites a config, and :func:`upgrade` (what the script runs) still computes the new form.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import Any, Literal
@@ -81,7 +81,19 @@ class Evaluation:
 
 
 class SettingDeprecation(FutureWarning):
-    """A setting spelled as in lfed 0.3; it works until 0.5 (the message names the new spelling)."""
+    """A setting spelled as in lfed 0.3 (0.4 warned with it; 0.5 refuses the spelling: :func:`retired`)."""
+
+
+#: Where to turn for a whole config.
+UPGRADE_SCRIPT = "python scripts/upgrade_configs.py FILE.yaml rewrites a config"
+
+
+def retired(messages: Iterable[str]) -> str:
+    """One line refusing lfed 0.3's keys: each with its 0.5 spelling (:func:`upgrade`'s messages), and the script."""
+    said = "; ".join(m.replace(" is deprecated: it is ", ": lfed 0.3's spelling, removed in 0.5; it is ")
+                     .replace(" is deprecated and did nothing here", ": lfed 0.3's spelling, removed in 0.5; it did nothing here")
+                     .replace("): dropped; it is now", "); it is now") for m in messages)
+    return f"{said} ({UPGRADE_SCRIPT})"
 
 
 #: 0.3's flat keys that moved into a group: ``key -> group``.
@@ -207,11 +219,6 @@ def upgrade(model: dict[str, Any], prefix: str = "model.", context: dict[str, An
     return out, messages
 
 
-def warn_deprecated(messages: Iterable[str]) -> None:
-    for message in messages:
-        warnings.warn(message, SettingDeprecation, stacklevel=3)
-
-
 def upgrade_args(args: list[str]) -> tuple[list[str], list[str]]:
     """A command line with 0.3's keys rewritten, and one message per key: in each ``--config`` file's ``model:``
     section (the file is then given as its upgraded text) and in ``--model.<key> value`` arguments
@@ -311,8 +318,8 @@ def settings(
     asynchronous=None,
     **deprecated: Any,
 ) -> dict[str, Any]:
-    """A run's settings in their one form: 0.3's flat keys upgraded (:func:`upgrade`, with a
-    :class:`SettingDeprecation` each), each group a dataclass (given as None, a dict or itself), a role given as
+    """A run's settings in their one form: 0.3's flat keys refused in one line naming the new spelling
+    (:func:`retired`), each group a dataclass (given as None, a dict or itself), a role given as
     ``{class_path, init_args}`` built. The keyword arguments of :func:`build_run` and ``FederatedModule``."""
     from lfed.core.round import LocalTraining
     from lfed.participation.stragglers import Stragglers
@@ -330,9 +337,8 @@ def settings(
             if out[name] == cls():
                 out[name] = None
         given = {k: out[k] for k in ("algorithm", *ROLES, *GROUPS) if out[k] is not None}
-        upgraded, messages = upgrade({**given, **deprecated}, prefix="")
-        warn_deprecated(messages)
-        out.update({k: upgraded.get(k) for k in (*ROLES, *GROUPS)})
+        _, messages = upgrade({**given, **deprecated}, prefix="")
+        raise ValueError(retired(messages))
     for name, cls in classes.items():
         out[name] = _group(out[name], cls, name)
     for role in ROLES:
