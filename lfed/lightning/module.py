@@ -41,7 +41,7 @@ class FederatedModule(FederatedDriver):
     same run without Lightning). Every role left ``None`` comes from the preset ``algorithm``
     (:mod:`lfed.core.registry`); set any of them to compose your own algorithm, by name or as a component with
     its own settings (``class_path``; see ``docs/extending.md``). lfed 0.3's flat keys (``client_lr``,
-    ``mu``, ``aggregation``, ...) still work with a one-line deprecation naming the new key.
+    ``mu``, ``aggregation``, ...) are refused (0.5) with one line naming each new key.
 
     Args:
         net: The global model (any ``nn.Module``). None builds lfed's MLP 2NN sized from the data.
