@@ -55,7 +55,8 @@ def method_args(name: str) -> list[str]:
         return ["--model.algorithm", "fedavg", "--model.sampler", "uniform", "--model.fraction", "0.5"]
     if name == "AdaFL":
         schedule = {"class_path": "lfed.participation.sampling.StepwiseFraction", "init_args": {"start": 0.1, "end": 0.5, "stages": 5}}
-        return ["--model.algorithm", "adafl", "--model.sampler_alpha", "0.9", "--model.fraction", json.dumps(schedule)]
+        sampler = {"class_path": "lfed.participation.sampling.AttentionSampler", "init_args": {"alpha": 0.9}}
+        return ["--model.algorithm", "adafl", "--model.sampler", json.dumps(sampler), "--model.fraction", json.dumps(schedule)]
     raise ValueError(f"method must be one of {tuple(PAPER)}, got {name!r}")
 
 

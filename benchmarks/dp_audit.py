@@ -51,8 +51,8 @@ def main() -> None:
     else:
         dp = CanaryDPFedAvg(canaries=a.canaries, leak=a.leak, canary_seed=a.seed, **dp_settings)
     net = MLP(784 if mnist else 64, [200, 200], 10)
-    module = FederatedModule(net, algorithm="dp_fedavg", aggregation=dp, fraction=0.1, client_lr=0.1, batch_size=10,
-                             local_epochs=1, seed=a.seed)
+    module = FederatedModule(net, algorithm="dp_fedavg", combination=dp, fraction=0.1,
+                             training=dict(client_lr=0.1, batch_size=10, local_epochs=1), seed=a.seed)
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
     trainer = Trainer(max_steps=a.rounds, accelerator="cpu", logger=False, enable_progress_bar=False,

@@ -27,8 +27,8 @@ from lfed.privacy import DPFedAvg
 
 SETTINGS = {
     "no DP": lambda: dict(algorithm="fedavg", sampler="poisson", weighting="uniform"),
-    "DP": lambda: dict(algorithm="dp_fedavg", aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5)),
-    "DP adaptive": lambda: dict(algorithm="dp_fedavg", aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5,
+    "DP": lambda: dict(algorithm="dp_fedavg", combination=DPFedAvg(noise_multiplier=1.0, clip=0.5)),
+    "DP adaptive": lambda: dict(algorithm="dp_fedavg", combination=DPFedAvg(noise_multiplier=1.0, clip=0.5,
                                                                             target_quantile=0.5)),
 }
 
@@ -46,7 +46,7 @@ class Clock(Callback):
 
 def one(name: str, data: FederatedDataModule, rounds: int) -> float:
     torch.manual_seed(0)
-    module = FederatedModule(MLP(784, [200, 200], 10), fraction=0.1, client_lr=0.1, batch_size=10, local_epochs=1,
+    module = FederatedModule(MLP(784, [200, 200], 10), fraction=0.1, training=dict(client_lr=0.1, batch_size=10, local_epochs=1),
                              seed=0, **SETTINGS[name]())
     clock = Clock()
     Trainer(max_steps=rounds, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,

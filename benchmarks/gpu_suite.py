@@ -198,8 +198,8 @@ tx, ty = torch.rand(cfg["test"], 3, S, S, generator=g), torch.randint(0, 10, (cf
 t = mark("synthetic_data_s", t)
 dm = FederatedDataModule.from_tensors(x, y, tx, ty, num_clients=N, partition="iid", holdout_fraction=0.0, num_classes=10, seed=0)
 torch.manual_seed(0)
-m = FederatedModule(PflCNN(image_size=S), algorithm="fedavg", fraction=cfg["cohort"] / N, client_lr=0.05, batch_size=10,
-                    local_epochs=1, backend="vmap", seed=0)
+m = FederatedModule(PflCNN(image_size=S), algorithm="fedavg", fraction=cfg["cohort"] / N,
+                    training=dict(client_lr=0.05, batch_size=10, local_epochs=1), engine=dict(backend="vmap"), seed=0)
 marks = {"start": [], "end": []}
 from lightning.pytorch import Callback
 class Marks(Callback):
@@ -468,8 +468,9 @@ class Suite:
 
         return FederatedDataModule(dataset="digits", num_clients=20, partition="dirichlet", rho=0.5, **kw)
 
-    def quickstart(self, backend="auto", dtype=torch.float32, algorithm="fedavg", net=None, **model):
-        """configs/quickstart.yaml through the Python API: digits, 20 clients, MLP 64-200-200-10, FedAvg."""
+    def quickstart(self, backend="auto", dtype=torch.float32, algorithm="fedavg", net=None, *, training=None, engine=None, **model):
+        """configs/quickstart.yaml through the Python API: digits, 20 clients, MLP 64-200-200-10, FedAvg (``training`` and
+        ``engine`` are merged over its own)."""
         from lightning.pytorch import seed_everything
 
         from lfed.lightning.module import FederatedModule
@@ -477,9 +478,9 @@ class Suite:
 
         seed_everything(0, verbose=False)
         net = net() if net is not None else MLP(in_features=64, hidden=[200, 200], num_classes=10)
-        kwargs = dict(fraction=0.25, client_lr=0.05, batch_size=10, local_epochs=1)
+        kwargs = dict(fraction=0.25, training={"client_lr": 0.05, "batch_size": 10, "local_epochs": 1, **(training or {})})
         kwargs.update(model)
-        return FederatedModule(net.to(dtype), algorithm=algorithm, backend=backend, **kwargs)
+        return FederatedModule(net.to(dtype), algorithm=algorithm, engine={"backend": backend, **(engine or {})}, **kwargs)
 
     def check(self, c: dict, name: str, passed: bool, tolerance: str, max_diff: float, **extra) -> None:
         row = {"name": name, "passed": bool(passed), "tolerance": tolerance, "max_diff": max_diff, **extra}
@@ -516,7 +517,8 @@ class Suite:
         cnn_cases = {
             "scaffold": {},
             "igfl_s_time": {},
-            "efl": dict(compression=0.3, p_inactive=0.1, p_incomplete=0.4, fisher_samples=8),
+            "efl": {"channel": 0.3, "stragglers": {"p_inactive": 0.1, "p_incomplete": 0.4},
+                    "objective": {"class_path": "lfed.client.objectives.EFL", "init_args": {"fisher_samples": 8}}},
         }
         for algorithm in s.algorithms:
             label = f"SmallCNN {algorithm}" + (" (compression 0.3, stragglers)" if algorithm == "efl" else "")
@@ -537,8 +539,9 @@ class Suite:
         self.guarded(c, f"quickstart float32: {dev} vs cpu", "relative <= 1e-4", device_vs_cpu)
 
         resume_model = {
-            "efl": dict(compression=0.3, p_inactive=0.1, p_incomplete=0.4, fisher_samples=8),
-            "igfl_s_time": dict(p_inactive=0.2),
+            "efl": {"channel": 0.3, "stragglers": {"p_inactive": 0.1, "p_incomplete": 0.4},
+                    "objective": {"class_path": "lfed.client.objectives.EFL", "init_args": {"fisher_samples": 8}}},
+            "igfl_s_time": dict(stragglers={"p_inactive": 0.2}),
             "fedavg": {},
         }
 
@@ -571,7 +574,7 @@ class Suite:
         def host_vs_device():
             runs = {}
             for placement in ("device", "host"):
-                m = self.quickstart("auto", torch.float32, "scaffold", client_state=placement, p_incomplete=0.3)
+                m = self.quickstart("auto", torch.float32, "scaffold", engine={"client_state": placement}, stragglers={"p_incomplete": 0.3})
                 trainer_for(dev, s.correct_rounds, "32-true").fit(m, datamodule=self.digits())
                 runs[placement] = m
             same, worst, bad = state_diff(runs["host"].state_dict(), runs["device"].state_dict())
@@ -606,8 +609,9 @@ class Suite:
 
         torch.manual_seed(seed)
         net = PflCNN(image_size=self.s.image_size)
-        return FederatedModule(net, algorithm="fedavg", fraction=cohort / self.s.num_clients, client_lr=lr,
-                               batch_size=self.s.batch_size, local_epochs=1, backend=backend, seed=seed)
+        return FederatedModule(net, algorithm="fedavg", fraction=cohort / self.s.num_clients,
+                               training=dict(client_lr=lr, batch_size=self.s.batch_size, local_epochs=1), engine=dict(backend=backend),
+                               seed=seed)
 
     def clock(self, warmup: int, cap_s: float):
         from lightning.pytorch import Callback
@@ -1235,15 +1239,15 @@ class Suite:
         def dp():  # configs/dp_digits.yaml
             from lfed.privacy import DPFedAvg
 
-            return FederatedModule(mlp(), algorithm="dp_fedavg", aggregation=DPFedAvg(noise_multiplier=0.8, clip=0.5),
-                                   fraction=0.2, client_lr=0.1, batch_size=10, local_epochs=1)
+            return FederatedModule(mlp(), algorithm="dp_fedavg", combination=DPFedAvg(noise_multiplier=0.8, clip=0.5),
+                                   fraction=0.2, training=dict(client_lr=0.1, batch_size=10, local_epochs=1))
 
         def lora():  # configs/lora_digits.yaml
             from lfed.models.adapters import LoRA
 
             net = LoRA(MLP(in_features=64, hidden=[64, 64], num_classes=10), rank=4, alpha=8, target=["net.0", "net.2"],
                        train=["net.4.*"], freeze_a=False)
-            return FederatedModule(net, algorithm="fedavg", fraction=0.25, client_lr=0.1, batch_size=10, local_epochs=1)
+            return FederatedModule(net, algorithm="fedavg", fraction=0.25, training=dict(client_lr=0.1, batch_size=10, local_epochs=1))
 
         return {
             "fedavg (quickstart)": (lambda: self.quickstart("auto"), self.digits),

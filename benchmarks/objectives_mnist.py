@@ -83,8 +83,8 @@ def run(algorithm: str, args: argparse.Namespace) -> dict:
     )
     net = MLP(in_features=784, hidden=[200, 200], num_classes=10)
     module = FederatedModule(
-        net, algorithm=algorithm, fraction=0.1, client_lr=args.client_lr, batch_size=args.batch_size,
-        local_epochs=args.epochs, seed=args.seed,
+        net, algorithm=algorithm, fraction=0.1,
+        training=dict(client_lr=args.client_lr, batch_size=args.batch_size, local_epochs=args.epochs), seed=args.seed,
     )
     trainer = Trainer(
         max_steps=args.rounds, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,

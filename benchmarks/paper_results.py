@@ -633,15 +633,17 @@ def first_reach(history: list[dict], target: float) -> tuple[int, int] | None:
 
 def efl(r: Runner, s: Scale) -> dict:
     r.log("EFL: MNIST, m = 2 classes per client")
-    ro = [*rounds_overrides(s.efl_rounds, s.efl_eval), f"--model.fisher_samples={s.fisher_samples}"]
-    noniid = {name: r.run(name, [PAPER / "efl" / "noniid_mnist.yaml"], [f"--model.algorithm={alg}", *ro])
+    ro = [*rounds_overrides(s.efl_rounds, s.efl_eval)]
+    # EFL's Fisher sample count, on its objective (the other methods have no Fisher reports)
+    fisher = ["--model.objective=" + json.dumps({"class_path": "lfed.client.objectives.EFL", "init_args": {"fisher_samples": s.fisher_samples}})]
+    noniid = {name: r.run(name, [PAPER / "efl" / "noniid_mnist.yaml"], [f"--model.algorithm={alg}", *ro, *(fisher if alg == "efl" else [])])
               for name, alg in (("FedAvg", "fedavg"), ("FedProx", "fedprox"), ("SCAFFOLD", "scaffold"), ("EFL", "efl"))}
     r.log("EFL: low participation (inactive 0.2, incomplete 0.3)")
     lp = PAPER / "efl" / "low_participation_mnist.yaml"
     low = {
         "FedAvg (drop partial work)": r.run("FedAvg (drop)", [lp, PAPER / "efl" / "alg_fedavg_drop.yaml"], ro),
         "FedProx (keep partial work)": r.run("FedProx (keep)", [lp], ["--model.algorithm=fedprox", *ro]),
-        "EFL (scale partial work by T/s)": r.run("EFL (scale)", [lp], ro),
+        "EFL (scale partial work by T/s)": r.run("EFL (scale)", [lp], [*ro, *fisher]),
     }
     return {"noniid": noniid, "low": low}
 

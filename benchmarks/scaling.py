@@ -50,8 +50,8 @@ def one(cfg: dict) -> dict:
     y = (x @ teacher).argmax(1)
     dm = FederatedDataModule.from_tensors(x[1000:], y[1000:], x[:1000], y[:1000], num_clients=N, partition="iid",
                                           holdout_fraction=0.0, num_classes=10)
-    module = FederatedModule(MLP(d, (200, 200), 10), algorithm=cfg["algo"], fraction=K / N, client_lr=0.05,
-                             batch_size=10, local_epochs=1, seed=0)
+    module = FederatedModule(MLP(d, (200, 200), 10), algorithm=cfg["algo"], fraction=K / N,
+                             training=dict(client_lr=0.05, batch_size=10, local_epochs=1), seed=0)
     marks: dict[str, float] = {}
     ends: list[float] = []
 

@@ -64,10 +64,11 @@ def one(cfg: dict) -> dict:
     dm = FederatedDataModule.from_tensors(x[200:], y[200:], x[:200], y[:200], num_clients=N, partition="iid",
                                           holdout_fraction=0.0, num_classes=10)
     net = MLP(64, (200, 200), 10) if cfg["model"] == "mlp" else McMahanCIFARCNN()
-    extra = {"compression": 0.1, "fisher_samples": n} if cfg["algo"] == "efl" else {}
-    module = FederatedModule(net, algorithm=cfg["algo"], fraction=K / N, client_lr=0.05, batch_size=10, local_epochs=1,
-                             seed=0, client_state=cfg["placement"],
-                             client_state_dir=cfg.get("dir") if cfg["placement"] == "disk" else None, **extra)
+    extra = ({"channel": 0.1, "objective": {"class_path": "lfed.client.objectives.EFL", "init_args": {"fisher_samples": n}}}
+             if cfg["algo"] == "efl" else {})
+    module = FederatedModule(net, algorithm=cfg["algo"], fraction=K / N, training=dict(client_lr=0.05, batch_size=10, local_epochs=1),
+                             seed=0, engine=dict(client_state=cfg["placement"],
+                                                 client_state_dir=cfg.get("dir") if cfg["placement"] == "disk" else None), **extra)
     marks: dict[str, float] = {}
     ends: list[float] = []
 

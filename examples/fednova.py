@@ -12,7 +12,7 @@ With equal ``τ_k`` it is FedAvg. It reads the steps each client did from the co
 (``cohort.steps_done``); nothing else is needed.
 
     model:
-      aggregation: {class_path: fednova.FedNova}
+      combination: {class_path: fednova.FedNova}
 """
 
 from __future__ import annotations

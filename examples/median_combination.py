@@ -4,7 +4,7 @@ Not part of the package: it shows that a component written in a user's own file 
 ``lfed fit`` by ``class_path`` (docs/extending.md). Put this folder on ``PYTHONPATH`` and write::
 
     model:
-      aggregation:
+      combination:
         class_path: median_combination.CoordinateMedian
 
 The median of each coordinate over the clients whose work counts is robust to a minority of

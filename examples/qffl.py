@@ -12,7 +12,7 @@ over the clients whose work counts. ``L`` is the Lipschitz estimate; left unset 
 q = 0 is FedAvg with uniform weights and a step of ``Σ u_k / K``.
 
     model:
-      aggregation: {class_path: qffl.QFedAvg, init_args: {q: 1.0, lipschitz: 20.0}}
+      combination: {class_path: qffl.QFedAvg, init_args: {q: 1.0, lipschitz: 20.0}}
 """
 
 from __future__ import annotations

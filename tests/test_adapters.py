@@ -141,8 +141,8 @@ def lora_module(backend: str, freeze_a: bool) -> FederatedModule:
     net = LoRA(base, rank=RANK, alpha=ALPHA, target=["0"], freeze_a=freeze_a).double()
     with torch.no_grad():
         net.adapters()["0"][0].copy_(A0[None])
-    return FederatedModule(net, algorithm="fedavg", loss=squared_loss, fraction=1.0, client_lr=0.1, batch_size=None,
-                           local_steps=2, backend=backend, seed=3)
+    return FederatedModule(net, algorithm="fedavg", loss=squared_loss, fraction=1.0, training=dict(client_lr=0.1, batch_size=None, local_steps=2),
+                           engine=dict(backend=backend), seed=3)
 
 
 def local(a, b, k, steps=2, lr=0.1, freeze_a=False):
@@ -218,7 +218,7 @@ def test_resume_of_an_adapter_run_is_bit_identical(tmp_path, backend, freeze_a):
     keep_all = {"callbacks": [{"class_path": "lfed.lightning.checkpoint.RoundCheckpoint",
                                "init_args": {"dirpath": str(tmp_path / "ckpts"), "every_n_train_steps": 3, "save_top_k": -1}}]}
     net = {**LORA_NET, "init_args": {**LORA_NET["init_args"], "freeze_a": freeze_a}}
-    config = write_config(tmp_path / "cfg.yaml", "scaffold", trainer=keep_all, backend=backend, net=net)
+    config = write_config(tmp_path / "cfg.yaml", "scaffold", trainer=keep_all, engine={"backend": backend}, net=net)
     straight = fit(config)
     P = (16 * 2 + 10 * 2) if freeze_a else (2 * 64 + 16 * 2 + 2 * 16 + 10 * 2)
     assert straight.model.layout.num_params == P

@@ -37,7 +37,7 @@ class Amplification(Callback):
 
 def _run(**kwargs):
     torch.manual_seed(0)
-    m = FederatedModule(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), client_lr=0.05, local_steps=3, **kwargs)
+    m = FederatedModule(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), training=dict(client_lr=0.05, local_steps=3), **kwargs)
     spy = Amplification()
     run_rounds(m, FederatedDataModule(dataset="digits", num_clients=4, partition="iid"), 3, callbacks=[spy])
     return spy.values

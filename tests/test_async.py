@@ -304,7 +304,7 @@ def test_twenty_server_steps_equal_the_hand_event_simulation(tmp_path, backend, 
                                 clock=clock)
         server, optimizer = ("fedasync", 0.6, 0.5, 1), None
         C, M = 4, 1
-    module = FederatedModule(net, weighting="uniform", client_lr=0.3, batch_size=None, local_steps=2, backend=backend,
+    module = FederatedModule(net, weighting="uniform", training=dict(client_lr=0.3, batch_size=None, local_steps=2), engine=dict(backend=backend),
                              seed=4, server_optimizer=optimizer, asynchronous=asynchronous,
                              objective=None if objective is None else Prox(mu=mu))
     run_rounds(module, dm, rounds=20)
@@ -328,7 +328,7 @@ def test_availability_windows_equal_the_hand_event_simulation(tmp_path, backend)
     net = _net()
     w0 = torch.cat([net.weight.detach().flatten(), net.bias.detach().flatten()])
     asynchronous = FedBuff(concurrency=5, buffer=2, clock=clock)
-    module = FederatedModule(net, weighting="uniform", client_lr=0.3, batch_size=None, local_steps=2, backend=backend,
+    module = FederatedModule(net, weighting="uniform", training=dict(client_lr=0.3, batch_size=None, local_steps=2), engine=dict(backend=backend),
                              seed=4, server_optimizer=functools.partial(torch.optim.SGD, lr=1.5), asynchronous=asynchronous)
     run_rounds(module, dm, rounds=20)
     want, now, taus, delayed, idle = _hand_simulation(data, w0, durations, C=5, M=2, steps=2, lr=0.3, rounds=20, seed=4,
@@ -348,9 +348,9 @@ def test_fedbuff_with_ternary_compression_equals_the_hand_event_simulation(tmp_p
     net = _net()
     w0 = torch.cat([net.weight.detach().flatten(), net.bias.detach().flatten()])
     asynchronous = FedBuff(concurrency=5, buffer=2, clock=SimulatedClock("file", durations_file=str(path)))
-    module = FederatedModule(net, weighting="uniform", client_lr=0.3, batch_size=None, local_steps=2, backend=backend,
+    module = FederatedModule(net, weighting="uniform", training=dict(client_lr=0.3, batch_size=None, local_steps=2), engine=dict(backend=backend),
                              seed=4, server_optimizer=functools.partial(torch.optim.SGD, lr=1.5), asynchronous=asynchronous,
-                             compression=0.4)
+                             channel=0.4)
     run_rounds(module, dm, rounds=20)
     want, now, taus = _hand_simulation(data, w0, durations, C=5, M=2, steps=2, lr=0.3, rounds=20, seed=4,
                                        server=("fedbuff", 1.5), q=0.4)
@@ -365,11 +365,11 @@ def test_sync_fedavg_is_the_case_c_equals_m_equals_k_with_equal_durations(backen
     """C = M = K = 3 of 12 clients, equal durations (constant clock, 2 local steps each), size weights, mini-batches:
     FedAvg bit for bit."""
     rounds = 6
-    sync = FederatedModule(_net(1), fraction=0.25, client_lr=0.2, batch_size=3, local_steps=2, backend=backend)
+    sync = FederatedModule(_net(1), fraction=0.25, training=dict(client_lr=0.2, batch_size=3, local_steps=2), engine=dict(backend=backend))
     run_rounds(sync, _data(), rounds=rounds)
     asynchronous = FedBuff(concurrency=3, buffer=3, clock=SimulatedClock("constant", time_per_step=0.5))
-    a = FederatedModule(_net(1), client_lr=0.2, batch_size=3, local_steps=2, backend=backend,
-                        asynchronous=asynchronous, client_state=placement)
+    a = FederatedModule(_net(1), training=dict(client_lr=0.2, batch_size=3, local_steps=2),
+                        engine=dict(backend=backend, client_state=placement), asynchronous=asynchronous)
     run_rounds(a, _data(), rounds=rounds)
     assert torch.equal(flat_weights(a), flat_weights(sync))
     assert a.comm.uploads == sync.comm.uploads == rounds * 3
@@ -390,10 +390,10 @@ def test_the_local_accuracy_of_the_arrivals_is_the_synchronous_rounds_in_the_syn
     was dispatched, reported when it arrives; with C = M = K and equal durations, step for step the synchronous
     round's (which scores its cohort's w_k after the round)."""
     rounds = 5
-    sync = FederatedModule(_net(1), fraction=0.25, client_lr=0.2, batch_size=3, local_steps=2, backend=backend)
+    sync = FederatedModule(_net(1), fraction=0.25, training=dict(client_lr=0.2, batch_size=3, local_steps=2), engine=dict(backend=backend))
     want = _local_means(sync)
     run_rounds(sync, _data(holdout=0.3), rounds=rounds)
-    a = FederatedModule(_net(1), client_lr=0.2, batch_size=3, local_steps=2, backend=backend,
+    a = FederatedModule(_net(1), training=dict(client_lr=0.2, batch_size=3, local_steps=2), engine=dict(backend=backend),
                         asynchronous=FedBuff(concurrency=3, buffer=3, clock=SimulatedClock("constant")))
     got = _local_means(a)
     run_rounds(a, _data(holdout=0.3), rounds=rounds)
@@ -417,11 +417,11 @@ def test_the_arrivals_local_accuracies_are_in_the_checkpoint():
     [
         ({"algorithm": "scaffold"}, "asynchronous: objective: Scaffold"),
         ({"algorithm": "dp_fedavg"}, "asynchronous: combination: DP-FedAvg is not implemented asynchronously"),
-        ({"aggregation": "self"}, "asynchronous: combination: IGFLAttention"),
+        ({"combination": "self"}, "asynchronous: combination: IGFLAttention"),
         ({"weighting": "dwfed"}, "asynchronous: weighting: 'dwfed'"),
         ({"sampler": "attention"}, "asynchronous: sampler: AttentionSampler"),
-        ({"p_inactive": 0.2}, "asynchronous: p_inactive"),
-        ({"compression": 0.3, "asynchronous": FedAsync(concurrency=4)}, "asynchronous: channel: FedAsync mixes"),
+        ({"stragglers": {"p_inactive": 0.2}}, "asynchronous: p_inactive"),
+        ({"channel": 0.3, "asynchronous": FedAsync(concurrency=4)}, "asynchronous: channel: FedAsync mixes"),
         ({"objective": "lfed.client.feddyn.FedDyn"}, "asynchronous: objective: FedDyn"),
         ({"objective": "lfed.personal.ditto.Ditto"}, "asynchronous: objective: Ditto"),
         ({"asynchronous": FedBuff(concurrency=13, buffer=2)}, "asynchronous: concurrency: 13 clients in flight"),
@@ -429,7 +429,7 @@ def test_the_arrivals_local_accuracies_are_in_the_checkpoint():
 )
 def test_compositions_that_are_not_defined_asynchronously_are_refused_before_round_0(settings, expected):
     settings = {"asynchronous": FedBuff(concurrency=4, buffer=2), **settings}
-    module = FederatedModule(_net(), client_lr=0.1, batch_size=None, local_steps=1, **settings)
+    module = FederatedModule(_net(), training=dict(client_lr=0.1, batch_size=None, local_steps=1), **settings)
     with pytest.raises(ValueError, match=expected) as info:
         run_rounds(module, _data(), rounds=1)
     assert "\n" not in str(info.value)
@@ -449,7 +449,7 @@ def test_a_component_says_itself_whether_it_is_defined_asynchronously():
         asynchronous_ready = True
 
     def fit(combination):
-        module = FederatedModule(_net(), combination=combination, client_lr=0.1, batch_size=None, local_steps=1,
+        module = FederatedModule(_net(), combination=combination, training=dict(client_lr=0.1, batch_size=None, local_steps=1),
                                  asynchronous=FedBuff(concurrency=4, buffer=2, clock=SimulatedClock("constant")))
         run_rounds(module, _data(), rounds=3)
         return module
@@ -465,7 +465,7 @@ def test_a_dispatch_that_diverges_stops_the_run_naming_the_dispatched_clients():
     before the bad numbers are kept, naming dispatched clients (it once failed with an IndexError: their rows were
     named by the popped cohort's 2 ids), and the global model stays the last good one."""
     asynchronous = FedBuff(concurrency=6, buffer=2, clock=SimulatedClock("constant"))
-    module = FederatedModule(_net(), client_lr=1e308, batch_size=None, local_steps=3, asynchronous=asynchronous)
+    module = FederatedModule(_net(), training=dict(client_lr=1e308, batch_size=None, local_steps=3), asynchronous=asynchronous)
     w0 = flat_weights(module).clone()
     with pytest.raises(FloatingPointError, match=r"^round 0: training losses contain NaN or Inf from clients \[") as info:
         run_rounds(module, _data(), rounds=2)
@@ -507,7 +507,7 @@ def test_resume_from_a_middle_checkpoint_with_clients_in_flight_is_bit_identical
 
     keep_all = {"callbacks": [{"class_path": "lfed.lightning.checkpoint.RoundCheckpoint",
                                "init_args": {"dirpath": str(tmp_path / "ckpts"), "every_n_train_steps": 3, "save_top_k": -1}}]}
-    config = write_config(tmp_path / "cfg.yaml", "fedavg", trainer=keep_all, asynchronous=clock, client_state=placement,
+    config = write_config(tmp_path / "cfg.yaml", "fedavg", trainer=keep_all, asynchronous=clock, engine={"client_state": placement},
                           fraction=None)
     want = _async_state(fit(config))
     middle = load(tmp_path / "ckpts" / "epoch=0-step=3.ckpt")

@@ -84,7 +84,7 @@ def test_bad_audit_settings_are_refused_naming_the_argument(kwargs, match):
 def _audit(leak, backend):
     """400 canaries beside 20 digits clients, q = 1, 5 rounds, z calibrated for ε = 2 at δ = 1e-6."""
     dp = CanaryDPFedAvg(canaries=400, leak=leak, noise_multiplier=None, target_epsilon=2.0, delta=1e-6, clip=0.5)
-    m = _module(backend, algorithm="dp_fedavg", fraction=1.0, aggregation=dp, net=MLP(64, [64], 10))
+    m = _module(backend, algorithm="dp_fedavg", fraction=1.0, combination=dp, net=MLP(64, [64], 10))
     run_rounds(m, _digits(20), 5)
     return dp.audit()
 

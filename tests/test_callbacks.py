@@ -17,6 +17,7 @@ from lfed.lightning.callbacks import AttentionHeatmap, CommunicationCost, render
 from lfed.lightning.datamodule import FederatedDataModule
 from lfed.lightning.module import FederatedModule
 from lfed.server.attention import attention_combine
+from lfed.server.combination import IGFLAttention
 
 
 def _digits(num_clients=6):
@@ -27,13 +28,18 @@ def _digits(num_clients=6):
 def _module(**kwargs):
     torch.manual_seed(0)
     kwargs.setdefault("fraction", 0.5)
-    return FederatedModule(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), client_lr=0.05, batch_size=20, local_steps=2,
-                           attention_temperature=10.0, **kwargs)
+    return FederatedModule(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), training=dict(client_lr=0.05, batch_size=20, local_steps=2),
+                           **kwargs)
+
+
+def _attention(query):
+    """The attention combination with ``query``, at the temperature every attention run here uses."""
+    return IGFLAttention(query, temperature=10.0)
 
 
 def test_heatmaps_are_real_pngs_under_the_log_dir(tmp_path):
     cb = AttentionHeatmap(every_n_rounds=2)
-    m = _module(algorithm="igfl_s", aggregation="self")
+    m = _module(algorithm="igfl_s", combination=_attention("self"))
     run_rounds(m, _digits(), rounds=3, precision="32-true", callbacks=[cb], default_root_dir=tmp_path)
     names = sorted(p.name for p in (tmp_path / "attention").iterdir())
     # round 2 by the schedule, round 3 at the end of training; last and mean each
@@ -75,7 +81,7 @@ def test_heatmap_goes_to_wandb_log_image_when_that_logger_is_used(tmp_path, monk
                         lambda self, key, images, step=None, **kw: logged.append((key, images, step)))
     logger = WandbLogger(save_dir=str(tmp_path), project="lfed-test")
     cb = AttentionHeatmap(every_n_rounds=3)
-    m = _module(algorithm="igfl_s", aggregation="global")
+    m = _module(algorithm="igfl_s", combination=_attention("global"))
     Trainer(max_steps=3, accelerator="cpu", logger=logger, callbacks=[cb], default_root_dir=tmp_path,
             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
             limit_val_batches=0, num_sanity_val_steps=0).fit(m, datamodule=_digits())
@@ -88,7 +94,7 @@ def test_heatmap_goes_to_wandb_log_image_when_that_logger_is_used(tmp_path, monk
 
 def test_time_attention_heatmap_and_an_explicit_folder(tmp_path):
     cb = AttentionHeatmap(every_n_rounds=2, average=False, dirpath=str(tmp_path / "maps"))
-    m = _module(algorithm="igfl_s_time", fraction=1.0)
+    m = _module(algorithm="igfl_s_time", combination=_attention("time"), fraction=1.0)
     run_rounds(m, _digits(num_clients=4), rounds=2, precision="32-true", callbacks=[cb], default_root_dir=tmp_path)
     assert [p.name for p in cb.written] == ["attention_last_round00002.png"]
     with Image.open(cb.written[0]) as im:
@@ -120,7 +126,7 @@ def test_bad_every_n_rounds(every):
 
 def test_communication_table_matches_the_meter(tmp_path):
     cb = CommunicationCost()
-    m = _module(compression=0.1)
+    m = _module(channel=0.1)
     run_rounds(m, _digits(), rounds=4, precision="32-true", callbacks=[cb], default_root_dir=tmp_path)
     with open(tmp_path / "communication.csv") as f:
         rows = list(csv.DictReader(f))
@@ -164,7 +170,7 @@ def test_heatmap_titles_count_rounds_as_the_file_names_do(tmp_path, monkeypatch)
 
     monkeypatch.setattr(callbacks, "render_attention", spy)
     cb = AttentionHeatmap(every_n_rounds=2)
-    run_rounds(_module(algorithm="igfl_s", aggregation="self"), _digits(), rounds=3, precision="32-true", callbacks=[cb],
+    run_rounds(_module(algorithm="igfl_s", combination=_attention("self")), _digits(), rounds=3, precision="32-true", callbacks=[cb],
                default_root_dir=tmp_path)
     assert [p.name for p in cb.written] == [f"attention_{k}_round{r:05d}.png" for r in (2, 3) for k in ("last", "mean")]
     assert [t.split(" (entropy")[0] for t in titles] == [

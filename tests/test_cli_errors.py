@@ -55,7 +55,8 @@ BAD = {
     "batch_size": (["--model.training.batch_size=0"], ["batch_size", ">= 1", "got 0"]),
     "rho": (["--data.rho=-1"], ["rho", "> 0", "-1"]),  # refused while the data is split, in trainer.fit
     "dataset": (["--data.dataset=mnits"], ["dataset", "'mnits'", "'mnist'"]),
-    "mu": (["--model.algorithm=fedprox", "--model.mu=-0.5"], ["mu", ">= 0", "-0.5"]),
+    "mu": (["--model.algorithm=fedprox", "--model.objective=lfed.client.objectives.Prox", "--model.objective.init_args.mu=-0.5"],
+           ["mu", ">= 0", "-0.5"]),
     "num_clients": (["--data.num_clients=0"], ["num_clients", ">= 1", "got 0"]),
     "class_path": (["--model.net", "not.a.Module"], ["model.net", "Module", "not.a.Module", "No module named 'not'"]),
     "data_dir": (["--data.dataset", "mnist", "--data.data_dir", "/nonexistent/lfed-data"],

@@ -59,14 +59,17 @@ def toy_data(rows=CLIENT_ROWS) -> FederatedDataModule:
     return dm
 
 
-def toy_module(objective: str | None, backend: str, *, bias: bool = False, **kwargs) -> FederatedModule:
+def toy_module(objective, backend: str, *, bias: bool = False, training: dict | None = None,
+               engine: dict | None = None, **kwargs) -> FederatedModule:
+    """``training`` and ``engine`` are merged over the defaults (client_lr=0.1, full batch, 2 steps; ``backend``)."""
     net = nn.Linear(2, 1, bias=bias).double()
     with torch.no_grad():
         net.weight.copy_(W_INIT[None])
         if bias:
             net.bias.zero_()
-    args = dict(algorithm="fedavg", objective=objective, loss=squared_loss, fraction=1.0, client_lr=0.1,
-                batch_size=None, local_steps=2, backend=backend, seed=3)
+    args = dict(algorithm="fedavg", objective=objective, loss=squared_loss, fraction=1.0,
+                training={"client_lr": 0.1, "batch_size": None, "local_steps": 2, **(training or {})},
+                engine={"backend": backend, **(engine or {})}, seed=3)
     args.update(kwargs)
     return FederatedModule(net, **args)
 
@@ -137,7 +140,7 @@ def fit(module, rounds, dm=None):
 def test_fedprox_matches_hand_computation(backend):
     """``y ← y - η (g_k(y) + μ (y - w))`` for 3 steps; size-weighted mean of the updates."""
     lr, mu, T = 0.1, 0.5, 3
-    module = toy_module("prox", backend, mu=mu, local_steps=T, client_lr=lr, fraction=2 / 3)
+    module = toy_module(Prox(mu=mu), backend, training=dict(local_steps=T, client_lr=lr), fraction=2 / 3)
     rec = fit(module, rounds=2)
     w = W_INIT.clone()
     for r, rnd in enumerate(rec.rounds):
@@ -166,8 +169,8 @@ def test_scaffold_matches_hand_computation(backend, p_incomplete):
     """
     lr, eta_s, T = 0.1, 0.5, 3
     module = toy_module(
-        "scaffold", backend, algorithm="scaffold", client_lr=lr, local_steps=T, fraction=2 / 3,
-        p_incomplete=p_incomplete, server_optimizer=lambda params: torch.optim.SGD(params, lr=eta_s),
+        "scaffold", backend, algorithm="scaffold", training=dict(client_lr=lr, local_steps=T), fraction=2 / 3,
+        stragglers=dict(p_incomplete=p_incomplete), server_optimizer=lambda params: torch.optim.SGD(params, lr=eta_s),
     )
     rec = fit(module, rounds=2)
     w, c, ck = W_INIT.clone(), torch.zeros(2, dtype=torch.float64), torch.zeros(N, 2, dtype=torch.float64)
@@ -205,8 +208,8 @@ def test_igfl_c_matches_algorithm_2(backend, p_incomplete):
     its planned ``T = 3`` in ``Δ_G`` (SPEC §2 igfl).
     """
     lr, T = 0.1, 3
-    module = toy_module("igfl", backend, algorithm="igfl_c", client_lr=lr, local_steps=T, fraction=2 / 3,
-                        p_incomplete=p_incomplete)
+    module = toy_module("igfl", backend, algorithm="igfl_c", training=dict(client_lr=lr, local_steps=T), fraction=2 / 3,
+                        stragglers=dict(p_incomplete=p_incomplete))
     rec = fit(module, rounds=2)
     w = W_INIT.clone()
     prev, global_change = torch.zeros(N, 2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
@@ -246,7 +249,7 @@ def test_efl_matches_hand_computation(backend):
     and ``v_k = u_k ⊙ y_end``.
     """
     lr, lam, T = 0.05, 0.05, 2
-    module = toy_module("efl", backend, efl_lambda=lam, fisher_samples=10, client_lr=lr, local_steps=T, fraction=2 / 3)
+    module = toy_module(EFL(lam=lam, fisher_samples=10), backend, training=dict(client_lr=lr, local_steps=T), fraction=2 / 3)
     rec = fit(module, rounds=2)
     w = W_INIT.clone()
     u, v = torch.zeros(N, 2, dtype=torch.float64), torch.zeros(N, 2, dtype=torch.float64)
@@ -278,7 +281,7 @@ def test_efl_fisher_uses_the_configured_number_of_examples(backend):
     """With ``fisher_samples = 2`` each report is the mean of squared per-example gradients over
     exactly two of the client's examples (one of its pairs), never the squared mean gradient."""
     lr, T = 0.05, 2
-    module = toy_module("efl", backend, efl_lambda=0.05, fisher_samples=2, client_lr=lr, local_steps=T)
+    module = toy_module(EFL(lam=0.05, fisher_samples=2), backend, training=dict(client_lr=lr, local_steps=T))
     rec = fit(module, rounds=1)
     w = W_INIT.clone()
     u = rec.states[1]["objective.fisher_u"]
@@ -312,8 +315,9 @@ def _cls_pair(backend, a: dict, b: dict, rounds: int):
     for kwargs in (a, b):
         n = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)).double()
         n.load_state_dict(net.state_dict())
-        args = dict(fraction=0.5, client_lr=0.2, batch_size=4, local_epochs=1, backend=backend, seed=5)
+        args = dict(fraction=0.5, engine=dict(backend=backend), seed=5)
         args.update(kwargs)
+        args["training"] = {"client_lr": 0.2, "batch_size": 4, "local_epochs": 1, **kwargs.get("training", {})}
         m = FederatedModule(n, **args)
         out.append((m, fit(m, rounds, _cls_data()).states))
     return out
@@ -332,7 +336,8 @@ def test_scaffold_first_round_is_fedavg(backend):
 def test_igfl_c_first_round_is_sgd_with_scaled_learning_rate(backend):
     """Δw_k = Δw_ps = 0 in round 0: IGFL-C is plain local SGD with η (1 + 1/|S|) (|S| = 3)."""
     lr = 0.2
-    (m, i), (_, f) = _cls_pair(backend, {"algorithm": "igfl_c", "client_lr": lr}, {"algorithm": "fedavg", "client_lr": lr * (1 + 1 / 3)}, 1)
+    (m, i), (_, f) = _cls_pair(backend, {"algorithm": "igfl_c", "training": {"client_lr": lr}},
+                                  {"algorithm": "fedavg", "training": {"client_lr": lr * (1 + 1 / 3)}}, 1)
     assert m.comm.uploads == 3
     torch.testing.assert_close(i[1]["w"], f[1]["w"], atol=1e-14, rtol=0)
     assert not torch.equal(i[1]["w"], i[0]["w"])
@@ -341,14 +346,14 @@ def test_igfl_c_first_round_is_sgd_with_scaled_learning_rate(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_efl_with_zero_lambda_is_fedavg(backend):
     """λ = 0: the elastic term vanishes whatever the Fisher reports are (2 rounds, mini-batches)."""
-    (m, e), (_, f) = _cls_pair(backend, {"algorithm": "fedavg", "objective": "efl", "efl_lambda": 0.0}, {"algorithm": "fedavg"}, 2)
+    (m, e), (_, f) = _cls_pair(backend, {"algorithm": "fedavg", "objective": EFL(lam=0.0)}, {"algorithm": "fedavg"}, 2)
     assert torch.equal(e[2]["w"], f[2]["w"])
     assert m.objective.fisher_u_sum.abs().sum() > 0  # reports were still made
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fedprox_with_zero_mu_is_fedavg(backend):
-    (_, p), (_, f) = _cls_pair(backend, {"algorithm": "fedprox", "mu": 0.0}, {"algorithm": "fedavg"}, 2)
+    (_, p), (_, f) = _cls_pair(backend, {"algorithm": "fedprox", "objective": Prox(mu=0.0)}, {"algorithm": "fedavg"}, 2)
     assert torch.equal(p[2]["w"], f[2]["w"])
     assert not torch.equal(p[2]["w"], p[0]["w"])
 
@@ -366,7 +371,8 @@ PER_CLIENT_STATE = {
 def test_inactive_clients_change_no_per_client_state(objective, backend):
     """Stragglers with ``s_k = 0`` (p_inactive = 0.5) and unsampled clients keep their rows;
     active clients' rows change; SCAFFOLD's ``c`` moves by the active clients' changes / N."""
-    module = toy_module(objective, backend, fraction=2 / 3, p_inactive=0.5, efl_lambda=0.05, client_lr=0.05, seed=1)
+    rule = EFL(lam=0.05) if objective == "efl" else objective  # efl_lambda set EFL's λ (and did nothing for the others)
+    module = toy_module(rule, backend, fraction=2 / 3, stragglers=dict(p_inactive=0.5), training=dict(client_lr=0.05), seed=1)
     rec = fit(module, rounds=6)
     inactive_seen = active_seen = 0
     for r, rnd in enumerate(rec.rounds):
@@ -387,16 +393,21 @@ def test_inactive_clients_change_no_per_client_state(objective, backend):
 
 
 # ----------------------------------------------------------------------------- bad input
+PROX, EFL_PATH = "lfed.client.objectives.Prox", "lfed.client.objectives.EFL"  # a component as config gives it: built by FederatedModule
+
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"algorithm": "fedprox", "mu": -0.1}, "mu: must be a finite number >= 0, got -0.1"),
-        ({"algorithm": "fedprox", "mu": float("nan")}, "mu"),
-        ({"algorithm": "fedavg", "mu": -1.0}, "mu"),  # refused even where unused
-        ({"algorithm": "efl", "efl_lambda": -0.5}, "efl_lambda: must be a finite number >= 0, got -0.5"),
-        ({"algorithm": "efl", "efl_lambda": float("inf")}, "efl_lambda"),
-        ({"algorithm": "efl", "fisher_samples": 0}, "fisher_samples: need an integer >= 1"),
-        ({"algorithm": "efl", "fisher_samples": 2.5}, "fisher_samples"),
+        ({"algorithm": "fedprox", "objective": {"class_path": PROX, "init_args": {"mu": -0.1}}}, "mu: must be a finite number >= 0, got -0.1"),
+        ({"algorithm": "fedprox", "objective": {"class_path": PROX, "init_args": {"mu": float("nan")}}}, "mu"),
+        # lfed 0.3's flat mu, kept: a bad value is refused even where unused (fedavg's objective is not Prox)
+        ({"algorithm": "fedavg", "mu": -1.0}, "mu"),
+        ({"algorithm": "efl", "objective": {"class_path": EFL_PATH, "init_args": {"lam": -0.5}}},
+         "efl_lambda: must be a finite number >= 0, got -0.5"),
+        ({"algorithm": "efl", "objective": {"class_path": EFL_PATH, "init_args": {"lam": float("inf")}}}, "efl_lambda"),
+        ({"algorithm": "efl", "objective": {"class_path": EFL_PATH, "init_args": {"fisher_samples": 0}}}, "fisher_samples: need an integer >= 1"),
+        ({"algorithm": "efl", "objective": {"class_path": EFL_PATH, "init_args": {"fisher_samples": 2.5}}}, "fisher_samples"),
         ({"objective": "ditto"}, "objective: 'ditto' is not one of"),
     ],
 )
@@ -427,14 +438,16 @@ def _trainer(root, rounds):
 @pytest.mark.parametrize("objective", ["scaffold", "igfl", "efl"])
 def test_checkpoint_resumes_per_client_state_exactly(objective, tmp_path):
     """1 round, save, resume for a 2nd round == 2 rounds straight (weights and all state)."""
-    kwargs = dict(fraction=2 / 3, efl_lambda=0.05, client_lr=0.05)
-    straight = toy_module(objective, "vmap", **kwargs)
+    # efl_lambda=0.05 set EFL's λ (it did nothing for scaffold and igfl); as a config gives it, so each module builds its own
+    rule = {"class_path": "lfed.client.objectives.EFL", "init_args": {"lam": 0.05}} if objective == "efl" else objective
+    kwargs = dict(fraction=2 / 3, training=dict(client_lr=0.05))
+    straight = toy_module(rule, "vmap", **kwargs)
     run_rounds(straight, toy_data(), rounds=2)
-    first = toy_module(objective, "vmap", **kwargs)
+    first = toy_module(rule, "vmap", **kwargs)
     trainer = _trainer(tmp_path, 1)
     trainer.fit(first, datamodule=toy_data())
     trainer.save_checkpoint(tmp_path / "r1.ckpt")
-    resumed = toy_module(objective, "vmap", **kwargs)
+    resumed = toy_module(rule, "vmap", **kwargs)
     _trainer(tmp_path, 2).fit(resumed, datamodule=toy_data(), ckpt_path=tmp_path / "r1.ckpt")
     want, got = straight.state_dict(), resumed.state_dict()
     assert want.keys() == got.keys() and len(want) > 1

@@ -27,9 +27,11 @@ PLACEMENTS = ["device", "host", "disk"]
 N = 12
 
 CASES = {
-    "scaffold": dict(algorithm="scaffold", fraction=0.25, p_incomplete=0.5),
-    "igfl_time": dict(algorithm="igfl", objective="igfl", aggregation="time", fraction=0.25, p_inactive=0.3),
-    "efl": dict(algorithm="efl", compression=0.5, fraction=0.25, p_incomplete=0.5, p_inactive=0.2, fisher_samples=4),
+    "scaffold": dict(algorithm="scaffold", fraction=0.25, stragglers=dict(p_incomplete=0.5)),
+    "igfl_time": dict(algorithm="igfl", objective="igfl", combination="time", fraction=0.25, stragglers=dict(p_inactive=0.3)),
+    # the objective as a config gives it: each module builds its own EFL
+    "efl": dict(algorithm="efl", channel=0.5, fraction=0.25, stragglers=dict(p_incomplete=0.5, p_inactive=0.2),
+                objective={"class_path": "lfed.client.objectives.EFL", "init_args": {"fisher_samples": 4}}),
     "feddyn": dict(algorithm="feddyn", fraction=0.25),
 }
 
@@ -45,9 +47,10 @@ def data() -> FederatedDataModule:
 def module(case: str, placement: str, backend: str = "vmap", tmp_path=None, **extra) -> FederatedModule:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()  # (a float32 net resumed under 64-true is not exact)
-    kwargs = dict(CASES[case], client_lr=0.1, batch_size=3, local_epochs=1, backend=backend, seed=2, client_state=placement)
+    engine = dict(backend=backend, client_state=placement)
     if placement == "disk" and tmp_path is not None:
-        kwargs["client_state_dir"] = str(tmp_path / "state")
+        engine["client_state_dir"] = str(tmp_path / "state")
+    kwargs = dict(CASES[case], training=dict(client_lr=0.1, batch_size=3, local_epochs=1), engine=engine, seed=2)
     kwargs.update(extra)
     return FederatedModule(net, **kwargs)
 
@@ -245,6 +248,6 @@ def test_missing_sparse_entries_are_missing_keys(tmp_path):
 
 def test_bad_placement_arguments_fail_early():
     with pytest.raises(ValueError, match=r"client_state: 'gpu' is not one of \('device', 'host', 'disk'\)"):
-        FederatedModule(nn.Linear(2, 2), client_state="gpu")
+        FederatedModule(nn.Linear(2, 2), engine=dict(client_state="gpu"))
     with pytest.raises(ValueError, match="client_state_dir: only used with client_state='disk'"):
-        FederatedModule(nn.Linear(2, 2), client_state="host", client_state_dir="x")
+        FederatedModule(nn.Linear(2, 2), engine=dict(client_state="host", client_state_dir="x"))

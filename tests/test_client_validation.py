@@ -172,7 +172,7 @@ def test_token_data_logs_each_clients_perplexity_by_hand():
     dm = token_data()
     torch.manual_seed(0)
     m = FederatedModule(BagOfTokens().double(), algorithm="fedavg", objective=Ditto(lam=0.1), fraction=1.0,
-                        client_lr=0.5, batch_size=4, local_steps=2, seed=0)
+                        training=dict(client_lr=0.5, batch_size=4, local_steps=2), seed=0)
     trainer = run_rounds(m, dm, rounds=2, evaluate_every=2)
     d, logged = m.data, trainer.logged_metrics
     clients = torch.arange(d.num_clients)
@@ -197,11 +197,11 @@ def test_token_data_logs_each_clients_perplexity_by_hand():
 
 def test_round_local_accuracy_false_skips_the_cohorts_local_accuracy():
     on = classification_module(None)
-    off = classification_module(None, round_local_accuracy=False)
+    off = classification_module(None, evaluation=dict(round_local_accuracy=False))
     t_on = run_rounds(on, data_module(), rounds=2, evaluate_every=2)
     t_off = run_rounds(off, data_module(), rounds=2, evaluate_every=2)
     assert "client/local_acc_mean" in t_on.callback_metrics and "client/local_acc_mean" not in t_off.callback_metrics
     assert "final/bmta_local" in on.runs[0].summary() and "final/bmta_local" not in off.runs[0].summary()
     torch.testing.assert_close(flat_weights(on), flat_weights(off), rtol=0, atol=0)  # training is the same
     with pytest.raises(ValueError, match="round_local_accuracy"):
-        classification_module(None, round_local_accuracy="yes")
+        classification_module(None, evaluation=dict(round_local_accuracy="yes"))

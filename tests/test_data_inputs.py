@@ -87,7 +87,7 @@ def test_float_class_labels_given_as_python_ints_stay_classification_and_floats_
 def test_a_dataset_module_trains_end_to_end():
     ds = _Items(lambda i: (torch.tensor([float(i % 2), 1.0 - i % 2]), i % 2), n=40)
     torch.manual_seed(0)
-    m = FederatedModule(nn.Linear(2, 2), client_lr=0.5, fraction=1.0, local_steps=5)
+    m = FederatedModule(nn.Linear(2, 2), training=dict(client_lr=0.5, local_steps=5), fraction=1.0)
     trainer = run_rounds(m, FederatedDataModule(train=ds, test=ds, num_clients=2, partition="iid", holdout_fraction=0.0),
                          5, evaluate_every=5)
     assert float(trainer.callback_metrics["test/acc"]) == 1.0

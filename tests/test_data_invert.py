@@ -32,8 +32,8 @@ def data(x, y, invert):
 def module(backend):
     torch.manual_seed(0)
     net = nn.Sequential(nn.Flatten(), nn.Linear(4, 3)).double()
-    return FederatedModule(net, algorithm="fedavg", fraction=1.0, client_lr=0.5, batch_size=None, local_steps=1,
-                           backend=backend, seed=1, round_local_accuracy=False)
+    return FederatedModule(net, algorithm="fedavg", fraction=1.0, training=dict(client_lr=0.5, batch_size=None, local_steps=1),
+                           engine=dict(backend=backend), seed=1, evaluation=dict(round_local_accuracy=False))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -189,9 +189,7 @@ model:
     class_path: lfed.models.zoo.MLP
     init_args: {in_features: 64, hidden: [32], num_classes: 10}
   fraction: 0.5
-  client_lr: 0.05
-  batch_size: 10
-  local_steps: 3
+  training: {client_lr: 0.05, batch_size: 10, local_steps: 3}
 data:
   dataset: digits
   num_clients: 8
@@ -207,7 +205,8 @@ CASES = {
     # attention over every gathered update, client history; the loop backend
     "igfl": ["--model.algorithm", "igfl", "--model.engine.backend", "loop"],
     # Fisher reports split and gathered, compression residuals, T/s weights, an inactive client
-    "efl": ["--model.algorithm", "efl", "--model.stragglers.p_inactive", "0.25", "--model.fisher_samples", "8"],
+    "efl": ["--model.algorithm", "efl", "--model.stragglers.p_inactive", "0.25",
+            '--model.objective={"class_path": "lfed.client.objectives.EFL", "init_args": {"fisher_samples": 8}}'],
     # DP-FedAvg: Poisson cohorts split over the ranks, clipping on the gathered rows, the server noise from one
     # seeded stream (the same on every rank), adaptive clipping, the accountant in the checkpoint
     "dp": ["--model.algorithm", "dp_fedavg", "--model.combination", "lfed.privacy.DPFedAvg",

@@ -136,8 +136,8 @@ def test_bf16_mixed_leaves_the_rest_of_the_round_in_float32(aggregation, monkeyp
     for precision in ("32-true", "bf16-mixed"):
         torch.manual_seed(0)
         dm = FederatedDataModule(dataset="digits", num_clients=8, partition="iid")
-        module = FederatedModule(Elementwise(), fraction=0.5, client_lr=0.1, batch_size=10, local_steps=2,
-                                 aggregation=aggregation, server_optimizer=lambda p: torch.optim.Adam(p, lr=0.01))
+        module = FederatedModule(Elementwise(), fraction=0.5, training=dict(client_lr=0.1, batch_size=10, local_steps=2),
+                                 combination=aggregation, server_optimizer=lambda p: torch.optim.Adam(p, lr=0.01))
         run_rounds(module, dm, rounds=3, precision=precision)
         weights[precision] = module.layout.module_vector(module.net)
     assert weights["bf16-mixed"].dtype == torch.float32
@@ -151,7 +151,7 @@ def test_bf16_mixed_trains_the_digits():
         torch.manual_seed(0)
         dm = FederatedDataModule(dataset="digits", num_clients=20, partition="iid")
         net = MLP(in_features=64, hidden=(200, 200), num_classes=10)
-        module = FederatedModule(net, fraction=0.25, client_lr=0.2, batch_size=10, local_epochs=2)
+        module = FederatedModule(net, fraction=0.25, training=dict(client_lr=0.2, batch_size=10, local_epochs=2))
         seen = []
         net.register_forward_hook(lambda m, i, out, seen=seen: seen.append(out.dtype) if torch.is_grad_enabled() else None)
         trainer = run_rounds(module, dm, rounds=20, precision=precision, evaluate_every=20)
@@ -169,7 +169,7 @@ def test_16_mixed_on_the_cpu_is_lightnings_bf16_mixed():
     net = MLP(in_features=64, hidden=(32,), num_classes=10)
     seen = []
     net.register_forward_hook(lambda m, i, out: seen.append(out.dtype) if torch.is_grad_enabled() else None)
-    module = FederatedModule(net, fraction=0.5, client_lr=0.2, batch_size=10, local_steps=3)
+    module = FederatedModule(net, fraction=0.5, training=dict(client_lr=0.2, batch_size=10, local_steps=3))
     with pytest.warns(UserWarning, match="fp16 is not supported on CPU"):
         trainer = run_rounds(module, dm, rounds=3, precision="16-mixed")
     assert trainer.precision == "bf16-mixed" and BF16 in seen and torch.float16 not in seen
@@ -201,7 +201,7 @@ def test_the_float32_matmul_precision_is_the_users(monkeypatch):
         for chosen in ("medium", "highest"):
             torch.set_float32_matmul_precision(chosen)
             inside.clear(), outside.clear()
-            module = FederatedModule(Probe(), fraction=0.5, client_lr=0.1, batch_size=10, local_steps=2)
+            module = FederatedModule(Probe(), fraction=0.5, training=dict(client_lr=0.1, batch_size=10, local_steps=2))
             run_rounds(module, FederatedDataModule(dataset="digits", num_clients=4, partition="iid"), rounds=2,
                        precision="32-true")
             assert inside and outside and set(inside) == set(outside) == {chosen}

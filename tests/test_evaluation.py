@@ -112,7 +112,7 @@ def test_regression_keeps_float_targets_trains_with_mse_and_logs_the_loss_only()
     assert d.train_y.dtype == torch.float32 and d.train_y.shape == (96, 1)  # not cast to integers
     assert d.train_y[:, 0].tolist() == pytest.approx((d.train_x @ torch.tensor([1.5, -2.0, 0.5]) + 0.25).tolist())
     torch.manual_seed(0)
-    m = FederatedModule(nn.Linear(3, 1), loss=nn.MSELoss(), client_lr=0.05, batch_size=8, fraction=1.0)
+    m = FederatedModule(nn.Linear(3, 1), loss=nn.MSELoss(), training=dict(client_lr=0.05, batch_size=8), fraction=1.0)
     trainer = run_rounds(m, dm, 20, evaluate_every=20)
     metrics = trainer.callback_metrics
     assert "test/acc" not in metrics and "client/acc_mean" not in metrics
@@ -174,7 +174,7 @@ def test_test_labels_outside_the_training_classes_are_refused_at_build():
 
 @pytest.mark.parametrize("rounds, every, want", [(25, 10, [10, 20, 25]), (3, 10, [3]), (20, 10, [10, 20])])
 def test_the_global_model_is_evaluated_after_the_last_round(rounds, every, want):
-    m = FederatedModule(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), client_lr=0.1, local_steps=1)
+    m = FederatedModule(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), training=dict(client_lr=0.1, local_steps=1))
     trainer = run_rounds(m, FederatedDataModule(dataset="digits", num_clients=4, partition="iid"), rounds,
                          evaluate_every=every)
     assert [r for r, _ in m.eval_history] == want
@@ -225,7 +225,7 @@ def test_rounds_loader_state_round_trip():
 def test_exact_resume_mid_run_raises_no_dataloader_warning_and_continues_from_the_next_round(tmp_path):
     def fit(ckpt_path=None):
         torch.manual_seed(0)
-        m = FederatedModule(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), client_lr=0.1, local_steps=1)
+        m = FederatedModule(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), training=dict(client_lr=0.1, local_steps=1))
         batches = _Batches()
         ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1)
         trainer = Trainer(max_steps=6, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
@@ -298,7 +298,7 @@ def test_bmta_global_and_local_are_best_over_rounds_of_participant_means_by_hand
 
 def test_bmta_is_logged_at_the_end_of_a_run():
     torch.manual_seed(0)
-    m = FederatedModule(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), client_lr=0.1, local_steps=2, fraction=0.5)
+    m = FederatedModule(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), training=dict(client_lr=0.1, local_steps=2), fraction=0.5)
     seen = []
 
     class Spy(Callback):

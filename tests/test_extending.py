@@ -34,7 +34,7 @@ def test_the_median_by_hand(median):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_median_in_a_round_by_hand(median, backend):
-    m = toy_module("plain", backend, aggregation=median(), client_lr=0.1, local_steps=2)
+    m = toy_module("plain", backend, combination=median(), training=dict(client_lr=0.1, local_steps=2))
     run_rounds(m, toy_data(), rounds=1)
     deltas = []
     for k in range(3):
@@ -49,7 +49,7 @@ def test_the_median_in_a_round_by_hand(median, backend):
 
 def test_a_users_component_through_the_cli_with_class_path(median, tmp_path):
     cfg = tmp_path / "median.yaml"
-    cfg.write_text(yaml.safe_dump({"model": {"aggregation": {"class_path": "median_combination.CoordinateMedian"}}}))
+    cfg.write_text(yaml.safe_dump({"model": {"combination": {"class_path": "median_combination.CoordinateMedian"}}}))
     cli = run_cli(["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), "--config", str(cfg),
                    "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.logger=false",
                    "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"])
@@ -170,8 +170,8 @@ def test_moon_reads_a_representation_and_runs_the_net_with_other_rows_two_rounds
 def FederatedModuleFor(net, objective, backend, lr):
     from lfed.lightning.module import FederatedModule
 
-    return FederatedModule(net, objective=objective, loss=ce, fraction=1.0, client_lr=lr, batch_size=None,
-                           local_steps=2, backend=backend, seed=3)
+    return FederatedModule(net, objective=objective, loss=ce, fraction=1.0, training=dict(client_lr=lr, batch_size=None, local_steps=2),
+                           engine=dict(backend=backend), seed=3)
 
 
 def test_a_loss_term_naming_no_submodule_is_refused_naming_the_layers(examples):
@@ -185,7 +185,7 @@ def test_qfedavg_reads_each_clients_loss_under_the_rounds_model_by_hand(examples
     from test_client_objectives import CLIENT_ROWS, X, Y
 
     q, L = 2.0, 10.0
-    m = toy_module("plain", "vmap", aggregation=examples["QFedAvg"](q=q, lipschitz=L))
+    m = toy_module("plain", "vmap", combination=examples["QFedAvg"](q=q, lipschitz=L))
     run_rounds(m, toy_data(), rounds=1)
     F = torch.stack([((X[r] @ W_INIT - Y[r].double()) ** 2).mean() for r in CLIENT_ROWS])
     torch.testing.assert_close(m.last_round.cohort.start_loss, F, atol=1e-14, rtol=0)
@@ -197,7 +197,7 @@ def test_qfedavg_reads_each_clients_loss_under_the_rounds_model_by_hand(examples
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fednova_normalises_by_each_clients_steps_by_hand(examples, backend):
-    m = toy_module("plain", backend, aggregation=examples["FedNova"](), p_incomplete=0.6, local_steps=4)
+    m = toy_module("plain", backend, combination=examples["FedNova"](), stragglers=dict(p_incomplete=0.6), training=dict(local_steps=4))
     run_rounds(m, toy_data(), rounds=1)
     rec = m.last_round
     tau = rec.cohort.steps_done.double()

@@ -157,13 +157,13 @@ class LossWeighted(ServerCombination):            # reads cohort.start_loss, for
 
 def test_reading_start_loss_without_needs_start_loss_names_the_flag(tmp_path, monkeypatch):
     user = user_file(tmp_path, monkeypatch, "forgot_start_loss", FORGOT)
-    m = toy_module("plain", "vmap", aggregation=user.LossWeighted())
+    m = toy_module("plain", "vmap", combination=user.LossWeighted())
     with pytest.raises(HookError) as info:
         run_rounds(m, toy_data(), rounds=1)
     message = one_line_error(info)
     assert message.startswith("cohort.start_loss:") and "needs_start_loss = True" in message
     user.LossWeighted.needs_start_loss = True  # the fix
-    m = toy_module("plain", "vmap", aggregation=user.LossWeighted())
+    m = toy_module("plain", "vmap", combination=user.LossWeighted())
     run_rounds(m, toy_data(), rounds=1)
     assert torch.isfinite(flat_weights(m)).all()
 
@@ -187,11 +187,11 @@ class Wrong(ServerCombination):
 
 def test_combine_may_return_the_bare_update_and_anything_else_is_named(tmp_path, monkeypatch):
     user = user_file(tmp_path, monkeypatch, "bare_combine", BARE)
-    bare = toy_module("plain", "vmap", aggregation=user.BareMean())
+    bare = toy_module("plain", "vmap", combination=user.BareMean())
     run_rounds(bare, toy_data(), rounds=1)
     expected = W_INIT + torch.stack([gd_free(W_INIT, k, 2) - W_INIT for k in range(3)]).mean(0)
     torch.testing.assert_close(flat_weights(bare), expected, atol=1e-13, rtol=0)
-    wrong = toy_module("plain", "vmap", aggregation=user.Wrong())
+    wrong = toy_module("plain", "vmap", combination=user.Wrong())
     with pytest.raises(HookError) as info:
         run_rounds(wrong, toy_data(), rounds=1)
     message = one_line_error(info)
@@ -250,7 +250,7 @@ class LabelAware(ClientRule):                       # a loss term per client fro
 
 def test_the_hooks_see_the_client_lr_and_the_clients_label_counts(tmp_path, monkeypatch):
     user = user_file(tmp_path, monkeypatch, "hook_context", CONTEXT)
-    m = toy_module(user.LabelAware(), "vmap", aggregation=user.LrScaled(), client_lr=0.1)
+    m = toy_module(user.LabelAware(), "vmap", combination=user.LrScaled(), training=dict(client_lr=0.1))
     dm = toy_data()
     run_rounds(m, dm, rounds=1)
     assert user.seen["lr"] == 0.1
@@ -267,9 +267,9 @@ def test_qffl_takes_its_lipschitz_constant_from_the_client_lr(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "examples"))
     import qffl
 
-    given = toy_module("plain", "vmap", aggregation=qffl.QFedAvg(q=2.0, lipschitz=4.0), client_lr=0.25)
+    given = toy_module("plain", "vmap", combination=qffl.QFedAvg(q=2.0, lipschitz=4.0), training=dict(client_lr=0.25))
     run_rounds(given, toy_data(), rounds=1)
-    derived = toy_module("plain", "vmap", aggregation=qffl.QFedAvg(q=2.0), client_lr=0.25)  # L = 1/η
+    derived = toy_module("plain", "vmap", combination=qffl.QFedAvg(q=2.0), training=dict(client_lr=0.25))  # L = 1/η
     run_rounds(derived, toy_data(), rounds=1)
     torch.testing.assert_close(flat_weights(derived), flat_weights(given), atol=1e-15, rtol=0)
 

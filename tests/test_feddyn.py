@@ -24,8 +24,8 @@ from lfed.lightning.cli import run_cli
 @pytest.mark.parametrize("p_inactive", [0.0, 0.5])
 def test_feddyn_two_rounds_by_hand(backend, p_inactive):
     lr, alpha, T = 0.1, 0.3, 3
-    module = toy_module(FedDyn(alpha), backend, client_lr=lr, local_steps=T, fraction=2 / 3, p_inactive=p_inactive,
-                        seed=1)
+    module = toy_module(FedDyn(alpha), backend, training=dict(client_lr=lr, local_steps=T), fraction=2 / 3,
+                        stragglers=dict(p_inactive=p_inactive), seed=1)
     assert module.combination is module.objective  # FedDyn brings its own server combination
     rec = fit(module, rounds=2)
     w, h, hk = W_INIT.clone(), torch.zeros(2, dtype=torch.float64), torch.zeros(N, 2, dtype=torch.float64)
@@ -62,7 +62,7 @@ def test_feddyn_refuses_a_bad_alpha_and_another_combination():
     with pytest.raises(ValueError, match=r"alpha: must be a finite number > 0 \(FedDyn's coefficient\)"):
         FedDyn(alpha=0.0)
     with pytest.raises(ValueError, match="combination: objective 'feddyn' brings its own server combination"):
-        toy_module(None, "vmap", algorithm="feddyn", aggregation="self")
+        toy_module(None, "vmap", algorithm="feddyn", combination="self")
 
 
 def test_feddyn_from_the_quickstart_config(tmp_path):

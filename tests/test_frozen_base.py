@@ -80,15 +80,18 @@ def test_p_counts_the_trainable_parameters_only():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("algorithm, extra", [("scaffold", {}), ("scaffold", {"client_state": "host"}),
-                                              ("efl", {"compression": 0.3, "fisher_samples": 8})],
+@pytest.mark.parametrize("algorithm, extra", [("scaffold", {}), ("scaffold", {"engine": {"client_state": "host"}}),
+                                              ("efl", {"channel": 0.3, "objective": {"class_path": "lfed.client.objectives.EFL",
+                                                                                     "init_args": {"fisher_samples": 8}}})],
                          ids=["scaffold", "scaffold-host-rows", "efl-compressed"])
 def test_a_frozen_base_trains_as_constants_and_only_the_trainable_part_travels(backend, algorithm, extra):
     torch.manual_seed(0)
     net = HalfFrozenMLP().double()
     same_as_buffers = BufferBaseMLP(net)
     before, start = frozen_state(net), ParamLayout.from_module(net).module_vector(net)
-    kwargs = dict(algorithm=algorithm, backend=backend, fraction=0.3, client_lr=0.05, batch_size=10, local_steps=3, **extra)
+    extra = dict(extra)
+    engine = {"backend": backend, **extra.pop("engine", {})}
+    kwargs = dict(algorithm=algorithm, engine=engine, fraction=0.3, training=dict(client_lr=0.05, batch_size=10, local_steps=3), **extra)
     module = FederatedModule(net=net, **kwargs)
     reference = FederatedModule(net=same_as_buffers, **kwargs)
     run_rounds(module, digits(), 3)
@@ -117,7 +120,7 @@ def test_a_frozen_base_trains_as_constants_and_only_the_trainable_part_travels(b
 
 def test_the_loop_backend_shares_the_frozen_base_instead_of_copying_it():
     net = HalfFrozenMLP().double()
-    module = FederatedModule(net=net, backend="loop", fraction=0.3, local_steps=2)
+    module = FederatedModule(net=net, engine=dict(backend="loop"), fraction=0.3, training=dict(local_steps=2))
     run_rounds(module, digits(), 1)
     work = module.engine._work
     assert work is not None
@@ -132,7 +135,7 @@ def test_the_loop_backend_shares_the_frozen_base_instead_of_copying_it():
 def test_resume_with_a_frozen_base_is_bit_identical_and_the_checkpoint_holds_the_base_once(tmp_path, backend):
     keep_all = {"callbacks": [{"class_path": "lfed.lightning.checkpoint.RoundCheckpoint",
                                "init_args": {"dirpath": str(tmp_path / "ckpts"), "every_n_train_steps": 3, "save_top_k": -1}}]}
-    config = write_config(tmp_path / "cfg.yaml", "scaffold", trainer=keep_all, backend=backend,
+    config = write_config(tmp_path / "cfg.yaml", "scaffold", trainer=keep_all, engine={"backend": backend},
                           net={"class_path": "test_frozen_base.HalfFrozenMLP"})
     straight = fit(config)
     base = HalfFrozenMLP()

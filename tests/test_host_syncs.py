@@ -51,11 +51,11 @@ def _module(algorithm: str):
     if algorithm == "dp_fedavg":
         from lfed.privacy import DPFedAvg
 
-        kwargs["aggregation"] = DPFedAvg(noise_multiplier=0.8, clip=0.5, log_unaccounted=True)  # every metric logged
+        kwargs["combination"] = DPFedAvg(noise_multiplier=0.8, clip=0.5, log_unaccounted=True)  # every metric logged
     elif algorithm == "dp_adaptive":
         from lfed.privacy import DPFedAvg
 
-        kwargs.update(algorithm="dp_fedavg", aggregation=DPFedAvg(noise_multiplier=0.8, clip=0.5, target_quantile=0.5,
+        kwargs.update(algorithm="dp_fedavg", combination=DPFedAvg(noise_multiplier=0.8, clip=0.5, target_quantile=0.5,
                                                                      count_noise=2.0, log_unaccounted=True))
     elif algorithm == "ditto":
         from lfed.personal.ditto import Ditto
@@ -154,7 +154,7 @@ def test_a_diverged_round_raises_and_keeps_the_last_good_global_model():
     """NaN is caught from the flags read with the metrics (not before the server step): the run still stops at
     that round, names it, and the global model is the last good round's, not NaN."""
     pl.seed_everything(0)
-    module = FederatedModule(net=MLP(64, [32], 10), fraction=0.25, client_lr=1e30)
+    module = FederatedModule(net=MLP(64, [32], 10), fraction=0.25, training=dict(client_lr=1e30))
     dm = FederatedDataModule(dataset="digits", num_clients=20)
     seen: list[torch.Tensor] = []
 

@@ -27,7 +27,7 @@ def _data():
 def _train(loss, backend):
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
-    module = FederatedModule(net, loss=loss, fraction=0.5, client_lr=0.3, batch_size=5, backend=backend, seed=1)
+    module = FederatedModule(net, loss=loss, fraction=0.5, training=dict(client_lr=0.3, batch_size=5), engine=dict(backend=backend), seed=1)
     run_rounds(module, _data(), 2)
     return flat_weights(module)
 

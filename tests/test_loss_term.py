@@ -41,7 +41,7 @@ class ProxAsLoss(ClientRule):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_prox_as_a_loss_term_trains_as_the_prox_step_rule(backend):
-    kwargs = dict(client_lr=0.1, local_steps=3, fraction=2 / 3, p_inactive=0.3, seed=4)
+    kwargs = dict(training=dict(client_lr=0.1, local_steps=3), fraction=2 / 3, stragglers=dict(p_inactive=0.3), seed=4)
     by_rule = fit(toy_module(Prox(0.5), backend, **kwargs), rounds=2)
     by_loss = fit(toy_module(ProxAsLoss(0.5), backend, **kwargs), rounds=2)
     plain = fit(toy_module(None, backend, **kwargs), rounds=2)
@@ -97,7 +97,7 @@ class _MetricLog(Callback):
 def test_efl_logs_max_lr_lambda_u_of_the_state_each_round_steps_with(backend):
     """SPEC §2 efl: log max_i η λ U_i every round (the step is stable only below 2), U before the round's reports."""
     lr, lam = 0.1, 3.0
-    module = toy_module(EFL(lam, fisher_samples=4), backend, client_lr=lr, local_steps=2, fraction=2 / 3, seed=2)
+    module = toy_module(EFL(lam, fisher_samples=4), backend, training=dict(client_lr=lr, local_steps=2), fraction=2 / 3, seed=2)
     log = _MetricLog("efl/max_lr_lambda_u")
     rec = Recorder(module)
     run_rounds(module, toy_data(), rounds=3, callbacks=[rec, log])

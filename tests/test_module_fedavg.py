@@ -25,7 +25,7 @@ def test_fedavg_full_participation_one_full_batch_step_is_centralised_gd():
     ref = nn.Linear(5, 3).double()
     ref.load_state_dict(net.state_dict())
     dm = FederatedDataModule.from_tensors(x, y, x[:6], y[:6], num_clients=4, partition="dirichlet", rho=1.0, holdout_fraction=0.0)
-    module = FederatedModule(net, algorithm="fedavg", fraction=1.0, client_lr=0.3, batch_size=None, local_steps=1)
+    module = FederatedModule(net, algorithm="fedavg", fraction=1.0, training=dict(client_lr=0.3, batch_size=None, local_steps=1))
     run_rounds(module, dm, rounds=3)
     sizes = dm.data.client_sizes
     assert len(set(sizes.tolist())) > 1 or True  # quotas may be equal; weights still n_k / n
@@ -49,7 +49,7 @@ def test_fedavg_uneven_clients_weighted_by_size():
     # force uneven clients through the packed index
     dm.data.client_index = torch.tensor([[0, 1, 0, 0, 0, 0], [2, 3, 4, 5, 6, 7]])
     dm.data.client_sizes = torch.tensor([2, 6])
-    module = FederatedModule(net, fraction=1.0, client_lr=0.5, batch_size=None, local_steps=1)
+    module = FederatedModule(net, fraction=1.0, training=dict(client_lr=0.5, batch_size=None, local_steps=1))
     run_rounds(module, dm, rounds=1)
     deltas = []
     for rows in ([0, 1], [2, 3, 4, 5, 6, 7]):
@@ -78,7 +78,8 @@ def test_users_own_module_loss_and_dataset_plug_in():
     y = (x[:, 0] + x[:, 1] > 0).long()
     train, test = TensorDataset(x[:300], y[:300]), TensorDataset(x[300:], y[300:])
     dm = FederatedDataModule(train=train, test=test, num_clients=10, partition="iid")
-    module = FederatedModule(UserNet(), loss=nn.CrossEntropyLoss(label_smoothing=0.05), fraction=0.5, client_lr=0.5, batch_size=16)
+    module = FederatedModule(UserNet(), loss=nn.CrossEntropyLoss(label_smoothing=0.05), fraction=0.5,
+                             training=dict(client_lr=0.5, batch_size=16))
     trainer = run_rounds(module, dm, rounds=20, evaluate_every=20, precision="32-true")
     assert trainer.callback_metrics["test/acc"] > 0.85
     assert 0 <= trainer.callback_metrics["client/acc_worst10"] <= trainer.callback_metrics["client/acc_mean"]
@@ -97,16 +98,16 @@ def test_global_step_counts_rounds():
     [
         ({"fraction": 0.0}, "fraction"),
         ({"fraction": 1.5}, "fraction"),
-        ({"client_lr": -1.0}, "client_lr"),
-        ({"batch_size": 0}, "batch_size"),
-        ({"backend": "jit"}, "backend"),
+        ({"training": {"client_lr": -1.0}}, "client_lr"),
+        ({"training": {"batch_size": 0}}, "batch_size"),
+        ({"engine": {"backend": "jit"}}, "backend"),
         ({"algorithm": "fedsgd"}, "algorithm"),
-        ({"aggregation": "median"}, "combination"),  # 0.3's word, refused in the new one
+        ({"combination": "median"}, "combination"),
         ({"objective": "ditto"}, "objective"),
         ({"sampler": "greedy"}, "sampler"),
-        ({"mu": -0.1, "algorithm": "fedprox"}, "mu"),
-        ({"attention_temperature": 0.0}, "attention_temperature"),
-        ({"compression": 0.0}, "q|sparsity|compression"),
+        ({"objective": {"class_path": "lfed.client.objectives.Prox", "init_args": {"mu": -0.1}}, "algorithm": "fedprox"}, "mu"),
+        ({"combination": {"class_path": "lfed.server.combination.IGFLAttention", "init_args": {"temperature": 0.0}}}, "attention_temperature"),
+        ({"channel": 0.0}, "q|sparsity|compression"),
     ],
 )
 def test_bad_module_arguments_fail_early(kwargs, match):

@@ -138,8 +138,8 @@ def test_attention_scores_over_two_rounds_by_hand_with_the_module_distances(back
     net = _net()
     w = torch.cat([net.weight.detach().flatten(), net.bias.detach()]).clone()
     module = FederatedModule(
-        net, algorithm="adafl", fraction=0.6, sampler_alpha=0.9, client_lr=0.5,
-        batch_size=None, local_steps=2, backend=backend, seed=1,
+        net, algorithm="adafl", fraction=0.6, sampler=AttentionSampler(alpha=0.9),
+        training=dict(client_lr=0.5, batch_size=None, local_steps=2), engine=dict(backend=backend), seed=1,
     )
     draws: list = []
     _spy(module.sampler, "sample", draws, before=lambda: module.sampler.scores.clone())
@@ -182,13 +182,14 @@ def test_straggler_model_switched_off_changes_nothing(backend):
     runs = {}
     settings = {
         "plain": {},
-        "keep": {"p_inactive": 0.0, "p_incomplete": 0.0, "partial_work": "keep"},
-        "drop": {"p_inactive": 0.0, "p_incomplete": 0.0, "partial_work": "drop"},
-        "scale": {"p_inactive": 0.0, "p_incomplete": 0.0, "partial_work": "scale"},
+        "keep": {"stragglers": {"p_inactive": 0.0, "p_incomplete": 0.0}, "partial_work": "keep"},
+        "drop": {"stragglers": {"p_inactive": 0.0, "p_incomplete": 0.0}, "partial_work": "drop"},
+        "scale": {"stragglers": {"p_inactive": 0.0, "p_incomplete": 0.0}, "partial_work": "scale"},
     }
     for name, kwargs in settings.items():
         module = FederatedModule(
-            _net(), fraction=0.6, client_lr=0.3, batch_size=2, local_epochs=2, backend=backend, seed=5, **kwargs
+            _net(), fraction=0.6, training=dict(client_lr=0.3, batch_size=2, local_epochs=2), engine=dict(backend=backend), seed=5,
+            **kwargs,
         )
         steps: list = []
         _spy(module.participation.stragglers, "draw", steps)
@@ -214,8 +215,8 @@ def _straggler_run(partial_work: str, backend: str, callbacks=()):
     net = _net(seed=3)
     w0 = torch.cat([net.weight.detach().flatten(), net.bias.detach()]).clone()
     module = FederatedModule(
-        net, fraction=1.0, client_lr=0.4, batch_size=None, local_steps=4, backend=backend,
-        seed=STRAGGLER_SEED, p_inactive=1 / 3, p_incomplete=1 / 3, partial_work=partial_work,
+        net, fraction=1.0, training=dict(client_lr=0.4, batch_size=None, local_steps=4), engine=dict(backend=backend),
+        seed=STRAGGLER_SEED, stragglers=dict(p_inactive=1 / 3, p_incomplete=1 / 3), partial_work=partial_work,
     )
     steps: list = []
     _spy(module.participation.stragglers, "draw", steps)
@@ -296,8 +297,8 @@ def test_attention_scores_move_only_for_clients_whose_upload_counts(partial_work
     net = _net(seed=3)
     w0 = torch.cat([net.weight.detach().flatten(), net.bias.detach()]).clone()
     module = FederatedModule(
-        net, algorithm="adafl", fraction=1.0, client_lr=0.4, batch_size=None, local_steps=4,
-        seed=STRAGGLER_SEED, p_inactive=1 / 3, p_incomplete=1 / 3, partial_work=partial_work,
+        net, algorithm="adafl", fraction=1.0, training=dict(client_lr=0.4, batch_size=None, local_steps=4),
+        seed=STRAGGLER_SEED, stragglers=dict(p_inactive=1 / 3, p_incomplete=1 / 3), partial_work=partial_work,
     )
     steps: list = []
     _spy(module.participation.stragglers, "draw", steps)
@@ -334,7 +335,7 @@ SCHEDULES = [
 def test_fraction_schedule_cohort_sizes_as_the_module_logs_them(sampler, fraction, sizes):
     """N = 8, 8 rounds. Stepwise 0.25 -> 1.0 in 4 stages of 2 rounds: γ = 0.25, 0.5, 0.75, 1.0,
     K = 2, 4, 6, 8. Explicit [(0, 1/8), (3, 1/2), (6, 3/4)]: K = 1, 1, 1, 4, 4, 4, 6, 6."""
-    module = FederatedModule(_net(), sampler=sampler, fraction=fraction, client_lr=0.1, batch_size=None, local_steps=1)
+    module = FederatedModule(_net(), sampler=sampler, fraction=fraction, training=dict(client_lr=0.1, batch_size=None, local_steps=1))
     cohorts = _record_cohorts(module)
     log = _PerRound()
     run_rounds(module, _toy_dm(n=16, clients=8), rounds=8, callbacks=[log])
@@ -352,8 +353,8 @@ def test_fraction_schedule_cohort_sizes_as_the_module_logs_them(sampler, fractio
 
 def _adafl_with_stragglers(seed: int, **kwargs) -> FederatedModule:
     return FederatedModule(
-        _net(), algorithm="adafl", fraction=ExplicitFraction([(0, 0.25), (3, 0.5)]), client_lr=0.2,
-        batch_size=2, local_epochs=1, p_inactive=0.2, p_incomplete=0.3, seed=seed, **kwargs,
+        _net(), algorithm="adafl", fraction=ExplicitFraction([(0, 0.25), (3, 0.5)]), training=dict(client_lr=0.2, batch_size=2, local_epochs=1),
+        stragglers=dict(p_inactive=0.2, p_incomplete=0.3), seed=seed, **kwargs,
     )
 
 
@@ -371,8 +372,9 @@ def test_same_seed_same_cohorts_other_seed_other_cohorts():
     assert [len(c) for c in first[0]] == [2, 2, 2, 4, 4, 4]
     # the straggler stream is separate from the sampling stream: switching stragglers off keeps
     # the (uniform) cohorts of every round
-    with_stragglers = FederatedModule(_net(), fraction=0.5, p_inactive=0.3, p_incomplete=0.3, seed=3, batch_size=2)
-    without = FederatedModule(_net(), fraction=0.5, seed=3, batch_size=2)
+    with_stragglers = FederatedModule(_net(), fraction=0.5, stragglers=dict(p_inactive=0.3, p_incomplete=0.3), seed=3,
+                                      training=dict(batch_size=2))
+    without = FederatedModule(_net(), fraction=0.5, seed=3, training=dict(batch_size=2))
     assert run(with_stragglers)[0] == run(without)[0]
 
 
@@ -418,8 +420,8 @@ def test_rounds_and_uploads_to_reach_targets_are_logged_at_the_end():
     """Stepwise 0.25 -> 1.0 over 8 rounds of 8 clients, evaluation every 2 rounds:
     evaluations after 2, 4, 6, 8 rounds with 2+2, +4+4, +6+6, +8+8 = 4, 12, 24, 40 uploads."""
     module = FederatedModule(
-        _net(), algorithm="adafl", fraction=StepwiseFraction(0.25, 1.0, stages=4), client_lr=0.5,
-        batch_size=None, local_steps=3, accuracy_targets=[0.0, 0.75, 1.0],
+        _net(), algorithm="adafl", fraction=StepwiseFraction(0.25, 1.0, stages=4),
+        training=dict(client_lr=0.5, batch_size=None, local_steps=3), evaluation=dict(accuracy_targets=[0.0, 0.75, 1.0]),
     )
     logger = _CaptureLogger()
     trainer = Trainer(
@@ -521,6 +523,9 @@ def test_adafl_presets(preset, objective):
 # --------------------------------------------------------------------------- bad input
 
 
+ATTENTION = "lfed.participation.sampling.AttentionSampler"  # the sampler as a config gives it: built by FederatedModule
+
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [
@@ -530,14 +535,16 @@ def test_adafl_presets(preset, objective):
         ({"fraction": float("nan")}, r"fraction must be in \(0, 1\]"),
         ({"fraction": "0.5"}, "fraction must be a number"),
         ({"algorithm": "adafl", "fraction": 2.0}, r"fraction must be in \(0, 1\]"),
-        ({"algorithm": "adafl", "sampler_alpha": 1.0}, r"alpha: must be a finite number in \[0, 1\) \(AdaFL's score decay α\)"),
-        ({"algorithm": "adafl", "sampler_alpha": -0.1}, r"alpha: must be a finite number in \[0, 1\) \(AdaFL's score decay α\)"),
+        ({"algorithm": "adafl", "sampler": {"class_path": ATTENTION, "init_args": {"alpha": 1.0}}},
+         r"alpha: must be a finite number in \[0, 1\) \(AdaFL's score decay α\)"),
+        ({"algorithm": "adafl", "sampler": {"class_path": ATTENTION, "init_args": {"alpha": -0.1}}},
+         r"alpha: must be a finite number in \[0, 1\) \(AdaFL's score decay α\)"),
         ({"sampler_alpha": 1.5}, "alpha: must be"),  # checked even while the uniform sampler ignores it (0.3's key)
-        ({"p_inactive": 0.6, "p_incomplete": 0.5}, r"p_inactive \+ p_incomplete must be <= 1"),
-        ({"p_inactive": -0.1}, r"p_inactive: must be a finite number in \[0, 1\] \(a probability\), got -0.1"),
-        ({"p_incomplete": 1.5}, r"p_incomplete: must be a finite number in \[0, 1\] \(a probability\), got 1.5"),
+        ({"stragglers": {"p_inactive": 0.6, "p_incomplete": 0.5}}, r"p_inactive \+ p_incomplete must be <= 1"),
+        ({"stragglers": {"p_inactive": -0.1}}, r"p_inactive: must be a finite number in \[0, 1\] \(a probability\), got -0.1"),
+        ({"stragglers": {"p_incomplete": 1.5}}, r"p_incomplete: must be a finite number in \[0, 1\] \(a probability\), got 1.5"),
         ({"partial_work": "sometimes"}, "partial_work"),
-        ({"accuracy_targets": [90]}, r"accuracy_targets\[0\] must be an accuracy in \[0, 1\]"),
+        ({"evaluation": {"accuracy_targets": [90]}}, r"accuracy_targets\[0\] must be an accuracy in \[0, 1\]"),
     ],
 )
 def test_bad_participation_arguments_fail_at_construction(kwargs, match):

@@ -25,6 +25,7 @@ from lfed.lightning.datamodule import FederatedDataModule
 from lfed.lightning.module import FederatedModule
 from lfed.participation.stragglers import Stragglers
 from lfed.server import attention as attention_mod
+from lfed.server.combination import IGFLAttention
 from lfed.server.optimizers import FedAdagrad, FedAdam, FedYogi
 
 F64 = torch.float64
@@ -61,12 +62,10 @@ def _datamodule(x, y, groups) -> FederatedDataModule:
     return dm
 
 
-def _module(**kwargs) -> FederatedModule:
-    """All clients every round, one full-batch local step: Δ_k is one gradient step."""
+def _module(*, training: dict | None = None, **kwargs) -> FederatedModule:
+    """All clients every round, one full-batch local step: Δ_k is one gradient step (``training`` is merged over that)."""
     kwargs.setdefault("fraction", 1.0)
-    kwargs.setdefault("batch_size", None)
-    kwargs.setdefault("local_steps", 1)
-    kwargs.setdefault("client_lr", 1.0)
+    kwargs["training"] = {"batch_size": None, "local_steps": 1, "client_lr": 1.0, **(training or {})}
     return FederatedModule(kwargs.pop("net", None) or _net(), **kwargs)
 
 
@@ -131,7 +130,7 @@ def test_attention_of_identical_client_updates_is_the_plain_mean(backend, query)
     x, y = _data(6)
     modules = {}
     for aggregation in ("mean", query):
-        m = _module(aggregation=aggregation, backend=backend)
+        m = _module(combination=aggregation, engine=dict(backend=backend))
         run_rounds(m, _datamodule(x, y, groups), rounds=3)
         modules[aggregation] = m
     w = _vec(_net())
@@ -149,8 +148,8 @@ def test_time_attention_first_round_is_the_plain_mean_exactly(backend):
     """Round 0: every previous update is 0, so ψ = 0, α_j = 1/|S| and Δ = uniform mean, bit for bit."""
     groups = [[0, 1, 2], [3, 4, 5, 6], [7, 8]]
     x, y = _data(9, scale=2.0)
-    mean = _module(weighting="uniform", backend=backend)
-    time = _module(aggregation="time", backend=backend)
+    mean = _module(weighting="uniform", engine=dict(backend=backend))
+    time = _module(combination="time", engine=dict(backend=backend))
     run_rounds(mean, _datamodule(x, y, groups), rounds=1)
     run_rounds(time, _datamodule(x, y, groups), rounds=1)
     assert torch.equal(flat_weights(time), flat_weights(mean))
@@ -166,7 +165,7 @@ def test_time_attention_softmax_two_rounds_by_hand(backend):
     groups = [[0, 1, 2], [3, 4, 5, 6], [7, 8]]
     x, y = _data(9, seed=3, scale=2.0)
     lr = 2.0
-    m = _module(aggregation="time", client_lr=lr, backend=backend)
+    m = _module(combination="time", training=dict(client_lr=lr), engine=dict(backend=backend))
     run_rounds(m, _datamodule(x, y, groups), rounds=2)
 
     w0 = _vec(_net())
@@ -193,7 +192,7 @@ def test_time_attention_two_rounds_by_hand(backend):
     groups = [[0, 1, 2], [3, 4, 5, 6], [7, 8]]
     x, y = _data(9, seed=3, scale=2.0)
     lr = 2.0
-    m = _module(aggregation="time", time_weights="diagonal", client_lr=lr, backend=backend)
+    m = _module(combination=IGFLAttention("time", time_weights="diagonal"), training=dict(client_lr=lr), engine=dict(backend=backend))
     run_rounds(m, _datamodule(x, y, groups), rounds=2)
 
     w0 = _vec(_net())
@@ -227,7 +226,7 @@ def test_time_attention_queries_are_each_clients_update_from_its_last_round(monk
     monkeypatch.setattr(attention_mod, "attention_combine", spy)
     groups = [[0, 1], [2, 3, 4], [5, 6], [7, 8, 9]]
     x, y = _data(10, seed=1)
-    m = _module(aggregation="time", fraction=0.5, client_lr=0.5)
+    m = _module(combination="time", fraction=0.5, training=dict(client_lr=0.5))
     cohorts = Record(m.combination, "combine")
     run_rounds(m, _datamodule(x, y, groups), rounds=8)
     last: dict[int, torch.Tensor] = {}
@@ -253,7 +252,7 @@ def test_dwfed_with_identical_label_distributions_is_uniform(backend):
     x, y = _data(18, seed=2, labels=labels)
     runs = {}
     for weighting in ("dwfed", "uniform", "size"):
-        m = _module(weighting=weighting, backend=backend)
+        m = _module(weighting=weighting, engine=dict(backend=backend))
         run_rounds(m, _datamodule(x, y, groups), rounds=2)
         runs[weighting] = flat_weights(m)
     assert torch.allclose(runs["dwfed"], runs["uniform"], atol=1e-14, rtol=0)
@@ -316,7 +315,7 @@ SERVERS = [
 def test_server_optimizer_two_rounds_by_hand(kind, hp, factory, backend):
     groups = [[0, 1, 2], [3, 4, 5, 6, 7], [8, 9]]
     x, y = _data(10, seed=5)
-    m = _module(server_optimizer=factory, client_lr=0.5, backend=backend)
+    m = _module(server_optimizer=factory, training=dict(client_lr=0.5), engine=dict(backend=backend))
     run_rounds(m, _datamodule(x, y, groups), rounds=2)
     expected = _hand_server(kind, hp, 2, x, y, groups, 0.5)
     assert torch.allclose(flat_weights(m), expected, atol=1e-13, rtol=0)
@@ -334,7 +333,7 @@ def test_server_optimizer_two_rounds_by_hand(kind, hp, factory, backend):
 def test_server_presets_match_the_papers(algorithm, kind, hp):
     groups = [[0, 1, 2], [3, 4, 5, 6, 7], [8, 9]]
     x, y = _data(10, seed=6)
-    m = _module(algorithm=algorithm, client_lr=0.5)
+    m = _module(algorithm=algorithm, training=dict(client_lr=0.5))
     run_rounds(m, _datamodule(x, y, groups), rounds=2)
     assert torch.allclose(flat_weights(m), _hand_server(kind, hp, 2, x, y, groups, 0.5), atol=1e-13, rtol=0)
 
@@ -373,8 +372,8 @@ def test_compression_switched_off_is_the_plain_run_bit_for_bit(backend):
     """``channel: false`` turns off the efl preset's ST: the same run as the uncompressed composition."""
     groups = [[0, 1, 2, 3], [4, 5, 6, 7, 8, 9], [10, 11, 12]]
     x, y = _data(13, seed=7)
-    common = dict(client_lr=0.3, local_steps=3, p_incomplete=0.5, backend=backend, seed=1)
-    off = _module(algorithm="efl", compression=False, **common)
+    common = dict(training=dict(client_lr=0.3, local_steps=3), stragglers=dict(p_incomplete=0.5), engine=dict(backend=backend), seed=1)
+    off = _module(algorithm="efl", channel=False, **common)
     plain = _module(objective="efl", partial_work="scale", **common)
     on = _module(algorithm="efl", **common)
     for m in (off, plain, on):
@@ -389,7 +388,7 @@ def test_compression_q_one_quantises_every_entry_to_plus_minus_mu(backend):
     """q = 1 keeps all entries but sends ±mean|x| per tensor, up and down: not the identity."""
     groups = [[0, 1, 2], [3, 4, 5, 6, 7], [8, 9]]
     x, y = _data(10, seed=8)
-    m = _module(compression=1.0, backend=backend)
+    m = _module(channel=1.0, engine=dict(backend=backend))
     run_rounds(m, _datamodule(x, y, groups), rounds=1)
     w0 = _vec(_net())
     deltas = _updates(w0, x, y, groups, 1.0)
@@ -410,7 +409,7 @@ def test_compression_q_one_quantises_every_entry_to_plus_minus_mu(backend):
 def _run_compressed(backend, rounds=3, q=0.4, seed=11, p_inactive=0.3):
     groups = [[0, 1, 2], [3, 4, 5, 6, 7], [8, 9], [10, 11, 12, 13]]
     x, y = _data(14, seed=9, scale=1.5)
-    m = _module(compression=q, fraction=0.75, p_inactive=p_inactive, backend=backend, seed=seed)
+    m = _module(channel=q, fraction=0.75, stragglers=dict(p_inactive=p_inactive), engine=dict(backend=backend), seed=seed)
     up = Record(m.channel, "upstream")
     trainer = run_rounds(m, _datamodule(x, y, groups), rounds=rounds)
     return m, trainer, up, x, y, groups
@@ -462,7 +461,7 @@ def test_bits_logged_match_the_spec_formula():
     metrics = trainer.callback_metrics
     assert float(metrics["comm/bits_up"]) == 87 * uploads[-1]
     assert float(metrics["comm/bits_down"]) == 87 * 3
-    dense_m = _module(fraction=0.75, p_inactive=0.3, seed=11)
+    dense_m = _module(fraction=0.75, stragglers=dict(p_inactive=0.3), seed=11)
     groups = [[0, 1, 2], [3, 4, 5, 6, 7], [8, 9], [10, 11, 12, 13]]
     x, y = _data(14, seed=9, scale=1.5)
     run_rounds(dense_m, _datamodule(x, y, groups), rounds=3)
@@ -474,11 +473,11 @@ def test_bits_logged_match_the_spec_formula():
     "kwargs",
     [
         {"algorithm": "fedavg"},
-        {"algorithm": "fedprox", "mu": 0.1},
+        {"algorithm": "fedprox", "objective": {"class_path": "lfed.client.objectives.Prox", "init_args": {"mu": 0.1}}},
         {"algorithm": "scaffold"},
         {"algorithm": "igfl"},
         {"algorithm": "igfl_s_time"},
-        {"algorithm": "efl", "p_incomplete": 0.3},
+        {"algorithm": "efl", "stragglers": {"p_incomplete": 0.3}},
         {"algorithm": "fedadam"},
     ],
     ids=lambda k: k["algorithm"],
@@ -487,7 +486,7 @@ def test_compression_composes_with_every_objective_and_server(kwargs):
     """Error feedback conserves every update: Σ_r Δ_k = Σ_r sent_k + R_k and Σ_r (Σ a_k sent_k) = Σ_r broadcast + R_G."""
     groups = [[0, 1, 2], [3, 4, 5, 6, 7], [8, 9], [10, 11, 12, 13]]
     x, y = _data(14, seed=10)
-    m = _module(compression=0.3, fraction=0.75, local_steps=2, client_lr=0.5, **kwargs)
+    m = _module(channel=0.3, fraction=0.75, training=dict(local_steps=2, client_lr=0.5), **kwargs)
     up, down = Record(m.channel, "upstream"), Record(m.channel, "downstream")
     run_rounds(m, _datamodule(x, y, groups), rounds=3)
     P = sum(SIZES)
@@ -548,8 +547,8 @@ def test_round_with_every_client_inactive_changes_nothing_but_the_round(backend)
     """IGFL-C + time attention + ST + FedAdam + AdaFL sampling: round 2 is skipped, all state kept."""
     groups = [[0, 1, 2], [3, 4, 5, 6, 7], [8, 9], [10, 11, 12, 13]]
     x, y = _data(14, seed=12)
-    m = _module(objective="igfl", aggregation="time", compression=0.5, sampler="attention", fraction=0.75,
-                server_optimizer=functools.partial(FedAdam, lr=0.05, tau=0.01), client_lr=0.5, backend=backend)
+    m = _module(objective="igfl", combination="time", channel=0.5, sampler="attention", fraction=0.75,
+                server_optimizer=functools.partial(FedAdam, lr=0.05, tau=0.01), training=dict(client_lr=0.5), engine=dict(backend=backend))
     m.participation.stragglers = Blackout({2})
     snap = Snapshot(2)
     trainer = run_rounds(m, _datamodule(x, y, groups), rounds=4, callbacks=[snap])
@@ -570,18 +569,21 @@ def test_round_with_every_client_inactive_changes_nothing_but_the_round(backend)
     assert m.comm.rounds == 4
 
 
+ATTENTION = "lfed.server.combination.IGFLAttention"  # the combination as a config gives it: built by FederatedModule
+
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"compression": 1.5}, r"q \(sparsity\).*1\.5"),
-        ({"compression": 0.0}, r"q \(sparsity\).*0\.0"),
-        ({"compression": -0.1}, r"q \(sparsity\)"),
-        ({"compression": float("nan")}, r"q \(sparsity\)"),
-        ({"compression": True}, r"q \(sparsity\).*True"),
-        ({"attention_temperature": 0.0}, "attention_temperature.*> 0"),
-        ({"attention_temperature": -1.0}, "attention_temperature"),
-        ({"attention_temperature": float("inf")}, "attention_temperature"),
-        ({"aggregation": "keys"}, r"combination: 'keys' is not one of \('mean', 'self', 'global', 'time'\)"),
+        ({"channel": 1.5}, r"q \(sparsity\).*1\.5"),
+        ({"channel": 0.0}, r"q \(sparsity\).*0\.0"),
+        ({"channel": -0.1}, r"q \(sparsity\)"),
+        ({"channel": float("nan")}, r"q \(sparsity\)"),
+        ({"channel": True}, r"q \(sparsity\).*True"),
+        ({"combination": {"class_path": ATTENTION, "init_args": {"temperature": 0.0}}}, "attention_temperature.*> 0"),
+        ({"combination": {"class_path": ATTENTION, "init_args": {"temperature": -1.0}}}, "attention_temperature"),
+        ({"combination": {"class_path": ATTENTION, "init_args": {"temperature": float("inf")}}}, "attention_temperature"),
+        ({"combination": "keys"}, r"combination: 'keys' is not one of \('mean', 'self', 'global', 'time'\)"),
         ({"weighting": "ish"}, r"weighting: .ish. is not one of \(.size., .uniform., .dwfed.\)"),
         ({"partial_work": "ignore"}, r"partial_work: .ignore. is not one of"),
     ],
@@ -668,4 +670,4 @@ def test_every_client_always_inactive_is_refused_before_the_first_round():
     """p_inactive = 1: no round could ever change the model; a clear error instead of N skipped rounds.
     (A single round in which everyone happens to be inactive is a logged skip: see the Blackout test.)"""
     with pytest.raises(ValueError, match=r"p_inactive: 1\.0 makes every sampled client inactive"):
-        _module(p_inactive=1.0)  # refused where it is set: the participation component checks itself
+        _module(stragglers=dict(p_inactive=1.0))  # refused where it is set: the participation component checks itself

@@ -66,7 +66,8 @@ def test_apfl_two_rounds_by_hand(backend, alpha, alpha_lr):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_apfl_with_stragglers_by_hand(backend):
-    m = toy_module(APFL(alpha=0.4, alpha_lr=0.5), backend, fraction=1.0, local_steps=3, p_incomplete=0.7, seed=5)
+    m = toy_module(APFL(alpha=0.4, alpha_lr=0.5), backend, fraction=1.0, training=dict(local_steps=3), stragglers=dict(p_incomplete=0.7),
+                   seed=5)
     rec = Recorder(m)
     run_rounds(m, toy_data(), rounds=2, callbacks=[rec])
     assert any(s < 3 for r in rec.rounds for s in r["steps"])

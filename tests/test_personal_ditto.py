@@ -19,7 +19,7 @@ SIZES = [2, 3, 4]
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ditto_with_partial_participation_and_stragglers_by_hand(backend):
     lam, lr = 0.7, 0.1
-    m = toy_module(Ditto(lam=lam), backend, fraction=2 / 3, local_steps=3, p_incomplete=0.6, seed=7)
+    m = toy_module(Ditto(lam=lam), backend, fraction=2 / 3, training=dict(local_steps=3), stragglers=dict(p_incomplete=0.6), seed=7)
     rec = Recorder(m)
     run_rounds(m, toy_data(), rounds=3, callbacks=[rec])
     assert any(s < 3 for r in rec.rounds for s in r["steps"])

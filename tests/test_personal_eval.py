@@ -40,11 +40,13 @@ def classification_data(num_clients=7, seed=0, holdout=0.4):
                                             partition="dirichlet", rho=0.3, holdout_fraction=holdout, seed=seed)
 
 
-def classification_module(objective, backend="vmap", **kwargs):
+def classification_module(objective, backend="vmap", *, training: dict | None = None, engine: dict | None = None, **kwargs):
+    """``training`` and ``engine`` are merged over the defaults (client_lr=0.3, batch_size=8, 1 epoch; ``backend``)."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
-    args = dict(algorithm="fedavg", objective=objective, fraction=0.5, client_lr=0.3, batch_size=8, local_epochs=1,
-                backend=backend, seed=1)
+    args = dict(algorithm="fedavg", objective=objective, fraction=0.5,
+                training={"client_lr": 0.3, "batch_size": 8, "local_epochs": 1, **(training or {})},
+                engine={"backend": backend, **(engine or {})}, seed=1)
     args.update(kwargs)
     return FederatedModule(net, **args)
 
@@ -114,14 +116,14 @@ def test_fedavg_logs_global_but_no_personal_accuracies():
 
 def test_a_seeded_sample_of_clients_the_same_at_every_evaluation():
     dm = classification_data(num_clients=12)
-    m = classification_module(Ditto(), personal_clients=5)
+    m = classification_module(Ditto(), evaluation=dict(personal_clients=5))
     run_rounds(m, dm, rounds=2, evaluate_every=1)
     run = m.runs[0]
     sample = run.personal_sample()
     assert sample.numel() == 5 and sample.unique().numel() == 5 and torch.equal(sample, sample.sort().values)
     assert torch.equal(run.last_personal["clients"], sample.cpu())
     assert torch.equal(run.personal_sample(), sample)
-    other = classification_module(Ditto(), personal_clients=5, seed=2)
+    other = classification_module(Ditto(), evaluation=dict(personal_clients=5), seed=2)
     run_rounds(other, classification_data(num_clients=12), rounds=1)
     assert not torch.equal(other.runs[0].personal_sample(), sample)  # seeded by the run's seed
 
@@ -129,12 +131,12 @@ def test_a_seeded_sample_of_clients_the_same_at_every_evaluation():
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True])
 def test_bad_personal_clients_is_refused_naming_it(bad):
     with pytest.raises(ValueError, match="personal_clients"):
-        classification_module(None, personal_clients=bad)
+        classification_module(None, evaluation=dict(personal_clients=bad))
 
 
 def test_bad_personal_chunk_is_refused_naming_it():
     with pytest.raises(ValueError, match="personal_chunk"):
-        classification_module(None, personal_chunk=0)
+        classification_module(None, evaluation=dict(personal_chunk=0))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -25,8 +25,9 @@ def bn_net(track: bool):
     return nn.Sequential(nn.Linear(2, 3), norm, nn.Tanh(), nn.Linear(3, 3)).double()
 
 
-def fedbn_module(backend, track, **kwargs):
-    args = dict(algorithm="fedbn", fraction=2 / 3, client_lr=0.2, batch_size=None, local_steps=2, backend=backend, seed=4)
+def fedbn_module(backend, track, *, training: dict | None = None, **kwargs):
+    args = dict(algorithm="fedbn", fraction=2 / 3, training={"client_lr": 0.2, "batch_size": None, "local_steps": 2, **(training or {})},
+                engine=dict(backend=backend), seed=4)
     args.update(kwargs)
     return FederatedModule(bn_net(track), **args)
 
@@ -115,7 +116,7 @@ def test_fedbn_evaluation_uses_each_clients_own_statistics():
 
 def test_fedbn_on_a_net_without_norm_layers_is_refused_before_round_0():
     net = nn.Sequential(nn.Linear(2, 3), nn.Tanh(), nn.Linear(3, 3)).double()
-    m = FederatedModule(net, algorithm="fedbn", fraction=1.0, batch_size=None, local_steps=1)
+    m = FederatedModule(net, algorithm="fedbn", fraction=1.0, training=dict(batch_size=None, local_steps=1))
     with pytest.raises(ValueError, match="objective: FedBN keeps the normalization layers local, but the net .* has no"):
         run_rounds(m, toy_data(), rounds=1)
     assert m.rounds_done == 0

@@ -25,9 +25,10 @@ def make_net():
     return nn.Sequential(nn.Linear(2, 3), nn.Tanh(), nn.Linear(3, C)).double()
 
 
-def module(backend, objective=None, **kwargs):
-    args = dict(algorithm="fedrod", objective=objective, fraction=2 / 3, client_lr=0.5, batch_size=None,
-                local_steps=3, p_incomplete=0.6, backend=backend, seed=7)
+def module(backend, objective=None, *, training: dict | None = None, stragglers: dict | None = None, **kwargs):
+    args = dict(algorithm="fedrod", objective=objective, fraction=2 / 3,
+                training={"client_lr": 0.5, "batch_size": None, "local_steps": 3, **(training or {})},
+                stragglers={"p_incomplete": 0.6, **(stragglers or {})}, engine=dict(backend=backend), seed=7)
     args.update(kwargs)
     return FederatedModule(make_net(), **args)
 

@@ -48,8 +48,8 @@ def perfedavg_by_hand(rec, rounds, alpha, beta, variant, delta):
 @pytest.mark.parametrize("variant", ["fo", "hf"])
 def test_perfedavg_two_rounds_by_hand(backend, variant):
     alpha, beta, delta = 0.3, 0.1, 1e-3
-    m = toy_module(PerFedAvg(alpha=alpha, variant=variant, delta=delta), backend, fraction=2 / 3, local_steps=3,
-                   p_incomplete=0.6, seed=7, client_lr=beta)
+    m = toy_module(PerFedAvg(alpha=alpha, variant=variant, delta=delta), backend, fraction=2 / 3, training=dict(local_steps=3, client_lr=beta),
+                   stragglers=dict(p_incomplete=0.6), seed=7)
     rec = Recorder(m)
     run_rounds(m, toy_data(), rounds=2, callbacks=[rec])
     assert any(s < 3 for r in rec.rounds for s in r["steps"]) and any(s == 3 for r in rec.rounds for s in r["steps"])
@@ -67,8 +67,8 @@ def test_perfedavg_hf_draws_three_independent_batches_a_step(backend):
     from lfed.rng import round_generator
 
     alpha, beta, delta, T, seed = 0.3, 0.1, 1e-3, 3, 5
-    m = toy_module(PerFedAvg(alpha=alpha, variant="hf", delta=delta), backend, batch_size=1, local_steps=T, seed=seed,
-                   client_lr=beta)
+    m = toy_module(PerFedAvg(alpha=alpha, variant="hf", delta=delta), backend, training=dict(batch_size=1, local_steps=T, client_lr=beta),
+                   seed=seed)
     rec = Recorder(m)
     run_rounds(m, toy_data(), rounds=1, callbacks=[rec])
     S = rec.rounds[0]["clients"]

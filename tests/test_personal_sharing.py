@@ -193,7 +193,7 @@ class Spy(Dense):
 
 def test_the_local_part_is_not_uploaded_nor_counted_in_bits():
     spy = Spy()
-    m = toy_module(FedPer(local="bias"), "vmap", bias=True, compression=spy)
+    m = toy_module(FedPer(local="bias"), "vmap", bias=True, channel=spy)
     rec = Recorder(m)
     run_rounds(m, toy_data(), rounds=1, callbacks=[rec])
     w, b = fedper_by_hand(rec, 1)
@@ -219,8 +219,8 @@ def test_compression_and_server_optimizer_see_the_shared_part_only(placement, tm
     weight decay never moves the local coordinates of the global model; in every client-state placement."""
     opt = lambda params: torch.optim.SGD(params, lr=1.0, momentum=0.9, weight_decay=0.5)  # noqa: E731
     extra = {"client_state_dir": str(tmp_path / "state")} if placement == "disk" else {}
-    m = toy_module(FedPer(local="bias"), "vmap", bias=True, compression=0.5, server_optimizer=opt,
-                   client_state=placement, **extra)
+    m = toy_module(FedPer(local="bias"), "vmap", bias=True, channel=0.5, server_optimizer=opt,
+                   engine=dict(client_state=placement, **extra))
     with torch.no_grad():
         m.net.bias.fill_(0.25)
     run_rounds(m, toy_data(), rounds=3)
@@ -254,10 +254,11 @@ def resume_module(objective, placement, tmp_path, backend="vmap"):
         backend = "loop"
     else:
         net = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
-    kwargs = dict(objective=objective, fraction=0.3, p_incomplete=0.5, client_lr=0.1, batch_size=3, local_epochs=1,
-                  backend=backend, seed=2, client_state=placement)
+    engine = dict(backend=backend, client_state=placement)
     if placement == "disk":
-        kwargs["client_state_dir"] = str(tmp_path / f"state-{placement}")
+        engine["client_state_dir"] = str(tmp_path / f"state-{placement}")
+    kwargs = dict(objective=objective, fraction=0.3, stragglers=dict(p_incomplete=0.5),
+                  training=dict(client_lr=0.1, batch_size=3, local_epochs=1), engine=engine, seed=2)
     return FederatedModule(net, **kwargs)
 
 

@@ -116,8 +116,8 @@ def test_a_runs_aggregates_are_fresh_noise_every_round_and_for_every_seed(local)
     z, C, N = 1.0, 0.5, 10
     settings = dict(noise_multiplier=0.0, local_noise=z) if local else dict(noise_multiplier=z)
     for seed in (0, 1):
-        m = _module(algorithm="dp_fedavg", fraction=1.0, client_lr=1e-12, seed=seed,
-                    aggregation=DPFedAvg(clip=C, **settings))
+        m = _module(algorithm="dp_fedavg", fraction=1.0, training=dict(client_lr=1e-12), seed=seed,
+                    combination=DPFedAvg(clip=C, **settings))
         run_rounds(m, _digits(N), 4, callbacks=[Changes()])
     draws = torch.stack(changes)
     assert draws.shape == (8, 1210)
@@ -154,9 +154,11 @@ def _digits(num_clients: int = 10) -> FederatedDataModule:
                                             partition="dirichlet", rho=0.5, seed=0)
 
 
-def _module(backend: str = "vmap", **kwargs) -> FederatedModule:
+def _module(backend: str = "vmap", *, training: dict | None = None, **kwargs) -> FederatedModule:
+    """``training`` is merged over the defaults (client_lr=0.05, batch_size=10, 3 local steps)."""
     torch.manual_seed(0)
-    args = dict(fraction=1.0, client_lr=0.05, batch_size=10, local_steps=3, backend=backend, seed=0)
+    args = dict(fraction=1.0, training={"client_lr": 0.05, "batch_size": 10, "local_steps": 3, **(training or {})},
+                engine=dict(backend=backend), seed=0)
     args.update(kwargs)
     net = args.pop("net", None)
     return FederatedModule(MLP(64, [16], 10) if net is None else net, **args)
@@ -164,7 +166,7 @@ def _module(backend: str = "vmap", **kwargs) -> FederatedModule:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_no_noise_and_no_clip_is_fedavg_with_uniform_weights_bit_for_bit(backend):
-    dp = _module(backend, algorithm="dp_fedavg", aggregation=DPFedAvg(noise_multiplier=0.0, clip=math.inf))
+    dp = _module(backend, algorithm="dp_fedavg", combination=DPFedAvg(noise_multiplier=0.0, clip=math.inf))
     with pytest.warns(UserWarning, match="gives no privacy"):
         run_rounds(dp, _digits(), 3)
     plain = _module(backend, algorithm="fedavg", weighting="uniform")
@@ -174,7 +176,7 @@ def test_no_noise_and_no_clip_is_fedavg_with_uniform_weights_bit_for_bit(backend
 
 def test_poisson_cohorts_run_eagerly_and_fixed_cohorts_are_recorded():
     """A Poisson cohort has a new size almost every round: the engine does not record one graph per size."""
-    poisson = _module(algorithm="dp_fedavg", fraction=0.5, aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5))
+    poisson = _module(algorithm="dp_fedavg", fraction=0.5, combination=DPFedAvg(noise_multiplier=1.0, clip=0.5))
     run_rounds(poisson, _digits(), 2)
     fixed = _module(algorithm="fedavg", fraction=0.5)
     run_rounds(fixed, _digits(), 2)
@@ -188,7 +190,7 @@ def test_epsilon_after_t_rounds_is_the_librarys_and_opacus_agrees(backend):
     from dp_accounting.rdp import rdp_privacy_accountant
 
     z, q, T, N = 1.1, 0.3, 5, 10
-    m = _module(backend, algorithm="dp_fedavg", fraction=q, aggregation=DPFedAvg(noise_multiplier=z, clip=0.5))
+    m = _module(backend, algorithm="dp_fedavg", fraction=q, combination=DPFedAvg(noise_multiplier=z, clip=0.5))
     run_rounds(m, _digits(N), T)
     delta = 1 / N ** 1.1
     library = rdp_privacy_accountant.RdpAccountant()
@@ -205,7 +207,7 @@ def test_epsilon_after_t_rounds_is_the_librarys_and_opacus_agrees(backend):
 
 def test_rounds_with_no_client_still_release_their_noise():
     """Poisson sampling at q = 0.1 of 10 clients: some rounds draw nobody; they still add noise (never skipped)."""
-    m = _module(algorithm="dp_fedavg", fraction=0.1, aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5))
+    m = _module(algorithm="dp_fedavg", fraction=0.1, combination=DPFedAvg(noise_multiplier=1.0, clip=0.5))
     sizes = []
 
     class Sizes(__import__("lightning.pytorch").pytorch.Callback):
@@ -225,7 +227,7 @@ def test_resume_restores_the_accountant_exactly(tmp_path):
 
     def fit(rounds, ckpt=None):
         m = _module(algorithm="dp_fedavg", fraction=0.3,
-                    aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5, target_quantile=0.5, count_noise=1.0))
+                    combination=DPFedAvg(noise_multiplier=1.0, clip=0.5, target_quantile=0.5, count_noise=1.0))
         t = Trainer(max_steps=rounds, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                     enable_checkpointing=False, num_sanity_val_steps=0, precision="64-true", limit_val_batches=0)
         with warnings.catch_warnings():
@@ -291,7 +293,7 @@ def _fit_dp(rounds, ckpt=None, stop_after=None, dp=None, **dp_settings):
             if stop_after is not None and trainer.global_step >= stop_after:
                 trainer.should_stop = True
 
-    m = _module(algorithm="dp_fedavg", fraction=0.5, aggregation=dp or DPFedAvg(**dp_settings))
+    m = _module(algorithm="dp_fedavg", fraction=0.5, combination=dp or DPFedAvg(**dp_settings))
     t = Trainer(max_steps=rounds, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                 enable_checkpointing=False, num_sanity_val_steps=0, precision="64-true", limit_val_batches=0,
                 callbacks=[StopAfter()])
@@ -331,7 +333,7 @@ def test_a_resumed_dp_run_with_resolved_settings_is_exact_and_gives_no_resume_wa
 def test_calibration_finds_the_smallest_noise_for_a_budget():
     z = calibrate_noise(4.0, 1e-5, [0.1] * 100)
     assert epsilon({(0.1, z): 100}, 1e-5) <= 4.0 < epsilon({(0.1, z * 0.99): 100}, 1e-5)
-    m = _module(algorithm="dp_fedavg", fraction=0.3, aggregation=DPFedAvg(noise_multiplier=None, target_epsilon=8.0, clip=0.5))
+    m = _module(algorithm="dp_fedavg", fraction=0.3, combination=DPFedAvg(noise_multiplier=None, target_epsilon=8.0, clip=0.5))
     run_rounds(m, _digits(), 3)
     assert m.last_round.extra["privacy/epsilon"] <= 8.0
     assert m.combination.noise_multiplier == pytest.approx(calibrate_noise(8.0, 1 / 10 ** 1.1, [0.3] * 3), rel=1e-12)
@@ -365,10 +367,10 @@ def test_bad_settings_are_refused_naming_the_argument(kwargs, match):
 @pytest.mark.parametrize("settings, match", [
     (dict(sampler="uniform"), "sampler: DP-FedAvg's accountant assumes Poisson sampling"),
     (dict(weighting="size"), "weighting: DP-FedAvg weighs every counting client by 1/m"),
-    (dict(compression=0.5), "channel: DP-FedAvg clips each update before any compression"),
+    (dict(channel=0.5), "channel: DP-FedAvg clips each update before any compression"),
 ])
 def test_compositions_the_accountant_cannot_account_for_are_refused_before_round_0(settings, match):
-    m = _module(algorithm="dp_fedavg", aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5), **settings)
+    m = _module(algorithm="dp_fedavg", combination=DPFedAvg(noise_multiplier=1.0, clip=0.5), **settings)
     before = flat_weights(m).clone()
     with pytest.raises(ValueError, match=match):
         run_rounds(m, _digits(), 2)
@@ -377,7 +379,7 @@ def test_compositions_the_accountant_cannot_account_for_are_refused_before_round
 
 def test_a_calibrated_budget_runs_every_planned_round_and_ends_within_it():
     m = _module(algorithm="dp_fedavg", fraction=0.3,
-                aggregation=DPFedAvg(noise_multiplier=None, target_epsilon=3.0, clip=0.5))
+                combination=DPFedAvg(noise_multiplier=None, target_epsilon=3.0, clip=0.5))
     t = run_rounds(m, _digits(), 4)
     assert t.global_step == 4 and m.runs[0].status == "done" and m.runs[0].error is None
     assert m.last_round.extra["privacy/epsilon"] <= 3.0
@@ -386,7 +388,7 @@ def test_a_calibrated_budget_runs_every_planned_round_and_ends_within_it():
 def test_an_unreachable_budget_is_refused_before_round_0():
     # RDP's conversion to (ε, δ) costs at least log(1/δ)/(α_max - 1) ≈ 0.015 at δ = 1e-10, whatever the noise
     m = _module(algorithm="dp_fedavg", fraction=1.0,
-                aggregation=DPFedAvg(noise_multiplier=None, target_epsilon=1e-3, delta=1e-10, clip=0.5))
+                combination=DPFedAvg(noise_multiplier=None, target_epsilon=1e-3, delta=1e-10, clip=0.5))
     before = flat_weights(m).clone()
     with pytest.raises(ValueError, match="target_epsilon: 0.001 cannot be reached in 2 rounds"):
         run_rounds(m, _digits(), 2)
@@ -402,7 +404,7 @@ def test_a_budget_stops_the_run_before_a_round_would_spend_more_with_its_evaluat
     e3, e4 = epsilon({(0.3, 1.0): 3}, delta), epsilon({(0.3, 1.0): 4}, delta)
     budget = (e3 + e4) / 2  # rounds 1-3 fit in it, round 4 would not
     m = _module(algorithm="dp_fedavg", fraction=0.3,
-                aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5, target_epsilon=budget))
+                combination=DPFedAvg(noise_multiplier=1.0, clip=0.5, target_epsilon=budget))
     t = Trainer(max_steps=10, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                 num_sanity_val_steps=0, val_check_interval=10, check_val_every_n_epoch=None,
                 callbacks=[RoundCheckpoint(dirpath=tmp_path, every_n_train_steps=10)])
@@ -456,7 +458,7 @@ COMPONENTS_UNDER_DP = {
     "sampler: attention": (lambda: _dp_row(sampler="attention"), "sampler: AdaFL's sampling scores move"),
     "channel": (lambda: _dp_row(channel=0.5), "channel: DP-FedAvg clips each update before any compression"),
     "partial_work, p_inactive, p_incomplete": (
-        lambda: _dp_row(partial_work="drop", p_inactive=0.2, p_incomplete=0.3), None),
+        lambda: _dp_row(partial_work="drop", stragglers=dict(p_inactive=0.2, p_incomplete=0.3)), None),
     "server_optimizer": (lambda: _dp_row() | {"algorithm": "dp_fedadam"}, None),
     "net: BatchNorm running statistics": (lambda: _dp_row(net=_norm_net("batch"), backend="loop"),
                                           "net: the net's BatchNorm running statistics (2.running_mean, 2.running_var"),
@@ -558,8 +560,8 @@ class _Capture:
 def _logged_dp_run(backend, root, **dp_settings):
     from lightning.pytorch import Trainer
 
-    m = _module(backend, algorithm="dp_fedavg", fraction=0.5, personal_clients=5,
-                aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5, **dp_settings))
+    m = _module(backend, algorithm="dp_fedavg", fraction=0.5, evaluation=dict(personal_clients=5),
+                combination=DPFedAvg(noise_multiplier=1.0, clip=0.5, **dp_settings))
     logger = _Capture.make()
     t = Trainer(max_steps=3, accelerator="cpu", logger=logger, enable_progress_bar=False, enable_model_summary=False,
                 enable_checkpointing=False, num_sanity_val_steps=0, precision="64-true", log_every_n_steps=1,
@@ -599,7 +601,7 @@ def test_a_dp_run_logs_no_unnoised_client_statistic_by_default_and_marks_them_wi
 def test_a_run_without_dp_logs_every_metric_under_its_own_name(tmp_path):
     from lightning.pytorch import Trainer
 
-    m = _module(algorithm="fedavg", fraction=0.5, personal_clients=5)
+    m = _module(algorithm="fedavg", fraction=0.5, evaluation=dict(personal_clients=5))
     logger = _Capture.make()
     t = Trainer(max_steps=3, accelerator="cpu", logger=logger, enable_progress_bar=False, enable_model_summary=False,
                 enable_checkpointing=False, num_sanity_val_steps=0, precision="64-true", log_every_n_steps=1,
@@ -723,7 +725,7 @@ def test_a_dp_scaffold_run_is_accounted_at_z_and_its_control_variate_is_noised(b
     controls = {}
     for z_c in (2.0, 2000.0):
         m = _module(backend, algorithm="dp_fedavg", fraction=0.5, objective=Scaffold(control_clip=0.5, control_noise=z_c),
-                    aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5))
+                    combination=DPFedAvg(noise_multiplier=1.0, clip=0.5))
         run_rounds(m, _digits(), 2)
         library = rdp_privacy_accountant.RdpAccountant()
         library.compose(dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(1.0)), 2)
@@ -741,7 +743,7 @@ def test_the_communication_table_of_a_dp_run_is_kept_only_with_log_unaccounted(t
 
     cost = CommunicationCost(dirpath=str(tmp_path))
     m = _module(algorithm="dp_fedavg", fraction=0.5,
-                aggregation=DPFedAvg(noise_multiplier=1.0, clip=0.5, log_unaccounted=log_unaccounted))
+                combination=DPFedAvg(noise_multiplier=1.0, clip=0.5, log_unaccounted=log_unaccounted))
     run_rounds(m, _digits(), 2, callbacks=[cost])
     assert (tmp_path / "communication.csv").exists() == log_unaccounted
     assert len(cost.rows) == (2 if log_unaccounted else 0)

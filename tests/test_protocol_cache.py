@@ -23,7 +23,7 @@ def test_the_fingerprint_holds_each_config_and_every_file_a_config_or_override_n
     a.write_text(f"model:\n  net:\n    init_args:\n      base_checkpoint: {first}   # the pretrained base\n"
                  f"      target: [net.0, {'x' * 5000}]\n")  # strings that are no file: left out (one no path can be)
     b = tmp_path / "b.yaml"
-    b.write_text("model:\n  client_lr: 0.1\n  net: {class_path: lfed.models.zoo.MLP}\n")
+    b.write_text("model:\n  training: {client_lr: 0.1}\n  net: {class_path: lfed.models.zoo.MLP}\n")
     args = ["--config", str(a), "--config", str(b), "--model.training.client_lr=0.3", f"--trainer.default_root_dir={tmp_path}"]
     assert paper_results.inputs_fingerprint(args) == {str(a): sha(a), str(b): sha(b), str(first): sha(first)}
     override = [*args, f"--model.net.init_args.base_checkpoint={second}"]  # a file an override names counts too

@@ -106,8 +106,8 @@ def test_every_clients_personal_model_scored_in_chunks_equals_a_loop_by_hand(pla
     """Every client has a Ditto model of its own (written, so the rows are read in place or through the reused
     buffer), evaluated 2 clients per chunk: the accuracies equal a by-hand loop over clients, in every placement."""
     dm = classification_data()
-    m = classification_module(Ditto(lam=0.2), personal_chunk=2, client_state=placement,
-                              client_state_dir=str(tmp_path) if placement == "disk" else None)
+    m = classification_module(Ditto(lam=0.2), evaluation=dict(personal_chunk=2),
+                              engine=dict(client_state=placement, client_state_dir=str(tmp_path) if placement == "disk" else None))
     run_rounds(m, dm, rounds=1)
     data, run = m.data, m.runs[0]
     everyone = run.personal_sample()

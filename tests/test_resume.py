@@ -42,15 +42,17 @@ CASES = {
     "fedavg": {},
     "scaffold": {},
     "igfl": {},
-    "efl": {"p_inactive": 0.1, "p_incomplete": 0.4, "compression": 0.3, "fisher_samples": 8},
+    "efl": {"stragglers": {"p_inactive": 0.1, "p_incomplete": 0.4}, "channel": 0.3,
+            "objective": {"class_path": "lfed.client.objectives.EFL", "init_args": {"fisher_samples": 8}}},
     "adafl": {},
 }
 
 
 def write_config(path: Path, algorithm: str, *, rounds: int = ROUNDS, every: int = ROUNDS // 2,
                  hidden: list[int] | None = None, data: dict | None = None, trainer: dict | None = None,
-                 **model) -> Path:
-    """A tiny run: digits over 10 clients, an MLP 64-16-10, 3 local steps, evaluation every 3 rounds."""
+                 training: dict | None = None, **model) -> Path:
+    """A tiny run: digits over 10 clients, an MLP 64-16-10, 3 local steps, evaluation every 3 rounds
+    (``training`` is merged over client_lr 0.05, batch_size 10, 3 local steps)."""
     cfg = {
         "seed_everything": 0,
         "checkpoint_every": every,
@@ -61,7 +63,7 @@ def write_config(path: Path, algorithm: str, *, rounds: int = ROUNDS, every: int
         "model": {
             "algorithm": algorithm,
             "net": {"class_path": "lfed.models.zoo.MLP", "init_args": {"in_features": 64, "hidden": hidden or [16], "num_classes": 10}},
-            "client_lr": 0.05, "batch_size": 10, "local_steps": 3,
+            "training": {"client_lr": 0.05, "batch_size": 10, "local_steps": 3, **(training or {})},
             **({} if algorithm.startswith("adafl") else {"fraction": 0.3}),  # AdaFL keeps its 0.1 -> 0.5 schedule
             **model,
         },
@@ -193,10 +195,10 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_pat
 @pytest.mark.parametrize(
     "algorithm, extra",
     [
-        ("fedadam", {"backend": "loop"}),  # server optimizer state (m, v) and the loop backend
-        ("igfl_s_time", {"backend": "vmap", "sampler": "attention", "p_inactive": 0.2}),
-        ("fedavg", {"backend": "vmap", "net": {"class_path": "resume_helpers.DropoutMLP"}}),
-        ("fedavg", {"backend": "loop", "net": {"class_path": "resume_helpers.DropoutMLP"}}),
+        ("fedadam", {"engine": {"backend": "loop"}}),  # server optimizer state (m, v) and the loop backend
+        ("igfl_s_time", {"engine": {"backend": "vmap"}, "sampler": "attention", "stragglers": {"p_inactive": 0.2}}),
+        ("fedavg", {"engine": {"backend": "vmap"}, "net": {"class_path": "resume_helpers.DropoutMLP"}}),
+        ("fedavg", {"engine": {"backend": "loop"}, "net": {"class_path": "resume_helpers.DropoutMLP"}}),
     ],
     ids=["fedadam-loop", "time-attention-adafl-sampler", "dropout-vmap", "dropout-loop"],
 )
@@ -257,7 +259,7 @@ def test_a_checkpoint_of_another_run_is_refused_naming_each_difference(tmp_path,
 
 
 def test_changed_hyperparameters_resume_with_a_warning(tmp_path, fedavg_checkpoint):
-    config = write_config(tmp_path / "cfg.yaml", "fedavg", rounds=3, every=3, client_lr=0.1)
+    config = write_config(tmp_path / "cfg.yaml", "fedavg", rounds=3, every=3, training={"client_lr": 0.1})
     with pytest.warns(ResumeWarning, match=r"client_lr: 0.05 -> 0.1.*not an exact continuation"):
         cli = fit(config, "--ckpt_path", str(fedavg_checkpoint))
     assert cli.trainer.global_step == 3
@@ -294,8 +296,8 @@ def _digits_module(backend: str, **kwargs) -> FederatedModule:
     from lfed.models.zoo import MLP
 
     torch.manual_seed(0)
-    return FederatedModule(MLP(64, [16], 10), fraction=0.3, client_lr=0.05, batch_size=10, local_steps=3,
-                           backend=backend, seed=0, **kwargs)
+    return FederatedModule(MLP(64, [16], 10), fraction=0.3, training=dict(client_lr=0.05, batch_size=10, local_steps=3),
+                           engine=dict(backend=backend), seed=0, **kwargs)
 
 
 def _digits_data() -> FederatedDataModule:
@@ -469,4 +471,4 @@ def test_the_module_warns_about_its_composition_at_fit_start():
     with pytest.warns(algorithms.CompositionWarning, match="not the identity"):
         from conftest import run_rounds
 
-        run_rounds(_digits_module("vmap", compression=1.0), _digits_data(), 1)
+        run_rounds(_digits_module("vmap", channel=1.0), _digits_data(), 1)

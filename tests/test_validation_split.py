@@ -54,7 +54,7 @@ def test_no_client_holds_a_validation_example_and_nothing_is_lost():
 
 def test_val_and_test_accuracy_are_each_their_own_set_by_hand():
     torch.manual_seed(0)
-    m = FederatedModule(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), client_lr=0.1, local_steps=2, fraction=0.5)
+    m = FederatedModule(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), training=dict(client_lr=0.1, local_steps=2), fraction=0.5)
     dm = FederatedDataModule(dataset="digits", num_clients=6, partition="iid", validation_fraction=0.2)
     seen = []
 

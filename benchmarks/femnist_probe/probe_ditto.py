@@ -113,7 +113,8 @@ def main():
         data_ref[0].test_x.mul_(-1).add_(1)
     obj = ProbeDitto(a.lam, data_ref, set(a.check_rounds))
     m = FederatedModule(MLP(784, [200, 200], 62, norm="layer"), algorithm="fedavg", objective=obj, fraction=0.1,
-                        client_lr=a.lr, batch_size=20, local_epochs=1, seed=a.seed, round_local_accuracy=False)
+                        training=dict(client_lr=a.lr, batch_size=20, local_epochs=1), seed=a.seed,
+                        evaluation=dict(round_local_accuracy=False))
     run_rounds(m, dm, rounds=a.rounds, precision="32-true")
     print(f"input {a.input}: Ditto lam {a.lam} lr {a.lr} rounds {a.rounds}: by-hand personal update vs lfed, max |diff| over the "
           f"participations of rounds {a.check_rounds}: {obj.max_err:.2e}")

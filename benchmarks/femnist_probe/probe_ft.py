@@ -49,7 +49,8 @@ def main():
         data.test_x.mul_(-1).add_(1)
     net = MLP(784, [200, 200], 62, norm="layer")
     m = FederatedModule(net, algorithm="fedavg", objective=FedAvgFT(epochs=1, lr=a.ft_lr), fraction=0.1,
-                        client_lr=a.lr, batch_size=20, local_epochs=1, seed=a.seed, round_local_accuracy=False)
+                        training=dict(client_lr=a.lr, batch_size=20, local_epochs=1), seed=a.seed,
+                        evaluation=dict(round_local_accuracy=False))
     run_rounds(m, dm, rounds=a.rounds, precision="32-true")
     run = m.runs[0]
     d = run.data

@@ -59,12 +59,12 @@ def main() -> None:
     if args.dp_noise is not None:  # DP-FedAvg (SPEC §10): Poisson sampling at q = fraction, uniform weights, m = qN
         from lfed.privacy import DPFedAvg
 
-        dp = {"algorithm": "dp_fedavg", "aggregation": DPFedAvg(noise_multiplier=args.dp_noise, clip=args.dp_clip,
+        dp = {"algorithm": "dp_fedavg", "combination": DPFedAvg(noise_multiplier=args.dp_noise, clip=args.dp_clip,
                                                                  delta=args.dp_delta)}
     module = FederatedModule(
         MLP(784, (200, 200), 10) if args.model == "mlp" else McMahanMNISTCNN(), **({"algorithm": "fedavg"} | dp),
-        fraction=args.fraction, client_lr=args.lr,
-        batch_size=args.batch_size, local_epochs=args.epochs, backend=args.backend, seed=args.seed,
+        fraction=args.fraction, training=dict(client_lr=args.lr, batch_size=args.batch_size, local_epochs=args.epochs),
+        engine=dict(backend=args.backend), seed=args.seed,
     )
     ends: list[float] = []
     marks: dict[str, float] = {}
@@ -109,7 +109,7 @@ def main() -> None:
         "startup_s": marks["train_start"] - T_START, "eval_s": t_end - ends[-1],
         "round_s": rounds, "test_acc": acc, "backend": module.engine.backend, "partition_matches": matches,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
-        **({"epsilon": float(trainer.callback_metrics["privacy/epsilon"]), "delta": dp["aggregation"].delta,
+        **({"epsilon": float(trainer.callback_metrics["privacy/epsilon"]), "delta": dp["combination"].delta,
             "clients_per_round": [int(c) for c in clients]} if dp else {}),
     }))
 
