@@ -1,4 +1,4 @@
-"""Test-only Lightning plugins for tests/test_resume.py, importable by a ``lfed fit`` subprocess.
+"""Test-only Lightning plugins for tests/lightning/test_checkpoint.py, importable by a ``lfed fit`` subprocess.
 
 They make a SIGKILL land at a known point: the subprocess prints a marker line and blocks, the
 test reads the marker from its output and kills it (a real ``SIGKILL`` from outside, as a

@@ -36,7 +36,7 @@ are the synchronous run's own. One server step ``t`` (one Lightning ``training_s
 
 Synchronous FedAvg is the special case ``C = M = K`` with equal durations (``clock.distribution:
 constant``): every step dispatches the sampler's cohort, all arrive with ``τ = 0``, and the server
-update is the synchronous round's, bit for bit (``tests/test_async.py``).
+update is the synchronous round's, bit for bit (``tests/core/test_asynchronous.py``).
 
 Dispatch happens after each server step (all ``M`` freed slots refilled with the new model at once).
 With ``M = 1`` this is FLSim's event order exactly; with ``M > 1``, FLSim refills a slot at each arrival

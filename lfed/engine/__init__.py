@@ -47,7 +47,7 @@ from lfed.engine.losses import LossFn, as_per_example_loss, per_example_cross_en
 from lfed.engine.precision import local_autocast, round_precision
 from lfed.engine.result import CohortResult
 from lfed.engine.rule import LossTerm, StepRule
-from lfed.engine.rule import _apply_step_ as _apply_step_  # private, imported from here by tests/test_engine.py
+from lfed.engine.rule import _apply_step_ as _apply_step_  # private, imported from here by tests/engine/test_trainer.py
 from lfed.engine.trainer import BACKENDS, CohortTrainer
 
 __all__ = [

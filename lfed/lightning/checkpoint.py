@@ -160,7 +160,7 @@ def _validation_follows(trainer: Any) -> bool:
     ``fit_loop._data_fetcher``): re-deriving the decision (val_check_interval, the last batch,
     limit_val_batches, max_steps ...) would drift from what the loop really does, and a wrong
     answer either drops a checkpoint or writes it before the round's evaluation.
-    tests/test_first_hour_cli.py::test_private_lightning_apis_lfed_relies_on_still_exist fails
+    tests/lightning/test_first_hour_cli.py::test_private_lightning_apis_lfed_relies_on_still_exist fails
     if they change; the fallback below saves at once, as ``ModelCheckpoint`` does.
     """
     try:
@@ -256,8 +256,8 @@ class RoundCheckpoint(ModelCheckpoint):
         self._after_validation = False
         # Private ModelCheckpoint methods (no public "save now" that keeps its bookkeeping of
         # last_model_path, top-k and the version counter): the same calls Lightning's own
-        # deferred save makes in ModelCheckpoint.on_validation_end. tests/test_first_hour_cli.py
-        # fails loudly if they are renamed; tests/test_resume.py checks the saves they make.
+        # deferred save makes in ModelCheckpoint.on_validation_end. tests/lightning/test_first_hour_cli.py
+        # fails loudly if they are renamed; tests/lightning/test_checkpoint.py checks the saves they make.
         if self._should_skip_saving_checkpoint(trainer):
             return
         candidates = self._monitor_candidates(trainer)

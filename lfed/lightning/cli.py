@@ -476,7 +476,7 @@ class LfedCLI(LightningCLI):
         :func:`lfed.lightning.checkpoint.verify_fingerprint`); for ``validate``/``test`` the settings
         come from the checkpoint's own record of the run, model network included, and an
         unreadable file is reported as not an lfed checkpoint. There is no public hook that
-        runs before Lightning's; tests/test_first_hour_cli.py fails if Lightning stops calling
+        runs before Lightning's; tests/lightning/test_first_hour_cli.py fails if Lightning stops calling
         this method.
         """
 

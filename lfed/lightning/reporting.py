@@ -354,7 +354,7 @@ class QuietWandbLogger(WandbLogger):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Lightning keeps wandb.init's arguments in the private ``_wandb_init`` dict and offers no
-        # public way to leave a key out; tests/test_first_hour_cli.py fails if it is renamed.
+        # public way to leave a key out; tests/lightning/test_first_hour_cli.py fails if it is renamed.
         if self._wandb_init.get("anonymous") is None:
             self._wandb_init.pop("anonymous", None)
 

@@ -7,7 +7,7 @@ LoRA (Hu et al. 2021): a frozen linear layer ``W₀ [d_out, d_in]`` (and its bia
 so the adapted net starts as the base. The layers come from Hugging Face's ``peft`` library
 (``peft.inject_adapter_in_model`` with a ``LoraConfig``; ``pip install 'lfed[adapters]'``): they
 run under ``torch.func.functional_call`` and ``vmap`` with the adapters as the only stacked
-parameters (``tests/test_adapters.py`` trains them on both backends against the formulas).
+parameters (``tests/models/test_adapters.py`` trains them on both backends against the formulas).
 
 Only the adapters are trainable (``requires_grad``), so lfed's flat vector ``P`` counts them alone
 (:class:`lfed.engine.params.ParamLayout`): the cohort trains ``[K, P]`` adapter rows over one copy of the

@@ -3,7 +3,7 @@
 Every constructor takes simple typed arguments with defaults, so a model can be
 configured from YAML through LightningCLI's ``class_path``/``init_args``. The
 parameter count of each model (``sum(p.numel() for p in model.parameters())``)
-is worked out in its docstring and held exactly by ``tests/test_models.py``.
+is worked out in its docstring and held exactly by ``tests/models/test_zoo.py``.
 
 Inputs are ``[B, *sample_shape]``: the image models reshape each sample to the
 image shape they need (so ``[B, 784]``, ``[B, 28, 28]`` and ``[B, 1, 28, 28]``

@@ -6,7 +6,7 @@ rounds ran with each ``(q, z)`` (a checkpoint carries it, so a resumed run accou
 asks Google's ``dp-accounting`` for ε: its RDP accountant (``RdpAccountant``, the default, as
 TensorFlow Privacy and pfl use it) or its PLD accountant (``pld``, tighter). ``dp-accounting`` is
 the maintained library behind TensorFlow Privacy's accounting; it is pure Python, needs no
-framework, and has both accountants (Opacus's RDP accountant agrees with it: tests/test_privacy.py).
+framework, and has both accountants (Opacus's RDP accountant agrees with it: tests/privacy/test_dp_fedavg.py).
 """
 
 from __future__ import annotations

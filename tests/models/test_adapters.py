@@ -1,6 +1,6 @@
 """LoRA adapters on a frozen base (lfed.models.adapters, SPEC §12), checked by hand.
 
-The federated tests adapt the bias-free linear regression of tests/test_client_objectives.py
+The federated tests adapt the bias-free linear regression of tests/client/test_objectives.py
 (``f(x) = w₀·x``, three clients of 2, 3 and 4 examples, squared loss, full-batch steps, float64):
 with rank 1 the adapted model is ``h(x) = w₀·x + s b (a·x)``, ``s = α/r``, ``a = A [1, 2]``,
 ``b = B [1, 1]``, and for client k with residuals ``r_i = h(x_i) - y_i``
@@ -265,7 +265,7 @@ def test_a_run_loads_its_base_at_set_up_and_refuses_a_base_that_does_not_fit(tmp
         fit(write_config(tmp_path / "wrong.yaml", "fedavg", rounds=2, every=0, net=wrong))
 
 
-@pytest.mark.usefixtures("one_thread")  # bit for bit needs one intra-op thread (tests/test_group.py)
+@pytest.mark.usefixtures("one_thread")  # bit for bit needs one intra-op thread (tests/lightning/test_group.py)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_grid_of_adapter_runs_equals_each_run_alone(backend, tmp_path):
     """Each adapter run is its own engine call (lfed.core.lockstep.engine_key): the runs' frozen parts may differ

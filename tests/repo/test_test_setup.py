@@ -27,8 +27,8 @@ def _pytest(tmp_path, require: str | None):
     # one test that takes the data_dir fixture and one marked needs_data; both stop before any work
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-         "tests/test_cli.py::test_mnist_from_data_dir_learns_through_the_cli",
-         "tests/test_data_datasets.py::test_mnist_shared_layout"],
+         "tests/lightning/test_cli.py::test_mnist_from_data_dir_learns_through_the_cli",
+         "tests/fixtures/test_datasets.py::test_mnist_shared_layout"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
 

@@ -214,7 +214,7 @@ def test_fit_run_in_pieces_within_its_horizon_is_one_call_and_past_it_is_refused
 
 
 def test_a_checkpoint_written_by_lfed_0_3_resumes_bit_for_bit_once_its_config_is_upgraded(tmp_path, one_thread):
-    """tests/data/checkpoint_0_3: SCAFFOLD on digits after 2 rounds, written by lfed 0.3 (ac52bc0) from its config in
+    """tests/fixtures/checkpoint_0_3: SCAFFOLD on digits after 2 rounds, written by lfed 0.3 (ac52bc0) from its config in
     0.3's flat spelling. 0.5 refuses that spelling on the command line (exit 2, one line naming each new key);
     scripts/upgrade_configs.py rewrites the config, and the checkpoint resumed for a third round with it equals three
     rounds of 0.5 from scratch, the client controls included: the checkpoint's keys and the round's maths did not move."""
@@ -226,7 +226,7 @@ def test_a_checkpoint_written_by_lfed_0_3_resumes_bit_for_bit_once_its_config_is
 
     from lfed.lightning.cli import run_cli
 
-    fixture = REPO / "tests" / "data" / "checkpoint_0_3"
+    fixture = REPO / "tests" / "fixtures" / "checkpoint_0_3"
     ckpt, config = tmp_path / "last.ckpt", tmp_path / "config.yaml"
     shutil.copy(fixture / "last.ckpt", ckpt)  # a resume may write next to it
     shutil.copy(fixture / "config.yaml", config)
@@ -249,7 +249,7 @@ def test_a_checkpoint_written_by_lfed_0_3_resumes_bit_for_bit_once_its_config_is
 
 @pytest.mark.parametrize("fixture", ["checkpoint_0_4_fedbuff", "checkpoint_0_4_adafl"])
 def test_a_checkpoint_written_by_lfed_0_4_resumes_bit_for_bit(tmp_path, one_thread, fixture):
-    """tests/data/checkpoint_0_4_*: written by lfed 0.4 (2bff11a) from configs with 0.4's class paths (``lfed.models.MLP``,
+    """tests/fixtures/checkpoint_0_4_*: written by lfed 0.4 (2bff11a) from configs with 0.4's class paths (``lfed.models.MLP``,
     ``lfed.asynchronous.FedBuff``, ``lfed.clock.SimulatedClock``, ``lfed.sampling.AttentionSampler``, moved in 0.5):
     FedBuff with clients in flight after 4 server steps, AdaFL's attention sampler after 4 rounds. Resumed to 6, each
     equals 6 steps from scratch: the checkpoint's keys, its event queue and sampler state, and the old paths hold."""
@@ -259,7 +259,7 @@ def test_a_checkpoint_written_by_lfed_0_4_resumes_bit_for_bit(tmp_path, one_thre
 
     from lfed.lightning.cli import run_cli
 
-    data = REPO / "tests" / "data" / fixture
+    data = REPO / "tests" / "fixtures" / fixture
     ckpt = tmp_path / "last.ckpt"
     shutil.copy(data / "last.ckpt", ckpt)
     common = ["--config", str(data / "config.yaml"), "--trainer.max_steps=6", "--trainer.val_check_interval=6",

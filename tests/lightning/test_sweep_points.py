@@ -1,6 +1,6 @@
 """Every shipped sweep's first grid point runs one round of `lfed fit`, with a logger on.
 
-tests/test_sweeps.py checks that the sweep files parse; here a point of each runs, as the W&B
+tests/lightning/test_sweep.py checks that the sweep files parse; here a point of each runs, as the W&B
 agent or `lfed grid` would run it (the sweep's ``command`` base configs, then ``--key=value``
 per parameter), with the default logger (the metrics CSV, ``WANDB_MODE=disabled``): a logger
 is what made ``--model.seed 1`` fail before round 0 (Lightning's merge of the module's and

@@ -1,7 +1,7 @@
 """The command line keeps the README's promise (issue 41): each mistake a new user makes is one line naming the
 argument, exit status 2, and leaves no run directory behind; what a run promises to show, it shows.
 
-Most tests call the console script's entry point in-process (tests/test_cli_errors.py's ``run_main``).
+Most tests call the console script's entry point in-process (tests/lightning/test_cli_errors.py's ``run_main``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ what their neighbours declare, not their names.
 
 No training here: the defaults themselves, DP-FedAvg's refusals of a user's own sampler, weighting and channel by
 their declarations, and the round's and the run's sources free of feature names. The features' own tests
-(tests/test_personal_sharing.py, test_personal_eval.py, test_privacy.py, test_round.py) run them bit for bit.
+(tests/personal/test_sharing.py, test_personal_eval.py, test_privacy.py, test_round.py) run them bit for bit.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The functional round (lfed.core.round.run_round) without a Trainer: a fixed cohort and fixed step
 counts in, the new weights, the components' state and the round's record out, checked by hand.
 
-The toy regression of tests/test_client_objectives.py (P = 2, three clients of 2, 3 and 4
+The toy regression of tests/client/test_objectives.py (P = 2, three clients of 2, 3 and 4
 examples, full-batch steps, float64), with plain clients and IGFL-S time attention
 (SPEC §4, ``time_weights: softmax``): round 0 has zero queries (the plain mean), round 1
 weighs each client by the softmax over the cohort of ``<Δ_j^0, Δ_j^1>``.

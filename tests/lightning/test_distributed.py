@@ -363,7 +363,7 @@ def test_a_grid_on_two_processes_equals_the_grid_on_one(tmp_path):
     every round (ReplicaCheck), and every run's state, evaluations and counters those of the grid on one process."""
     from lfed.lightning.grid import run_grid
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     sweep = tmp_path / "s.yaml"
     sweep.write_text("name: g\nmethod: grid\nparameters:\n  model.algorithm:\n    values: [fedavg, scaffold]\n"
                      "  model.training.client_lr:\n    values: [0.05, 0.1]\n")

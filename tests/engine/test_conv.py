@@ -18,7 +18,7 @@ from lfed.engine import CohortTrainer, StepRule
 from lfed.engine.conv import choose_form, conv1d_matmul, conv2d_matmul, conv_forms
 from lfed.models.zoo import McMahanCIFARCNN, McMahanMNISTCNN, ReddiEMNISTCNN, SmallCNN
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from gpu_suite import PflCNN  # noqa: E402
 
 D = torch.float64

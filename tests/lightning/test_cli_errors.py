@@ -2,8 +2,8 @@
 
 Most runs call the console script's entry point, :func:`lfed.lightning.cli.main`, with ``sys.argv``
 patched (fast); two run ``python -m lfed.lightning.cli`` as a user's terminal does (the traceback, or
-not). ``run_cli`` (the Python API) keeps raising the exceptions themselves: tests/test_cli.py
-and tests/test_first_hour_cli.py check that.
+not). ``run_cli`` (the Python API) keeps raising the exceptions themselves: tests/lightning/test_cli.py
+and tests/lightning/test_first_hour_cli.py check that.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """FedDyn (SPEC §2 feddyn), the one-file algorithm (lfed/client/feddyn.py), worked by hand.
 
-The toy problem of tests/test_client_objectives.py: a bias-free linear regression ``w·x``
+The toy problem of tests/client/test_objectives.py: a bias-free linear regression ``w·x``
 (P = 2) with the squared loss on three clients of 2, 3 and 4 examples, full-batch local steps,
 float64, both backends. Written out from SPEC §2 with plain tensor arithmetic:
 

@@ -3,7 +3,7 @@
 FedProx written as a loss term, ``(μ/2)||w - w_start||²`` added to each example's loss, has the
 gradient ``μ (w - w_start)``: exactly FedProx's step rule (SPEC §2 prox). So the two spellings must
 train the same weights (to float64 round-off: autograd computes ``μ(w - w0)``, the rule ``μw - μw0``)
-on both backends, with the toy problem of tests/test_client_objectives.py. A per-example term is
+on both backends, with the toy problem of tests/client/test_objectives.py. A per-example term is
 checked by hand on one step of one client.
 """
 

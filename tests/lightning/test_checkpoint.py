@@ -34,7 +34,7 @@ from lfed.participation.sampling import UniformSampler, cohort_size
 from lfed.participation.stragglers import Stragglers
 from lfed.rng import round_generator
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # tests/ (resume_helpers.py)
 ROUNDS = 6  # R; checkpoints every R/2 = 3 rounds; the kill lands in round 4 (0-based)
 
 #: The algorithms whose kill-and-resume must be exact (EFL with stragglers and compression).
