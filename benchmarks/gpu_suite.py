@@ -1,6 +1,6 @@
 """One command that checks and times lfed on a device (issues 28 and 37): correctness, timings, profile, the limit.
 
-    python benchmarks/gpu_suite.py --device cpu --quick --out /tmp/gpu_suite      # CI (tests/test_gpu_suite.py), < 1 min
+    python benchmarks/gpu_suite.py --device cpu --quick --out /tmp/gpu_suite      # CI (tests/benchmarks/test_gpu_suite.py), < 1 min
     python3 benchmarks/gpu_suite.py --device cuda --out $OUT/gpu_suite           # on a GPU: at most --budget-s (480 s)
 
 Writes ``<out>/gpu_suite.json`` (everything, rewritten after every section, check and timing case, so
