@@ -1,6 +1,7 @@
 """Shared helpers: a quiet Trainer that runs a few federated rounds."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,10 @@ from lightning.pytorch import Trainer
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 REPO = Path(__file__).resolve().parents[1]
+# tests/<subpackage>/test_<module>.py mirror the package; a test file may import another's helpers by its (unique) name
+for _folder in sorted(p for p in Path(__file__).resolve().parent.iterdir() if p.is_dir() and any(p.glob("test_*.py"))):
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 DATA_DIR = Path(os.environ.get("LFED_DATA_DIR", REPO.parent / "shared" / "data"))
 
 

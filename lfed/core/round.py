@@ -164,6 +164,9 @@ class LocalTraining:
             integer("local_epochs", self.local_epochs, at_least=1)
         else:
             integer("local_steps", self.local_steps, at_least=1, detail=" or None (local_epochs)")
+            if self.local_epochs != 1:  # a fixed budget of steps replaces the epochs: both given, one would be ignored
+                raise ValueError(f"local_epochs: {self.local_epochs} would be ignored, because local_steps: "
+                                 f"{self.local_steps} sets a fixed budget of steps; give one of them")
 
     def step_budget(self, num_examples: Tensor) -> Tensor:
         """Planned local steps ``T_k``: ``local_steps``, or ``E * ceil(n_k / B)``."""

@@ -22,7 +22,11 @@ from lfed.data.datasets import DATASETS, load_dataset
 from lfed.data.partition import _flatten, holdout_split_flat, label_counts_flat, pack_flat, partition, validation_split
 from lfed.data.tensors import DatasetTensors, validate_labels
 
-__all__ = ["FederatedData", "FederatedDataset", "HOST_FIELDS", "client_validation_seed", "share_datasets"]
+__all__ = ["FederatedData", "FederatedDataset", "HOST_FIELDS", "UnusedSettingWarning", "client_validation_seed", "share_datasets"]
+
+
+class UnusedSettingWarning(UserWarning):
+    """A setting given a value that the chosen configuration never reads (it would change nothing)."""
 
 HOST_FIELDS = ("client_sizes", "holdout_sizes", "client_val_sizes", "label_counts")
 """The per-client fields of :class:`FederatedData` with a host copy (:meth:`FederatedData.host`)."""
@@ -355,6 +359,12 @@ class FederatedDataset:
         self.data: FederatedData | None = None
         if train is None and dataset not in DATASETS:
             raise ValueError(f"dataset: {dataset!r} is not one of {DATASETS}")
+        read_by = {"rho": (rho, 1.0, "dirichlet"), "shards_per_client": (shards_per_client, 2, "shards"),
+                   "classes_per_client": (classes_per_client, 2, "classes")}
+        for name, (value, default, reader) in read_by.items():  # a setting the partition ignores, said before round 0
+            if value != default and partition != reader:
+                warnings.warn(f"{name}: {value} does nothing with partition: {partition!r} (only partition: {reader!r} "
+                              "reads it)", UnusedSettingWarning, stacklevel=2)
 
     @classmethod
     def from_tensors(

@@ -40,6 +40,19 @@ class Participation(Component):
         return {"fraction": repr(self.fraction), "p_inactive": self.stragglers.p_inactive,
                 "p_incomplete": self.stragglers.p_incomplete}
 
+    def composition_warnings(self, context) -> list[str]:
+        """A fraction so small that ``C * N`` rounds to no client: such a round samples one client (SPEC §5's
+        ``max(1, .)``), not the fraction asked for; said once, with the first such round."""
+        N = context.num_clients
+        if N is None or context.total_rounds is None or context.total_rounds < 1:
+            return []
+        for r in range(context.total_rounds):
+            f = self.fraction(r, context.total_rounds)
+            if f * N < 0.5:
+                return [f"fraction: {f:g} of {N} clients is {f * N:.2g} clients a round, so round {r} samples 1 client "
+                        f"(a round trains at least one): a share of {1 / N:.3g}, not {f:g}"]
+        return []
+
     def cohort_size(self, round: int, total_rounds: int | None, num_clients: int) -> int:
         """``K_t`` of round ``round`` (SPEC §5)."""
         return cohort_size(self.fraction(round, total_rounds), num_clients)

@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 from conftest import flat_weights, run_rounds
-from test_client_objectives import BACKENDS, W_INIT, grad, toy_data, toy_module
+from test_objectives import BACKENDS, W_INIT, grad, toy_data, toy_module
 
 from lfed.checks import HookError
 

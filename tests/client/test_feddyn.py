@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import REPO
-from test_client_objectives import BACKENDS, TOL, W_INIT, N, fit, grad, toy_module
+from test_objectives import BACKENDS, TOL, W_INIT, N, fit, grad, toy_module
 
 from lfed.client.feddyn import FedDyn
 from lfed.lightning.cli import run_cli

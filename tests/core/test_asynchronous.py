@@ -490,7 +490,7 @@ WINDOWS = {**ASYNC, "init_args": {**ASYNC["init_args"], "clock": {"class_path": 
 
 
 def _async_state(cli) -> dict:
-    from test_resume import run_state
+    from test_checkpoint import run_state
 
     state = run_state(cli)
     a = cli.model.runs[0].components.asynchronous
@@ -503,7 +503,7 @@ def _async_state(cli) -> dict:
 def test_resume_from_a_middle_checkpoint_with_clients_in_flight_is_bit_identical(tmp_path, placement, clock):
     """FedBuff C = 6, M = 2 on digits, log-normal clock (and availability windows): resumed at server step 3 with 4
     clients in flight."""
-    from test_resume import assert_same_state, fit, load, write_config
+    from test_checkpoint import assert_same_state, fit, load, write_config
 
     keep_all = {"callbacks": [{"class_path": "lfed.lightning.checkpoint.RoundCheckpoint",
                                "init_args": {"dirpath": str(tmp_path / "ckpts"), "every_n_train_steps": 3, "save_top_k": -1}}]}
@@ -523,7 +523,7 @@ def test_resume_from_a_middle_checkpoint_with_clients_in_flight_is_bit_identical
 
 def test_sigkill_mid_run_then_resume_last_is_bit_identical(tmp_path):
     from resume_helpers import RoundLog
-    from test_resume import ROUNDS, assert_same_state, checkpoint_dir, fit, kill_when_holding, load, start_lfed, write_config
+    from test_checkpoint import ROUNDS, assert_same_state, checkpoint_dir, fit, kill_when_holding, load, start_lfed, write_config
 
     ref_dir, kill_dir = tmp_path / "ref", tmp_path / "killed"
     ref_dir.mkdir(), kill_dir.mkdir()

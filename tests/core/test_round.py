@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from test_client_objectives import BACKENDS, W_INIT, grad, squared_loss, toy_data
+from test_objectives import BACKENDS, W_INIT, grad, squared_loss, toy_data
 from torch import nn
 
 from lfed.core import registry as algorithms
@@ -122,3 +122,10 @@ def test_a_cohort_whose_device_copy_drifted_from_its_host_copy_is_caught_in_the_
     assert verify_round(record(0), {"x": torch.tensor(1.0)}) == {"x": 1.0}
     with pytest.raises(RuntimeError, match="device and host copies .* disagree"):
         verify_round(record(1), {"x": torch.tensor(1.0)})
+
+
+def test_local_steps_with_local_epochs_is_refused_not_ignored():
+    """A fixed budget of steps replaces the epochs: both given, one would be silently ignored (issue 51)."""
+    with pytest.raises(ValueError, match="local_epochs: 2 would be ignored, because local_steps: 5"):
+        LocalTraining(local_epochs=2, local_steps=5)
+    assert LocalTraining(local_steps=5).step_budget(torch.tensor([7])).tolist() == [5]  # the default epochs: no conflict

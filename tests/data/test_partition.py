@@ -315,3 +315,21 @@ def test_flat_helpers_equal_the_per_client_lists(fraction):
     index, packed_sizes = pack_indices(train)
     assert torch.equal(pack_flat(t_flat, t_sizes), index) and torch.equal(packed_sizes, t_sizes)
     assert torch.equal(label_counts_flat(labels, t_flat, t_sizes, 4), label_counts(labels, train, 4))
+
+
+@pytest.mark.parametrize("given, partition, read_by", [({"rho": 0.01}, "iid", "dirichlet"),
+                                                       ({"shards_per_client": 3}, "dirichlet", "shards"),
+                                                       ({"classes_per_client": 4}, "shards", "classes")])
+def test_a_partition_setting_the_partition_ignores_is_said_before_round_0(given, partition, read_by):
+    """``rho`` with ``partition: iid`` (and the like) would change nothing: one warning naming who reads it (issue 51)."""
+    from lfed.data.federated import FederatedDataset, UnusedSettingWarning
+
+    (name, value), = given.items()
+    with pytest.warns(UnusedSettingWarning) as caught:
+        FederatedDataset(partition=partition, **given)
+    assert [str(w.message) for w in caught] == [
+        f"{name}: {value} does nothing with partition: {partition!r} (only partition: {read_by!r} reads it)"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnusedSettingWarning)
+        FederatedDataset(partition=read_by, **given)  # read: nothing said
+        FederatedDataset(partition=partition)  # the defaults: nothing said

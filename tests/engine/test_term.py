@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import run_rounds
 from lightning.pytorch import Callback
-from test_client_objectives import BACKENDS, Recorder, fit, toy_data, toy_module
+from test_objectives import BACKENDS, Recorder, fit, toy_data, toy_module
 from torch import nn
 
 from lfed.client.objectives import EFL, ClientRule, Prox

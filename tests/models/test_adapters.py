@@ -19,8 +19,8 @@ import pytest
 import torch
 from conftest import run_rounds
 from lightning.pytorch import Callback
-from test_client_objectives import CLIENT_ROWS, W_INIT, X, Y, squared_loss, toy_data
-from test_resume import assert_same_state, fit, load, run_state, write_config
+from test_checkpoint import assert_same_state, fit, load, run_state, write_config
+from test_objectives import CLIENT_ROWS, W_INIT, X, Y, squared_loss, toy_data
 from torch import nn
 
 from lfed.engine.params import ParamLayout

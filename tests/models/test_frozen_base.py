@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import run_rounds
-from test_resume import assert_same_state, fit, load, run_state, write_config
+from test_checkpoint import assert_same_state, fit, load, run_state, write_config
 from torch import nn
 
 from lfed.engine.params import ParamLayout

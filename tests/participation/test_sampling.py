@@ -511,3 +511,19 @@ def test_rounds_to_reach():
         rounds_to_reach([(2, 10, 0.1), (2, 20, 0.2)], 0.1)
     with pytest.raises(ValueError, match="uploads"):
         rounds_to_reach([(1, 10, 0.1), (2, 5, 0.2)], 0.1)
+
+
+def test_a_fraction_that_rounds_to_no_client_is_said_before_round_0():
+    """fraction 0.01 of 20 clients is 0.2 clients: each round samples 1 (SPEC §5's max(1, .)); the run says so once."""
+    from lfed.core import registry
+    from lfed.core.settings import build_run
+
+    def warnings_of(fraction, N=20, rounds=5):
+        alg = build_run(fraction=fraction).components
+        return [m for m in registry.validate_composition(alg, num_clients=N, total_rounds=rounds) if m.startswith("fraction:")]
+
+    assert warnings_of(0.01) == ["fraction: 0.01 of 20 clients is 0.2 clients a round, so round 0 samples 1 client "
+                                 "(a round trains at least one): a share of 0.05, not 0.01"]
+    assert warnings_of(0.05) == []  # 1 client a round, as asked
+    assert warnings_of(0.025) == []  # 0.5 clients rounds half up to 1
+    assert len(warnings_of(StepwiseFraction(0.01, 0.5, 5))) == 1  # said once, at the first such round

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import flat_weights, run_rounds
-from test_client_objectives import BACKENDS, W_INIT, Recorder, grad, toy_data, toy_module
+from test_objectives import BACKENDS, W_INIT, Recorder, grad, toy_data, toy_module
 
 from lfed.personal.apfl import APFL
 

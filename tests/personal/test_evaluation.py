@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 from conftest import flat_weights, run_rounds
-from test_client_objectives import BACKENDS, W_INIT, grad, toy_data, toy_module
+from test_objectives import BACKENDS, W_INIT, grad, toy_data, toy_module
 from torch import nn
 from torch.func import functional_call
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import flat_weights, run_rounds
-from test_client_objectives import CLIENT_ROWS, Recorder, X, Y, toy_data
+from test_objectives import CLIENT_ROWS, Recorder, X, Y, toy_data
 from torch import nn
 from torch.func import functional_call
 

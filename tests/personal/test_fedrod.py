@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import flat_weights, run_rounds
-from test_client_objectives import BACKENDS, CLIENT_ROWS, Recorder, X, Y, toy_data
+from test_objectives import BACKENDS, CLIENT_ROWS, Recorder, X, Y, toy_data
 from torch import nn
 
 from lfed.lightning.module import FederatedModule
@@ -127,7 +127,7 @@ def test_the_preset_is_fedrod():
 
 
 def test_fedrod_in_a_run_logs_personal_accuracies():
-    from test_personal_eval import classification_data, classification_module
+    from test_evaluation import classification_data, classification_module
 
     m = classification_module(FedRoD())
     trainer = run_rounds(m, classification_data(), rounds=2, evaluate_every=2)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import flat_weights, run_rounds
-from test_client_objectives import BACKENDS, CLIENT_ROWS, W_INIT, Recorder, X, grad, per_example_grads, toy_data, toy_module
+from test_objectives import BACKENDS, CLIENT_ROWS, W_INIT, Recorder, X, grad, per_example_grads, toy_data, toy_module
 
 from lfed.engine.ranks import Ranks
 from lfed.lightning.module import FederatedModule
@@ -109,7 +109,7 @@ def test_perfedavg_personalized_model_is_steps_of_size_alpha_from_w(backend, eva
 
 
 def test_perfedavg_in_a_run_logs_personal_accuracies():
-    from test_personal_eval import classification_data, classification_module
+    from test_evaluation import classification_data, classification_module
 
     m = classification_module(PerFedAvg(alpha=0.05, variant="hf"))
     trainer = run_rounds(m, classification_data(), rounds=2, evaluate_every=2)
@@ -133,7 +133,7 @@ def test_perfedavg_bad_settings(kwargs, match):
 def test_perfedavg_resume_is_bit_identical(variant, tmp_path):
     """Stopped after round 2 and resumed to 4 (mini-batches, stragglers): the same model as 4 rounds straight,
     bit for bit, and the same personalized models (Per-FedAvg keeps no per-client state)."""
-    from test_personal_sharing import resume_data, resume_module, trainer
+    from test_sharing import resume_data, resume_module, trainer
 
     def make():
         return PerFedAvg(alpha=0.2, variant=variant)

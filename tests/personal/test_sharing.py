@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import flat_weights, run_rounds
 from lightning.pytorch import Trainer
-from test_client_objectives import BACKENDS, CLIENT_ROWS, W_INIT, Recorder, X, Y, toy_data, toy_module
+from test_objectives import BACKENDS, CLIENT_ROWS, W_INIT, Recorder, X, Y, toy_data, toy_module
 from torch import nn
 
 from lfed.engine.params import ParamLayout

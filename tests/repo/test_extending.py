@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 from conftest import REPO, flat_weights, run_rounds
-from test_client_objectives import BACKENDS, W_INIT, grad, toy_data, toy_module
+from test_objectives import BACKENDS, W_INIT, grad, toy_data, toy_module
 
 from lfed.lightning.cli import run_cli
 
@@ -141,7 +141,7 @@ def test_moon_reads_a_representation_and_runs_the_net_with_other_rows_two_rounds
         return torch.tanh(x @ params(w)["0.weight"].T + params(w)["0.bias"])  # layer "1": Tanh(Linear(x))
 
     def loss(w, k, w_glob, w_prev):
-        from test_client_objectives import CLIENT_ROWS, X, Y
+        from test_objectives import CLIENT_ROWS, X, Y
 
         x, y = X[CLIENT_ROWS[k]], Y[CLIENT_ROWS[k]]
         z = rep(w, x)
@@ -182,7 +182,7 @@ def test_a_loss_term_naming_no_submodule_is_refused_naming_the_layers(examples):
 
 def test_qfedavg_reads_each_clients_loss_under_the_rounds_model_by_hand(examples):
     """A component that asks for F_k(w^t) (needs_start_loss): q-FedAvg's Algorithm 2 over one round."""
-    from test_client_objectives import CLIENT_ROWS, X, Y
+    from test_objectives import CLIENT_ROWS, X, Y
 
     q, L = 2.0, 10.0
     m = toy_module("plain", "vmap", combination=examples["QFedAvg"](q=q, lipschitz=L))

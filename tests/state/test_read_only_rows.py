@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import flat_weights, run_rounds
-from test_personal_eval import accuracy_by_hand, classification_data, classification_module
+from test_evaluation import accuracy_by_hand, classification_data, classification_module
 from torch import nn
 
 from lfed.base.component import Component
