@@ -123,7 +123,7 @@ _INTERNAL = ("lfed.FederatedModule", "lfed.lightning.module.", "lfed.client.", "
 
 
 #: The lfed classes an argument's help lists (others: every lfed class not in :data:`_INTERNAL`).
-_LISTED = {"model.objective": ("lfed.client.objectives.", "lfed.client.feddyn."), "model.net": ("lfed.models.zoo.",),
+_LISTED = {"model.objective": ("lfed.client.objectives.", "lfed.client.feddyn."), "model.net": ("lfed.models.",),
            "model.loss": ()}
 
 
@@ -175,7 +175,7 @@ def lfed_model_names() -> dict[str, str]:
     for name in dir(lfed_models):
         obj = getattr(lfed_models, name)
         if isinstance(obj, type) and issubclass(obj, nn.Module) and obj.__module__ == lfed_models.__name__:
-            out[name] = f"{obj.__module__}.{obj.__qualname__}"
+            out[name] = f"lfed.models.{obj.__qualname__}"  # the zoo's public path (lfed.models exports it)
     return out
 
 

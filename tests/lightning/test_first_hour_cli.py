@@ -223,13 +223,13 @@ def test_help_is_readable(tmp_path):
     out = lfed_subprocess(tmp_path, "fit", "--help").stdout
     lines = out.splitlines()
     assert len(lines) < 800, len(lines)  # 2,317 lines before, most of them lists of torch classes
-    assert "lfed.models.zoo.MLP" in out and "more (any importable class path)" in out
+    assert "lfed.models.MLP" in out and "more (any importable class path)" in out
     assert "--optimizer CONFIG" not in out
 
 
 def test_short_model_names_mean_lfeds_models(tmp_path):
-    assert resolve_short_names(["fit", "--model.net", "MLP"]) == ["fit", "--model.net", "lfed.models.zoo.MLP"]
-    assert resolve_short_names(["--model.net=SmallCNN"]) == ["--model.net=lfed.models.zoo.SmallCNN"]
+    assert resolve_short_names(["fit", "--model.net", "MLP"]) == ["fit", "--model.net", "lfed.models.MLP"]
+    assert resolve_short_names(["--model.net=SmallCNN"]) == ["--model.net=lfed.models.SmallCNN"]
     assert resolve_short_names(["--model.net", "torchvision.ops.MLP"]) == ["--model.net", "torchvision.ops.MLP"]
     cli = quick(tmp_path, "--trainer.logger", "false", "--model.net", "MLP", "--model.net.in_features", "64",
                 "--model.net.hidden", "[16]", "--model.net.num_classes", "10", rounds=1)

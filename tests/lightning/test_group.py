@@ -105,25 +105,27 @@ def test_igfl_grid_equals_each_run_alone(tmp_path):
 @pytest.mark.parametrize("backend", ["vmap", "loop"])
 def test_efl_with_stragglers_and_compression_equals_each_run_alone(backend, tmp_path):
     assert_members_equal_alone([config("efl_compressed_digits.yaml")],
-                               {"model.training.client_lr": [0.05, 0.1], "model.efl_lambda": [0.1, 0.3]},
+                               {"model.training.client_lr": [0.05, 0.1], "model.objective.init_args.lam": [0.1, 0.3]},
                                [*ROUNDS, f"--model.engine.backend={backend}"], tmp_path, merged_calls_per_round=1)
 
 
 def test_adafl_grid_equals_each_run_alone(tmp_path):
-    assert_members_equal_alone([config("adafl_digits.yaml")], {"model.sampler_alpha": [0.5, 0.9], "model.training.client_lr": [0.05, 0.1]},
+    assert_members_equal_alone([config("adafl_digits.yaml")], {"model.sampler.init_args.alpha": [0.5, 0.9], "model.training.client_lr": [0.05, 0.1]},
                                ["--trainer.max_steps=6", "--trainer.val_check_interval=3", *F64], tmp_path,
                                merged_calls_per_round=1)
 
 
 def test_members_that_mix_algorithms_equal_each_run_alone(tmp_path):
-    """FedAvg, SCAFFOLD, IGFL-C, FedAdam and FedProx (two μ) in one group: one call per kind of step rule.
+    """FedAvg's and FedAdam's servers over plain, SCAFFOLD, IGFL-C and FedProx (two μ) clients in one group: one call
+    per kind of step rule.
 
-    Per round: FedAvg and FedAdam (plain rules, 4 runs) in one call, SCAFFOLD and IGFL-C (a shift;
-    IGFL-C's gradient scale becomes rows) in one, and FedProx once per μ (a float decay): 4 calls.
+    Per round: the plain rules (2 runs) in one call, SCAFFOLD and IGFL-C (a shift; IGFL-C's gradient scale becomes
+    rows; 4 runs) in one, and FedProx once per μ (a float decay; 2 runs each): 4 calls.
     """
+    prox = [{"class_path": "lfed.client.objectives.Prox", "init_args": {"mu": mu}} for mu in (0.01, 0.1)]
     assert_members_equal_alone(
         [config("quickstart.yaml")],
-        {"model.algorithm": ["fedavg", "scaffold", "igfl_c", "fedadam", "fedprox"], "model.mu": [0.01, 0.1]}, ROUNDS, tmp_path,
+        {"model.algorithm": ["fedavg", "fedadam"], "model.objective": ["plain", "scaffold", "igfl", *prox]}, ROUNDS, tmp_path,
         merged_calls_per_round=4)
 
 

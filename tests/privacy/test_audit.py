@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 from conftest import run_rounds
-from test_privacy import _cohort, _digits, _module
+from test_dp_fedavg import _cohort, _digits, _module
 
 from lfed.base.component import standalone_store
 from lfed.models.zoo import MLP

@@ -26,9 +26,9 @@ def _pytest(tmp_path, require: str | None):
         env["LFED_REQUIRE_DATA"] = require
     # one test that takes the data_dir fixture and one marked needs_data; both stop before any work
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-n", "0", "-p", "no:cacheprovider",
          "tests/lightning/test_cli.py::test_mnist_from_data_dir_learns_through_the_cli",
-         "tests/fixtures/test_datasets.py::test_mnist_shared_layout"],
+         "tests/data/test_datasets.py::test_mnist_shared_layout"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
 
