@@ -214,6 +214,63 @@ def _refused_in_args(args: list[str]) -> str | None:
     return None
 
 
+def _class_paths(node: Any, where: str):
+    """``(setting, class path)`` of every ``class_path`` in a parsed config value."""
+    if isinstance(node, dict):
+        path = node.get("class_path")
+        if isinstance(path, str):
+            yield where, path
+        for key, value in node.items():
+            yield from _class_paths(value, f"{where}.{key}" if where else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _class_paths(value, f"{where}[{i}]")
+
+
+def unimportable_class_path(args: list[str]) -> str | None:
+    """One line for the first ``class_path`` (in a ``--config`` file or a ``--key value`` argument) whose module does not
+    import or lacks the class, naming the setting; None when all import. The parser would otherwise report it as
+    "expected one of ..." with the import error at the very end."""
+    import importlib
+    from pathlib import Path
+
+    import yaml
+
+    found: list[tuple[str, str]] = []
+    i = 0
+    while i < len(args):
+        key, eq, value = args[i].partition("=")
+        if key.startswith("--") and not eq and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            value, i = args[i + 1], i + 1
+        i += 1
+        if not key.startswith("--") or not value:
+            continue
+        if key == "--config" and Path(value).is_file():
+            try:
+                found += [(f"{value}: {w}", c) for w, c in _class_paths(yaml.safe_load(Path(value).read_text()), "")]
+            except yaml.YAMLError:
+                continue  # the parser says what is wrong with the file
+        elif key.endswith(".class_path"):
+            found.append((key[2:], value))
+        elif value.lstrip().startswith("{"):
+            try:
+                found += list(_class_paths(yaml.safe_load(value), key[2:]))
+            except yaml.YAMLError:
+                continue
+    for where, path in found:
+        module, _, name = path.rpartition(".")
+        if not module:
+            continue
+        try:
+            imported = importlib.import_module(module)
+        except ImportError as err:
+            return (f"{where}: class_path {path}: cannot import {module} ({err}); if it is your own file, put its folder "
+                    "on PYTHONPATH (PYTHONPATH=. lfed fit ...)")
+        if not hasattr(imported, name):
+            return f"{where}: class_path {path}: {module} has no {name}"
+    return None
+
+
 # --------------------------------------------------------------------------- configuration errors
 
 
@@ -446,7 +503,7 @@ class LfedCLI(LightningCLI):
         """Parse ``args`` with lfed's short model names, refusing Lightning's optimizer arguments."""
         if not isinstance(args, (dict,)) and not hasattr(args, "as_dict"):
             args = list(sys.argv[1:] if args is None else args)
-            refused = _refused_in_args(args)
+            refused = _refused_in_args(args) or unimportable_class_path(args)
             if refused:
                 parser.error(refused)
             try:

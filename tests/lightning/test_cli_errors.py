@@ -185,3 +185,18 @@ def test_max_epochs_without_max_steps_is_refused_in_one_line(monkeypatch, capsys
     code, err = run_main(monkeypatch, capsys, args)
     assert code == 2
     assert last_line(err).startswith("lfed fit: error: trainer.max_epochs: a federated run counts rounds, not epochs")
+
+
+def test_a_class_path_that_does_not_import_is_one_line_naming_the_setting(monkeypatch, capsys, tmp_path):
+    """A user's class_path whose module is not importable (their folder not on PYTHONPATH), or a class the module lacks:
+    one line naming the setting, the import error and the fix, before anything runs (issue 51 item 10)."""
+    own = tmp_path / "own.yaml"
+    own.write_text("model:\n  objective:\n    class_path: fedcm_not_on_the_path.FedCM\n")
+    code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--config", str(own)])
+    assert code == 2
+    assert last_line(err) == (f"lfed fit: error: {own}: model.objective: class_path fedcm_not_on_the_path.FedCM: cannot import "
+                              "fedcm_not_on_the_path (No module named 'fedcm_not_on_the_path'); if it is your own file, put its "
+                              "folder on PYTHONPATH (PYTHONPATH=. lfed fit ...)")
+    code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--model.objective", '{"class_path": "lfed.client.objectives.Proxx"}'])
+    assert code == 2
+    assert last_line(err) == "lfed fit: error: model.objective: class_path lfed.client.objectives.Proxx: lfed.client.objectives has no Proxx"
