@@ -216,8 +216,6 @@ def check_task(net: nn.Module, data, loss=None) -> None:
     Raises:
         ValueError: Naming the net's output shape and what the data needs.
     """
-    if not output_shape_is_known(loss, is_classification(data.train_y)):
-        return
     x = data.train_x[:2]  # two: a norm layer without running statistics needs more than one value per channel
     dtype = next(net.parameters()).dtype
     x = x.to(dtype) if x.is_floating_point() else x
@@ -225,8 +223,15 @@ def check_task(net: nn.Module, data, loss=None) -> None:
     net.eval()
     try:
         out = net(x)
+    except (RuntimeError, ValueError, TypeError, IndexError) as err:  # e.g. "mat1 and mat2 shapes cannot be multiplied"
+        said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        flat = math.prod(x.shape[1:])
+        raise ValueError(f"net: does not run on the data's inputs ({tuple(x.shape[1:])} per example, {x.dtype}): {said}; "
+                         f"its first layer must take this input (a flattened one has {flat} values: in_features={flat})") from err
     finally:
         net.train(was_training)
+    if not output_shape_is_known(loss, is_classification(data.train_y)):
+        return
     if not isinstance(out, Tensor):
         raise ValueError(f"net: must return a tensor of outputs, returned {type(out).__name__}")
     y = data.train_y[:1]
