@@ -210,6 +210,11 @@ class FederatedRun(nn.Module):
         if self.loss is None and data.task == "regression":
             raise ValueError("loss: the default (cross-entropy) needs class labels, but the targets are floating "
                              "(regression); give a regression loss, e.g. loss=torch.nn.MSELoss()")
+        dtype = next(self.net.parameters()).dtype
+        lr = self.training_plan.client_lr
+        if dtype.is_floating_point and lr > torch.finfo(dtype).max:  # the local step casts it to the model's dtype
+            raise ValueError(f"client_lr: {lr:g} is beyond the range of the model's {dtype} (at most "
+                             f"{torch.finfo(dtype).max:.3g}); give a learning rate the model's dtype can hold")
         for component in {id(c): c for c in self.components.roles().values()}.values():  # each checks its own needs
             component.check_start(data)
         return algorithms.validate_composition(self.components, self.explicit, num_clients=data.num_clients,

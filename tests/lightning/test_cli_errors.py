@@ -58,6 +58,7 @@ BAD = {
     "mu": (["--model.algorithm=fedprox", "--model.objective=lfed.client.objectives.Prox", "--model.objective.init_args.mu=-0.5"],
            ["mu", ">= 0", "-0.5"]),
     "num_clients": (["--data.num_clients=0"], ["num_clients", ">= 1", "got 0"]),
+    "client_lr_range": (["--model.training.client_lr=1e308"], ["client_lr", "1e+308", "torch.float32", "3.4e+38"]),
     "net_inputs": (["--model.net.in_features=784"],  # issue 51 item 7: the input checked like the output, before round 0
                    ["net: does not run on the data's inputs ((1, 8, 8) per example", "2x64 and 784x200", "in_features=64"]),
     "class_path": (["--model.net", "not.a.Module"], ["model.net", "Module", "not.a.Module", "No module named 'not'"]),
