@@ -92,18 +92,19 @@ def main() -> None:
         b, f = statistics.median(seen[(job, "before")]), statistics.median(seen[(job, "after")])
         shown = ", ".join(f"{x:.2f}" for x in loads[(job, "before")] + loads[(job, "after")])
         print(f"| {job} | {b:.4f} | {f:.4f} | {f / b:.3f} | {a.repeats} + {a.repeats} | {shown} |")
-    print("\n| imports | before s (median) | after s (median) | runs |")
-    print("|---|---|---|---|")
+    print("\n| imports | before s (median) | after s (median) | runs | loads at start |")
+    print("|---|---|---|---|---|")
     for what, statements in IMPORTS.items():
-        times = {}
-        for side, checkout in sides.items():
-            statement = statements["0.5" if version(checkout) == "0.5" else "0.4"]
-            times[side] = []
-            for _ in range(a.repeats):
-                wait_quiet(1.0, 60)
-                times[side].append(import_seconds(checkout, statement))
+        times: dict[str, list[float]] = {side: [] for side in sides}
+        import_loads: list[float] = []
+        for i in range(a.repeats):  # interleaved, the order flipping every repeat, as the rounds above
+            for side in (list(sides) if i % 2 == 0 else list(reversed(sides))):
+                checkout = sides[side]
+                load, _ = wait_quiet(1.0, 60)
+                import_loads.append(load)
+                times[side].append(import_seconds(checkout, statements["0.5" if version(checkout) == "0.5" else "0.4"]))
         print(f"| {what} | {statistics.median(times['before']):.2f} | {statistics.median(times['after']):.2f} | "
-              f"{a.repeats} + {a.repeats} |")
+              f"{a.repeats} + {a.repeats} | {', '.join(f'{x:.2f}' for x in import_loads)} |")
 
 
 if __name__ == "__main__":
