@@ -47,8 +47,8 @@ from lfed.engine.host import device_rows, values
 from lfed.rng import round_generator, seeded_global_rng
 from lfed.state.spec import StateSpec, check_state_shapes
 
-__all__ = ["OBJECTIVES", "OBJECTIVE_CLASSES", "ClientRule", "Cohort", "EFL", "IGFL", "Plain", "Prox", "Scaffold",
-           "build_objective", "check_state_shapes"]
+__all__ = ["ClientRule", "Cohort", "EFL", "IGFL", "Plain", "Prox", "Scaffold",
+           "check_state_shapes"]
 
 
 class ClientRule(Component):
@@ -346,26 +346,3 @@ class EFL(ClientRule):
         self.set_state("fisher_v_sum", self.state("fisher_v_sum") + (v - self.rows("fisher_v", clients)).sum(0))
         self.write_rows("fisher_u", clients, u)
         self.write_rows("fisher_v", clients, v)
-
-
-#: The one table of the built-in objectives, name -> class: ``--help``, the settings' ``Literal``, the presets'
-#: checks and the error messages read it. A method in a file of its own is its ``class_path``.
-OBJECTIVE_CLASSES: dict[str, type[ClientRule]] = {"plain": Plain, "prox": Prox, "scaffold": Scaffold, "igfl": IGFL, "efl": EFL}
-#: Their names.
-OBJECTIVES = tuple(OBJECTIVE_CLASSES)
-
-
-def build_objective(name: str) -> ClientRule:
-    """The objective called ``name`` (one of :data:`OBJECTIVES`, or a dotted class path), with its defaults;
-    a method's own settings are its component's (``Prox(mu=0.1)``, ``EFL(lam=0.2)``).
-
-    Raises:
-        ValueError: An unknown ``name``.
-    """
-    if isinstance(name, str) and name in OBJECTIVE_CLASSES:
-        return OBJECTIVE_CLASSES[name]()
-    if isinstance(name, str) and "." in name:
-        from lfed.base.component import load_class
-
-        return load_class(name, ClientRule, "objective")()
-    raise ValueError(f"objective: {name!r} is not one of {OBJECTIVES}")

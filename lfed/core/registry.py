@@ -15,6 +15,117 @@ from typing import Any, Literal
 
 import torch
 
+#: Every built-in name of every role, listed once: role -> name -> the component's class path (and the keyword
+#: arguments the name implies). ``--help``, the settings' ``Literal`` types, :func:`build`, the presets and every
+#: error message read this table; a new built-in method is its file plus one line here, a user's method is its file
+#: and a ``class_path``. Class paths, not classes: the table imports nothing until a run is built.
+NAMES: dict[str, dict[str, str | tuple[str, dict[str, Any]]]] = {
+    "objective": {
+        "plain": "lfed.client.objectives.Plain",
+        "prox": "lfed.client.objectives.Prox",
+        "scaffold": "lfed.client.objectives.Scaffold",
+        "igfl": "lfed.client.objectives.IGFL",
+        "efl": "lfed.client.objectives.EFL",
+        "feddyn": "lfed.client.feddyn.FedDyn",
+        "fedavg_ft": "lfed.personal.finetune.FedAvgFT",
+        "ditto": "lfed.personal.ditto.Ditto",
+        "fedper": "lfed.personal.fedper.FedPer",
+        "fedrep": "lfed.personal.fedrep.FedRep",
+        "fedbn": "lfed.personal.fedbn.FedBN",
+        "apfl": "lfed.personal.apfl.APFL",
+        "perfedavg": "lfed.personal.perfedavg.PerFedAvg",
+        "fedrod": "lfed.personal.fedrod.FedRoD",
+    },
+    "weighting": {
+        "size": "lfed.server.weighting.SizeWeights",
+        "uniform": "lfed.server.weighting.UniformWeights",
+        "dwfed": "lfed.server.weighting.DWFedWeights",
+    },
+    "combination": {
+        "mean": "lfed.server.combination.Mean",
+        "self": ("lfed.server.combination.IGFLAttention", {"query": "self"}),
+        "global": ("lfed.server.combination.IGFLAttention", {"query": "global"}),
+        "time": ("lfed.server.combination.IGFLAttention", {"query": "time"}),
+        "dp_fedavg": "lfed.privacy.dp_fedavg.DPFedAvg",
+    },
+    "channel": {
+        "dense": "lfed.server.channel.Dense",
+        "ternary": "lfed.server.channel.TernaryTopK",
+    },
+    "sampler": {
+        "uniform": "lfed.participation.sampling.UniformSampler",
+        "attention": "lfed.participation.sampling.AttentionSampler",
+        "poisson": "lfed.participation.sampling.PoissonSampler",
+    },
+}
+
+#: The base class a role's component subclasses (a ``class_path`` is checked against it).
+BASES: dict[str, str] = {
+    "objective": "lfed.client.objectives.ClientRule",
+    "weighting": "lfed.server.weighting.AggregationWeights",
+    "combination": "lfed.server.combination.ServerCombination",
+    "channel": "lfed.server.channel.Channel",
+    "sampler": "lfed.participation.sampling.ClientSampler",
+}
+
+def names(role: str) -> tuple[str, ...]:
+    """The built-in names of ``role`` (for ``Literal`` types, ``--help`` and messages)."""
+    return tuple(NAMES[role])
+
+
+#: The built-in names as ``Literal`` types: configs and ``--help`` list and check them.
+ObjectiveName = Literal[names("objective")]  # type: ignore[valid-type]
+WeightingName = Literal[names("weighting")]  # type: ignore[valid-type]
+CombinationName = Literal[names("combination")]  # type: ignore[valid-type]
+ChannelName = Literal[names("channel")]  # type: ignore[valid-type]
+SamplerName = Literal[names("sampler")]  # type: ignore[valid-type]
+
+
+def entry(role: str, name: str) -> tuple[str, dict[str, Any]]:
+    """A built-in name's class path and the settings the name implies (``("lfed.server.combination.IGFLAttention",
+    {"query": "global"})`` for ``combination: global``)."""
+    entry = NAMES[role][name]
+    return (entry, {}) if isinstance(entry, str) else entry
+
+
+def component_class(role: str, value: Any) -> type | None:
+    """The class a ``role`` setting names: a built-in name, a dotted class path or a component; None if unknown."""
+    from lfed.base.component import load_class
+
+    base = load_class(BASES[role], object, role)
+    if isinstance(value, base):
+        return type(value)
+    if isinstance(value, str) and value in NAMES[role]:
+        return load_class(entry(role, value)[0], base, role)
+    if isinstance(value, str) and "." in value:
+        try:
+            return load_class(value, base, role)
+        except ValueError:
+            return None
+    return None
+
+
+def build_component(role: str, value: Any, **settings: Any):
+    """The one build function of every role: a component given is used as it is; a built-in name
+    (:data:`NAMES`) or a dotted class path is built with its defaults (and ``settings``, the role's own, such as a
+    weighting's ``partial_work``).
+
+    Raises:
+        ValueError: An unknown name, naming the role and its names.
+    """
+    from lfed.base.component import load_class
+
+    base = load_class(BASES[role], object, role)
+    if isinstance(value, base):
+        return value
+    if isinstance(value, str) and value in NAMES[role]:
+        path, implied = entry(role, value)
+        return load_class(path, base, role)(**implied, **settings)
+    if isinstance(value, str) and "." in value:
+        return load_class(value, base, role)(**settings)
+    raise ValueError(f"{role}: {value!r} is not one of {names(role)}, nor a component's class path")
+
+
 #: Defaults of every composable choice (FedAvg).
 BASE: dict[str, Any] = {
     "objective": "plain",
@@ -82,44 +193,26 @@ PRESETS: dict[str, dict[str, Any]] = {
     # a supplement we do not have): q = 0.1 is ours; `channel: false` switches it off.
     "efl": {"objective": "efl", "partial_work": "scale", "channel": 0.1},
     # Acar et al. 2021 (SPEC §2 feddyn): one file, lfed/client/feddyn.py (client rule + server combination)
-    "feddyn": {"objective": "lfed.client.feddyn.FedDyn"},
+    "feddyn": {"objective": "feddyn"},
     # McMahan et al. 2018 (SPEC §10): Poisson sampling, uniform weights, clip + noise + fixed denominator;
     # set its noise, clip and budget with combination: {class_path: lfed.privacy.DPFedAvg, init_args: {...}}
-    "dp_fedavg": {"sampler": "poisson", "weighting": "uniform", "combination": "lfed.privacy.dp_fedavg.DPFedAvg"},
+    "dp_fedavg": {"sampler": "poisson", "weighting": "uniform", "combination": "dp_fedavg"},
     # the same with Reddi et al.'s FedAdam server (DP-FedAdam: the server optimizer is post-processing)
-    "dp_fedadam": {"sampler": "poisson", "weighting": "uniform", "combination": "lfed.privacy.dp_fedavg.DPFedAvg",
+    "dp_fedadam": {"sampler": "poisson", "weighting": "uniform", "combination": "dp_fedavg",
                    "server_optimizer": _server("FedAdam", lr=0.01, tau=0.01)},
     # SPEC §11, personalized FL: one client rule per method (lfed/personal/), each with a personalized model per client
-    "fedavg_ft": {"objective": "lfed.personal.finetune.FedAvgFT"},
-    "ditto": {"objective": "lfed.personal.ditto.Ditto"},
-    "fedper": {"objective": "lfed.personal.fedper.FedPer"},
-    "fedrep": {"objective": "lfed.personal.fedrep.FedRep"},
-    "fedbn": {"objective": "lfed.personal.fedbn.FedBN"},
-    "apfl": {"objective": "lfed.personal.apfl.APFL"},
-    "perfedavg": {"objective": "lfed.personal.perfedavg.PerFedAvg"},
-    "fedrod": {"objective": "lfed.personal.fedrod.FedRoD"},
+    "fedavg_ft": {"objective": "fedavg_ft"},
+    "ditto": {"objective": "ditto"},
+    "fedper": {"objective": "fedper"},
+    "fedrep": {"objective": "fedrep"},
+    "fedbn": {"objective": "fedbn"},
+    "apfl": {"objective": "apfl"},
+    "perfedavg": {"objective": "perfedavg"},
+    "fedrod": {"objective": "fedrod"},
 }
 
 #: The preset names, as a ``Literal`` so configs and ``--help`` list and check them.
 AlgorithmName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
-
-
-def _objective_class(value: Any) -> type | None:
-    """The client-rule class of an objective setting (a name, a dotted class path or a component); None if unknown."""
-    from lfed.client.objectives import OBJECTIVE_CLASSES, ClientRule
-
-    if isinstance(value, ClientRule):
-        return type(value)
-    if isinstance(value, str) and value in OBJECTIVE_CLASSES:
-        return OBJECTIVE_CLASSES[value]
-    if isinstance(value, str) and "." in value:
-        from lfed.base.component import load_class
-
-        try:
-            return load_class(value, ClientRule, "objective")
-        except ValueError:
-            return None
-    return None
 
 
 def _check_preset_objective(algorithm: str, given: Any) -> None:
@@ -131,7 +224,7 @@ def _check_preset_objective(algorithm: str, given: Any) -> None:
     preset = PRESETS[algorithm].get("objective")
     if preset is None or given is None:
         return
-    want, have = _objective_class(preset), _objective_class(given)
+    want, have = component_class("objective", preset), component_class("objective", given)
     if want is None or have is None or issubclass(have, want):
         return
     raise ValueError(f"objective: {have.__name__} contradicts algorithm={algorithm!r}, whose objective is {want.__name__}; "
@@ -168,20 +261,15 @@ def build(cfg: dict[str, Any], stragglers=None):
     (:meth:`~lfed.client.objectives.ClientRule.server_combination`) gets it unless the user set
     another, which is refused.
     """
-    from lfed.client.objectives import ClientRule, build_objective
     from lfed.core.round import Algorithm
     from lfed.participation.cohorts import Participation
-    from lfed.participation.sampling import SAMPLERS, ClientSampler
     from lfed.participation.stragglers import Stragglers
-    from lfed.server.channel import Channel, Dense, TernaryTopK
-    from lfed.server.combination import ServerCombination, build_combination
-    from lfed.server.weighting import AggregationWeights, build_weights
+    from lfed.server.channel import Channel
 
     stragglers = stragglers if stragglers is not None else Stragglers()
-    obj = cfg["objective"]
-    objective = obj if isinstance(obj, ClientRule) else build_objective(obj)
-    w = cfg["weighting"]
-    weighting = w if isinstance(w, AggregationWeights) else build_weights(w, cfg["partial_work"])
+    objective = build_component("objective", cfg["objective"])
+    weighting = build_component("weighting", cfg["weighting"],
+                                **({} if not isinstance(cfg["weighting"], str) else {"partial_work": cfg["partial_work"]}))
     comb = cfg["combination"]
     own = objective.server_combination()
     _check_dp_kept(cfg, objective, own)
@@ -192,28 +280,16 @@ def build(cfg: dict[str, Any], stragglers=None):
                 f"({type(own).__name__}); leave combination unset"
             )
         combination = own
-    elif isinstance(comb, ServerCombination):
-        combination = comb
-    elif isinstance(comb, str) and "." in comb:  # a preset's component by class path (DP-FedAvg)
-        from lfed.base.component import load_class
-
-        combination = load_class(comb, ServerCombination, "combination")()
     else:
-        combination = build_combination(comb)
+        combination = build_component("combination", comb)
     q = cfg["channel"]
-    if isinstance(q, Channel):
-        channel = q
-    elif q is None or q is False:
-        channel = Dense()
-    else:
-        channel = TernaryTopK(q)
-    s = cfg["sampler"]
-    if isinstance(s, ClientSampler):
-        sampler = s
-    elif s not in SAMPLERS:
-        raise ValueError(f"sampler: {s!r} is not one of {tuple(SAMPLERS)}")
-    else:
-        sampler = SAMPLERS[s]()
+    if q is None or q is False:
+        channel = build_component("channel", "dense")
+    elif isinstance(q, (str, Channel)):
+        channel = build_component("channel", q)
+    else:  # a number: EFL's sparsity q of the ternary channel
+        channel = build_component("channel", "ternary", sparsity=q)
+    sampler = build_component("sampler", cfg["sampler"])
     participation = Participation(cfg["fraction"], stragglers.p_inactive, stragglers.p_incomplete)
     return Algorithm(objective, weighting, combination, channel, sampler, participation)
 
@@ -221,15 +297,9 @@ def build(cfg: dict[str, Any], stragglers=None):
 def _is_dp(choice: Any) -> bool:
     """Whether a combination choice (a component, or a class path) is DP-FedAvg or a subclass of it."""
     from lfed.base.component import load_class
-    from lfed.privacy.dp_fedavg import DPFedAvg
 
-    if isinstance(choice, str) and "." in choice:
-        try:
-            choice = load_class(choice, DPFedAvg, "combination")
-        except ValueError:  # another combination, or no class: build says which
-            return False
-        return True
-    return isinstance(choice, DPFedAvg)
+    cls = component_class("combination", choice) if isinstance(choice, str) else type(choice)
+    return cls is not None and issubclass(cls, load_class(NAMES["combination"]["dp_fedavg"], object, "combination"))
 
 
 def _check_dp_kept(cfg: dict[str, Any], objective: Any, own: Any) -> None:

@@ -54,7 +54,7 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lfed.checks import HookError
-from lfed.core.registry import settings_label
+from lfed.core.registry import entry, names, settings_label
 from lfed.core.settings import retired, upgrade_args
 from lfed.lightning.checkpoint import RoundCheckpoint, install_atomic_io, read_checkpoint
 from lfed.lightning.datamodule import FederatedDataModule
@@ -123,8 +123,8 @@ _INTERNAL = ("lfed.FederatedModule", "lfed.lightning.module.", "lfed.client.", "
 
 
 #: The lfed classes an argument's help lists (others: every lfed class not in :data:`_INTERNAL`).
-_LISTED = {"model.objective": ("lfed.client.objectives.", "lfed.client.feddyn."), "model.net": ("lfed.models.",),
-           "model.loss": ()}
+_LISTED = {"model.objective": tuple(sorted({entry("objective", n)[0].rsplit(".", 1)[0] + "." for n in names("objective")})),
+           "model.net": ("lfed.models.",), "model.loss": ()}
 
 
 def shorten_subclass_list(text: str, keep: int = 4, dest: str = "") -> str:

@@ -13,12 +13,12 @@ whose declared state (:mod:`lfed.state.spec`) is in the state dict, so a checkpo
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
-from lfed.client.objectives import OBJECTIVES, ClientRule
+from lfed.client.objectives import ClientRule
 from lfed.core import registry as algorithms
 from lfed.core.asynchronous import Asynchronous
 from lfed.core.round import LocalTraining
@@ -28,7 +28,7 @@ from lfed.participation.sampling import ClientSampler, FractionSchedule
 from lfed.participation.stragglers import Stragglers
 from lfed.server.channel import Channel
 from lfed.server.combination import ServerCombination
-from lfed.server.weighting import AggregationWeights
+from lfed.server.weighting import AggregationWeights, PartialWork
 
 # the groups' defaults (frozen dataclasses: one instance each is safe to share)
 _TRAINING, _STRAGGLERS, _ENGINE, _EVALUATION = LocalTraining(), Stragglers(), Engine(), Evaluation()
@@ -67,12 +67,12 @@ class FederatedModule(FederatedDriver):
         self,
         net: nn.Module | None = None,
         algorithm: algorithms.AlgorithmName = "fedavg",
-        objective: Literal[OBJECTIVES] | ClientRule | None = None,  # type: ignore[valid-type]
-        weighting: Literal["size", "uniform", "dwfed"] | AggregationWeights | None = None,
-        partial_work: Literal["keep", "drop", "scale"] | None = None,
-        combination: Literal["mean", "self", "global", "time"] | ServerCombination | None = None,
-        channel: float | bool | Channel | None = None,
-        sampler: Literal["uniform", "attention", "poisson"] | ClientSampler | None = None,
+        objective: algorithms.ObjectiveName | ClientRule | None = None,
+        weighting: algorithms.WeightingName | AggregationWeights | None = None,
+        partial_work: PartialWork | None = None,
+        combination: algorithms.CombinationName | ServerCombination | None = None,
+        channel: float | bool | algorithms.ChannelName | Channel | None = None,
+        sampler: algorithms.SamplerName | ClientSampler | None = None,
         fraction: float | FractionSchedule | None = None,
         server_optimizer: Callable[[Iterable], torch.optim.Optimizer] | None = None,
         training: LocalTraining = _TRAINING,

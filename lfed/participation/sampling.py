@@ -25,7 +25,7 @@ from lfed.participation.stragglers import Stragglers
 from lfed.state.spec import StateSpec
 
 __all__ = [
-    "SAMPLERS", "AttentionSampler", "PoissonSampler", "ClientSampler", "CommunicationMeter", "ConstantFraction",
+    "AttentionSampler", "PoissonSampler", "ClientSampler", "CommunicationMeter", "ConstantFraction",
     "ExplicitFraction", "FractionSchedule", "StepwiseFraction", "Stragglers", "UniformSampler",
     "as_schedule", "cohort_size", "round_half_up", "rounds_to_reach",
 ]  # fmt: skip
@@ -522,7 +522,3 @@ class AttentionSampler(ClientSampler):
 # into every checkpoint; resuming loads checkpoints with torch.load(weights_only=True), which
 # rebuilds only allow-listed classes. These hold plain numbers and run no code when rebuilt.
 torch.serialization.add_safe_globals([ConstantFraction, StepwiseFraction, ExplicitFraction])
-
-#: Samplers by config name.
-SAMPLERS: dict[str, type[ClientSampler]] = {"uniform": UniformSampler, "attention": AttentionSampler,
-                                            "poisson": PoissonSampler}

@@ -17,7 +17,7 @@ from lfed.base.component import Cohort, Component
 from lfed.checks import number, one_of
 from lfed.server.attention import QUERIES, TIME_WEIGHTS, AttentionResult
 
-__all__ = ["IGFLAttention", "Mean", "ServerCombination", "build_combination"]
+__all__ = ["IGFLAttention", "Mean", "ServerCombination"]
 
 
 class ServerCombination(Component):
@@ -62,9 +62,9 @@ class IGFLAttention(ServerCombination):
 
     def __init__(
         self,
-        query: Literal["self", "global", "time"] = "self",
+        query: Literal[QUERIES] = "self",  # type: ignore[valid-type]
         temperature: float = 1.0,
-        time_weights: Literal["softmax", "diagonal"] = "softmax",
+        time_weights: Literal[TIME_WEIGHTS] = "softmax",  # type: ignore[valid-type]
     ) -> None:
         super().__init__()
         one_of("query", query, QUERIES)
@@ -117,14 +117,3 @@ def check_attention_settings(temperature: float, time_weights: str) -> float:
     """Check IGFL-S's temperature (finite, > 0) and ``time_weights``; return the temperature as a float."""
     one_of("time_weights", time_weights, TIME_WEIGHTS)
     return number("attention_temperature", temperature, above=0)
-
-
-def build_combination(name: str) -> ServerCombination:
-    """``mean`` or an IGFL-S query (``self``, ``global``, ``time``) with its defaults (set the attention's own
-    settings on it: ``IGFLAttention(query, temperature, time_weights)``)."""
-    if name == "mean":
-        return Mean()
-    if name in QUERIES:
-        return IGFLAttention(name)
-    raise ValueError(f"combination: {name!r} is not one of {('mean', *QUERIES)}")
-

@@ -18,9 +18,9 @@ from lfed.base.component import Cohort, Component
 from lfed.checks import one_of
 from lfed.server.weights import PARTIAL_WORK, aggregation_weights, counting_mask
 
-__all__ = ["AggregationWeights", "DWFedWeights", "PartialWork", "SizeWeights", "UniformWeights", "build_weights"]
+__all__ = ["AggregationWeights", "DWFedWeights", "PartialWork", "SizeWeights", "UniformWeights"]
 
-PartialWork = Literal["keep", "drop", "scale"]
+PartialWork = Literal[PARTIAL_WORK]  # type: ignore[valid-type]
 
 
 class AggregationWeights(Component):
@@ -105,11 +105,3 @@ class DWFedWeights(AggregationWeights):
     def check_start(self, data) -> None:
         """DWFed's weights are computed from the clients' label counts: refuse targets that are not class labels."""
         data.require_labels("weighting='dwfed' (label-count weights)")
-
-
-WEIGHTS = {"size": SizeWeights, "uniform": UniformWeights, "dwfed": DWFedWeights}
-
-
-def build_weights(name: str, partial_work: str = "keep") -> AggregationWeights:
-    """The weights component called ``name`` (size, uniform, dwfed)."""
-    return WEIGHTS[one_of("weighting", name, WEIGHTS)](partial_work)

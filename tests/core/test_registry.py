@@ -114,3 +114,61 @@ def test_the_round_and_the_run_name_no_feature(module):
     code = "\n".join(line.split("#")[0] for line in inspect.getsource(module).splitlines())
     for feature in ("sharing is", ".personalized", "personal_rows is", '"dwfed"', "history.fill", "history.record"):
         assert feature not in code, f"{module.__name__} tests {feature!r}"
+
+
+# --------------------------------------------------------------------------- one table of names (issue 50)
+
+
+@pytest.mark.parametrize("role", sorted(algorithms.NAMES))
+def test_every_name_builds_its_class_with_the_settings_it_implies(role):
+    for name in algorithms.names(role):
+        path, implied = algorithms.entry(role, name)
+        component = algorithms.build_component(role, name)
+        assert f"{type(component).__module__}.{type(component).__qualname__}" == path
+        assert isinstance(component, algorithms.component_class(role, name))
+        for key, value in implied.items():
+            assert getattr(component, key) == value, (role, name, key)
+
+
+def test_the_table_is_the_only_list_the_settings_and_help_read():
+    import typing
+
+    from lfed.lightning.cli import _LISTED
+    from lfed.lightning.module import FederatedModule
+
+    hints = typing.get_type_hints(FederatedModule.__init__)
+    for role in algorithms.NAMES:
+        literals = {a for arg in typing.get_args(hints[role]) if typing.get_origin(arg) is typing.Literal
+                    for a in typing.get_args(arg)}
+        assert literals == set(algorithms.names(role)), role
+    modules = {algorithms.entry("objective", n)[0].rsplit(".", 1)[0] + "." for n in algorithms.names("objective")}
+    assert set(_LISTED["model.objective"]) == modules  # FedDyn's and the personal rules' modules, from the table
+    for preset in algorithms.PRESETS.values():  # presets are compositions over the table: names, not class paths
+        for role, value in preset.items():
+            if role in algorithms.NAMES and isinstance(value, str):
+                assert value in algorithms.NAMES[role], (role, value)
+
+
+def test_a_new_built_in_is_one_line_of_the_table(monkeypatch):
+    monkeypatch.setitem(algorithms.NAMES["objective"], "prox_strong", ("lfed.client.objectives.Prox", {"mu": 0.5}))
+    alg = algorithms.build(algorithms.resolve("fedavg", objective="prox_strong"))
+    assert type(alg.objective).__name__ == "Prox" and alg.objective.mu == 0.5
+    assert "prox_strong" in algorithms.names("objective")
+
+
+def test_one_build_function_for_every_role_and_its_errors():
+    given = UniformWeights("drop")
+    assert algorithms.build_component("weighting", given) is given  # a component is used as it is
+    assert algorithms.build_component("weighting", "size", partial_work="scale").partial_work == "scale"
+    assert isinstance(algorithms.build_component("combination", "lfed.privacy.dp_fedavg.DPFedAvg"), DPFedAvg)
+    for role, bad in [("objective", "scafold"), ("weighting", "sizes"), ("combination", "median"),
+                      ("sampler", "random"), ("channel", "sparse")]:
+        with pytest.raises(ValueError, match=rf"^{role}: '{bad}' is not one of \(") as info:
+            algorithms.build_component(role, bad)
+        assert all(name in str(info.value) for name in algorithms.names(role))
+    with pytest.raises(ValueError, match="sampler: 'lfed.client.objectives.Prox' is not a ClientSampler"):
+        algorithms.build_component("sampler", "lfed.client.objectives.Prox")
+    assert algorithms.component_class("objective", "no.such.Rule") is None
+    channel = algorithms.build(algorithms.resolve("fedavg", channel=0.25)).channel  # a number: EFL's ternary q
+    assert isinstance(channel, TernaryTopK) and channel.sparsity == 0.25
+    assert isinstance(algorithms.build(algorithms.resolve("fedavg", channel="dense")).channel, Dense)

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from lfed.participation.sampling import (
-    SAMPLERS,
     AttentionSampler,
     CommunicationMeter,
     ConstantFraction,
@@ -378,7 +377,10 @@ def test_attention_sampler_on_cuda_with_cpu_generator_matches_cpu():
 
 
 def test_registry():
-    assert SAMPLERS["uniform"] is UniformSampler and SAMPLERS["attention"] is AttentionSampler
+    from lfed.core.registry import component_class
+
+    assert component_class("sampler", "uniform") is UniformSampler
+    assert component_class("sampler", "attention") is AttentionSampler
     u = UniformSampler()
     u.setup(torch.ones(3))
     u.update(torch.tensor([0]), torch.tensor([1.0]))  # default no-op
