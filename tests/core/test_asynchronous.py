@@ -605,19 +605,32 @@ WINDOWED_CLOCK = ["--model.asynchronous.init_args.clock", "lfed.participation.cl
                   "--model.asynchronous.init_args.clock.init_args.availability_fraction", "0.3"]
 
 
-@pytest.mark.parametrize("clock", [[], WINDOWED_CLOCK], ids=["always-available", "windows"])
-def test_two_processes_give_the_one_process_async_run(tmp_path, clock):
+#: FedBuff on 2 processes: always available, and with availability windows (steps that dispatch nobody).
+DDP_CASES = {name: ["--model.asynchronous", "lfed.core.asynchronous.FedBuff", "--model.asynchronous.init_args.concurrency",
+                    "5", "--model.asynchronous.init_args.buffer", "2", "--model.engine.client_state", "host", *clock]
+             for name, clock in (("always-available", []), ("windows", WINDOWED_CLOCK))}
+
+
+@pytest.fixture(scope="module")
+def ddp_batch(tmp_path_factory):
+    """Both cases on the same 2 processes, one launch (test_distributed._two_processes_batch)."""
+    from test_distributed import _two_processes_batch
+
+    root = tmp_path_factory.mktemp("ddp_batch")
+    return root, _two_processes_batch(root, DDP_CASES)
+
+
+@pytest.mark.parametrize("case", list(DDP_CASES))
+def test_two_processes_give_the_one_process_async_run(tmp_path, case, ddp_batch):
     """DDP 2 processes = 1 (docs/distributed.md): each server step's dispatched cohort is split over the ranks and
     gathered, every rank keeps the same queue, clock and slot rows (ReplicaCheck after every step); with availability
     windows too (steps that dispatch nobody)."""
-    from test_distributed import _assert_same_state, _one_process, _two_processes
+    from test_distributed import _assert_same_state, _one_process
 
-    extra = ["--model.asynchronous", "lfed.core.asynchronous.FedBuff", "--model.asynchronous.init_args.concurrency", "5",
-             "--model.asynchronous.init_args.buffer", "2", "--model.engine.client_state", "host", *clock]
-    log = _two_processes(tmp_path, extra, "lightning")
-    assert "ReplicaCheck: the state of all 2 ranks was identical at each of 4 checks" in log
-    ddp = torch.load(tmp_path / "ckpt" / "end.ckpt", map_location="cpu", weights_only=False)
-    one = _one_process(tmp_path, extra, "one")
+    root, logs = ddp_batch
+    assert "ReplicaCheck: the state of all 2 ranks was identical at each of 4 checks" in logs[case]
+    ddp = torch.load(root / case / "ckpt" / "end.ckpt", map_location="cpu", weights_only=False)
+    one = _one_process(tmp_path, DDP_CASES[case], "one")
     state = {k: v.cpu() if torch.is_tensor(v) else v for k, v in one.model.state_dict().items()}
     assert ddp["state_dict"]["asynchronous._extra_state"]["events"]  # clients in flight at the end
     _assert_same_state(ddp["state_dict"], state, "async: 2 processes vs 1")

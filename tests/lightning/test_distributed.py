@@ -221,34 +221,38 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _two_processes(tmp_path: Path, extra: list[str], launcher: str) -> str:
-    """``python -m lfed.lightning.cli fit ... --trainer.strategy ddp --trainer.devices 2`` on the CPU (Gloo).
-
-    ``launcher="lightning"``: one command, Lightning starts the second process (one machine).
-    ``launcher="torchrun"``: both processes started at once with the environment torchrun gives
-    each worker (what ``torchrun`` and SLURM launches look like to Lightning).
-
-    Checkpoints ``r2.ckpt`` and ``r4.ckpt`` after those rounds (before their evaluation) and
-    ``end.ckpt`` after the last evaluation; ReplicaCheck compares the ranks after every round.
-    Returns the output of all processes.
-    """
-    config = tmp_path / "ddp.yaml"
+def _fit_args(case_dir: Path, extra: list[str]) -> list[str]:
+    """``fit`` on 2 processes (DDP, Gloo on the CPU) for one case, everything under ``case_dir``: checkpoints
+    ``r2.ckpt`` and ``r4.ckpt`` after those rounds (before their evaluation) and ``end.ckpt`` after the last
+    evaluation; ReplicaCheck compares the ranks after every round."""
+    case_dir.mkdir(parents=True, exist_ok=True)
+    config = case_dir / "ddp.yaml"
     config.write_text(CONFIG)
-    callbacks = tmp_path / "callbacks.yaml"
+    callbacks = case_dir / "callbacks.yaml"
     callbacks.write_text(
         f"""
 trainer:
   callbacks:
     - class_path: lightning.pytorch.callbacks.ModelCheckpoint
-      init_args: {{dirpath: {tmp_path / 'ckpt'}, every_n_train_steps: 2, save_top_k: -1, filename: "r{{step}}", auto_insert_metric_name: false}}
+      init_args: {{dirpath: {case_dir / 'ckpt'}, every_n_train_steps: 2, save_top_k: -1, filename: "r{{step}}", auto_insert_metric_name: false}}
     - class_path: lightning.pytorch.callbacks.ModelCheckpoint
-      init_args: {{dirpath: {tmp_path / 'ckpt'}, filename: end, save_on_train_epoch_end: true}}
+      init_args: {{dirpath: {case_dir / 'ckpt'}, filename: end, save_on_train_epoch_end: true}}
     - class_path: lfed.lightning.ddp.ReplicaCheck
 """
     )
-    env = {**os.environ, "WANDB_MODE": "disabled"}
-    cmd = [sys.executable, "-m", "lfed.lightning.cli", "fit", "--config", str(config), "--config", str(callbacks), *extra,
-           "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.default_root_dir", str(tmp_path / "ddp")]
+    return ["fit", "--config", str(config), "--config", str(callbacks), *extra, "--trainer.strategy", "ddp",
+            "--trainer.devices", "2", "--trainer.default_root_dir", str(case_dir / "ddp")]
+
+
+def _launch(cwd: Path, cmd: list[str], launcher: str) -> str:
+    """Run ``cmd`` as 2 DDP processes and return the output of all of them.
+
+    ``launcher="lightning"``: one command, Lightning starts the second process (one machine).
+    ``launcher="torchrun"``: both processes started at once with the environment torchrun gives
+    each worker (what ``torchrun`` and SLURM launches look like to Lightning).
+    """
+    env = {**os.environ, "WANDB_MODE": "disabled",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     if launcher == "lightning":
         workers = [{}]
     else:
@@ -258,10 +262,10 @@ trainer:
              "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0", "NODE_RANK": "0", "TORCHELASTIC_RUN_ID": "lfed-test"}
             for r in range(2)
         ]
-    procs = [subprocess.Popen(cmd, cwd=tmp_path, env={**env, **w}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    procs = [subprocess.Popen(cmd, cwd=cwd, env={**env, **w}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for w in workers]
     try:
-        outputs = [proc.communicate(timeout=600)[0] for proc in procs]
+        outputs = [proc.communicate(timeout=900)[0] for proc in procs]
     finally:
         for proc in procs:  # a failed rank leaves the other waiting in a collective
             if proc.poll() is None:
@@ -269,6 +273,33 @@ trainer:
     log = "\n".join(outputs)
     assert all(proc.returncode == 0 for proc in procs), log[-4000:]
     return log
+
+
+def _two_processes(tmp_path: Path, extra: list[str], launcher: str) -> str:
+    """``python -m lfed.lightning.cli fit ... --trainer.strategy ddp --trainer.devices 2`` for one case, its files
+    under ``tmp_path`` (:func:`_fit_args`); returns the output of all processes."""
+    return _launch(tmp_path, [sys.executable, "-m", "lfed.lightning.cli", *_fit_args(tmp_path, extra)], launcher)
+
+
+def _two_processes_batch(root: Path, cases: dict[str, list[str]]) -> dict[str, str]:
+    """Every case of ``cases`` on the same 2 processes, one after another (tests/lightning/ddp_batch.py: one launch,
+    one process group, a fresh Trainer per case), each case's files under ``root/<case>`` as :func:`_two_processes`
+    puts them. Returns each case's share of the output (rank 0's and rank 1's lines between the case's marks).
+
+    One launch instead of one per case: a launch costs two interpreters importing Lightning (about 10 s each here);
+    what each case checks is its own run's, which is the same whichever process ran a case before it."""
+    import json
+
+    plan = root / "cases.json"
+    plan.write_text(json.dumps({name: _fit_args(root / name, extra) for name, extra in cases.items()}))
+    log = _launch(root, [sys.executable, str(Path(__file__).parent / "ddp_batch.py"), str(plan)], "torchrun")
+    assert "Starting with 2 processes" in log
+    out = {}
+    for name in cases:
+        parts = log.split(f"=== lfed ddp case {name} ===")
+        assert len(parts) == 3, f"case {name} did not run on both ranks:\n{log[-4000:]}"  # its mark once per rank
+        out[name] = "\n".join(p.split("=== lfed ddp case ", 1)[0] if i else "" for i, p in enumerate(parts))
+    return out
 
 
 def _one_process(tmp_path: Path, extra: list[str], name: str, ckpt_path: Path | None = None):
@@ -297,18 +328,34 @@ def _assert_same_state(a: dict, b: dict, what: str) -> float:
     return worst
 
 
-@pytest.mark.parametrize(
-    "case, launcher",
-    [("fedavg", "lightning"), ("scaffold", "lightning"), ("igfl", "torchrun"), ("efl", "torchrun"), ("dp", "lightning")]
-)
-def test_two_processes_give_the_one_process_run_and_resume_on_one(case, launcher, tmp_path):
+#: The cases that share one launch of two torchrun-style processes (:func:`_two_processes_batch`); FedAvg and the grid
+#: keep a launch of their own through Lightning's launcher (it starts the second process itself).
+BATCH = {
+    "scaffold": CASES["scaffold"],
+    "igfl": CASES["igfl"],
+    "efl": CASES["efl"],
+    "dp": CASES["dp"],
+    "secure": CASES["dp"] + ["--model.combination.init_args.noise", "secure"],
+    "scaffold-host": CASES["scaffold"] + ["--model.engine.client_state", "host"],
+    "efl-disk": CASES["efl"] + ["--model.engine.client_state", "disk"],
+}
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """Every case of :data:`BATCH` on 2 processes: their root folder and each case's output."""
+    root = tmp_path_factory.mktemp("ddp_batch")
+    return root, _two_processes_batch(root, BATCH)
+
+
+def _check_two_against_one(case: str, case_dir: Path, log: str, tmp_path: Path) -> None:
+    """The 2-process run of ``case`` (files under ``case_dir``, output ``log``) against the same run on 1 process, and
+    its round-2 checkpoint resumed on 1 process."""
     extra = CASES[case]
-    log = _two_processes(tmp_path, extra, launcher)
-    assert "Starting with 2 processes" in log
     assert "ReplicaCheck: the state of all 2 ranks was identical at each of 4 checks" in log
 
-    ddp = torch.load(tmp_path / "ckpt" / "end.ckpt", map_location="cpu", weights_only=False)
-    mid = tmp_path / "ckpt" / "r2.ckpt"
+    ddp = torch.load(case_dir / "ckpt" / "end.ckpt", map_location="cpu", weights_only=False)
+    mid = case_dir / "ckpt" / "r2.ckpt"
     assert ddp["global_step"] == 4  # a round is a step on every rank
 
     one = _one_process(tmp_path, extra, "one")
@@ -329,31 +376,44 @@ def test_two_processes_give_the_one_process_run_and_resume_on_one(case, launcher
     print(f"{case}: max |difference| over the module state = {worst:g}")
 
 
-def test_secure_noise_on_two_processes_is_the_same_on_every_rank(tmp_path):
+def test_two_processes_started_by_lightning_give_the_one_process_run_and_resume_on_one(tmp_path):
+    """FedAvg with stragglers through Lightning's own launcher (one command; Lightning starts the second process)."""
+    log = _two_processes(tmp_path / "ddp_run", CASES["fedavg"], "lightning")
+    assert "Starting with 2 processes" in log
+    _check_two_against_one("fedavg", tmp_path / "ddp_run", log, tmp_path)
+
+
+@pytest.mark.parametrize("case", ["scaffold", "igfl", "efl", "dp"])
+def test_two_processes_give_the_one_process_run_and_resume_on_one(case, batch, tmp_path):
+    root, logs = batch
+    _check_two_against_one(case, root / case, logs[case], tmp_path)
+
+
+def test_secure_noise_on_two_processes_is_the_same_on_every_rank(batch):
     """noise: secure draws from the OS on rank 0 and sends the seed to every rank: ReplicaCheck finds the two ranks'
     state identical after every round (each rank drawing its own would split the model and the Poisson cohort)."""
-    log = _two_processes(tmp_path, CASES["dp"] + ["--model.combination.init_args.noise", "secure"], "lightning")
-    assert "Starting with 2 processes" in log
+    log = batch[1]["secure"]
     assert "ReplicaCheck: the state of all 2 ranks was identical at each of 4 checks" in log
     assert "DP noise and Poisson cohorts: secure" in log
 
 
 @pytest.mark.parametrize("case, placement", [("scaffold", "host"), ("efl", "disk")])
-def test_two_processes_with_rows_off_the_device_give_the_one_process_device_run(case, placement, tmp_path):
+def test_two_processes_with_rows_off_the_device_give_the_one_process_device_run(case, placement, batch, tmp_path):
     """Each rank keeps a full replica of the client state (lfed.state.stores) in its placement:
     2 processes with ``host`` / ``disk`` rows end in the state of 1 process with dense ``device``
     buffers (the same sparse checkpoint entries), and the ranks agree after every round."""
     extra = CASES[case]
-    log = _two_processes(tmp_path, [*extra, "--model.engine.client_state", placement], "lightning")
-    assert "ReplicaCheck: the state of all 2 ranks was identical at each of 4 checks" in log
-    ddp = torch.load(tmp_path / "ckpt" / "end.ckpt", map_location="cpu", weights_only=True)
+    root, logs = batch
+    case_dir = root / f"{case}-{placement}"
+    assert "ReplicaCheck: the state of all 2 ranks was identical at each of 4 checks" in logs[f"{case}-{placement}"]
+    ddp = torch.load(case_dir / "ckpt" / "end.ckpt", map_location="cpu", weights_only=True)
     assert any(k.endswith(".rows") for k in ddp["state_dict"])
     one = _one_process(tmp_path, extra, "one")
     assert one.model.store.placement == "device"
     _assert_same_state(ddp["state_dict"], {k: v.cpu() if torch.is_tensor(v) else v for k, v in one.model.state_dict().items()},
                        f"{case}: 2 processes ({placement}) vs 1 (device)")
     if placement == "disk":  # each rank made its files under <default_root_dir>/client_state; they went with it
-        dirs = [d for d in tmp_path.rglob("client_state") if d.is_dir()]
+        dirs = [d for d in case_dir.rglob("client_state") if d.is_dir()]
         assert dirs and not [f for d in dirs for f in d.rglob("*.rows")], dirs
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_distributed import _assert_same_state, _one_process, _two_processes
+from test_distributed import _assert_same_state, _one_process, _two_processes_batch
 
 CASES = {
     "ditto": ["--model.algorithm", "ditto", "--model.stragglers.p_incomplete", "0.5"],
@@ -16,13 +16,19 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case, launcher", [("ditto", "lightning"), ("fedrep", "torchrun"), ("apfl", "lightning"),
-                                            ("fedavg_ft", "lightning")])
-def test_two_processes_give_the_one_process_personalized_run(case, launcher, tmp_path):
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    """Every case on the same 2 processes, one launch (test_distributed._two_processes_batch)."""
+    root = tmp_path_factory.mktemp("ddp_batch")
+    return root, _two_processes_batch(root, CASES)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_processes_give_the_one_process_personalized_run(case, batch, tmp_path):
     extra = CASES[case]
-    log = _two_processes(tmp_path, extra, launcher)
-    assert "ReplicaCheck: the state of all 2 ranks was identical at each of 4 checks" in log
-    ddp = torch.load(tmp_path / "ckpt" / "end.ckpt", map_location="cpu", weights_only=False)
+    root, logs = batch
+    assert "ReplicaCheck: the state of all 2 ranks was identical at each of 4 checks" in logs[case]
+    ddp = torch.load(root / case / "ckpt" / "end.ckpt", map_location="cpu", weights_only=False)
     one = _one_process(tmp_path, [e for e in extra if e not in ("--model.engine.client_state", "host")], "one")
     one_state = {k: v.cpu() if torch.is_tensor(v) else v for k, v in one.model.state_dict().items()}
     _assert_same_state(ddp["state_dict"], one_state, f"{case}: 2 processes vs 1")
