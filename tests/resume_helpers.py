@@ -40,6 +40,18 @@ class HoldInRound(Callback):
             _hold(f"in round {self.round}")
 
 
+class RaiseMidRound(Callback):
+    """Stop the run with an error where :class:`HoldInRound` blocks (round ``round``: clients trained, server step not
+    taken): the in-process stand-in of a SIGKILL there (the round's work is lost with the exception)."""
+
+    def __init__(self, round: int) -> None:
+        self.round = round
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if trainer.global_step == self.round:
+            raise RuntimeError(f"stopped in round {self.round}")
+
+
 class HoldInCheckpointWrite(AtomicCheckpointIO):
     """Atomic checkpoint IO that, for the checkpoint of ``global_step == step``, writes half of
     the serialised bytes to the temporary file, makes them durable, and blocks.
