@@ -46,7 +46,9 @@ from argparse import ArgumentError
 from pathlib import Path
 from typing import Any
 
+import yaml
 from jsonargparse import DefaultHelpFormatter
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI
@@ -84,7 +86,7 @@ RUN_DIR_ENV = "LFED_RUN_DIR"
 DEBUG_ENV = "LFED_DEBUG"
 
 #: What a mistake in the configuration raises before the run's first round (lfed's checks).
-CONFIG_ERRORS = (ValueError, TypeError, FileNotFoundError)
+CONFIG_ERRORS = (ValueError, TypeError, FileNotFoundError, MisconfigurationException)
 
 
 def wandb_logged_in() -> bool:
@@ -431,6 +433,10 @@ class LfedCLI(LightningCLI):
             if not config_errors:
                 raise
             raise ConfigError(one_line(str(err))) from err
+        except yaml.YAMLError as err:  # a --config file that is not YAML (a tab, an unclosed bracket)
+            if not config_errors:
+                raise
+            raise ConfigError(_yaml_message(kwargs.get("args") if kwargs.get("args") is not None else sys.argv[1:], err)) from err
         except CONFIG_ERRORS as err:
             if not self.first_step.started:  # a refusal during set-up: the run never was
                 self._discard_run_dir()
@@ -555,6 +561,7 @@ class LfedCLI(LightningCLI):
         if evaluating and ckpt is None:
             raise ValueError(f"ckpt_path: lfed {self.subcommand} scores a trained model; give --ckpt_path <file.ckpt> "
                              "(or last: the latest checkpoint of this configuration)")
+        _check_trainer_flags(cfg.get("trainer", {}))
         if self.subcommand == "fit":
             _check_an_end(cfg.get("trainer", {}))
         given = settings
@@ -589,7 +596,12 @@ class LfedCLI(LightningCLI):
             run_dir = Path(inherited)  # a DDP worker: rank 0 chose the directory
         self._created_run_dir = None
         if run_dir is None:
-            run_dir = self._created_run_dir = run_directory(config_dir)
+            try:
+                run_dir = self._created_run_dir = run_directory(config_dir)
+            except OSError as err:  # a read-only working folder, a file where a folder goes
+                raise ValueError(f"trainer.default_root_dir: cannot create the run's folder under {root} "
+                                 f"({err.strerror or err}); run lfed from a folder you can write to, or give "
+                                 "--trainer.default_root_dir <a writable folder>") from None
         os.environ[RUN_DIR_ENV] = str(run_dir)
         self.run_dir = run_dir
         self.run_settings = settings
@@ -725,6 +737,56 @@ def _check_an_end(trainer: Any) -> None:
     raise ValueError(f"trainer.max_steps: the rounds of the run, an integer >= 1, got {steps} (a run with no end)")
 
 
+def _yaml_message(args: list[str], err: Exception) -> str:
+    """One line for a ``--config`` file that is not YAML: the file, the line and column, what the parser found."""
+    files = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"]
+    files += [a.split("=", 1)[1] for a in args if isinstance(a, str) and a.startswith("--config=")]
+    where = "--config"
+    for name in files:
+        try:
+            yaml.safe_load(Path(name).read_text())
+        except yaml.YAMLError as own:
+            err, where = own, f"--config {name}"
+            break
+        except OSError:
+            continue
+    mark = getattr(err, "problem_mark", None)
+    at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(err, "problem", None) or one_line(str(err))
+    hint = " (YAML indents with spaces, never tabs)" if "\\t" in problem or "\t" in problem else ""
+    return f"{where}: not valid YAML{at}: {problem}{hint}"
+
+
+#: Lightning Trainer flags that cannot apply to a federated round, and why (lfed trains the clients itself: one
+#: training step is one round of many clients' local steps, which Lightning's automatic optimization never sees).
+NOT_FOR_ROUNDS = {
+    "gradient_clip_val": "Lightning clips the gradient of one backward pass, and a round is many clients' local "
+    "steps inside lfed's engine; drop it (to bound what a client sends: DP-FedAvg's clip, docs/privacy.md)",
+    "accumulate_grad_batches": "one training step is one federated round, and rounds do not accumulate; drop it "
+    "(a client's mini-batch is model.training.batch_size)",
+}
+
+
+def _check_trainer_flags(trainer: Any) -> None:
+    """Refuse, before anything starts, Trainer settings that cannot apply to a federated round or this machine."""
+    for key, why in NOT_FOR_ROUNDS.items():
+        value = trainer.get(key)
+        if value is not None and value != {"gradient_clip_val": 0, "accumulate_grad_batches": 1}[key]:
+            raise ValueError(f"trainer.{key}: {why}; got {value}")
+    interval = trainer.get("val_check_interval")
+    if isinstance(interval, float):
+        raise ValueError(f"trainer.val_check_interval: evaluate every how many rounds, an integer >= 1, got {interval} "
+                         "(a fraction of an epoch has no meaning: lfed's rounds are not epochs)")
+    accelerator = trainer.get("accelerator")
+    if isinstance(accelerator, str) and accelerator in ("gpu", "cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"trainer.accelerator: {accelerator!r} needs a CUDA device and torch sees none "
+                             f"(torch {torch.__version__}, torch.cuda.is_available() is False); use "
+                             "--trainer.accelerator auto (a GPU when there is one) or cpu")
+
+
 def run_cli(args: list[str] | None = None) -> LfedCLI:
     """Run ``lfed`` with ``args`` (``sys.argv`` when None) and return the CLI object (tests, notebooks)."""
     silence_library_noise()
@@ -757,6 +819,9 @@ def main() -> None:
     except FloatingPointError as err:  # a run that diverged: its message names the round, the clients and the fix
         print(f"{_prog(sys.argv[1:])}: stopped: {err} ({DEBUG_ENV}=1 shows the traceback)", file=sys.stderr, flush=True)
         sys.exit(1)
+    except KeyboardInterrupt:  # Ctrl-C before round 0 (after it, Lightning stops the run itself, exit 1)
+        print(f"{_prog(sys.argv[1:])}: interrupted before the first round; no run was kept", file=sys.stderr, flush=True)
+        sys.exit(130)
 
 
 if __name__ == "__main__":  # pragma: no cover

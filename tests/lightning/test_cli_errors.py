@@ -203,3 +203,69 @@ def test_a_class_path_that_does_not_import_is_one_line_naming_the_setting(monkey
     code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--model.objective", '{"class_path": "lfed.client.objectives.Proxx"}'])
     assert code == 2
     assert last_line(err) == "lfed fit: error: model.objective: class_path lfed.client.objectives.Proxx: lfed.client.objectives has no Proxx"
+
+
+#: Issue 51 item 8: (extra arguments, the error line's start). Each is refused before anything starts.
+NOT_A_ROUND = {
+    "gradient_clip_val": (["--trainer.gradient_clip_val", "1.0"],
+                          "lfed fit: error: trainer.gradient_clip_val: Lightning clips the gradient of one backward pass"),
+    "accumulate_grad_batches": (["--trainer.accumulate_grad_batches", "2"],
+                                "lfed fit: error: trainer.accumulate_grad_batches: one training step is one federated round"),
+    "val_check_interval": (["--trainer.val_check_interval", "0.5"],
+                           "lfed fit: error: trainer.val_check_interval: evaluate every how many rounds, an integer >= 1, got 0.5"),
+    "accelerator": (["--trainer.accelerator", "gpu"], "lfed fit: error: trainer.accelerator: 'gpu' needs a CUDA device and torch "
+                                                      "sees none"),
+}
+
+
+@pytest.mark.parametrize("name", list(NOT_A_ROUND))
+def test_trainer_flags_that_cannot_apply_are_one_line_before_anything_starts(name, monkeypatch, capsys, tmp_path):
+    """Lightning's flags for one backward pass (clipping, accumulation, a fraction of an epoch) and a GPU that is not
+    there: one line naming the flag and what to do, exit 2, and no run folder left (not Lightning's "manual
+    optimization" traceback)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same on a machine with a GPU
+    extra, start = NOT_A_ROUND[name]
+    code, err = run_main(monkeypatch, capsys, [*base(tmp_path), *extra])
+    assert code == 2 and "Traceback" not in err
+    assert last_line(err).startswith(start), err
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("version_*"))
+
+
+def test_a_yaml_file_with_a_tab_is_one_line_naming_the_file_and_the_line(monkeypatch, capsys, tmp_path):
+    tab = tmp_path / "tab.yaml"
+    tab.write_text("trainer:\n\tmax_steps: 2\n")
+    code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--config", str(tab)])
+    assert code == 2 and "Traceback" not in err
+    assert last_line(err) == (f"lfed fit: error: --config {tab}: not valid YAML at line 2, column 1: found character '\\t' that "
+                              "cannot start any token (YAML indents with spaces, never tabs)")
+
+
+def test_a_folder_that_cannot_be_written_is_one_line_naming_default_root_dir(monkeypatch, capsys, tmp_path):
+    """A working folder where the run's folder cannot be made (read-only; here a file stands where a folder must go,
+    which stops root as well): one line naming trainer.default_root_dir, not an OSError traceback."""
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--trainer.default_root_dir", str(blocked)])
+    assert code == 2 and "Traceback" not in err
+    assert last_line(err).startswith(f"lfed fit: error: trainer.default_root_dir: cannot create the run's folder under {blocked} (")
+    assert "--trainer.default_root_dir <a writable folder>" in last_line(err)
+
+
+def test_ctrl_c_during_start_up_is_one_line_and_exit_130(monkeypatch, capsys, tmp_path):
+    """Ctrl-C during start-up (here: while the model is built, before Lightning's Trainer.fit, which handles a Ctrl-C
+    itself): one line, exit 130, no run folder left, no traceback."""
+    import functools
+
+    from lfed.lightning.module import FederatedModule
+
+    @functools.wraps(FederatedModule.__init__)  # its signature, which the parser reads
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(FederatedModule, "__init__", interrupted)
+    code, err = run_main(monkeypatch, capsys, base(tmp_path))
+    assert code == 130 and "Traceback" not in err
+    assert last_line(err) == "lfed fit: interrupted before the first round; no run was kept"
+    assert not list((tmp_path / "runs").rglob("version_*")) if (tmp_path / "runs").exists() else True
