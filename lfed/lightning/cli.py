@@ -43,6 +43,7 @@ import os
 import re
 import sys
 from argparse import ArgumentError
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any
 
@@ -572,6 +573,8 @@ class LfedCLI(LightningCLI):
         run_dir = None
         if ckpt == "last":
             found = latest_checkpoint(config_dir)
+            if found is None and self.subcommand == "fit":
+                self._refuse_a_sibling_checkpoint(config_dir, settings)
             if found is None:
                 rank_zero_warn(f"ckpt_path: 'last' found no checkpoint of this configuration under {config_dir}; starting a new run")
                 cfg["ckpt_path"] = None
@@ -615,6 +618,30 @@ class LfedCLI(LightningCLI):
                 init["save_dir"] = str(run_dir)
             if str(lg.get("class_path")).endswith("MetricsCSV") and init.get("dirpath") is None:
                 init["dirpath"] = str(run_dir)
+
+    def _refuse_a_sibling_checkpoint(self, config_dir: Path, settings: dict[str, Any]) -> None:
+        """``--ckpt_path last`` with a changed setting (``--model.training.client_lr 0.1``, "resume with a lower lr")
+        finds no checkpoint of the new configuration; when a run of the same method on the same data has one, starting
+        a fresh run would silently not be what was asked: refused, naming the checkpoint, the settings that differ and
+        both ways on (issue 51 item 2). With no such run, ``last`` starts a new one (the idiom "resume if there is
+        anything to resume")."""
+        prefix = config_dir.name.rsplit("-", 1)[0] + "-"
+        others = [p for p in config_dir.parent.glob(f"{glob_escape(prefix)}*/version_*/checkpoints/last.ckpt")
+                  if p.parent.parent.parent != config_dir and p.parent.parent.parent.name.rsplit("-", 1)[0] + "-" == prefix]
+        if not others:
+            return
+        latest = max(others, key=lambda p: p.stat().st_mtime)
+        try:
+            theirs = read_checkpoint(str(latest)).get(CONFIG_KEY) or {}
+        except Exception:  # noqa: BLE001 - an unreadable neighbour: its differences are unknown, the refusal stands
+            theirs = {}
+        mine, saved = flat_settings(settings), flat_settings(theirs)
+        differ = [k for k in sorted(set(mine) | set(saved)) if k != "data.data_dir" and mine.get(k) != saved.get(k)]
+        shown = "; ".join(f"{k}: {saved.get(k)!r} there, {mine.get(k)!r} here" for k in differ[:3])
+        more = f"; ... {len(differ)} settings in all" if len(differ) > 3 else ""
+        raise ValueError(f"ckpt_path: 'last' found no checkpoint of this configuration, but {latest} is a run of the same "
+                         f"method and data with other settings ({shown or 'settings unreadable'}{more}); to continue it "
+                         f"with these settings give --ckpt_path {latest}, to start a new run drop --ckpt_path")
 
     def _check_config_fits_checkpoint(self, ckpt: str, given: dict[str, Any], saved: dict[str, Any]) -> None:
         """``lfed validate|test --config A --ckpt_path <run of B>``: refused, naming the settings that differ.

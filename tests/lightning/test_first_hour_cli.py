@@ -148,10 +148,39 @@ def test_each_run_has_its_own_directory_and_last_resumes_the_same_configuration(
 
 
 def test_last_without_a_checkpoint_of_this_configuration_starts_a_new_run(tmp_path):
-    quick(tmp_path, "--trainer.logger", "false")
+    """Nothing of this method and data to resume: ``last`` starts a new run, and says so."""
     with pytest.warns(UserWarning, match="found no checkpoint of this configuration"):
         cli = quick(tmp_path, "--trainer.logger", "false", "--model.training.client_lr", "0.2", "--ckpt_path", "last", rounds=2)
     assert cli.trainer.ckpt_path is None and cli.trainer.global_step == 2
+
+
+def test_last_with_a_changed_setting_is_refused_naming_the_run_it_did_not_continue(tmp_path, monkeypatch, capsys):
+    """Issue 51 item 2: "resume with a lower lr" (``--model.training.client_lr 0.1 --ckpt_path last``) finds no checkpoint
+    of the new configuration; a run of the same method and data has one. It used to train fresh rounds, exit 0, with a
+    warning among W&B's lines; now one line names that checkpoint, the setting that differs and both ways on, exit 2,
+    and nothing is left behind. Giving that checkpoint continues it with the new setting (a ResumeWarning names it)."""
+    import sys
+
+    from lfed.lightning.cli import main
+
+    quick(tmp_path, "--trainer.logger", "false")
+    [last] = (tmp_path / "runs").glob("*/version_0/checkpoints/last.ckpt")
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "runs").rglob("*"))
+    monkeypatch.setattr(sys, "argv", ["lfed", "fit", "--config", str(QUICK), "--trainer.max_steps", "6", "--trainer.logger", "false",
+                                      "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path),
+                                      "--model.training.client_lr", "0.02", "--ckpt_path", "last"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main()
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert info.value.code == 2
+    assert err[-1] == (f"lfed fit: error: ckpt_path: 'last' found no checkpoint of this configuration, but {last} is a run of "
+                       "the same method and data with other settings (model.training.client_lr: 0.05 there, 0.02 here); to "
+                       f"continue it with these settings give --ckpt_path {last}, to start a new run drop --ckpt_path")
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "runs").rglob("*")) == before  # nothing left behind
+    with pytest.warns(UserWarning, match="client_lr"):
+        cli = quick(tmp_path, "--trainer.logger", "false", "--model.training.client_lr", "0.02", "--ckpt_path", str(last), rounds=6)
+    assert cli.trainer.global_step == 6 and Path(cli.trainer.ckpt_path) == last
 
 
 def test_a_run_that_fails_to_start_leaves_no_empty_run_directory(tmp_path, capsys):
