@@ -10,6 +10,7 @@ training loader, evaluation ticks).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -19,7 +20,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, TensorDataset
 
 from lfed.data.datasets import DATASETS, load_dataset
-from lfed.data.partition import _flatten, holdout_split_flat, label_counts_flat, pack_flat, partition, validation_split
+from lfed.data.partition import PARTITIONS, _flatten, holdout_split_flat, label_counts_flat, pack_flat, partition, validation_split
 from lfed.data.tensors import DatasetTensors, validate_labels
 
 __all__ = ["FederatedData", "FederatedDataset", "HOST_FIELDS", "UnusedSettingWarning", "client_validation_seed", "share_datasets"]
@@ -333,6 +334,15 @@ class FederatedDataset:
             raise ValueError(f"client_validation_fraction: must be in [0, 1), got {client_validation_fraction}")
         if eval_batch_size < 1:
             raise ValueError(f"eval_batch_size: must be >= 1, got {eval_batch_size}")
+        if partition not in PARTITIONS:  # before anything starts (W&B, run files), naming the argument and a close match
+            close = difflib.get_close_matches(str(partition), PARTITIONS, n=1)
+            raise ValueError(f"partition: {partition!r} is not one of {PARTITIONS}"
+                             + (f" (did you mean {close[0]!r}?)" if close else ""))
+        if isinstance(rho, bool) or not rho > 0 or rho == float("inf"):
+            raise ValueError(f"rho: the Dirichlet concentration, a number > 0, got {rho}")
+        for name, value in (("shards_per_client", shards_per_client), ("classes_per_client", classes_per_client)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
         if (train is None) != (test is None):
             raise ValueError("train/test: give both your own train and test data, or neither (and a dataset name)")
         #: the settings as given (what the Lightning layer keeps as the data module's hyper-parameters)

@@ -63,7 +63,7 @@ def _labels(labels: Tensor, num_classes: int | None) -> tuple[Tensor, int]:
 def _clients(num_clients: int, n: int) -> int:
     num_clients = _int("num_clients", num_clients, 1)
     if num_clients > n:
-        raise ValueError(f"num_clients must be <= the number of examples ({n}), got {num_clients}")
+        raise ValueError(f"num_clients: must be <= the number of examples ({n}), got {num_clients}")
     return num_clients
 
 
@@ -332,7 +332,7 @@ def natural_partition(groups: Tensor, num_clients: int | None = None) -> list[Te
         num_clients = ids.numel()
     num_clients = _int("num_clients", num_clients, 1)
     if num_clients > ids.numel():
-        raise ValueError(f"num_clients must be <= the {ids.numel()} groups for the natural partition, "
+        raise ValueError(f"num_clients: must be <= the {ids.numel()} groups for the natural partition, "
                          f"got {num_clients}")
     owner = torch.searchsorted(ids, groups_cpu)
     return _split_by_owner(torch.arange(groups_cpu.numel()), owner, num_clients, groups.device)

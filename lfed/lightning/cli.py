@@ -619,6 +619,17 @@ class LfedCLI(LightningCLI):
             if str(lg.get("class_path")).endswith("MetricsCSV") and init.get("dirpath") is None:
                 init["dirpath"] = str(run_dir)
 
+    def before_fit(self) -> None:
+        """Build the data before the Trainer starts anything (a W&B run, its files): a dataset that is not there, more
+        clients than examples, a partition that cannot be made are one line with nothing left behind (issue 51 item 9).
+        The Trainer's ``setup`` reuses what was built (:meth:`lfed.data.federated.FederatedDataset.build` is
+        idempotent)."""
+        build = getattr(self.datamodule, "build", None)
+        if callable(build):
+            build()
+
+    before_validate = before_test = before_fit
+
     def _refuse_a_sibling_checkpoint(self, config_dir: Path, settings: dict[str, Any]) -> None:
         """``--ckpt_path last`` with a changed setting (``--model.training.client_lr 0.1``, "resume with a lower lr")
         finds no checkpoint of the new configuration; when a run of the same method on the same data has one, starting
@@ -683,14 +694,19 @@ class LfedCLI(LightningCLI):
             return
         for logger in (getattr(getattr(self, "trainer", None), "loggers", None) or []):
             finish = getattr(getattr(logger, "_experiment", None), "finish", None)
-            if callable(finish):  # a W&B run that was started: closed before its files go
+            if callable(finish):  # a W&B run that was started: closed (its footer unprinted) before its files go
+                import contextlib
+                import io
+
                 try:
-                    finish(quiet=True)
+                    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                        finish(exit_code=1)
                 except Exception:  # noqa: BLE001 - the refusal is what the user must see
                     pass
         shutil.rmtree(created, ignore_errors=True)
-        if created.parent.is_dir() and not any(created.parent.iterdir()):
-            created.parent.rmdir()
+        for parent in (created.parent, created.parent.parent):  # runs/<configuration>, then runs/ when left empty
+            if parent.name and parent.is_dir() and not any(parent.iterdir()) and parent != Path(os.getcwd()):
+                parent.rmdir()
         self._created_run_dir = None
 
     def _settings_from_checkpoint(self, ckpt: str) -> dict[str, Any]:

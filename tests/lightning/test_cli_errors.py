@@ -53,7 +53,7 @@ BAD = {
     "fraction": (["--model.fraction=0"], ["fraction", "(0, 1]", "0.0"]),
     "client_lr": (["--model.training.client_lr=-0.1"], ["client_lr", "> 0", "-0.1"]),
     "batch_size": (["--model.training.batch_size=0"], ["batch_size", ">= 1", "got 0"]),
-    "rho": (["--data.rho=-1"], ["rho", "> 0", "-1"]),  # refused while the data is split, in trainer.fit
+    "rho": (["--data.rho=-1"], ["rho", "> 0", "-1"]),  # refused when the data module is made, before anything starts
     "dataset": (["--data.dataset=mnits"], ["dataset", "'mnits'", "'mnist'"]),
     "mu": (["--model.algorithm=fedprox", "--model.objective=lfed.client.objectives.Prox", "--model.objective.init_args.mu=-0.5"],
            ["mu", ">= 0", "-0.5"]),
@@ -269,3 +269,34 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(monkeypatch, capsys, tm
     assert code == 130 and "Traceback" not in err
     assert last_line(err) == "lfed fit: interrupted before the first round; no run was kept"
     assert not list((tmp_path / "runs").rglob("version_*")) if (tmp_path / "runs").exists() else True
+
+
+def test_data_mistakes_are_found_before_anything_starts_and_leave_nothing(monkeypatch, capsys, tmp_path):
+    """Issue 51 item 9: a partition typo (with the close match), more clients than examples and a dataset that is not
+    there are found before the Trainer starts a W&B run: one line, exit 2, no runs/ folder."""
+    cases = [(["--data.partition", "dirichlett"], "lfed fit: error: partition: 'dirichlett' is not one of ('iid', 'shards', "
+              "'dirichlet', 'classes', 'natural') (did you mean 'dirichlet'?)"),
+             (["--data.num_clients", "5000"], "lfed fit: error: num_clients: must be <= the number of examples (1438), got 5000"),
+             (["--data.dataset", "mnist", "--data.data_dir", str(tmp_path / "nowhere")], "lfed fit: error: mnist: missing file(s)")]
+    for extra, start in cases:
+        code, err = run_main(monkeypatch, capsys, [*base(tmp_path), *extra])
+        assert code == 2 and last_line(err).startswith(start), err
+        assert "wandb" not in err.lower() and "GPU available" not in err  # nothing of the Trainer started
+        assert not (tmp_path / "runs").exists()
+
+
+def test_a_refusal_after_wandb_started_closes_its_run_and_leaves_nothing(monkeypatch, capsys, tmp_path):
+    """A refusal that needs the net and the data (here the net's outputs) comes after W&B started its (offline) run:
+    the W&B run is closed without its footer, lfed's line is the last, and no runs/ folder is left (W&B 0.31's
+    ``finish`` has no ``quiet``: the run used to be closed only at exit, writing its files again)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_home"))
+    monkeypatch.setattr(sys, "argv", ["lfed", *base(tmp_path), "--model.net.init_args.num_classes", "5"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main()
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert last_line(err).startswith("lfed fit: error: net: outputs shape (5,) per example"), err
+    assert "wandb sync" not in err
+    assert not (tmp_path / "runs").exists(), sorted(str(p) for p in (tmp_path / "runs").rglob("*"))
