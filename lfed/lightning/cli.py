@@ -37,6 +37,7 @@ Defaults that make a federated run read well:
 
 from __future__ import annotations
 
+import difflib
 import json
 import netrc
 import os
@@ -57,7 +58,7 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lfed.checks import HookError
-from lfed.core.registry import entry, names, settings_label
+from lfed.core.registry import NAMES, component_class, entry, names, settings_label
 from lfed.core.settings import retired, upgrade_args
 from lfed.lightning.checkpoint import RoundCheckpoint, install_atomic_io, read_checkpoint
 from lfed.lightning.datamodule import FederatedDataModule
@@ -433,7 +434,8 @@ class LfedCLI(LightningCLI):
         except ArgumentError as err:
             if not config_errors:
                 raise
-            raise ConfigError(one_line(str(err))) from err
+            args = kwargs.get("args") if kwargs.get("args") is not None else sys.argv[1:]
+            raise ConfigError(self._key_message(str(err), list(args)) or one_line(str(err))) from err
         except yaml.YAMLError as err:  # a --config file that is not YAML (a tab, an unclosed bracket)
             if not config_errors:
                 raise
@@ -444,6 +446,58 @@ class LfedCLI(LightningCLI):
             if not config_errors or (self.first_step.started and not isinstance(err, HookError)):
                 raise
             raise ConfigError(self._nested_message(str(err)) or one_line(str(err))) from err
+
+    def _key_message(self, text: str, args: list[str]) -> str | None:
+        """One line for a key the parser does not know (a typo on the command line or in a ``--config`` file: the file
+        and the closest setting named), or a component's setting given without its class
+        (``--model.objective.mu 0.5`` on the default objective: the classes that have it named); None for others."""
+        nested = re.search(r'Parser key "model\.(\w+)".*NestedArg\(key=\'([^\']+)\', val=\'([^\']*)\'\)', text, re.S)
+        if nested and nested.group(1) in NAMES:
+            import inspect
+
+            role, key, value = nested.groups()
+            key = key.removeprefix("init_args.")
+            having = []
+            for name in names(role):
+                cls = component_class(role, name)
+                if cls is not None and key in inspect.signature(cls.__init__).parameters:
+                    having.append(f"{cls.__module__}.{cls.__qualname__}")
+            having = list(dict.fromkeys(having))
+            example = having[0] if having else "<its class path>"
+            classes = f" ({key} is a setting of {', '.join(having)})" if having else f" (no built-in {role} has a setting {key!r})"
+            return (f"model.{role}.{key}: a setting of the {role}'s class, and this command gives no class for it (a name, or "
+                    f"the default, takes its defaults); give the class first: --model.{role} {example} "
+                    f"--model.{role}.init_args.{key} {value}{classes}")
+        unknown = re.search(r"does not accept option '([^']+)'", text) or re.search(r"unrecognized arguments: --([^\s=]+)", text)
+        if not unknown:
+            return None
+        key = unknown.group(1)
+        known = self._known_keys(args)
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+        where = ""
+        for name in [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"]:
+            try:
+                node = yaml.safe_load(Path(name).read_text())
+            except (OSError, yaml.YAMLError):
+                continue
+            for part in key.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            if node is not None:
+                where = f"--config {name}: "
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        sub = next((a for a in args if a in SUBCOMMANDS), "fit")
+        return f"{where}{key}: not a setting of lfed {sub}{hint}; lfed {sub} --help lists them"
+
+    def _known_keys(self, args: list[str]) -> list[str]:
+        """Every setting the parser of this command knows (``model.training.client_lr``, ``trainer.max_steps``, ...)."""
+        parser = getattr(self, "parser", None)
+        sub = getattr(parser, "_subcommands_action", None)
+        name = next((a for a in args if a in SUBCOMMANDS), None)
+        if sub is not None and name in getattr(sub, "_name_parser_map", {}):
+            parser = sub._name_parser_map[name]
+        if parser is None:
+            return []
+        return sorted({a.dest for a in parser._actions if isinstance(a.dest, str) and "." in a.dest})
 
     def _nested_message(self, text: str) -> str | None:
         """lfed's own message of a component's setting under a ``class_path`` first, as one line with its argument path.

@@ -300,3 +300,30 @@ def test_a_refusal_after_wandb_started_closes_its_run_and_leaves_nothing(monkeyp
     assert last_line(err).startswith("lfed fit: error: net: outputs shape (5,) per example"), err
     assert "wandb sync" not in err
     assert not (tmp_path / "runs").exists(), sorted(str(p) for p in (tmp_path / "runs").rglob("*"))
+
+
+def test_a_key_typo_names_the_file_and_the_closest_setting(monkeypatch, capsys, tmp_path):
+    """Issue 51 item 10: a key the parser does not know, in a --config file or on the command line: one line naming the
+    file (when it is in one) and the closest setting."""
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("model:\n  training:\n    client_lrr: 0.1\n")
+    code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--config", str(typo)])
+    assert code == 2
+    assert last_line(err) == (f"lfed fit: error: --config {typo}: model.training.client_lrr: not a setting of lfed fit (did you "
+                              "mean model.training.client_lr?); lfed fit --help lists them")
+    code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--model.trainingg.client_lr", "0.1"])
+    assert code == 2
+    assert last_line(err) == ("lfed fit: error: model.trainingg.client_lr: not a setting of lfed fit (did you mean "
+                              "model.training.client_lr?); lfed fit --help lists them")
+
+
+def test_a_components_setting_without_its_class_names_the_classes_that_have_it(monkeypatch, capsys, tmp_path):
+    """``--model.objective.mu 0.5`` on the default objective used to read "got NestedArg(key='mu', val='0.5')"."""
+    code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--model.objective.mu", "0.5"])
+    assert code == 2
+    assert last_line(err) == ("lfed fit: error: model.objective.mu: a setting of the objective's class, and this command gives "
+                              "no class for it (a name, or the default, takes its defaults); give the class first: --model.objective "
+                              "lfed.client.objectives.Prox --model.objective.init_args.mu 0.5 (mu is a setting of "
+                              "lfed.client.objectives.Prox)")
+    code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--model.sampler.nonsense", "1"])
+    assert code == 2 and last_line(err).endswith("(no built-in sampler has a setting 'nonsense')")
