@@ -3,7 +3,7 @@
 A round (:func:`lfed.core.round.run_round`) is composed of components, one per role:
 
 ==============  ===========================================  =====================================
-role            interface                                    SPEC
+role            interface                                    docs/algorithms.md
 ==============  ===========================================  =====================================
 objective       :class:`lfed.client.objectives.ClientRule`   §2 local step rule and client state
 weights         :class:`lfed.server.weighting.AggregationWeights`  §3 weights, partial work
@@ -261,7 +261,7 @@ class CompositionContext:
 
     Attributes:
         explicit: The roles the user set (a preset's own choices are not questioned).
-        p_inactive, p_incomplete: The straggler model's probabilities (SPEC §6).
+        p_inactive, p_incomplete: The straggler model's probabilities (docs/algorithms.md §6).
         num_clients: ``N``; ``total_rounds``: the run's rounds (None when unknown).
         cohort_sizes: ``K_t`` of every round, when ``N`` and the rounds are known.
         components: Every component of the run by role.

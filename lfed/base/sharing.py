@@ -1,4 +1,4 @@
-"""The sharing role's default: every coordinate of the flat model leaves the client (SPEC §11).
+"""The sharing role's default: every coordinate of the flat model leaves the client (docs/algorithms.md §13).
 
 The round (:mod:`lfed.core.round`) uploads, compresses, combines and server-steps through its sharing's methods. A
 rule without a local part has :data:`SHARE_ALL`, whose every method is the identity; a personalized rule that keeps

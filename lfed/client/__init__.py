@@ -1,4 +1,4 @@
-"""Client rules (SPEC §2): what each client does in a round, one class per method.
+"""Client rules (docs/algorithms.md §2): what each client does in a round, one class per method.
 
 * :class:`ClientRule`: the base class (hooks ``step_rule``, ``loss_term``, ``after_local``,
   ``server_combination``; personalized: ``personal_rows``, ``start_weights``, ``start_buffers``,

@@ -1,4 +1,4 @@
-"""FedDyn (Acar et al. 2021, *Federated Learning Based on Dynamic Regularization*; SPEC §2 feddyn).
+"""FedDyn (Acar et al. 2021, *Federated Learning Based on Dynamic Regularization*; docs/algorithms.md §2 feddyn).
 
 The worked example of adding an algorithm to lfed in one file (``docs/extending.md``): one
 component that is both the client rule and the server combination, with its state declared.
@@ -29,7 +29,7 @@ __all__ = ["FedDyn"]
 
 
 class FedDyn(ClientRule, ServerCombination):
-    """FedDyn's client rule and server combination (SPEC §2 feddyn).
+    """FedDyn's client rule and server combination (docs/algorithms.md §2 feddyn).
 
     Args:
         alpha: Regularisation coefficient α > 0 (the paper uses 0.1, 0.01, 0.001).

@@ -1,4 +1,4 @@
-"""EFL's Fisher reports (SPEC §2 efl): the empirical Fisher diagonal of each client, split over ranks.
+"""EFL's Fisher reports (docs/algorithms.md §2 efl): the empirical Fisher diagonal of each client, split over ranks.
 
 ``diag(F_k) = mean_i (∂ loss(x_i) / ∂ w)²`` at client k's final weights, over
 ``min(n_k, num_samples)`` of its examples drawn without replacement (per-example gradients,
@@ -40,7 +40,7 @@ def fisher_diagonal(
     max_elements: int = 2**26,
     rows: Tensor | None = None,
 ) -> Tensor:
-    """Empirical Fisher diagonal of each client at its own weights (EFL, SPEC §2 efl).
+    """Empirical Fisher diagonal of each client at its own weights (EFL, docs/algorithms.md §2 efl).
 
     ``diag(F_k) = mean_i (∂ loss(x_i) / ∂ w)²`` over ``min(n_k, num_samples)`` of client
     k's examples drawn without replacement: squared per-example gradients, never

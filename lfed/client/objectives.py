@@ -1,4 +1,4 @@
-"""Local objectives (SPEC §2): plain, prox, scaffold, igfl, efl.
+"""Local objectives (docs/algorithms.md §2): plain, prox, scaffold, igfl, efl.
 
 Each objective is a :class:`ClientRule` component (:mod:`lfed.base.component`) that declares its
 per-client and server state (:mod:`lfed.state.spec` allocates it, checkpoints it and checks its
@@ -52,7 +52,7 @@ __all__ = ["ClientRule", "Cohort", "EFL", "IGFL", "Plain", "Prox", "Scaffold",
 
 
 class ClientRule(Component):
-    """Base class of client rules (SPEC §2): the plain FedAvg objective, ``w ← w - eta_l g_k(w)``.
+    """Base class of client rules (docs/algorithms.md §2): the plain FedAvg objective, ``w ← w - eta_l g_k(w)``.
 
     Hooks, in the order a round calls them:
 
@@ -97,7 +97,7 @@ class ClientRule(Component):
         """A server combination this rule needs (None: any). See :mod:`lfed.client.feddyn`."""
         return None
 
-    # ---------------------------------------------------------------- personalization (SPEC §11)
+    # ---------------------------------------------------------------- personalization (docs/algorithms.md §13)
     #: Whether each client has its own model: every evaluation then also evaluates each client's
     #: personalized model (:meth:`personal_rows`) on its own held-out split (``personal/*``).
     personalized: bool = False
@@ -112,7 +112,7 @@ class ClientRule(Component):
         return w.expand(clients.numel(), -1)
 
     def personal_models(self, w: Tensor, local: Callable[[Tensor], LocalWork]) -> dict[str, Callable[[Tensor], Any]]:
-        """The models each personalized evaluation scores beside the global ``w`` (SPEC §11), by metric prefix:
+        """The models each personalized evaluation scores beside the global ``w`` (docs/algorithms.md §13), by metric prefix:
         ``{"personal": clients -> personal_rows(clients, w, local(clients))}`` for a :attr:`personalized` rule, none for
         any other (the run then evaluates the global model alone). ``local(clients)`` is the
         :class:`~lfed.base.component.LocalWork` over those clients' training data."""
@@ -184,7 +184,7 @@ class Prox(ClientRule):
 
 
 class Scaffold(ClientRule):
-    """SCAFFOLD, option II (Karimireddy et al. 2020; SPEC §2 scaffold).
+    """SCAFFOLD, option II (Karimireddy et al. 2020; docs/algorithms.md §2 scaffold).
 
     Step ``w ← w - eta_l (g_k(w) - c_k + c)``; after ``K`` steps
     ``c_k ← c_k - c + (w_start - w_end) / (K eta_l)`` and
@@ -264,7 +264,7 @@ class Scaffold(ClientRule):
 
 
 class IGFL(ClientRule):
-    """IGFL-C (Huang et al., Algorithm 2 of 000; SPEC §2 igfl).
+    """IGFL-C (Huang et al., Algorithm 2 of 000; docs/algorithms.md §2 igfl).
 
     Each step ``Δ_I = -eta_l g``, ``Δ_G = (1/|S|)(Δ_I - Δw_k / T) + Δw_ps / T``,
     ``w ← w + Δ_I + Δ_G``, i.e. the step rule with ``grad_scale = 1 + 1/|S|`` and
@@ -286,7 +286,7 @@ class IGFL(ClientRule):
 
 
 class EFL(ClientRule):
-    """EFL's Fisher-elastic objective (Ma et al., §3.1 of 004; SPEC §2 efl).
+    """EFL's Fisher-elastic objective (Ma et al., §3.1 of 004; docs/algorithms.md §2 efl).
 
     Local objective ``f_k(w) + (λ/2) wᵀUw - λ wᵀV`` with ``U = Σ_i u_i``, ``V = Σ_i v_i`` over
     every client's latest report; step ``w ← w - eta_l (g + λ (U ⊙ w - V))``. After local
@@ -324,7 +324,7 @@ class EFL(ClientRule):
         return StepRule(decay=self.lam * self.state("fisher_u_sum"), shift=-self.lam * self.state("fisher_v_sum"))
 
     def round_metrics(self, cohort: Cohort, lr: float) -> dict[str, float | Tensor]:
-        """``efl/max_lr_lambda_u``: ``max_i η λ U_i`` of this round's step (stable only below 2, SPEC §2 efl);
+        """``efl/max_lr_lambda_u``: ``max_i η λ U_i`` of this round's step (stable only below 2, docs/algorithms.md §2 efl);
         a device value, read with the round's other metrics (:mod:`lfed.engine.host`)."""
         return {"efl/max_lr_lambda_u": lr * self.lam * self.state("fisher_u_sum").max()}
 

@@ -129,7 +129,7 @@ class Asynchronous(Component):
         self.times: list[float] = []  # simulated time after each server step
         self._plan: list[tuple[int, float, float, int]] = []  # this step's dispatch (client, start, duration, steps)
         #: per slot: the accuracy of its client's locally trained model w_k on the client's own held-out split
-        #: (SPEC §9's local accuracy, scored at dispatch; reported when the result arrives); NaN: none
+        #: (docs/algorithms.md §9's local accuracy, scored at dispatch; reported when the result arrives); NaN: none
         self.local_acc: Tensor | None = None
 
     # ------------------------------------------------------------------ what it is
@@ -337,7 +337,7 @@ class Asynchronous(Component):
         }
         if not idle:
             metrics["train/loss"] = result.loss.mean()
-        if self.local_acc is not None:  # the arrivals' local accuracy (client/local_acc_mean, bmta_local: SPEC §9)
+        if self.local_acc is not None:  # the arrivals' local accuracy (client/local_acc_mean, bmta_local: docs/algorithms.md §9)
             metrics["client/local_acc_mean"] = torch.nanmean(self.local_acc[popped_slots.to(self.local_acc.device)])
         return run.conclude(record, metrics, w), [] if idle else [f"server step {step}: {m}" for m in prepared.record.warnings]
 

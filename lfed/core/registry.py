@@ -192,15 +192,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     # with residuals both ways. 004's text gives no sparsity q (its implementation details are in
     # a supplement we do not have): q = 0.1 is ours; `channel: false` switches it off.
     "efl": {"objective": "efl", "partial_work": "scale", "channel": 0.1},
-    # Acar et al. 2021 (SPEC §2 feddyn): one file, lfed/client/feddyn.py (client rule + server combination)
+    # Acar et al. 2021 (docs/algorithms.md §2 feddyn): one file, lfed/client/feddyn.py (client rule + server combination)
     "feddyn": {"objective": "feddyn"},
-    # McMahan et al. 2018 (SPEC §10): Poisson sampling, uniform weights, clip + noise + fixed denominator;
+    # McMahan et al. 2018 (docs/algorithms.md §11): Poisson sampling, uniform weights, clip + noise + fixed denominator;
     # set its noise, clip and budget with combination: {class_path: lfed.privacy.DPFedAvg, init_args: {...}}
     "dp_fedavg": {"sampler": "poisson", "weighting": "uniform", "combination": "dp_fedavg"},
     # the same with Reddi et al.'s FedAdam server (DP-FedAdam: the server optimizer is post-processing)
     "dp_fedadam": {"sampler": "poisson", "weighting": "uniform", "combination": "dp_fedavg",
                    "server_optimizer": _server("FedAdam", lr=0.01, tau=0.01)},
-    # SPEC §11, personalized FL: one client rule per method (lfed/personal/), each with a personalized model per client
+    # docs/algorithms.md §13, personalized FL: one client rule per method (lfed/personal/), each with a personalized model per client
     "fedavg_ft": {"objective": "fedavg_ft"},
     "ditto": {"objective": "ditto"},
     "fedper": {"objective": "fedper"},

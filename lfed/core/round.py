@@ -1,4 +1,4 @@
-"""One federated round as a function: components in, new weights and a record out (SPEC §1).
+"""One federated round as a function: components in, new weights and a record out (docs/algorithms.md §1).
 
 :func:`run_round` needs no Trainer: give it the global weights ``w [P]``, an :class:`Algorithm`
 (its components hold their declared state, :mod:`lfed.state.spec`), the federated data on the
@@ -8,7 +8,7 @@ from ``seed``). It returns the new global weights and a :class:`RoundRecord` (co
 aggregation weights, attention and its entropy and logit spread, losses, bits), and moves the
 components' state on. :class:`~lfed.lightning.module.FederatedModule` is a Lightning driver around it.
 
-Order of a round (SPEC §1)::
+Order of a round (docs/algorithms.md §1)::
 
     cohort, s_k  = sampler, participation          # §5, §6 (or given)
     a_k, counts  = weights                         # §3
@@ -21,7 +21,7 @@ Order of a round (SPEC §1)::
     w'           = server_step(Δ)                  # §4.1 (w + Δ by default)
     history, sampler.observe(w_k_end, w')          # state that needs the new model
 
-With partial sharing (SPEC §11, :class:`lfed.personal.sharing.Sharing`, resolved by
+With partial sharing (docs/algorithms.md §13, :class:`lfed.personal.sharing.Sharing`, resolved by
 :meth:`Algorithm.attach`) each client starts from the global shared part and its own local part
 (``objective.start_weights``), and the channel, combination, server step, history and sampler see
 only the shared coordinates; the global model's local coordinates never move. ``after_local`` may
@@ -187,7 +187,7 @@ class RoundRecord:
         delta: ``[P]`` the update the model moved by (before the server optimizer), or None if skipped.
         attention: The :class:`~lfed.server.attention.AttentionResult` of an attention combination.
         bits_up: Bits uploaded (counting clients), ``bits_down``: bits broadcast (whole cohort).
-        skipped: Whether no client's work counted (model and state unchanged, SPEC §3).
+        skipped: Whether no client's work counted (model and state unchanged, docs/algorithms.md §3).
         warnings: Messages the round's pieces warned (e.g. DWFed's uniform fall-back).
         result: The engine's :class:`~lfed.engine.CohortResult` (final client weights, buffers).
         extra: Scalars the components report for this round (:meth:`ClientRule.round_metrics`,
@@ -362,7 +362,7 @@ def prepare_round(
     host.counting = counting.detach().cpu()  # the built-in rules' mask is on the host already
     cohort.counting = to_device(counting, device)
     record = RoundRecord(round, cohort, weights, warnings=[str(x.message) for x in caught])
-    sizes = algorithm.sharing.shared_sizes_of(sizes)  # only the shared part travels (SPEC §11)
+    sizes = algorithm.sharing.shared_sizes_of(sizes)  # only the shared part travels (docs/algorithms.md §13)
     bits = algorithm.channel.bits(sizes)
     record.bits_down = clients.numel() * bits
     if not any(values(host.counting)) and not algorithm.combination.releases_every_round:
@@ -377,7 +377,7 @@ def prepare_round(
     term = algorithm.objective.loss_term(cohort, w)  # objectives that change the loss (MOON, Ditto)
     if term is not None:
         rule = replace(rule, loss_term=term)
-    w_start = algorithm.objective.start_weights(cohort, w)  # [P], or [K, P] with local parts (SPEC §11)
+    w_start = algorithm.objective.start_weights(cohort, w)  # [P], or [K, P] with local parts (docs/algorithms.md §13)
     job = TrainJob(w_start, data.train_x, data.train_y, data.client_index[clients], n_k, cohort.steps_done, rule, lr,
                    training.batch_size, round_generator(seed, round, "batches"),
                    buffers=algorithm.objective.start_buffers(cohort),  # per-client running statistics (FedBN)
@@ -423,7 +423,7 @@ def finish_round(
         updates = final - job.w_start
         record.check(updates, "client updates")
 
-    sharing = algorithm.sharing  # SPEC §11: the local part never leaves the client (SHARE_ALL: every method the identity)
+    sharing = algorithm.sharing  # docs/algorithms.md §13: the local part never leaves the client (SHARE_ALL: every method the identity)
     sizes = sharing.shared_sizes_of(sizes)
     updates, w_up, ends = sharing.shared(updates), sharing.shared(w), sharing.shared(result.weights)
     delta = aggregate(algorithm, record, updates, record.weights, sizes)
@@ -442,7 +442,7 @@ def finish_round(
 
 def aggregate(algorithm: Algorithm, record: RoundRecord, updates: Tensor, weights: Tensor, sizes: list[int]) -> Tensor:
     """The server's half of a step up to the new model, shared by both schedules (:mod:`lfed.core.synchronous`): the
-    ``[K, P_s]`` uploads through the channel (SPEC §8), combined with ``weights`` (SPEC §4, §5), back through the
+    ``[K, P_s]`` uploads through the channel (docs/algorithms.md §8), combined with ``weights`` (docs/algorithms.md §4, §5), back through the
     channel; checked. Records ``delta``, ``attention`` and ``bits_up`` on ``record``; returns ``Δ [P_s]``."""
     cohort = record.cohort
     sent = algorithm.channel.upstream(updates, cohort, sizes)
@@ -457,7 +457,7 @@ def aggregate(algorithm: Algorithm, record: RoundRecord, updates: Tensor, weight
 def step_server(algorithm: Algorithm, record: RoundRecord, delta: Tensor, w: Tensor,
                 server_step: Callable[[Tensor], Tensor] | None) -> Tensor:
     """The new global model from ``Δ`` (shared by both schedules): the server step on the shared coordinates, the
-    local part kept as it was (SPEC §11: not server-optimized either, a decay or momentum would move it); checked."""
+    local part kept as it was (docs/algorithms.md §13: not server-optimized either, a decay or momentum would move it); checked."""
     full = algorithm.sharing.expand_shared(delta)
     w_new = server_step(full) if server_step is not None else w + full
     w_new = algorithm.sharing.keep_local(w_new, w)
@@ -506,7 +506,7 @@ def run_round(
     server_step: Callable[[Tensor], Tensor] | None = None,
     ranks: Ranks | None = None,
 ) -> tuple[Tensor, RoundRecord]:
-    """One federated round (SPEC §1): :func:`prepare_round`, the engine, :func:`finish_round`.
+    """One federated round (docs/algorithms.md §1): :func:`prepare_round`, the engine, :func:`finish_round`.
 
     Args:
         algorithm: The components (their state must be allocated: :func:`setup_state`).
@@ -563,7 +563,7 @@ def verify_round(record: RoundRecord, metrics: dict[str, Any] | None = None) -> 
 def setup_state(algorithm: Algorithm, store, num_examples: Tensor, num_params: int, like: Tensor) -> None:
     """Allocate every component's declared state in ``store`` (each component once).
 
-    With partial sharing (:attr:`Algorithm.sharing`, SPEC §11) a component's ``"P"`` is the number of
+    With partial sharing (:attr:`Algorithm.sharing`, docs/algorithms.md §13) a component's ``"P"`` is the number of
     coordinates it handles (:meth:`~lfed.personal.sharing.Sharing.state_size`): the shared ones (``P_s``)
     for every role but the objective, the local ones (``P_l``) for the objective, whose rows hold each
     client's local part; without it, ``num_params`` for every role.

@@ -1,6 +1,6 @@
 """One federated run, with no Lightning in it: its model, components, round, evaluation, summary and state.
 
-A :class:`FederatedRun` is the whole life of one run (SPEC §1, §9): set-up from the data
+A :class:`FederatedRun` is the whole life of one run (docs/algorithms.md §1, §9): set-up from the data
 (:meth:`~FederatedRun.setup`), its round in two halves around the engine
 (:meth:`~FederatedRun.prepare` and :meth:`~FederatedRun.finish`, which hold the after-round
 bookkeeping: client buffers, ``bmta_local``, communication), its evaluation
@@ -79,12 +79,12 @@ class FederatedRun(nn.Module):
         algorithm: The preset's name; ``explicit``: the roles the user set (composition checks).
         name: The run's name in a group ('' for a run alone).
         personal_clients: Clients whose personalized and global models each evaluation scores on their own
-            held-out splits (SPEC §11): None, all clients with a held-out split; a number, a seeded sample of
+            held-out splits (docs/algorithms.md §13): None, all clients with a held-out split; a number, a seeded sample of
             that many of them (the same sample at every evaluation).
         personal_chunk: Clients evaluated (and fine-tuned, FedAvg-FT) per vmapped call; bounds the memory
             of the ``[chunk, P]`` personalized models.
         round_local_accuracy: After every round, score the cohort's locally trained models on their own
-            held-out splits (``client/local_acc_mean``, ``final/bmta_local``, SPEC §9). False skips it
+            held-out splits (``client/local_acc_mean``, ``final/bmta_local``, docs/algorithms.md §9). False skips it
             (with a large model it can cost more than the round's training).
     """
 
@@ -193,7 +193,7 @@ class FederatedRun(nn.Module):
             if callable(getattr(module, "load_pretrained", None)):
                 module.load_pretrained()
         self.layout = ParamLayout.from_module(self.net)
-        self.components.attach(self.net, self.layout)  # partial sharing (SPEC §11), before state is allocated
+        self.components.attach(self.net, self.layout)  # partial sharing (docs/algorithms.md §13), before state is allocated
         check_task(self.net, data, self.loss)  # the net's output against the classes / targets, before round 0
         if self.store.placement == "disk" and self.store.directory is None:
             self.store.directory = Path(default_root_dir or ".") / (f"client_state-{self.name}" if self.name else "client_state")
@@ -276,7 +276,7 @@ class FederatedRun(nn.Module):
         return self.schedule.prepare(self, round, total_rounds, ranks)
 
     def server_step(self, optimizer: torch.optim.Optimizer) -> Callable[[Tensor], Tensor]:
-        """``Δ -> w'``: ``optimizer`` steps once on the pseudo-gradient ``-Δ`` (SPEC §4.1); the new flat weights."""
+        """``Δ -> w'``: ``optimizer`` steps once on the pseudo-gradient ``-Δ`` (docs/algorithms.md §4.4); the new flat weights."""
         trainable = [p for p in self.net.parameters() if p.requires_grad]
         inner = getattr(optimizer, "optimizers", None)  # the driver's RunOptimizers (configure_optimizers()): its step ticks
         if isinstance(inner, list):
@@ -306,7 +306,7 @@ class FederatedRun(nn.Module):
     def conclude(self, record: RoundRecord, metrics: dict[str, Any], w_before: Tensor) -> dict[str, float]:
         """The end of every step, whichever schedule ran it: the step's one read from the device (its metrics and
         finiteness flags, :func:`lfed.core.round.verify_round`), then the run's accounts: the last record, rounds done,
-        ``bmta_local`` (SPEC §9), communication (SPEC §8). Returns the metrics the run may release
+        ``bmta_local`` (docs/algorithms.md §9), communication (docs/algorithms.md §8). Returns the metrics the run may release
         (:mod:`lfed.base.metric_gate`). On NaN or Inf the net goes back to ``w_before`` (the last good model) and
         ``FloatingPointError`` is raised."""
         try:
@@ -353,7 +353,7 @@ class FederatedRun(nn.Module):
             else:
                 own[name].copy_(stacked.max(0).values)
 
-    # ------------------------------------------------------------------ evaluation (SPEC §9)
+    # ------------------------------------------------------------------ evaluation (docs/algorithms.md §9)
     def client_accuracy(self, ranks: Ranks | None = None, reduce_sum: Callable[[Tensor], Tensor] | None = None) -> Tensor | None:
         """``[N]`` accuracy of the global model on each client's held-out split (NaN without one); None if none has one."""
         ranks = ranks or Ranks()
@@ -382,7 +382,7 @@ class FederatedRun(nn.Module):
             metrics["client/acc_mean"] = float(client.mean())
             metrics["client/acc_worst10"] = worst_share_mean(client, 0.1)
             metrics.update(self.personal_evaluation(evaluated, ranks, reduce_sum, tokens, batch_size))
-        if evaluated is not None and evaluated[1] is not None:  # SPEC §12: each client's perplexity exp(mean NLL)
+        if evaluated is not None and evaluated[1] is not None:  # docs/algorithms.md §12: each client's perplexity exp(mean NLL)
             ppl = perplexity_summary(evaluated[1], "client")  # the one formula of personal/* and global/* too
             metrics.update({k.replace("_worst10pct", "_worst10"): v for k, v in ppl.items()})  # client/*_worst10, as acc
         return metrics, per_client
@@ -401,7 +401,7 @@ class FederatedRun(nn.Module):
 
     def personal_evaluation(self, evaluated: tuple[Tensor, Tensor | None], ranks: Ranks,
                             reduce_sum: Callable[[Tensor], Tensor], tokens: bool, batch_size: int = 2048) -> dict[str, float]:
-        """SPEC §11: each sampled client's personalized model and the global model on the client's own splits.
+        """docs/algorithms.md §13: each sampled client's personalized model and the global model on the client's own splits.
 
         ``global/acc_*`` are the global model's accuracies (``evaluated``: :func:`~lfed.evaluation.scores.client_evaluation`'s
         accuracies and NLLs on every client's held-out split) on the sampled clients; ``personal/acc_*`` are those of
@@ -411,7 +411,7 @@ class FederatedRun(nn.Module):
         mean of the worst 10% (``ceil(0.1 n)`` clients) and the standard deviation (population, ``1/n``).
         With clients' own validation splits (``data.client_validation_fraction``) the same on them,
         ``global_val/*`` and ``personal_val/*`` (each chunk's models made once for both splits); on token
-        data (``tokens``) also ``*/perplexity_mean`` and ``*/perplexity_worst10pct`` (SPEC §12).
+        data (``tokens``) also ``*/perplexity_mean`` and ``*/perplexity_worst10pct`` (docs/algorithms.md §12).
         At most ``batch_size`` examples go through the net at once (``data.eval_batch_size``).
         Every rank computes all of it (the same numbers).
         """
@@ -582,7 +582,7 @@ class StepOutcome:
 
 def train_step(runs: Sequence[FederatedRun], optimizers: Sequence[torch.optim.Optimizer], round: int,
                total_rounds: int | None, ranks: Ranks) -> tuple[list[StepOutcome], int]:
-    """One training step of every running run: the one place a round is told (SPEC §1).
+    """One training step of every running run: the one place a round is told (docs/algorithms.md §1).
 
     The Lightning driver (:class:`lfed.lightning.driver.FederatedDriver`, a run alone or a grid's group) and
     :func:`lfed.core.fit.fit_run` both call it and add only what is theirs (logging, evaluation, checkpoints).

@@ -3,7 +3,7 @@
 A :class:`~lfed.core.run.FederatedRun` prepares and finishes each training step through its schedule
 (:attr:`lfed.core.run.FederatedRun.schedule`), and knows nothing of the kinds:
 
-* :data:`SYNCHRONOUS` (the default, :class:`Synchronous`): a step is a round (SPEC §1): sample a cohort from the
+* :data:`SYNCHRONOUS` (the default, :class:`Synchronous`): a step is a round (docs/algorithms.md §1): sample a cohort from the
   current model, train it, combine every counting client's update, step the server once;
 * :class:`lfed.core.asynchronous.Asynchronous` (FedBuff, FedAsync): a step dispatches clients to keep ``C`` in
   flight, and steps the server on the ``M`` earliest arrivals of a simulated clock.
@@ -29,7 +29,7 @@ __all__ = ["SYNCHRONOUS", "Synchronous"]
 
 
 class Synchronous:
-    """Synchronous rounds (SPEC §1): every training step is one round of one cohort. The do-nothing default of the
+    """Synchronous rounds (docs/algorithms.md §1): every training step is one round of one cohort. The do-nothing default of the
     schedule role: no words in the start-up line, no simulated clock."""
 
     def composition(self) -> dict[str, str]:
@@ -53,7 +53,7 @@ class Synchronous:
     def finish(self, run: Any, prepared: Any, result: Any, optimizer: torch.optim.Optimizer,
                ranks: Any) -> tuple[dict[str, float], list[str]]:
         """The rest of the round (:func:`lfed.core.round.finish_round`) and its bookkeeping: the net's buffers,
-        ``bmta_local`` (SPEC §9), communication. A skipped round steps the optimizer with no gradient."""
+        ``bmta_local`` (docs/algorithms.md §9), communication. A skipped round steps the optimizer with no gradient."""
         rec = prepared.record
         r = rec.round
         if prepared.skipped:
@@ -66,7 +66,7 @@ class Synchronous:
         run.layout.load_into(run.net, w_new)  # the server step's model, but the local part as it was (Sharing.keep_local)
         if rec.result.buffers is not None:
             run.aggregate_buffers(rec.result.buffers, rec.weights)
-        local = None  # bmta_local (SPEC §9): the counting participants' w_k_end on their own held-out splits
+        local = None  # bmta_local (docs/algorithms.md §9): the counting participants' w_k_end on their own held-out splits
         host, clients, d = rec.cohort.host_values(), rec.cohort.clients, run.data
         if run.round_local_accuracy and is_classification(d.train_y) and any(values(host.counting)):
             rows = device_rows(host.counting, rec.result.weights.device)

@@ -1,4 +1,4 @@
-"""Benchmark datasets as in-memory tensors (SPEC §8).
+"""Benchmark datasets as in-memory tensors (docs/algorithms.md §8).
 
 Every loader returns a :class:`~lfed.data.tensors.DatasetTensors`: the whole train and test split
 as tensors, ready to be moved to the device once (DESIGN.md, "The cohort trains

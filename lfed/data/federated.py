@@ -3,7 +3,7 @@
 The pooled training set lives in two tensors; a client is a list of positions in them
 (packed into an ``[N, max_n]`` index with sizes), so a whole cohort's batch is gathered on the
 device in one indexing operation. Each client also has a held-out split for client-side
-evaluation (SPEC §9). :mod:`lfed.lightning.datamodule` wraps it for Lightning (the rounds as the
+evaluation (docs/algorithms.md §9). :mod:`lfed.lightning.datamodule` wraps it for Lightning (the rounds as the
 training loader, evaluation ticks).
 """
 
@@ -269,7 +269,7 @@ def _inverted(ds: DatasetTensors) -> DatasetTensors:
 
 
 class FederatedDataset:
-    """A dataset partitioned over ``num_clients`` simulated clients (SPEC §8), with no Lightning in it.
+    """A dataset partitioned over ``num_clients`` simulated clients (docs/algorithms.md §8), with no Lightning in it.
 
     What a round needs of the data (:meth:`build` gives the :class:`FederatedData`); :func:`lfed.core.fit.fit_run`
     takes it as it is, and :class:`lfed.lightning.datamodule.FederatedDataModule` is the same with Lightning's loaders.

@@ -1,4 +1,4 @@
-"""LEAF FEMNIST and Shakespeare from LEAF's JSON files (SPEC §8, natural partition).
+"""LEAF FEMNIST and Shakespeare from LEAF's JSON files (docs/algorithms.md §8, natural partition).
 
 LEAF (Caldas et al. 2018) stores each split as JSON files
 ``{"users": [...], "num_samples": [...], "user_data": {user: {"x": [...], "y": [...]}}}``,

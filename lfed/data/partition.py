@@ -1,4 +1,4 @@
-"""Split a training set among simulated clients (SPEC §8).
+"""Split a training set among simulated clients (docs/algorithms.md §8).
 
 Every partitioner returns one ``long`` tensor of example indices per client,
 sorted ascending, on the device of ``labels``. All randomness comes from a CPU
@@ -7,7 +7,7 @@ machine. The splits are disjoint; they cover the training set except where a
 docstring says what is left out. Every client gets at least one example, or the
 call raises ``ValueError``.
 
-Quota rule (SPEC §8): a total ``n`` divided into ``N`` equal parts gives every
+Quota rule (docs/algorithms.md §8): a total ``n`` divided into ``N`` equal parts gives every
 part ``n // N`` and the first ``n mod N`` parts one more (:func:`quota_sizes`).
 """
 
@@ -68,7 +68,7 @@ def _clients(num_clients: int, n: int) -> int:
 
 
 def quota_sizes(total: int, parts: int) -> Tensor:
-    """Equal quotas with the SPEC §8 remainder rule: the first ``total mod parts`` get one more.
+    """Equal quotas with the docs/algorithms.md §8 remainder rule: the first ``total mod parts`` get one more.
 
     Args:
         total: The amount to divide, ``>= 0``.
@@ -111,7 +111,7 @@ def _assign_from_counts(labels: Tensor, counts: Tensor, g: torch.Generator, devi
 
 
 def iid_partition(labels: Tensor, num_clients: int, seed: int = 0) -> list[Tensor]:
-    """IID split (SPEC §8): shuffle, then equal quotas by :func:`quota_sizes`.
+    """IID split (docs/algorithms.md §8): shuffle, then equal quotas by :func:`quota_sizes`.
 
     Args:
         labels: ``[n]`` labels (only their number and device are used).
@@ -131,7 +131,7 @@ def iid_partition(labels: Tensor, num_clients: int, seed: int = 0) -> list[Tenso
 
 
 def shards_partition(labels: Tensor, num_clients: int, seed: int = 0, shards_per_client: int = 2) -> list[Tensor]:
-    """Sort-and-partition (McMahan et al. 2017; 000 cross-silo; SPEC §8).
+    """Sort-and-partition (McMahan et al. 2017; 000 cross-silo; docs/algorithms.md §8).
 
     Examples are shuffled, then stably sorted by label (so which examples of a
     class share a shard is random, not the dataset's order), cut into
@@ -194,7 +194,7 @@ def _log_gamma_samples(shape: float, size: tuple[int, ...], g: torch.Generator) 
 def dirichlet_partition(
     labels: Tensor, num_clients: int, seed: int = 0, rho: float = 1.0, num_classes: int | None = None
 ) -> list[Tensor]:
-    """Dirichlet label skew (Hsu et al. 2019; 000 cross-device; SPEC §8).
+    """Dirichlet label skew (Hsu et al. 2019; 000 cross-device; docs/algorithms.md §8).
 
     Client k draws class proportions ``c_k ~ Dir(rho / C, ..., rho / C)`` and
     gets the quota ``n / N`` (:func:`quota_sizes`), filled by drawing labels from
@@ -252,7 +252,7 @@ def dirichlet_partition(
 def classes_partition(
     labels: Tensor, num_clients: int, seed: int = 0, classes_per_client: int = 2, num_classes: int | None = None
 ) -> list[Tensor]:
-    """Every client holds examples of exactly ``m`` classes (004 §5.2, "non-IID (m)"; SPEC §8).
+    """Every client holds examples of exactly ``m`` classes (004 §5.2, "non-IID (m)"; docs/algorithms.md §8).
 
     004 says only that every client is assigned samples from exactly ``m``
     classes. lfed's reading, after the non-iid(m) split of Sattler et al. (2019,
@@ -313,7 +313,7 @@ def classes_partition(
 
 
 def natural_partition(groups: Tensor, num_clients: int | None = None) -> list[Tensor]:
-    """One client per natural group, e.g. a LEAF writer or role (SPEC §8).
+    """One client per natural group, e.g. a LEAF writer or role (docs/algorithms.md §8).
 
     Args:
         groups: ``[n]`` integer group id of every example (``DatasetTensors.train_groups``).
@@ -350,7 +350,7 @@ def partition(
     num_classes: int | None = None,
     groups: Tensor | None = None,
 ) -> list[Tensor]:
-    """Split a training set among clients with one of :data:`PARTITIONS` (SPEC §8).
+    """Split a training set among clients with one of :data:`PARTITIONS` (docs/algorithms.md §8).
 
     Args:
         labels: ``[n]`` integer training labels.
@@ -398,10 +398,10 @@ def _flatten(client_indices: list[Tensor]) -> tuple[Tensor, Tensor]:
 
 
 def holdout_split(client_indices: list[Tensor], fraction: float, seed: int = 0) -> tuple[list[Tensor], list[Tensor]]:
-    """Hold out part of every client's examples for client-side evaluation (SPEC §9).
+    """Hold out part of every client's examples for client-side evaluation (docs/algorithms.md §9).
 
     Client k holds out ``h_k = min(floor(fraction * n_k + 0.5), n_k - 1)``
-    examples (rounded half up as everywhere in lfed, SPEC §5) chosen uniformly
+    examples (rounded half up as everywhere in lfed, docs/algorithms.md §5) chosen uniformly
     at random, so it keeps at least one training example; ``fraction = 0``
     gives empty holdouts. Both parts keep the input order.
 
@@ -466,7 +466,7 @@ def pack_flat(flat: Tensor, sizes: Tensor) -> Tensor:
 
 
 def label_counts(labels: Tensor, client_indices: list[Tensor], num_classes: int) -> Tensor:
-    """Per-client label histogram (the statistic DWFed's weights use, SPEC §3).
+    """Per-client label histogram (the statistic DWFed's weights use, docs/algorithms.md §3).
 
     Args:
         labels: ``[n]`` integer labels.
@@ -494,7 +494,7 @@ def _counts(labels: Tensor, flat: Tensor, sizes: Tensor, num_classes: int) -> Te
 
 
 def validation_split(num_examples: int, fraction: float, seed: int = 0) -> tuple[Tensor, Tensor]:
-    """Set aside a share of the pooled training set as the server's validation set (SPEC §9).
+    """Set aside a share of the pooled training set as the server's validation set (docs/algorithms.md §9).
 
     The validation examples go to no client: hyper-parameters (a learning rate of a grid) are
     chosen on them, and the test set is only reported. ``v = floor(fraction * n + 0.5)``

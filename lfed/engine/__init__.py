@@ -1,6 +1,6 @@
 """CohortTrainer: local SGD of a whole cohort of clients at once, on the device.
 
-Every local objective of SPEC §2 is one step rule,
+Every local objective of docs/algorithms.md §2 is one step rule,
 
     w ← w - eta_l * (grad_scale * g_k(w) + decay ⊙ w + shift),
 

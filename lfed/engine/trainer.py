@@ -79,7 +79,7 @@ def _uniform_lr(lr: float | Tensor) -> float | Tensor:
 
 
 class CohortTrainer(VmapBackend, LoopBackend):
-    """Runs the local training of a cohort of clients (SPEC §1, §2) on one device.
+    """Runs the local training of a cohort of clients (docs/algorithms.md §1, §2) on one device.
 
     Args:
         net: The model; only its structure and buffers are used, parameters come in flat.

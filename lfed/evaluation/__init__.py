@@ -1,4 +1,4 @@
-"""Evaluation (SPEC §9): the global and local models' scores (:mod:`~lfed.evaluation.scores`), communication
+"""Evaluation (docs/algorithms.md §9): the global and local models' scores (:mod:`~lfed.evaluation.scores`), communication
 accounting (:mod:`~lfed.evaluation.communication`) and a round's server amplification
 (:mod:`~lfed.evaluation.amplification`). The names of 0.4's ``lfed.evaluation`` are exported here (imported on first use)."""
 

@@ -1,7 +1,7 @@
 """Communication accounting: client uploads and bits per round and in total.
 
-SPEC §5 (003's communication cost ``Σ_t K_t``, "rounds (uploads) to reach X%
-accuracy") and SPEC §7 (bits up and down). The meter only adds up what the
+docs/algorithms.md §5 (003's communication cost ``Σ_t K_t``, "rounds (uploads) to reach X%
+accuracy") and docs/algorithms.md §7 (bits up and down). The meter only adds up what the
 caller reports; what counts as an upload (e.g. inactive clients upload nothing)
 and how many bits a message has is the caller's decision.
 """
@@ -92,7 +92,7 @@ def rounds_to_reach(
 
 @dataclass
 class CommunicationMeter:
-    """Per-round and cumulative communication (SPEC §5, §7).
+    """Per-round and cumulative communication (docs/algorithms.md §5, §7).
 
     Call :meth:`record` once per completed round and :meth:`log_accuracy` after
     each evaluation. All fields are plain numbers, so :meth:`state_dict` can go

@@ -1,4 +1,4 @@
-"""Evaluation of the global model (SPEC §9).
+"""Evaluation of the global model (docs/algorithms.md §9).
 
 * :func:`evaluate_split`: the test loss (mean per-example loss, whatever form the user's loss
   takes) and, for classification, the test accuracy of a split, summed in float64 batch after
@@ -6,7 +6,7 @@
 * :func:`client_accuracies`, :func:`client_evaluation`: the global model's accuracy (and NLL) on each
   client's held-out split.
 * :func:`local_accuracy` and :class:`BestMeanAccuracy`: BMTA (004 §5) in its two readings,
-  ``bmta_global`` and ``bmta_local`` (SPEC §9).
+  ``bmta_global`` and ``bmta_local`` (docs/algorithms.md §9).
 * :func:`check_task`: the net's output against the data's task (number of classes, or the
   regression target's shape), one forward pass before round 0.
 * :func:`check_trainer_schedule` and :func:`request_final_evaluation`: the round schedule of the
@@ -129,7 +129,7 @@ def client_evaluation(net: nn.Module, data, rank: int, world_size: int, reduce_s
 
     Each rank predicts a contiguous share of the held-out examples; ``reduce_sum`` (the strategy's
     ``reduce(..., reduce_op="sum")``) adds the per-client counts and sums over the ranks. The NLL is
-    the cross-entropy of the logits (``exp`` of it is the client's perplexity, SPEC §12), whatever
+    the cross-entropy of the logits (``exp`` of it is the client's perplexity, docs/algorithms.md §12), whatever
     loss the clients train with (``nll=False``: not computed, None; the net's outputs must then be
     logits over the classes only for the accuracy).
 
@@ -273,7 +273,7 @@ def check_trainer_schedule(trainer) -> None:
 
 
 def request_final_evaluation(trainer) -> None:
-    """After the last round, make Lightning evaluate whatever ``val_check_interval`` is (SPEC §9).
+    """After the last round, make Lightning evaluate whatever ``val_check_interval`` is (docs/algorithms.md §9).
 
     Lightning runs validation when a stop is requested (``trainer.should_stop``), so the last
     round asks for one: the run ends there anyway. Call from ``on_train_batch_end``.
@@ -393,7 +393,7 @@ def accuracy_summary(acc: Tensor, prefix: str) -> dict[str, float]:
 
 def perplexity_summary(nll: Tensor, prefix: str) -> dict[str, float]:
     """``{prefix}/perplexity_mean`` (the mean over clients of ``exp(mean NLL)``) and ``{prefix}/perplexity_worst10pct``
-    (the mean of the highest ``ceil(0.1 n)``) of per-client mean NLLs ``nll`` (NaN entries left out; SPEC §12)."""
+    (the mean of the highest ``ceil(0.1 n)``) of per-client mean NLLs ``nll`` (NaN entries left out; docs/algorithms.md §12)."""
     ppl = nll[~torch.isnan(nll)].double().exp()
     if ppl.numel() == 0:
         return {}
@@ -401,7 +401,7 @@ def perplexity_summary(nll: Tensor, prefix: str) -> dict[str, float]:
 
 
 def personal_accuracies(net: nn.Module, layout, data, clients: Tensor, rows_of: Callable, chunk: int = 256) -> Tensor:
-    """Accuracy of each client's own (personalized) model on its own held-out split (SPEC §11).
+    """Accuracy of each client's own (personalized) model on its own held-out split (docs/algorithms.md §13).
 
     :func:`personal_scores` on the ``test`` split, accuracies only.
 
@@ -414,7 +414,7 @@ def personal_accuracies(net: nn.Module, layout, data, clients: Tensor, rows_of: 
 def personal_scores(net: nn.Module, layout, data, clients: Tensor, rows_of: Callable, chunk: int = 256,
                     splits: tuple[str, ...] = ("test",), nll: bool = False,
                     batch: int | None = None) -> dict[str, tuple[Tensor, Tensor | None]]:
-    """Accuracy (and mean NLL) of each client's own (personalized) model on its own splits (SPEC §11).
+    """Accuracy (and mean NLL) of each client's own (personalized) model on its own splits (docs/algorithms.md §13).
 
     ``clients`` are taken ``chunk`` at a time: ``rows_of(chunk_clients)`` gives their ``[C, P]`` models
     (or ``([C, P], {buffer: [C, ...]})`` with per-client buffers, FedBN's running statistics), made once
@@ -453,7 +453,7 @@ def personal_scores(net: nn.Module, layout, data, clients: Tensor, rows_of: Call
 
 
 class BestMeanAccuracy:
-    """BMTA of 004 §5 in its two readings (SPEC §9), kept over a run and saved in checkpoints.
+    """BMTA of 004 §5 in its two readings (docs/algorithms.md §9), kept over a run and saved in checkpoints.
 
     * ``bmta_global``: the best, over evaluations, of the mean over the last round's
       participants (with a held-out split) of the global model's accuracy on each one's

@@ -4,7 +4,7 @@
   round's and the running mean over all rounds so far (000 Fig. 2 averages 1,000 rounds), with
   rows and columns labelled by client id.
 * :class:`CommunicationCost`: the per-round communication record (uploads, bits up and down,
-  SPEC §5 and §7) as a table: a W&B table when a :class:`~lightning.pytorch.loggers.WandbLogger`
+  docs/algorithms.md §5 and §7) as a table: a W&B table when a :class:`~lightning.pytorch.loggers.WandbLogger`
   is attached, and a CSV file.
 
 Both work with any logger: images and tables go to W&B when a ``WandbLogger`` is attached and
@@ -155,7 +155,7 @@ def _one_row(result) -> bool:
 
 
 class AttentionHeatmap(Callback):
-    """Heatmaps of IGFL-S attention (SPEC §4; 000 Algorithm 3 and Fig. 2).
+    """Heatmaps of IGFL-S attention (docs/algorithms.md §4; 000 Algorithm 3 and Fig. 2).
 
     After every round that used attention the callback adds the round's ``α`` (from
     the run's ``last_round.attention``, rows = queries, columns = keys, labelled by
@@ -348,7 +348,7 @@ def _watched_run(pl_module: LightningModule, name: str | None):
 
 
 class CommunicationCost(Callback):
-    """Per-round communication record as a table (SPEC §5 uploads, SPEC §7 bits).
+    """Per-round communication record as a table (docs/algorithms.md §5 uploads, docs/algorithms.md §7 bits).
 
     After each round it reads the run's ``comm`` (:class:`~lfed.evaluation.communication.CommunicationMeter`)
     and keeps one row: ``round, uploads, uploads_total, bits_up, bits_down, bits_up_total,

@@ -76,7 +76,7 @@ from lfed.lightning.reporting import (
 )
 from lfed.models import zoo as lfed_models
 
-SUBCOMMANDS = ("fit", "validate", "test", "predict")
+SUBCOMMANDS = ("fit", "validate", "test")
 
 #: Where the run's settings are stored in a checkpoint (plain values, readable with ``weights_only``).
 CONFIG_KEY = "lfed_config"
@@ -427,7 +427,8 @@ class LfedCLI(LightningCLI):
         short: dict[str, Any] = {"formatter_class": LfedHelpFormatter}
         if config_errors:
             short["exit_on_error"] = False
-        parser_kwargs = {**short, **{s: dict(short) for s in SUBCOMMANDS}, **(parser_kwargs or {})}
+        parser_kwargs = {**short, "prog": "lfed", "description": "lfed: federated learning on PyTorch Lightning (lfed --help lists the commands)",
+                         **{s: dict(short) for s in SUBCOMMANDS}, **(parser_kwargs or {})}
         self.first_step = FirstStep()
         try:
             super().__init__(*args, auto_configure_optimizers=auto_configure_optimizers, parser_kwargs=parser_kwargs, **kwargs)
@@ -446,6 +447,11 @@ class LfedCLI(LightningCLI):
             if not config_errors or (self.first_step.started and not isinstance(err, HookError)):
                 raise
             raise ConfigError(self._nested_message(str(err)) or one_line(str(err))) from err
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """Lightning's, without ``predict`` (a federated run has no predict step; ``lfed grid`` is :mod:`lfed.entry`'s)."""
+        return {k: v for k, v in LightningCLI.subcommands().items() if k in SUBCOMMANDS}
 
     def _key_message(self, text: str, args: list[str]) -> str | None:
         """One line for a key the parser does not know (a typo on the command line or in a ``--config`` file: the file
@@ -612,7 +618,7 @@ class LfedCLI(LightningCLI):
         ckpt = cfg.get("ckpt_path")
         root = Path(cfg.get("trainer", {}).get("default_root_dir") or os.getcwd())
         settings = self._settings(cfg)
-        evaluating = self.subcommand in ("validate", "test", "predict")
+        evaluating = self.subcommand in ("validate", "test")
         if evaluating and ckpt is None:
             raise ValueError(f"ckpt_path: lfed {self.subcommand} scores a trained model; give --ckpt_path <file.ckpt> "
                              "(or last: the latest checkpoint of this configuration)")

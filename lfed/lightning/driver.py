@@ -1,4 +1,4 @@
-"""The one Lightning driver: one training step is one lock-step round of every run (SPEC §1).
+"""The one Lightning driver: one training step is one lock-step round of every run (docs/algorithms.md §1).
 
 :class:`FederatedDriver` trains :class:`~lfed.core.run.FederatedRun` objects under Lightning's ``Trainer``: a single
 run (:class:`lfed.lightning.module.FederatedModule`) is a driver of one run, a grid (:class:`lfed.lightning.group.RunGroup`, ``lfed
@@ -209,7 +209,7 @@ class FederatedDriver(LightningModule):
 
     @round_precision()  # mixed precision: autocast in the local steps only, the rest of the round in float32
     def training_step(self, batch: Any, batch_idx: int) -> None:
-        """One federated round (SPEC §1) of every running run, their cohorts trained together
+        """One federated round (docs/algorithms.md §1) of every running run, their cohorts trained together
         (:func:`lfed.core.run.train_step`); what is the driver's: logging, stopping the fit."""
         r, total = int(self.global_step), self._total_rounds()
         self._device_data()
@@ -248,7 +248,7 @@ class FederatedDriver(LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         request_final_evaluation(self.trainer)  # the last round is always evaluated
 
-    # ------------------------------------------------------------------ evaluation (SPEC §9)
+    # ------------------------------------------------------------------ evaluation (docs/algorithms.md §9)
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         self._evaluate(record=not self.trainer.sanity_checking)
 
@@ -294,7 +294,7 @@ class FederatedDriver(LightningModule):
                 rank_zero_info("lfed: " + ", ".join(f"{k}={v:.4g}" for k, v in summary.items()))
 
     def _save_histograms(self) -> None:
-        """SPEC §11: each run's histogram of per-client accuracy at its last evaluation, ``personal_accuracy.png`` in the
+        """docs/algorithms.md §13: each run's histogram of per-client accuracy at its last evaluation, ``personal_accuracy.png`` in the
         run directory (a grid: in each run's own directory), logged to W&B as ``personal/acc_histogram``. Rank 0
         only, and nothing without a logger. No collective (a grid's loggers live on rank 0 alone)."""
         from pathlib import Path

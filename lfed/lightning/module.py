@@ -1,4 +1,4 @@
-"""FederatedModule: one federated run under Lightning, one round per training step (SPEC §1).
+"""FederatedModule: one federated run under Lightning, one round per training step (docs/algorithms.md §1).
 
 It is the one driver (:class:`lfed.lightning.driver.FederatedDriver`) of one run
 (:class:`lfed.core.run.FederatedRun`, built by :func:`lfed.core.settings.build_run` from the ``model:`` section of a config):
@@ -46,16 +46,16 @@ class FederatedModule(FederatedDriver):
     Args:
         net: The global model (any ``nn.Module``). None builds lfed's MLP 2NN sized from the data.
         algorithm: A preset (:data:`lfed.core.registry.PRESETS`).
-        objective: Client rule (SPEC §2): a name or a ``ClientRule`` with its settings.
-        weighting: Aggregation weights (SPEC §3): a name or an ``AggregationWeights``.
+        objective: Client rule (docs/algorithms.md §2): a name or a ``ClientRule`` with its settings.
+        weighting: Aggregation weights (docs/algorithms.md §3): a name or an ``AggregationWeights``.
         partial_work: What stragglers' partial work counts for: keep, drop, scale (EFL T/s).
-        combination: Server combination (SPEC §4): a name or a ``ServerCombination``.
-        channel: Upload channel (SPEC §7): ternary sparsity q in (0, 1], False (dense), or a ``Channel``.
-        sampler: Client sampler (SPEC §5): uniform, attention (AdaFL), poisson (DP), or a ``ClientSampler``.
+        combination: Server combination (docs/algorithms.md §4): a name or a ``ServerCombination``.
+        channel: Upload channel (docs/algorithms.md §7): ternary sparsity q in (0, 1], False (dense), or a ``Channel``.
+        sampler: Client sampler (docs/algorithms.md §5): uniform, attention (AdaFL), poisson (DP), or a ``ClientSampler``.
         fraction: Participation fraction C in (0, 1], or a schedule (lfed.participation.sampling).
         server_optimizer: Optimizer on the pseudo-gradient -Δ (``torch.optim.SGD``, lr=1: FedAvg).
         training: How clients train.
-        stragglers: Clients that do less than planned (SPEC §6).
+        stragglers: Clients that do less than planned (docs/algorithms.md §6).
         engine: How the cohort is computed and where client state lives.
         evaluation: What an evaluation scores besides the global model.
         loss: Client loss (a torch.nn loss; cross-entropy by default).

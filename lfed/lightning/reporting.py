@@ -56,7 +56,7 @@ TABLE_COLUMNS = (
     ("test/loss", "test loss"),
     ("client/acc_mean", "client acc mean"),
     ("client/acc_worst10", "client acc worst 10%"),
-    ("personal/acc_mean", "personal acc mean"),  # personalized methods only (SPEC §11)
+    ("personal/acc_mean", "personal acc mean"),  # personalized methods only (docs/algorithms.md §13)
     ("personal/acc_worst10pct", "personal acc worst 10%"),
 )
 

@@ -1,4 +1,4 @@
-"""LoRA adapters on a frozen base (SPEC §12): the net's chosen linear layers get rank-r adapters, the rest is frozen.
+"""LoRA adapters on a frozen base (docs/algorithms.md §12): the net's chosen linear layers get rank-r adapters, the rest is frozen.
 
 LoRA (Hu et al. 2021): a frozen linear layer ``W₀ [d_out, d_in]`` (and its bias ``b₀``) becomes
 

@@ -1,4 +1,4 @@
-"""Who takes part in a round and how much work each does (SPEC §5 fraction, §6 stragglers).
+"""Who takes part in a round and how much work each does (docs/algorithms.md §5 fraction, §6 stragglers).
 
 :class:`Participation` is the round's participation component: the fraction schedule gives the
 cohort size ``K_t = cohort_size(γ_t, N)`` and the straggler model each sampled client's completed
@@ -41,7 +41,7 @@ class Participation(Component):
                 "p_incomplete": self.stragglers.p_incomplete}
 
     def composition_warnings(self, context) -> list[str]:
-        """A fraction so small that ``C * N`` rounds to no client: such a round samples one client (SPEC §5's
+        """A fraction so small that ``C * N`` rounds to no client: such a round samples one client (docs/algorithms.md §5's
         ``max(1, .)``), not the fraction asked for; said once, with the first such round."""
         N = context.num_clients
         if N is None or context.total_rounds is None or context.total_rounds < 1:
@@ -54,9 +54,9 @@ class Participation(Component):
         return []
 
     def cohort_size(self, round: int, total_rounds: int | None, num_clients: int) -> int:
-        """``K_t`` of round ``round`` (SPEC §5)."""
+        """``K_t`` of round ``round`` (docs/algorithms.md §5)."""
         return cohort_size(self.fraction(round, total_rounds), num_clients)
 
     def steps(self, step_budget: Tensor, generator: torch.Generator) -> Tensor:
-        """Completed steps ``s_k`` for budgets ``T_k`` (SPEC §6), on ``step_budget``'s device."""
+        """Completed steps ``s_k`` for budgets ``T_k`` (docs/algorithms.md §6), on ``step_budget``'s device."""
         return self.stragglers.draw(step_budget.cpu(), generator).to(step_budget.device)

@@ -1,11 +1,11 @@
 """Client sampling: cohort sizes, participation-fraction schedules, samplers.
 
-SPEC §5. A round draws ``K_t = cohort_size(γ_t, N)`` clients, where ``γ_t`` comes
+docs/algorithms.md §5. A round draws ``K_t = cohort_size(γ_t, N)`` clients, where ``γ_t`` comes
 from a :class:`FractionSchedule` (constant, AdaFL's stepwise schedule, or an
 explicit list), with a :class:`ClientSampler` (uniform, or AdaFL's attention
 sampler whose scores are declared state, :mod:`lfed.state.spec`, so they ride in the checkpoint).
 
-The straggler model (SPEC §6) and the communication meter (SPEC §5, §7) live in
+The straggler model (docs/algorithms.md §6) and the communication meter (docs/algorithms.md §5, §7) live in
 :mod:`lfed.participation.stragglers` and :mod:`lfed.evaluation.communication`; they are re-exported here.
 """
 
@@ -40,7 +40,7 @@ _HALF_TOL = 1e-12
 
 
 def round_half_up(x: float) -> int:
-    """Round to the nearest integer, halves up: ``floor(x + 0.5)`` (SPEC §5).
+    """Round to the nearest integer, halves up: ``floor(x + 0.5)`` (docs/algorithms.md §5).
 
     Robust to float error: a value within a relative ``1e-12`` below a half is
     treated as the half (``floor(x + 0.5 + 1e-12 * max(1, |x|))``), so a product
@@ -74,7 +74,7 @@ def _check_fraction(name: str, value: object) -> float:
 
 
 def cohort_size(fraction: float, num_clients: int) -> int:
-    """Number of clients of a round: ``K = max(1, round_half_up(C * N))`` (SPEC §5).
+    """Number of clients of a round: ``K = max(1, round_half_up(C * N))`` (docs/algorithms.md §5).
 
     Args:
         fraction: Participation fraction ``C`` in ``(0, 1]``.
@@ -96,7 +96,7 @@ def cohort_size(fraction: float, num_clients: int) -> int:
 
 
 class FractionSchedule:
-    """Participation fraction ``γ_t`` per round (SPEC §5, dynamic fraction of 003).
+    """Participation fraction ``γ_t`` per round (docs/algorithms.md §5, dynamic fraction of 003).
 
     Call with the 0-based round index and the run's total number of rounds
     (``None`` if unknown; schedules that need it raise). Subclasses implement
@@ -152,7 +152,7 @@ class ConstantFraction(FractionSchedule):
 class StepwiseFraction(FractionSchedule):
     """AdaFL's dynamic fraction: ``stages`` equal constant stages from ``start`` to ``end``.
 
-    SPEC §5, 003 "Dynamic fraction" (0.1 to 0.5). Stage ``i`` (``0 <= i < stages``)
+    docs/algorithms.md §5, 003 "Dynamic fraction" (0.1 to 0.5). Stage ``i`` (``0 <= i < stages``)
     uses ``γ = start + (end - start) * i / (stages - 1)``, i.e. fractions linearly
     spaced from ``start`` to ``end``. The 0-based round ``r`` of a run of ``R``
     rounds is in stage ``min(floor(r * stages / R), stages - 1)``, so stage ``i``
@@ -207,7 +207,7 @@ class StepwiseFraction(FractionSchedule):
 
 
 class ExplicitFraction(FractionSchedule):
-    """A piecewise-constant schedule given as ``(round, fraction)`` pairs (SPEC §5).
+    """A piecewise-constant schedule given as ``(round, fraction)`` pairs (docs/algorithms.md §5).
 
     Round ``r`` uses the fraction of the last pair whose round is ``<= r``.
 
@@ -269,7 +269,7 @@ def as_schedule(x: float | FractionSchedule) -> FractionSchedule:
 
 
 class ClientSampler(Component):
-    """Base class of client samplers (SPEC §5), a component of the round (:mod:`lfed.base.component`).
+    """Base class of client samplers (docs/algorithms.md §5), a component of the round (:mod:`lfed.base.component`).
 
     Sampler state (AdaFL scores) is declared state (:meth:`state_specs`), so it is in the
     LightningModule's ``state_dict`` and checkpoints. Call :meth:`setup` once the client sizes
@@ -350,7 +350,7 @@ class ClientSampler(Component):
 
 
 class UniformSampler(ClientSampler):
-    """``k`` clients without replacement, uniformly (FedAvg; SPEC §5)."""
+    """``k`` clients without replacement, uniformly (FedAvg; docs/algorithms.md §5)."""
 
     asynchronous_ready = True
 
@@ -363,7 +363,7 @@ class UniformSampler(ClientSampler):
 
 
 class PoissonSampler(ClientSampler):
-    """Each client independently with probability ``q = K_t / N`` (SPEC §10): a cohort of random size, ``K_t`` expected.
+    """Each client independently with probability ``q = K_t / N`` (docs/algorithms.md §11): a cohort of random size, ``K_t`` expected.
 
     The sampling DP-FedAvg's accountant assumes (:mod:`lfed.privacy`); ``K_t`` is the participation's
     planned cohort (``fraction``). A round may draw no client.
@@ -385,7 +385,7 @@ class PoissonSampler(ClientSampler):
 
 
 class AttentionSampler(ClientSampler):
-    """AdaFL attention-based client sampling (003 Algorithm 1; SPEC §5).
+    """AdaFL attention-based client sampling (003 Algorithm 1; docs/algorithms.md §5).
 
     Scores start at ``a^(1) = n_k / n`` (buffer ``scores``, ``[N]`` float64). A round
     draws ``k`` clients without replacement with probabilities ``a``: successive
@@ -439,7 +439,7 @@ class AttentionSampler(ClientSampler):
         super().setup(num_examples.to(self.scores.device), store=store)
 
     def observe(self, cohort: Cohort, client_weights: Tensor, w_new: Tensor) -> None:
-        """AdaFL scores (SPEC §5) move only for clients whose model the server received and used:
+        """AdaFL scores (docs/algorithms.md §5) move only for clients whose model the server received and used:
         an inactive or dropped client uploaded nothing, so it has no distance and keeps its score."""
         host = cohort.host_values()
         if not any(values(host.counting)):

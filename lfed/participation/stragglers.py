@@ -1,10 +1,10 @@
 """System heterogeneity: how many local steps each sampled client completes.
 
-SPEC §6, after EFL (004 §3-§4): per sampled client and round a completed step
+docs/algorithms.md §6, after EFL (004 §3-§4): per sampled client and round a completed step
 count ``s_k ∈ {0..T_k}``: inactive (``s_k = 0``) with probability ``p_inactive``,
 incomplete (``s_k ~ U{1..T_k-1}``) with probability ``p_incomplete``, else
 complete (``s_k = T_k``). What happens to partial work is the aggregation's
-choice (SPEC §3).
+choice (docs/algorithms.md §3).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _check_probability(name: str, value: object) -> float:
 
 @dataclass
 class Stragglers:
-    """Draw completed local step counts for a cohort (SPEC §6).
+    """Draw completed local step counts for a cohort (docs/algorithms.md §6).
 
     Each client independently: with probability ``p_inactive`` it is inactive
     (``s = 0``); with probability ``p_incomplete`` it is incomplete and completes

@@ -1,4 +1,4 @@
-"""Personalized federated learning (SPEC §11, docs/personalization.md): one client rule per method.
+"""Personalized federated learning (docs/algorithms.md §13, docs/personalization.md): one client rule per method.
 
 * :class:`~lfed.personal.finetune.FedAvgFT`: FedAvg, each client's model the global one fine-tuned on its data.
 * :class:`~lfed.personal.ditto.Ditto`: a personal model per client trained towards the global one.

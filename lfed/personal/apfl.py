@@ -1,4 +1,4 @@
-"""APFL (Deng, Kamani, Mahdavi 2020, "Adaptive Personalized Federated Learning", Algorithm 1 and its update of α; SPEC §11).
+"""APFL (Deng, Kamani, Mahdavi 2020, "Adaptive Personalized Federated Learning", Algorithm 1 and its update of α; docs/algorithms.md §13).
 
 Every client keeps a personal model ``v_k`` and a mixing weight ``α_k ∈ [0, 1]``; its personalized
 model is ``v̄_k = α_k v_k + (1 − α_k) w``. At each local step on a batch ``ξ``, from the step's

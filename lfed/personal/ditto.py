@@ -1,5 +1,5 @@
 """Ditto (Li, Hu, Beirami, Smith 2021, "Ditto: Fair and Robust Federated Learning Through Personalization",
-Eq. 2 and Algorithm 1; SPEC §11).
+Eq. 2 and Algorithm 1; docs/algorithms.md §13).
 
 The global model ``w`` trains as FedAvg's. Every client that takes part also trains its personal
 model ``v_k`` for as many steps ``s_k`` on ``F_k(v) + (λ/2)||v − w^r||²``:

@@ -1,5 +1,5 @@
 """FedBN (Li, Jiang, Zhang, Kamp, Dou 2021, "FedBN: Federated Learning on Non-IID Features via Local Batch
-Normalization", Algorithm 1; SPEC §11).
+Normalization", Algorithm 1; docs/algorithms.md §13).
 
 Every client keeps its normalization layers: their parameters (BatchNorm's, GroupNorm's,
 LayerNorm's, InstanceNorm's affine ``γ, β``) and their running statistics (``running_mean``,

@@ -1,5 +1,5 @@
 """FedPer (Arivazhagan, Aggarwal, Singh, Choudhary 2019, "Federated Learning with Personalization Layers";
-SPEC §11).
+docs/algorithms.md §13).
 
 The model is a shared base and a local head (the personalization layers). Each round the cohort's
 clients train base and head together from the global base and their own head

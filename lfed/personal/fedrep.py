@@ -1,5 +1,5 @@
 """FedRep (Collins, Hassani, Mokhtari, Shakkottai 2021, "Exploiting Shared Representations for Personalized
-Federated Learning", Algorithm 1; SPEC §11).
+Federated Learning", Algorithm 1; docs/algorithms.md §13).
 
 The same split as FedPer (a shared body ``φ``, a local head ``h_k``), trained in two phases each
 round: first the head with the body frozen, ``h ← h − η ∇_h F_k(φ^r, h)``, for the round's own local

@@ -1,5 +1,5 @@
 """FedRoD (Chen & Chao 2022, "On Bridging Generic and Personalized Federated Learning for Image Classification",
-ICLR; the linear personal head; SPEC §11).
+ICLR; the linear personal head; docs/algorithms.md §13).
 
 The net is a body ``z = f(x; θ)`` and a linear head, the *generic* head ``G(z) = W z + b`` (``ψ = (W, b)``),
 both shared and averaged by the server as FedAvg. Each client ``k`` also keeps a *personal* head

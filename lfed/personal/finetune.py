@@ -1,4 +1,4 @@
-"""FedAvg-FT: FedAvg's global model, fine-tuned by each client on its own data before it is evaluated (SPEC §11).
+"""FedAvg-FT: FedAvg's global model, fine-tuned by each client on its own data before it is evaluated (docs/algorithms.md §13).
 
 The baseline every personalization paper reports (e.g. Wang et al. 2019, "Federated Evaluation of
 On-device Personalization"; Yu, Bagdasaryan, Shmatikov 2020, "Salvaging Federated Learning by Local

@@ -1,4 +1,4 @@
-"""The base of methods that keep part of the model on each client (FedPer, FedRep, FedBN; SPEC §11).
+"""The base of methods that keep part of the model on each client (FedPer, FedRep, FedBN; docs/algorithms.md §13).
 
 A :class:`LocalPartRule` names its local parameters (:attr:`local`: ``fnmatch`` globs over parameter
 names; default: the last layer, the head). The round (:mod:`lfed.core.round`, :class:`lfed.personal.sharing.Sharing`)

@@ -1,5 +1,5 @@
 """Per-FedAvg (Fallah, Mokhtari, Ozdaglar 2020, "Personalized Federated Learning with Theoretical Guarantees:
-A Model-Agnostic Meta-Learning Approach", NeurIPS; Algorithm 1 and its FO and HF variants; SPEC §11).
+A Model-Agnostic Meta-Learning Approach", NeurIPS; Algorithm 1 and its FO and HF variants; docs/algorithms.md §13).
 
 The global model minimizes the MAML objective ``(1/n) Σ_k F_k(w)``, ``F_k(w) = f_k(w − α ∇f_k(w))``: the
 loss of client ``k`` after one gradient step of size ``α`` on its own data. Each local step ``t`` of client

@@ -1,4 +1,4 @@
-"""Partial sharing: which coordinates of the flat model leave the client (SPEC §11).
+"""Partial sharing: which coordinates of the flat model leave the client (docs/algorithms.md §13).
 
 A personalized method that keeps part of the model on each client (FedPer's and FedRep's head,
 FedBN's normalization layers) names its *local* parameters by name patterns (``fnmatch`` globs

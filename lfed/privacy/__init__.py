@@ -1,4 +1,4 @@
-"""Client-level differential privacy (SPEC §10): DP-FedAvg with a fixed denominator, adaptive clipping and an accountant.
+"""Client-level differential privacy (docs/algorithms.md §11): DP-FedAvg with a fixed denominator, adaptive clipping and an accountant.
 
 * :mod:`lfed.privacy.clipping`: per-client L2 clipping of the cohort's ``[K, P]`` updates at once;
 * :mod:`lfed.privacy.accountant`: the privacy ledger of a run (``dp-accounting``'s RDP accountant);

@@ -1,4 +1,4 @@
-"""The privacy ledger of a run: the sampled Gaussian mechanisms it released, and ε(δ) from them (SPEC §10).
+"""The privacy ledger of a run: the sampled Gaussian mechanisms it released, and ε(δ) from them (docs/algorithms.md §11).
 
 A round of DP-FedAvg is the Poisson-subsampled Gaussian mechanism with sampling rate ``q`` and
 noise multiplier ``z`` (Mironov, Talwar, Zhang 2019); rounds compose. The ledger keeps how many

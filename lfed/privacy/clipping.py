@@ -1,4 +1,4 @@
-"""Per-client L2 clipping of a cohort's updates, all rows at once (SPEC §10)."""
+"""Per-client L2 clipping of a cohort's updates, all rows at once (docs/algorithms.md §11)."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ CONTENTS: tuple[tuple[str, str, str], ...] = (
     ("lfed.runs.*.eval_history", "server", "test accuracy at each evaluation (client data where the test split is the "
                                            "clients', LEAF's: docs/privacy.md)"),
     ("lfed.runs.*.val_history", "server", "validation accuracy at each evaluation (the server's split)"),
-    ("lfed.runs.*.bmta.best_global", "server", "the best mean test accuracy (SPEC §9)"),
+    ("lfed.runs.*.bmta.best_global", "server", "the best mean test accuracy (docs/algorithms.md §9)"),
     ("lfed.runs.*.bmta.best_local", "client", "the best mean accuracy of a cohort on its clients' own splits"),
     ("lfed.runs.*.bmta.last_cohort", "client", "the last cohort's client ids (the Poisson cohort)"),
     ("lfed.runs.*.bmta*", "client", "BMTA's bookkeeping on the clients' splits"),

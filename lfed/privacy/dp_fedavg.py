@@ -1,4 +1,4 @@
-"""DP-FedAvg: client-level differential privacy as a server combination (SPEC §10).
+"""DP-FedAvg: client-level differential privacy as a server combination (docs/algorithms.md §11).
 
 McMahan, Ramage, Talwar, Zhang 2018 (Algorithm 1, the fixed-denominator estimator) with adaptive
 clipping (Andrew, Thakkar, McMahan, Ramaswamy 2021, geometric update) and, for comparison, local

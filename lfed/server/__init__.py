@@ -1,4 +1,4 @@
-"""The server's side of a round (SPEC §3-§7): who takes part, how updates are weighted, sent and combined, and the server step.
+"""The server's side of a round (docs/algorithms.md §3-§7): who takes part, how updates are weighted, sent and combined, and the server step.
 
 * weighting (§3): :class:`AggregationWeights`; :class:`SizeWeights`, :class:`UniformWeights`, :class:`DWFedWeights`;
 * combination (§4): :class:`ServerCombination`; :class:`Mean`, :class:`IGFLAttention` (returns an

@@ -1,4 +1,4 @@
-"""IGFL-S attention combination of client updates (SPEC §4; 000 Algorithm 3, §4.1-4.3).
+"""IGFL-S attention combination of client updates (docs/algorithms.md §4; 000 Algorithm 3, §4.1-4.3).
 
 The server treats the cohort's updates ``Δ_j`` as keys and values and a query per client:
 
@@ -10,7 +10,7 @@ with ``ψ`` the dot product over the whole flattened update and ``τ`` an option
 * ``self`` (Option I, §4.1): ``q_i = Δ_i``; ``Δ = (1/|S|) Σ_i Δ̂_i``.
 * ``global`` (Option II, §4.2): one query ``q = mean_k Δ_k``; ``Δ = Σ_j α_j Δ_j``.
 * ``time`` (Option III, §4.3): client ``j``'s query is its own previous update ``q_j`` (zero if
-  none); ``Δ = Σ_j α_j Δ_j`` with, by ``time_weights`` (SPEC §4),
+  none); ``Δ = Σ_j α_j Δ_j`` with, by ``time_weights`` (docs/algorithms.md §4),
 
   - ``softmax`` (default): ``α_j = exp ψ(q_j, Δ_j) / Σ_τ exp ψ(q_τ, Δ_τ)``, a softmax over the
     cohort of each client's similarity to its own previous update (sums to 1);
@@ -37,7 +37,7 @@ QUERIES = ("self", "global", "time")
 """Names of the attention queries accepted by :func:`attention_combine`."""
 
 TIME_WEIGHTS = ("softmax", "diagonal")
-"""The two readings of time attention's weights (SPEC §4)."""
+"""The two readings of time attention's weights (docs/algorithms.md §4)."""
 
 _CHUNK_ELEMS = 1 << 24
 """Upper bound on the float64 elements materialised per chunk of a dot-product computation."""
@@ -58,7 +58,7 @@ class AttentionResult:
         entropy: float64 scalar, the mean over query rows of the row entropy of ``α`` in nats
             (``log K`` for uniform attention, 0 when saturated).
         logit_spread: float64 scalar, the mean over query rows of ``max - min`` of the row's logits
-            ``ψ/τ`` over the kept keys (SPEC §4: small spreads mean near-uniform attention).
+            ``ψ/τ`` over the kept keys (docs/algorithms.md §4: small spreads mean near-uniform attention).
         mean_sq_norm: float64 scalar, the mean ``||Δ_k||²`` of the kept updates.
         query: the query used (``"self"``, ``"global"`` or ``"time"``).
         mask: ``[K]`` bool, the clients that took part (keys, and query rows for ``self``/``time``).
@@ -75,7 +75,7 @@ class AttentionResult:
 
     @property
     def weight_sum(self) -> Tensor:
-        """Sum of :attr:`weights` (1 for ``self``/``global``; log it for ``time``, SPEC §4)."""
+        """Sum of :attr:`weights` (1 for ``self``/``global``; log it for ``time``, docs/algorithms.md §4)."""
         return self.weights.sum()
 
 
@@ -119,7 +119,7 @@ def attention_combine(
     mask: Tensor | None = None,
     time_weights: str = "softmax",
 ) -> AttentionResult:
-    """Combine a cohort's updates with IGFL-S attention (SPEC §4; 000 Algorithm 3, eq. 11).
+    """Combine a cohort's updates with IGFL-S attention (docs/algorithms.md §4; 000 Algorithm 3, eq. 11).
 
     ``ψ_ij = <q_i, Δ_j> / temperature`` in float64; ``α = softmax`` over the keys ``j`` of each row,
     computed stably (row maximum subtracted).
@@ -140,7 +140,7 @@ def attention_combine(
         mask: optional ``[K]`` bool, True for clients whose update takes part. Masked-out clients
             (e.g. inactive ones) are excluded from keys and queries, ``K`` above counts only the
             kept clients, and their weight is exactly 0. If no client is kept the result is all
-            zeros (the caller skips such rounds, SPEC §3).
+            zeros (the caller skips such rounds, docs/algorithms.md §3).
         time_weights: ``"softmax"`` or ``"diagonal"`` (:data:`TIME_WEIGHTS`), for ``"time"`` only.
 
     Returns:

@@ -1,4 +1,4 @@
-"""The channel between clients and server as a component of the round (SPEC §7).
+"""The channel between clients and server as a component of the round (docs/algorithms.md §7).
 
 :class:`Dense` sends updates as they are (32 bits per entry). :class:`TernaryTopK` is EFL's
 sparse ternary compression with error-feedback residuals both ways: each client keeps a
@@ -57,7 +57,7 @@ class Dense(Channel):
 
 
 class TernaryTopK(Channel):
-    """EFL's ST compression with residuals up and down (004 Algorithm 2; SPEC §7).
+    """EFL's ST compression with residuals up and down (004 Algorithm 2; docs/algorithms.md §7).
 
     Args:
         sparsity: Fraction ``q`` in (0, 1] of each tensor's entries kept.
@@ -79,7 +79,7 @@ class TernaryTopK(Channel):
     def composition_warnings(self, context) -> list[str]:
         if float(self.sparsity) >= 1.0:
             return ["compression=1.0 keeps every entry but ternary compression is not the identity: each entry "
-                    "becomes ±mean|x| of its tensor (SPEC §7); set channel: false for dense updates (null keeps the preset's q)"]
+                    "becomes ±mean|x| of its tensor (docs/algorithms.md §7); set channel: false for dense updates (null keeps the preset's q)"]
         return []
 
     def structure(self) -> dict:

@@ -1,4 +1,4 @@
-"""Server combinations as components of the round (SPEC §4).
+"""Server combinations as components of the round (docs/algorithms.md §4).
 
 A :class:`ServerCombination` turns the cohort's (sent) updates ``[K, P]``, their weights and the
 counting mask into the server's update ``Δ``, and returns what it wants logged. Two here:
@@ -45,7 +45,7 @@ class Mean(ServerCombination):
 
 
 class IGFLAttention(ServerCombination):
-    """IGFL-S attention (000 Algorithm 3; SPEC §4): ``Δ = Σ_j α_j Δ_j``.
+    """IGFL-S attention (000 Algorithm 3; docs/algorithms.md §4): ``Δ = Σ_j α_j Δ_j``.
 
     The weights ``a_k`` are not used; only which clients count (``cohort.counting``) matters.
 
@@ -54,7 +54,7 @@ class IGFLAttention(ServerCombination):
             or ``time`` (each client's previous update queries).
         temperature: ``τ > 0`` dividing every logit ``ψ``; 1 is the paper.
         time_weights: For ``time``: ``softmax`` (default; weights sum to 1) or ``diagonal``
-            (000 L172 read literally; not renormalised). SPEC §4.
+            (000 L172 read literally; not renormalised). docs/algorithms.md §4.
     """
 
     releases = ("IGFL-S attention weighs each client's raw update by the softmax of its similarity to the others' "

@@ -1,4 +1,4 @@
-"""Sparse ternary compression with error-feedback residuals (SPEC §7; EFL, 004 Algorithm 2).
+"""Sparse ternary compression with error-feedback residuals (docs/algorithms.md §7; EFL, 004 Algorithm 2).
 
 ``ST(x)`` keeps exactly the ``k = max(floor(n*q), 1)`` entries of largest magnitude of a tensor of
 ``n`` entries and replaces each by ``±μ``, ``μ`` the mean magnitude of the kept entries; the rest
@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 _FLOAT_BITS = 32
-"""Bits of one transmitted float (dense entries and the ternary magnitude μ), SPEC §7."""
+"""Bits of one transmitted float (dense entries and the ternary magnitude μ), docs/algorithms.md §7."""
 
 
 def validate_sparsity(q: float) -> float:
@@ -56,7 +56,7 @@ def validate_sparsity(q: float) -> float:
 
 
 def kept_count(n: int, q: float) -> int:
-    """Number of entries ST keeps: ``k = max(floor(n*q), 1)`` (SPEC §7; 004 Algorithm 2).
+    """Number of entries ST keeps: ``k = max(floor(n*q), 1)`` (docs/algorithms.md §7; 004 Algorithm 2).
 
     ``n*q`` is snapped to the nearest integer when it lies within a relative ``1e-9`` of it, so
     that decimal sparsities give the intended count: ``100 * 0.29`` is ``28.999999999999996`` in
@@ -86,7 +86,7 @@ def kept_count(n: int, q: float) -> int:
 
 
 def ternary(x: Tensor, q: float) -> Tensor:
-    """Sparse ternary compression ``ST`` along the last dimension (SPEC §7; 004 Algorithm 2).
+    """Sparse ternary compression ``ST`` along the last dimension (docs/algorithms.md §7; 004 Algorithm 2).
 
     For each row ``x[..., :]`` of ``n`` entries: keep exactly ``k = kept_count(n, q)`` entries of
     largest ``|x|`` (ties broken as ``torch.topk`` breaks them; 004 keeps every entry tied with
@@ -140,7 +140,7 @@ def _check_sizes(sizes: Sequence[int], length: int | None = None, name: str = ""
 
 
 def ternary_per_tensor(flat: Tensor, sizes: Sequence[int], q: float) -> Tensor:
-    """Apply :func:`ternary` to every parameter segment of flat updates (SPEC §7, "per tensor").
+    """Apply :func:`ternary` to every parameter segment of flat updates (docs/algorithms.md §7, "per tensor").
 
     Args:
         flat: ``[P]`` or ``[K, P]`` flat parameters (``named_parameters()`` order).
@@ -171,7 +171,7 @@ def compress_with_residual(
     *,
     active: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """One error-feedback compression step (SPEC §7; 004 eq. 5 and Algorithm 2).
+    """One error-feedback compression step (docs/algorithms.md §7; 004 eq. 5 and Algorithm 2).
 
     ``Δ' = R + Δ``; ``sent = ST(Δ')`` per parameter tensor; ``R_new = Δ' - sent``. Serves the
     client side (``[K, P]``: ``R_k``, ``Δ_k``) and the server side (``[P]``: ``R_G`` and the
@@ -185,7 +185,7 @@ def compress_with_residual(
         sizes: numel of each parameter tensor, ``sum(sizes) == P``.
         q: sparsity, ``0 < q <= 1``.
         active: optional ``[K]`` bool mask for ``[K, P]`` input: rows that are False (inactive
-            clients, SPEC §2 "changes no per-client state") send zeros and keep their residual.
+            clients, docs/algorithms.md §2 "changes no per-client state") send zeros and keep their residual.
 
     Returns:
         ``(sent, new_residual)``, both shaped like ``update``.
@@ -213,7 +213,7 @@ def compress_with_residual(
 
 
 def dense_bits(sizes: Sequence[int]) -> int:
-    """Bits to send one model's worth of dense float32 tensors: ``Σ 32 n`` (SPEC §7).
+    """Bits to send one model's worth of dense float32 tensors: ``Σ 32 n`` (docs/algorithms.md §7).
 
     Args:
         sizes: numel of each parameter tensor (positive ints).
@@ -229,7 +229,7 @@ def dense_bits(sizes: Sequence[int]) -> int:
 
 
 def ternary_bits(sizes: Sequence[int], q: float) -> int:
-    """Bits to send one model's worth of ST-compressed tensors (SPEC §7).
+    """Bits to send one model's worth of ST-compressed tensors (docs/algorithms.md §7).
 
     Per tensor of ``n`` entries: ``32 + k * (1 + ceil(log2 n))``, i.e. one float for ``μ`` and, per
     kept entry, a sign bit and a position of ``ceil(log2 n)`` bits (``k = kept_count(n, q)``).

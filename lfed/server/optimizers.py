@@ -1,6 +1,6 @@
-"""Server optimizers on the pseudo-gradient (SPEC §4.1).
+"""Server optimizers on the pseudo-gradient (docs/algorithms.md §4.4).
 
-The server treats the combined client update ``Δ`` (SPEC §4) as a
+The server treats the combined client update ``Δ`` (docs/algorithms.md §4) as a
 pseudo-gradient: lfed sets ``p.grad = -Δ`` on the global parameters and calls
 ``optimizer.step()`` once per round (:func:`apply_pseudo_gradient` does both).
 Any ``torch.optim.Optimizer`` works:
@@ -9,7 +9,7 @@ Any ``torch.optim.Optimizer`` works:
 * FedAvgM (Hsu et al. 2019): ``torch.optim.SGD(params, lr=eta_s, momentum=β)``
   (``dampening=0``, ``nesterov=False``, the defaults). torch keeps
   ``b ← β b + g`` (``b = g`` on the first step) and moves ``w ← w - lr b``. With
-  ``g = -Δ`` this is ``b = -v`` for SPEC's ``v ← β v + Δ`` (``v`` starting at 0,
+  ``g = -Δ`` this is ``b = -v`` for docs/algorithms.md §4.4's ``v ← β v + Δ`` (``v`` starting at 0,
   so ``v = Δ`` on the first step as well) and ``w ← w + eta_s v``: the same
   rule, with torch's buffer holding ``-v``.
 * FedAdam, FedYogi, FedAdagrad (Reddi et al. 2021, *Adaptive Federated
@@ -140,7 +140,7 @@ class _WithBetas(_FedAdaptive):
 
 
 class FedAdam(_WithBetas):
-    """FedAdam (Reddi et al. 2021, Algorithm 2; SPEC §4.1).
+    """FedAdam (Reddi et al. 2021, Algorithm 2; docs/algorithms.md §4.4).
 
     With ``Δ = -p.grad``::
 
@@ -170,7 +170,7 @@ class FedAdam(_WithBetas):
 
 
 class FedYogi(_WithBetas):
-    """FedYogi (Reddi et al. 2021, Algorithm 2; SPEC §4.1).
+    """FedYogi (Reddi et al. 2021, Algorithm 2; docs/algorithms.md §4.4).
 
     As :class:`FedAdam` except the second moment::
 
@@ -197,7 +197,7 @@ class FedYogi(_WithBetas):
 
 
 class FedAdagrad(_FedAdaptive):
-    """FedAdagrad (Reddi et al. 2021, Algorithm 2; SPEC §4.1).
+    """FedAdagrad (Reddi et al. 2021, Algorithm 2; docs/algorithms.md §4.4).
 
     As :class:`FedAdam` except the second moment accumulates::
 
@@ -235,7 +235,7 @@ class FedAdagrad(_FedAdaptive):
 def apply_pseudo_gradient(
     optimizer: Optimizer, params: Sequence[Tensor], delta: Tensor | Sequence[Tensor]
 ) -> None:
-    """Run one server round: set ``p.grad = -Δ`` on each parameter and step (SPEC §4.1).
+    """Run one server round: set ``p.grad = -Δ`` on each parameter and step (docs/algorithms.md §4.4).
 
     Args:
         optimizer: Any torch optimizer over ``params``.

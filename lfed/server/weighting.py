@@ -1,4 +1,4 @@
-"""Aggregation weights as a component of the round (SPEC §3), and what partial work counts for.
+"""Aggregation weights as a component of the round (docs/algorithms.md §3), and what partial work counts for.
 
 :class:`AggregationWeights` turns a cohort into its ``[K]`` weights and its counting mask
 (the clients whose work counts); the maths is in the pure functions of
@@ -24,7 +24,7 @@ PartialWork = Literal[PARTIAL_WORK]  # type: ignore[valid-type]
 
 
 class AggregationWeights(Component):
-    """Base class: the weights ``a_k`` of a round's cohort and whose work counts (SPEC §3).
+    """Base class: the weights ``a_k`` of a round's cohort and whose work counts (docs/algorithms.md §3).
 
     Args:
         partial_work: What stragglers' partial work counts for: ``keep``, ``drop`` or ``scale``.

@@ -1,8 +1,8 @@
-"""Aggregation weights for the server's weighted mean (SPEC §3).
+"""Aggregation weights for the server's weighted mean (docs/algorithms.md §3).
 
 Every function here is a pure function on tensors, vectorised over the ``K`` clients of a
 cohort: a weight vector ``a`` of shape ``[K]`` is returned and the server combines
-``Δ = Σ_k a_k Δ_k`` (SPEC §4, *mean*).
+``Δ = Σ_k a_k Δ_k`` (docs/algorithms.md §4, *mean*).
 
 Rules:
 
@@ -11,7 +11,7 @@ Rules:
 * ``dwfed``: the index of statistical heterogeneity ISH of DWFed (002 §3.2-3.3, eqs. 7, 12, 13),
   computed from label counts only.
 
-Partial work (SPEC §3 and §6; EFL, 004 §4.2):
+Partial work (docs/algorithms.md §3 and §6; EFL, 004 §4.2):
 
 * ``keep``: a client's partial work counts as it is (FedProx behaviour).
 * ``drop``: clients with ``s_k < T_k`` are left out and the rest renormalised (FedAvg behaviour).
@@ -52,7 +52,7 @@ class DegenerateWeightsWarning(UserWarning):
     """Warned when a weighting rule degenerates and falls back to uniform weights.
 
     Raised by :func:`dwfed_weights` when every counting client's ISH is 0 (possible only when at
-    most two clients count, SPEC §3). Catch it with ``warnings.catch_warnings(record=True)`` to
+    most two clients count, docs/algorithms.md §3). Catch it with ``warnings.catch_warnings(record=True)`` to
     log it through Lightning, or test ``ish(...).sum() == 0`` beforehand.
     """
 
@@ -87,7 +87,7 @@ def _out_dtype(dtype: torch.dtype | None) -> torch.dtype:
 
 
 def size_weights(num_examples: Tensor, *, dtype: torch.dtype | None = None) -> Tensor:
-    """Example-count weights ``a_k = n_k / Σ_j n_j`` (SPEC §3, *size*; FedAvg).
+    """Example-count weights ``a_k = n_k / Σ_j n_j`` (docs/algorithms.md §3, *size*; FedAvg).
 
     Args:
         num_examples: ``[K]`` non-negative example counts ``n_k`` (integer or floating).
@@ -118,7 +118,7 @@ def uniform_weights(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
 ) -> Tensor:
-    """Uniform weights ``a_k = 1/|S|`` (SPEC §3, *uniform*).
+    """Uniform weights ``a_k = 1/|S|`` (docs/algorithms.md §3, *uniform*).
 
     Args:
         num_clients_or_mask: either the number of clients ``K >= 1`` (all count), or a ``[K]``
@@ -153,7 +153,7 @@ def uniform_weights(
 
 
 def label_distance(client_label_counts: Tensor, population_label_counts: Tensor) -> Tensor:
-    """DWFed's earth mover's distance ``D_k = Σ_y |p_k(y) - P(y)|`` (002 eq. 7; SPEC §3).
+    """DWFed's earth mover's distance ``D_k = Σ_y |p_k(y) - P(y)|`` (002 eq. 7; docs/algorithms.md §3).
 
     Only label counts are used, so no example leaves a client. ``P`` is the population label
     distribution pooled over *all* clients (not only this round's cohort).
@@ -194,10 +194,10 @@ def label_distance(client_label_counts: Tensor, population_label_counts: Tensor)
 
 
 def ish(distance: Tensor, num_counting: int) -> Tensor:
-    """DWFed's index of statistical heterogeneity, clamped at 0 (002 eq. 12; SPEC §3).
+    """DWFed's index of statistical heterogeneity, clamped at 0 (002 eq. 12; docs/algorithms.md §3).
 
     ``ISH_k = (1 - D_k / K) / (1 + D_k)`` with ``K = num_counting`` the number of clients whose
-    work counts this round, then ``max(ISH_k, 0)``. SPEC §3 reads the extracted ``1-1KDk1+Dk`` as
+    work counts this round, then ``max(ISH_k, 0)``. docs/algorithms.md §3 reads the extracted ``1-1KDk1+Dk`` as
     the fraction ``(1 - D_k/K) / (1 + D_k)``. Since ``0 <= D_k <= 2``, ISH can reach 0 only when
     ``K <= 2``.
 
@@ -228,7 +228,7 @@ def dwfed_weights(
     mask: Tensor | None = None,
     dtype: torch.dtype | None = None,
 ) -> Tensor:
-    """DWFed aggregation weights ``a_k = ISH_k / Σ_j ISH_j`` (002 eqs. 12-13; SPEC §3).
+    """DWFed aggregation weights ``a_k = ISH_k / Σ_j ISH_j`` (002 eqs. 12-13; docs/algorithms.md §3).
 
     If every counting client's ISH is 0 (only possible for ``K <= 2``), the counting clients get
     uniform weights and a :class:`DegenerateWeightsWarning` is warned so the caller can log it.
@@ -280,7 +280,7 @@ def dwfed_weights(
 
 
 def counting_mask(steps_done: Tensor, step_budget: Tensor, partial_work: str = "keep") -> Tensor:
-    """Which clients' work counts this round (SPEC §3), as used by :func:`aggregation_weights`.
+    """Which clients' work counts this round (docs/algorithms.md §3), as used by :func:`aggregation_weights`.
 
     Active clients (``steps_done > 0``) count; with ``partial_work="drop"`` only those that also
     completed their budget (``steps_done >= step_budget``). Use this rather than ``weights > 0``
@@ -322,9 +322,9 @@ def aggregation_weights(
     population_label_counts: Tensor | None = None,
     dtype: torch.dtype | None = None,
 ) -> Tensor:
-    """Aggregation weights of one round's cohort, with partial work handled (SPEC §3).
+    """Aggregation weights of one round's cohort, with partial work handled (docs/algorithms.md §3).
 
-    1. Inactive clients (``steps_done == 0``) never count (SPEC §3, §6).
+    1. Inactive clients (``steps_done == 0``) never count (docs/algorithms.md §3, §6).
     2. With ``partial_work="drop"`` clients with ``steps_done < step_budget`` do not count either.
     3. The base ``rule`` is computed over the counting clients only (for DWFed, ``K`` in eq. 12
        is the number of counting clients); non-counting clients get weight exactly 0.

@@ -9,7 +9,7 @@ never allocates, saves or checks them itself; :class:`StateStore` does, for ever
 * :meth:`StateStore.allocate` makes the tensors (on the device and dtype of the model, unless
   a spec names its own dtype),
 * :meth:`StateStore.rows` gathers a cohort's rows, :meth:`StateStore.write_rows` writes back
-  only the rows of the clients a mask selects (an inactive client keeps its state, SPEC §2),
+  only the rows of the clients a mask selects (an inactive client keeps its state, docs/algorithms.md §2),
 * a load-state-dict hook refuses a checkpoint whose state has other shapes, naming the tensor
   and both shapes,
 * :meth:`StateStore.describe` lists every tensor with its shape for the run fingerprint

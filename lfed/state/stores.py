@@ -81,7 +81,7 @@ def is_lazy(spec: StateSpec) -> bool:
 def dense_rows(state_dict: dict[str, Any], key: str, init: float = 0.0) -> Tensor:
     """The dense ``[N, *row]`` tensor of the sparse entry ``key`` of a state dict (small runs, tests).
 
-    Rows of clients without one are ``init`` (zeros for every state in SPEC).
+    Rows of clients without one are ``init`` (zeros for every state of docs/algorithms.md).
 
     Raises:
         KeyError: When ``key`` has no sparse entries (``key.clients``, ``key.rows``, ``key.shape``).

@@ -254,6 +254,9 @@ def test_help_is_readable(tmp_path):
     assert len(lines) < 800, len(lines)  # 2,317 lines before, most of them lists of torch classes
     assert "lfed.models.MLP" in out and "more (any importable class path)" in out
     assert "--optimizer CONFIG" not in out
+    assert lines[0].startswith("usage: lfed [options] fit ")  # not __main__.py (issue 51 item 11)
+    assert "SPEC" not in out  # the help cites docs/algorithms.md, which users have
+    assert "docs/algorithms.md §" in out
 
 
 def test_short_model_names_mean_lfeds_models(tmp_path):
