@@ -38,7 +38,8 @@ def main() -> None:
     p.add_argument("--dataset", choices=["mnist", "digits"], default="mnist")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no_canaries", action="store_true", help="the same DP run without canaries (the audit's cost)")
-    p.add_argument("--data_dir", default=os.environ.get("LFED_DATA_DIR", "/work/shared/data"))
+    p.add_argument("--data_dir", default=os.environ.get("LFED_DATA_DIR"),
+                   help="where MNIST is (default: $LFED_DATA_DIR, else lfed's default folders)")
     a = p.parse_args()
 
     torch.manual_seed(a.seed)

@@ -59,7 +59,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--data_dir", default=os.environ.get("LFED_DATA_DIR", "/work/shared/data"))
+    p.add_argument("--data_dir", default=os.environ.get("LFED_DATA_DIR"))
     a = p.parse_args()
     import sys
 
