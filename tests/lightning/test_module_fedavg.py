@@ -103,7 +103,7 @@ def test_global_step_counts_rounds():
         ({"engine": {"backend": "jit"}}, "backend"),
         ({"algorithm": "fedsgd"}, "algorithm"),
         ({"combination": "median"}, "combination"),
-        ({"objective": "ditto"}, "objective"),
+        ({"objective": "moon"}, "objective"),  # ditto is a name since 0.5 (lfed.core.registry.NAMES)
         ({"sampler": "greedy"}, "sampler"),
         ({"objective": {"class_path": "lfed.client.objectives.Prox", "init_args": {"mu": -0.1}}, "algorithm": "fedprox"}, "mu"),
         ({"combination": {"class_path": "lfed.server.combination.IGFLAttention", "init_args": {"temperature": 0.0}}}, "attention_temperature"),

@@ -583,7 +583,7 @@ ATTENTION = "lfed.server.combination.IGFLAttention"  # the combination as a conf
         ({"combination": {"class_path": ATTENTION, "init_args": {"temperature": 0.0}}}, "attention_temperature.*> 0"),
         ({"combination": {"class_path": ATTENTION, "init_args": {"temperature": -1.0}}}, "attention_temperature"),
         ({"combination": {"class_path": ATTENTION, "init_args": {"temperature": float("inf")}}}, "attention_temperature"),
-        ({"combination": "keys"}, r"combination: 'keys' is not one of \('mean', 'self', 'global', 'time'\)"),
+        ({"combination": "keys"}, r"combination: 'keys' is not one of \('mean', 'self', 'global', 'time', 'dp_fedavg'\)"),
         ({"weighting": "ish"}, r"weighting: .ish. is not one of \(.size., .uniform., .dwfed.\)"),
         ({"partial_work": "ignore"}, r"partial_work: .ignore. is not one of"),
     ],
