@@ -16,8 +16,6 @@ _LAZY = {
     "worst_share_mean": "lfed.evaluation.scores",
     "output_shape_is_known": "lfed.evaluation.scores",
     "check_task": "lfed.evaluation.scores",
-    "check_trainer_schedule": "lfed.evaluation.scores",
-    "request_final_evaluation": "lfed.evaluation.scores",
     "local_accuracy": "lfed.evaluation.scores",
     "own_split_scores": "lfed.evaluation.scores",
     "accuracy_summary": "lfed.evaluation.scores",

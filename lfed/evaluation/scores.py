@@ -9,8 +9,6 @@
   ``bmta_global`` and ``bmta_local`` (docs/algorithms.md §9).
 * :func:`check_task`: the net's output against the data's task (number of classes, or the
   regression target's shape), one forward pass before round 0.
-* :func:`check_trainer_schedule` and :func:`request_final_evaluation`: the round schedule of the
-  trainer (``max_steps``, ``val_check_interval``) and the evaluation after the last round.
 
 The task is read from the targets: integer targets are class labels (classification: loss and
 accuracy), floating targets are regression targets (loss only).
@@ -249,38 +247,6 @@ def check_task(net: nn.Module, data, loss=None) -> None:
             f"net: outputs shape {tuple(out.shape[1:])} per example, but the regression targets have shape "
             f"{tuple(y.shape[1:])} per example: the net must output one value per target value"
         )
-
-
-def check_trainer_schedule(trainer) -> None:
-    """Refuse a round schedule that would crash or do nothing, before round 0.
-
-    Raises:
-        ValueError: If ``trainer.max_steps`` is 0 (no round would run) or an integer
-            ``trainer.val_check_interval`` is below 1.
-    """
-    if getattr(trainer, "max_steps", -1) == 0:
-        raise ValueError(
-            "trainer.max_steps: 0 rounds would run (one training step is one federated round); "
-            "set --trainer.max_steps to the number of rounds (>= 1). To evaluate a model without training, "
-            "use `lfed validate` / `lfed test`."
-        )
-    interval = getattr(trainer, "val_check_interval", None)
-    if isinstance(interval, int) and not isinstance(interval, bool) and interval < 1:
-        raise ValueError(
-            f"trainer.val_check_interval: evaluate every how many rounds; must be an int >= 1, got {interval} "
-            "(the global model is always evaluated after the last round)"
-        )
-
-
-def request_final_evaluation(trainer) -> None:
-    """After the last round, make Lightning evaluate whatever ``val_check_interval`` is (docs/algorithms.md §9).
-
-    Lightning runs validation when a stop is requested (``trainer.should_stop``), so the last
-    round asks for one: the run ends there anyway. Call from ``on_train_batch_end``.
-    """
-    max_steps = getattr(trainer, "max_steps", -1)
-    if max_steps is not None and max_steps > 0 and int(trainer.global_step) >= max_steps:
-        trainer.should_stop = True
 
 
 @torch.no_grad()

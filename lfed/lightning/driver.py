@@ -29,8 +29,8 @@ from lfed.core.registry import CompositionWarning
 from lfed.core.run import FederatedRun, train_step
 from lfed.engine.precision import release_loss_scaler, round_precision
 from lfed.engine.ranks import Ranks
-from lfed.evaluation.scores import check_trainer_schedule, request_final_evaluation
 from lfed.lightning.ddp import prepare_strategy
+from lfed.lightning.rounds import check_trainer_schedule, request_final_evaluation
 from lfed.state.fingerprint import run_fingerprint, verify_fingerprint
 
 __all__ = ["FederatedDriver", "RunOptimizers"]

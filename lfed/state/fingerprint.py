@@ -143,7 +143,7 @@ def run_fingerprint(module: Any, total_rounds: int | None = None, datamodule: An
     for k, shape in module.store.describe().items():  # every declared tensor, by its owner's role
         fp[f"model.state.{k}"] = shape
     total = total_rounds
-    if total is not None and type(module.participation.fraction).__name__ != "ConstantFraction":
+    if total is not None and module.participation.fraction.depends_on_total_rounds:
         fp["hparams.total_rounds (trainer.max_steps; the fraction schedule depends on it)"] = total
     depending = [role for role, c in module.components.roles().items() if getattr(c, "depends_on_total_rounds", False)]
     if total is not None and depending:  # DP's noise calibrated for the run's rounds
