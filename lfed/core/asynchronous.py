@@ -149,6 +149,9 @@ class Asynchronous(Component):
                 f"clock={self.clock.distribution})")
 
     # ------------------------------------------------------------------ the schedule's reports (lfed.core.synchronous)
+    #: The run's settings this schedule does not read (left out of the start-up line; warned when set explicitly).
+    unused = ("fraction",)
+
     def composition(self) -> dict[str, str]:
         """Its entry in the run's composition line."""
         return {"asynchronous": self.describe()}

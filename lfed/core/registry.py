@@ -329,21 +329,28 @@ def composition_label(algorithm: str, class_paths: Iterable[str]) -> str:
     ``composition_label("fedavg", ["lfed.client.objectives.Plain", "fednova.FedNova"])`` is
     ``"fedavg+FedNova"``: lfed's own components are named by the preset already.
     """
-    own = [p.rsplit(".", 1)[-1] for p in class_paths if isinstance(p, str) and "." in p and not p.startswith("lfed.")]
+    own = [p.rsplit(".", 1)[-1] for p in class_paths if isinstance(p, str) and "." in p
+           and (not p.startswith("lfed.") or p.startswith(NAMED_IN_LABELS))]
     return "+".join([str(algorithm), *dict.fromkeys(own)])
+
+
+#: lfed's own classes that no preset names, so a run's name does: its asynchronous schedule (``fedavg+FedBuff``) and
+#: an adapter on a frozen base (``fedavg+LoRA``).
+NAMED_IN_LABELS = ("lfed.core.asynchronous.", "lfed.models.adapters.")
 
 
 def settings_label(model: dict[str, Any]) -> str:
     """:func:`composition_label` of a run's ``model`` settings (before anything is built): ``class_path`` values."""
     paths = []
-    for role in ROLES:
+    for role in (*ROLES, "asynchronous", "net"):
         value = model.get(role)
         if isinstance(value, dict) and isinstance(value.get("class_path"), str):
-            paths.append(value["class_path"])
+            if role != "net" or value["class_path"].startswith(NAMED_IN_LABELS):  # a net is named only as an adapter
+                paths.append(value["class_path"])
     objective = model.get("objective")
     if isinstance(objective, str) and "." in objective:  # a dotted class path given as a string
         paths.append(objective)
-    return composition_label(model.get("algorithm") or "fedavg", [p for p in paths if not p.startswith(("torch.", "lfed."))])
+    return composition_label(model.get("algorithm") or "fedavg", [p for p in paths if not p.startswith("torch.")])
 
 
 class CompositionWarning(UserWarning):

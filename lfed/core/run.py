@@ -173,7 +173,10 @@ class FederatedRun(nn.Module):
     @property
     def label(self) -> str:
         """The preset and the user's own components: ``fedavg+FedNova`` (:func:`lfed.core.registry.composition_label`)."""
-        paths = [f"{type(c).__module__}.{type(c).__qualname__}" for c in self.components.roles().values()]
+        parts = [*self.components.roles().values(), self.components.asynchronous]
+        paths = [f"{type(c).__module__}.{type(c).__qualname__}" for c in parts if c is not None]
+        net = f"{type(self.net).__module__}.{type(self.net).__qualname__}" if self.net is not None else ""
+        paths += [net] if net.startswith(algorithms.NAMED_IN_LABELS) else []  # a net is named only as an adapter
         return algorithms.composition_label(self.algorithm, paths)
 
     # ------------------------------------------------------------------ set-up

@@ -198,7 +198,7 @@ class FederatedDriver(LightningModule):
         what = f"{len(self.runs)} runs of " if self.grouped else ""
         rank_zero_info(
             f"lfed: {what}{run.label} on {d.num_clients} clients, {run.layout.num_params:,} parameters, backend={backend}, "
-            + ", ".join(f"{k}={v}" for k, v in run.composition.items())
+            + ", ".join(f"{k}={v}" for k, v in run.composition.items() if k not in getattr(run.schedule, "unused", ()))
             + f", server_optimizer={describe_optimizer(run.server_optimizer)}"
         )
 

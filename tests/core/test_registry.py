@@ -172,3 +172,19 @@ def test_one_build_function_for_every_role_and_its_errors():
     channel = algorithms.build(algorithms.resolve("fedavg", channel=0.25)).channel  # a number: EFL's ternary q
     assert isinstance(channel, TernaryTopK) and channel.sparsity == 0.25
     assert isinstance(algorithms.build(algorithms.resolve("fedavg", channel="dense")).channel, Dense)
+
+
+def test_a_runs_name_says_its_asynchronous_schedule_and_its_adapter():
+    """Issue 51 item 13: FedBuff and LoRA runs were named fedavg-digits-*; lfed's classes that no preset names are named."""
+    assert algorithms.settings_label({"algorithm": "fedavg", "asynchronous": {"class_path": "lfed.core.asynchronous.FedBuff"}}) \
+        == "fedavg+FedBuff"
+    assert algorithms.settings_label({"net": {"class_path": "lfed.models.adapters.LoRA"}}) == "fedavg+LoRA"
+    assert algorithms.settings_label({"net": {"class_path": "lfed.models.MLP"}, "objective": {"class_path": "lfed.client.Prox"},
+                                      "algorithm": "fedprox"}) == "fedprox"  # the preset names lfed's own components
+    assert algorithms.settings_label({"objective": {"class_path": "fednova.FedNova"}}) == "fedavg+FedNova"
+
+
+def test_the_asynchronous_schedule_declares_the_setting_it_does_not_read():
+    from lfed.core.asynchronous import FedBuff
+
+    assert FedBuff(concurrency=4, buffer=2).unused == ("fraction",)
