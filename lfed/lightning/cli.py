@@ -80,6 +80,8 @@ SUBCOMMANDS = ("fit", "validate", "test")
 
 #: Where the run's settings are stored in a checkpoint (plain values, readable with ``weights_only``).
 CONFIG_KEY = "lfed_config"
+#: Where the id of the run's W&B run is stored in a checkpoint: a resume continues that W&B run (``resume="allow"``).
+WANDB_ID_KEY = "lfed_wandb_run_id"
 
 #: Environment variable through which DDP worker processes find their rank 0's run directory.
 RUN_DIR_ENV = "LFED_RUN_DIR"
@@ -388,6 +390,10 @@ class RunConfig(Callback):
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         checkpoint[CONFIG_KEY] = self.settings
+        for logger in trainer.loggers:  # the W&B run this checkpoint continues, when one was started
+            run = getattr(logger, "_experiment", None)
+            if "Wandb" in type(logger).__name__ and isinstance(getattr(run, "id", None), str):
+                checkpoint[WANDB_ID_KEY] = run.id
 
 
 def _plain(value: Any) -> Any:
@@ -676,8 +682,21 @@ class LfedCLI(LightningCLI):
                 continue
             if "Wandb" in str(lg.get("class_path")) and init.get("save_dir") is None:
                 init["save_dir"] = str(run_dir)
+            if "Wandb" in str(lg.get("class_path")) and self.subcommand == "fit" and cfg.get("ckpt_path") and init.get("id") is None:
+                wandb_id = self._wandb_id(str(cfg["ckpt_path"]))
+                if wandb_id is not None:  # a resume continues its W&B run, not a new one per resume (issue 51 item 12)
+                    init["id"], init["resume"] = wandb_id, "allow"
             if str(lg.get("class_path")).endswith("MetricsCSV") and init.get("dirpath") is None:
                 init["dirpath"] = str(run_dir)
+
+    @staticmethod
+    def _wandb_id(ckpt: str) -> str | None:
+        """The W&B run id a checkpoint records (None: none, or not readable here; the fingerprint check says why)."""
+        try:
+            value = read_checkpoint(ckpt).get(WANDB_ID_KEY)
+        except Exception:  # noqa: BLE001 - the checkpoint's own check reports a bad file, with its reason
+            return None
+        return value if isinstance(value, str) else None
 
     def before_fit(self) -> None:
         """Build the data before the Trainer starts anything (a W&B run, its files): a dataset that is not there, more

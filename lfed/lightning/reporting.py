@@ -282,7 +282,23 @@ class RoundTable(Callback):
         return "\n".join([f"lfed: evaluations of the global model{skipped}", line(header), *map(line, body)])
 
     @rank_zero_only
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        self._trained = True
+
+    @rank_zero_only
     def on_train_end(self, trainer: Trainer, pl_module: Any) -> None:
+        text = self.table()
+        if text:
+            print(text, flush=True)
+
+    @rank_zero_only
+    def on_fit_end(self, trainer: Trainer, pl_module: Any) -> None:
+        """A resumed run that had already trained every round (Lightning skips training and says only "max_steps
+        reached"): say so, and show its evaluations (issue 51 item 12)."""
+        if getattr(self, "_trained", False):
+            return
+        print(f"lfed: the checkpoint had already trained all {int(trainer.global_step)} rounds of this run; nothing was "
+              "trained (give a larger --trainer.max_steps to train on)", flush=True)
         text = self.table()
         if text:
             print(text, flush=True)

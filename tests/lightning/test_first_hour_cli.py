@@ -345,3 +345,45 @@ def test_private_lightning_apis_lfed_relies_on_still_exist():
     assert list(inspect.signature(trainer.fit_loop.epoch_loop._should_check_val_fx).parameters) == ["data_fetcher"]
     # lfed.lightning.reporting.QuietWandbLogger
     assert "anonymous" in WandbLogger(offline=True)._wandb_init
+
+
+def test_resuming_a_finished_run_says_so_and_shows_its_evaluations(tmp_path, capsys):
+    """Issue 51 item 12: Lightning skips the training of a run that already trained every round and says only "max_steps
+    reached"; lfed says nothing was trained and why, and prints the run's evaluations."""
+    quick(tmp_path, "--trainer.logger", "false", rounds=4)
+    capsys.readouterr()
+    again = quick(tmp_path, "--trainer.logger", "false", "--ckpt_path", "last", rounds=4)
+    out = capsys.readouterr().out
+    assert again.trainer.global_step == 4
+    assert ("lfed: the checkpoint had already trained all 4 rounds of this run; nothing was trained (give a larger "
+            "--trainer.max_steps to train on)") in out
+    table = out.split("lfed: evaluations of the global model", 1)[1].splitlines()
+    assert table[1].split()[:2] == ["rounds", "done"] and [r.split()[0] for r in table[2:4]] == ["2", "4"]
+
+
+def test_a_resume_continues_its_wandb_run(tmp_path):
+    """Issue 51 item 12: a checkpoint records the id of its W&B run, and ``--ckpt_path`` gives it to the W&B logger with
+    ``resume="allow"`` (every resume made a new W&B run before)."""
+    from types import SimpleNamespace
+
+    from lfed.lightning.cli import WANDB_ID_KEY, RunConfig
+
+    class FakeWandbLogger:
+        _experiment = SimpleNamespace(id="abc123")
+
+    checkpoint: dict = {}
+    RunConfig({"model": {}}).on_save_checkpoint(SimpleNamespace(loggers=[FakeWandbLogger()]), None, checkpoint)
+    assert checkpoint[WANDB_ID_KEY] == "abc123"
+
+    quick(tmp_path, "--trainer.logger", "false", rounds=2)
+    [last] = tmp_path.glob("runs/*/version_0/checkpoints/last.ckpt")
+    saved = torch.load(last, map_location="cpu", weights_only=False)
+    saved[WANDB_ID_KEY] = "abc123"  # as a run logged to W&B writes it
+    torch.save(saved, last)
+    wandb = ["--trainer.logger", "lfed.lightning.reporting.QuietWandbLogger", "--trainer.logger.project", "lfed-test"]
+    resumed = quick(tmp_path, *wandb, "--ckpt_path", "last", rounds=3)
+    [logger] = [lg for lg in resumed.trainer.loggers if "Wandb" in type(lg).__name__]
+    assert logger._wandb_init["id"] == "abc123" and logger._wandb_init["resume"] == "allow"
+    fresh = quick(tmp_path / "other", *wandb, rounds=1)
+    [logger] = [lg for lg in fresh.trainer.loggers if "Wandb" in type(lg).__name__]
+    assert logger._wandb_init.get("id") is None  # a new run gets a new W&B run
