@@ -660,10 +660,23 @@ class LfedCLI(LightningCLI):
             if path.parent.name == "checkpoints" and path.parent.parent.parent == config_dir.resolve():
                 run_dir = path.parent.parent  # continue in the run's own directory
         cfg = self._subconfig()  # reading a checkpoint's settings replaced self.config
+        self._created_run_dir = None
+        if evaluating:
+            import warnings
+
+            self._seed_as_the_run(cfg)
+            # an evaluation restores the weights only: the training callbacks' state Lightning asks for is not needed
+            warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`, callbacks used to create")
+            checkpoint = Path(str(cfg.get("ckpt_path")))
+            if checkpoint.parent.name == "checkpoints" and checkpoint.parent.parent.is_dir():
+                # a checkpoint of an lfed run: its evaluation is written into that run (<run>/validate/), not a new one
+                run_dir = checkpoint.parent.parent / self.subcommand
+                if not run_dir.is_dir():
+                    run_dir.mkdir()
+                    self._created_run_dir = run_dir
         inherited = os.environ.get(RUN_DIR_ENV)
         if run_dir is None and inherited and os.environ.get("LOCAL_RANK", "0") != "0":
             run_dir = Path(inherited)  # a DDP worker: rank 0 chose the directory
-        self._created_run_dir = None
         if run_dir is None:
             try:
                 run_dir = self._created_run_dir = run_directory(config_dir)
@@ -688,6 +701,24 @@ class LfedCLI(LightningCLI):
                     init["id"], init["resume"] = wandb_id, "allow"
             if str(lg.get("class_path")).endswith("MetricsCSV") and init.get("dirpath") is None:
                 init["dirpath"] = str(run_dir)
+
+    def _set_seed(self) -> None:
+        """Lightning's, except for ``validate``/``test`` without a seed of their own: they take the run's own seed from
+        its checkpoint once it is read (:meth:`_seed_as_the_run`), instead of Lightning's "No seed found" and a seed
+        of its choosing."""
+        self._seed_deferred = self.subcommand in ("validate", "test") and self._get(self.config, "seed_everything") is True
+        if not self._seed_deferred:
+            super()._set_seed()
+
+    def _seed_as_the_run(self, cfg) -> None:
+        """Seed an evaluation as its run was seeded (the checkpoint's ``seed_everything``; 0 when it has none), when the
+        command gave no seed of its own (then :meth:`_set_seed` already seeded with it)."""
+        from lightning.fabric.utilities.seed import seed_everything
+
+        if not getattr(self, "_seed_deferred", False):
+            return
+        seed = cfg.get("seed_everything")
+        cfg["seed_everything"] = seed_everything(0 if isinstance(seed, bool) or seed is None else int(seed), workers=True)
 
     @staticmethod
     def _wandb_id(ckpt: str) -> str | None:

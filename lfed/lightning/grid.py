@@ -170,8 +170,11 @@ def _member_logs(members: list[GroupMember], directory: Path, wandb_group: str |
 
             from lfed.lightning.reporting import QuietWandbLogger
 
+            # quiet: a grid's runs print no W&B history each (the grid's own table says how they did); no git lookup
+            # (W&B warns "git root does not exist" outside a repository)
             run = wandb.init(project="lfed", group=wandb_group, name=m.name, dir=str(directory / m.name),
-                             config={**m.settings, "grid": m.params}, reinit="create_new")
+                             config={**m.settings, "grid": m.params}, reinit="create_new",
+                             settings=wandb.Settings(quiet=True, disable_git=True))
             m.loggers.append(QuietWandbLogger(experiment=run))
 
 

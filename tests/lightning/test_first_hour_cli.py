@@ -187,12 +187,12 @@ def test_a_run_that_fails_to_start_leaves_no_empty_run_directory(tmp_path, capsy
     # refused by the module (a bad value of the right type) after the run directory was chosen
     with pytest.raises(ValueError, match="client_lr"):
         quick(tmp_path, "--trainer.logger", "false", "--model.training.client_lr", "-1")
-    assert not list((tmp_path / "runs").iterdir())
+    assert not (tmp_path / "runs").exists()  # nothing at all: the run folder and the runs/ it made
     # refused while parsing (algorithm is a Literal of the presets): no run directory either
     with pytest.raises(SystemExit):
         quick(tmp_path, "--trainer.logger", "false", "--model.algorithm", "fedsgd")
     assert "model.algorithm" in capsys.readouterr().err
-    assert not list((tmp_path / "runs").iterdir())
+    assert not (tmp_path / "runs").exists()
 
 
 def test_config_id_is_stable_and_sensitive():
@@ -285,6 +285,22 @@ def test_validate_and_test_a_checkpoint_without_its_config(tmp_path):
         cli = quick(tmp_path / sub, "--trainer.logger", "false", "--ckpt_path", str(ckpt), sub=sub, config=None)
         assert cli.datamodule.num_clients == 12 and cli.model.layout.num_params == trained.model.layout.num_params
         assert float(cli.trainer.callback_metrics["test/acc"]) == pytest.approx(acc)
+        # issue 51 item 12: the evaluation is written into the run it scores (<run>/validate/), not a new run folder
+        assert Path(cli.trainer.default_root_dir) == ckpt.parent.parent / sub
+    assert [p.name for p in sorted((tmp_path / "train" / "runs").glob("*/version_*"))] == ["version_0"]
+    assert not list((tmp_path / "validate").glob("runs/*")) and not list((tmp_path / "test").glob("runs/*"))
+
+
+def test_an_evaluation_is_seeded_as_its_run_without_lightnings_noise(tmp_path, recwarn, capsys):
+    """``lfed validate --ckpt_path F`` used to print Lightning's "No seed found" and "Please add the following callbacks:
+    RoundCheckpoint...": it takes the run's seed from the checkpoint, and an evaluation needs no training callbacks."""
+    trained = quick(tmp_path, "--trainer.logger", "false", "--seed_everything", "7", rounds=2)
+    ckpt = Path(trained.trainer.checkpoint_callback.dirpath) / "last.ckpt"
+    capsys.readouterr()
+    cli = quick(tmp_path, "--trainer.logger", "false", "--ckpt_path", str(ckpt), sub="validate", config=None)
+    assert cli.config["validate"]["seed_everything"] == 7
+    text = capsys.readouterr().err + "\n".join(str(w.message) for w in recwarn)
+    assert "No seed found" not in text and "Please add the following callbacks" not in text, text
 
 
 def test_a_mismatching_checkpoint_message_does_not_speak_of_resuming():
