@@ -24,22 +24,22 @@ def test_lfed_help_lists_lfeds_commands_without_importing_lightning(args):
     done = _lfed(*args)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0] == "usage: lfed {fit,validate,test,grid} [--help] ..."
+    assert lines[0] == "usage: lfed {fit,validate,test,grid,audit} [--help] ..."
     assert "Lightning Trainer command line tool" not in done.stdout and "predict" not in done.stdout
-    assert [ln.split()[0] for ln in lines if ln.startswith("  ") and not ln.startswith("   ")] == ["fit", "validate", "test", "grid"]
+    assert [ln.split()[0] for ln in lines if ln.startswith("  ") and not ln.startswith("   ")] == ["fit", "validate", "test", "grid", "audit"]
     assert "NO_LIGHTNING" in done.stderr  # instant: the help of the commands needs none of them
 
 
 def test_lfed_without_a_command_shows_the_commands_and_exit_2():
     done = _lfed()
-    assert done.returncode == 2 and done.stdout.startswith("usage: lfed {fit,validate,test,grid}")
+    assert done.returncode == 2 and done.stdout.startswith("usage: lfed {fit,validate,test,grid,audit}")
 
 
 def test_an_unknown_command_is_one_line():
     done = _lfed("predict")
     assert done.returncode == 2
-    assert done.stderr.splitlines()[0] == ("lfed: error: 'predict' is not a command; the commands are fit, validate, test "
-                                           "and grid (lfed --help)")
+    assert done.stderr.splitlines()[0] == ("lfed: error: 'predict' is not a command; the commands are fit, validate, test, "
+                                           "grid and audit (lfed --help)")
 
 
 def test_help_and_docstrings_cite_docs_not_a_file_users_do_not_have():
