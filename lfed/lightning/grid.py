@@ -174,7 +174,8 @@ def _member_logs(members: list[GroupMember], directory: Path, wandb_group: str |
             # (W&B warns "git root does not exist" outside a repository)
             run = wandb.init(project="lfed", group=wandb_group, name=m.name, dir=str(directory / m.name),
                              config={**m.settings, "grid": m.params}, reinit="create_new",
-                             settings=wandb.Settings(quiet=True, disable_git=True))
+                             settings=wandb.Settings(quiet=True, disable_git=True),
+                             mode=os.environ.get("WANDB_MODE") or None)  # the mode the grid chose by, not one cached earlier
             m.loggers.append(QuietWandbLogger(experiment=run))
 
 

@@ -9,7 +9,11 @@ from lfed.lightning.grid import run_grid
 
 
 def test_a_grid_with_wandb_on_prints_no_wandb_history_per_run(tmp_path, monkeypatch, capfd):
-    monkeypatch.setenv("WANDB_MODE", "offline")
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    wandb.init(dir=str(tmp_path)).finish()  # an earlier, disabled W&B run in this process (in CI: another test's)
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the grid runs by the mode it chose by, not one W&B cached
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_home"))
     monkeypatch.chdir(tmp_path)  # not a git repository: W&B's git lookup would warn here
     sweep = tmp_path / "s.yaml"
