@@ -300,24 +300,6 @@ class Component(nn.Module):
     uses_history: bool = False
     #: Whether the component reads :attr:`Cohort.start_loss` (each client's loss under the round's model).
     needs_start_loss: bool = False
-    #: Whether the component is defined in an asynchronous run (:mod:`lfed.core.asynchronous`: updates computed on older
-    #: models, a server step per buffer of arrivals). Read from the class's own body, not inherited: a subclass
-    #: changes what the component computes and says so again (``asynchronous_ready = True``).
-    asynchronous_ready: bool = False
-    #: Why a component of this kind is not, after its class name (the role's base classes say it for their role).
-    asynchronous_unready: str = "is not defined asynchronously yet"
-
-    def asynchronous_refusal(self, schedule: Any) -> str | None:
-        """Why this component cannot run under ``schedule`` (an :class:`~lfed.core.asynchronous.Asynchronous`), or None.
-
-        The asynchronous component asks every other component before round 0 and refuses the run with the first
-        reason, prefixed by the role. By default: None when the class itself declares ``asynchronous_ready``, else
-        ``"<ClassName> <asynchronous_unready>"``. Override for a reason that depends on the settings.
-        """
-        if type(self).__dict__.get("asynchronous_ready", False):
-            return None
-        return f"{type(self).__name__} {self.asynchronous_unready}"
-
     def state_specs(self) -> list[StateSpec]:
         """The tensors this component keeps between rounds (none by default)."""
         return []

@@ -60,12 +60,13 @@ from torch import Tensor
 
 from lfed.base.component import Component, CompositionContext
 from lfed.checks import integer, number, one_of
+from lfed.core.async_ready import asynchronous_refusal, declared_refusal
 from lfed.engine.host import to_device
 from lfed.evaluation.scores import is_classification, local_accuracy
 from lfed.participation.clock import SimulatedClock, read_durations
 from lfed.state.spec import StateSpec
 
-__all__ = ["STALENESS", "Asynchronous", "FedAsync", "FedBuff", "staleness_weight"]
+__all__ = ["STALENESS", "Asynchronous", "FedAsync", "FedBuff", "asynchronous_refusal", "declared_refusal", "staleness_weight"]
 
 STALENESS = ("constant", "polynomial", "hinge")
 
@@ -183,9 +184,9 @@ class Asynchronous(Component):
     # ------------------------------------------------------------------ checks before round 0
     def prepare_run(self, context: CompositionContext) -> None:
         """Refuse, before round 0, what is not defined asynchronously: each other component says for itself
-        (:meth:`lfed.base.component.Component.asynchronous_refusal`), then the stragglers and ``C <= N``."""
+        (:func:`asynchronous_refusal`), then the stragglers and ``C <= N``."""
         for role, component in (context.components or {}).items():
-            reason = None if component is self else component.asynchronous_refusal(self)
+            reason = None if component is self else asynchronous_refusal(component, self)
             if reason:
                 raise ValueError(f"asynchronous: {role}: {reason}")
         if context.p_inactive > 0 or context.p_incomplete > 0:
@@ -358,6 +359,8 @@ class Asynchronous(Component):
         saved = state.get("local_acc")  # absent in a checkpoint written before the local accuracy was kept
         self.local_acc = None if saved is None else torch.tensor([math.nan if v is None else v for v in saved],
                                                                  dtype=torch.float64)
+
+
 
 
 @dataclass

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from lfed.base.component import Cohort, Component
+from lfed.core.async_ready import declared_refusal
 from lfed.engine.host import device_rows
 from lfed.server import compression as c
 from lfed.state.spec import StateSpec
@@ -74,7 +75,7 @@ class TernaryTopK(Channel):
         if getattr(schedule, "mixing", None) is not None:
             return ("FedAsync mixes the client's model w_k into the server's, but a client can only compress its update "
                     "w_k - w^v against the model version v it started from; use FedBuff or no compression")
-        return super().asynchronous_refusal(schedule)
+        return declared_refusal(self)
 
     def composition_warnings(self, context) -> list[str]:
         if float(self.sparsity) >= 1.0:

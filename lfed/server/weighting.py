@@ -16,6 +16,7 @@ from torch import Tensor
 
 from lfed.base.component import Cohort, Component
 from lfed.checks import one_of
+from lfed.core.async_ready import declared_refusal
 from lfed.server.weights import PARTIAL_WORK, aggregation_weights, counting_mask
 
 __all__ = ["AggregationWeights", "DWFedWeights", "PartialWork", "SizeWeights", "UniformWeights"]
@@ -38,7 +39,7 @@ class AggregationWeights(Component):
     asynchronous_ready = True
 
     def asynchronous_refusal(self, schedule) -> str | None:
-        return super().asynchronous_refusal(schedule) and f"{self.name!r} is not defined asynchronously yet; use size or uniform"
+        return declared_refusal(self) and f"{self.name!r} is not defined asynchronously yet; use size or uniform"
 
     def __init__(self, partial_work: PartialWork = "keep") -> None:
         super().__init__()

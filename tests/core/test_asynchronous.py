@@ -437,7 +437,7 @@ def test_compositions_that_are_not_defined_asynchronously_are_refused_before_rou
 
 
 def test_a_component_says_itself_whether_it_is_defined_asynchronously():
-    """The asynchronous component asks each other component (Component.asynchronous_refusal), by no name: a user's
+    """The asynchronous component asks each other component (lfed.core.asynchronous.asynchronous_refusal), by no name: a user's
     combination that declares asynchronous_ready runs, and equals the built-in mean; a subclass of a ready class
     that does not declare it again (it may compute something else) is refused before round 0 with its own name."""
     from lfed.server.combination import Mean
@@ -458,6 +458,34 @@ def test_a_component_says_itself_whether_it_is_defined_asynchronously():
                                          r"updates yet; use mean$"):
         fit(MyMean())
     assert torch.equal(flat_weights(fit(DeclaredMean())), flat_weights(fit("mean")))
+
+
+def test_what_only_the_asynchronous_schedule_reads_is_not_on_the_component_base():
+    """Issue 50: the declarations are read by lfed.core.asynchronous, not carried by every component: the default
+    refusal names the class; a class's own asynchronous_ready lifts it; a method of the component gives its own."""
+    from lfed.base.component import Component
+    from lfed.core.asynchronous import asynchronous_refusal, declared_refusal
+
+    assert not any(hasattr(Component, a) for a in ("asynchronous_ready", "asynchronous_unready", "asynchronous_refusal"))
+
+    class Mine(Component):
+        pass
+
+    class Ready(Component):
+        asynchronous_ready = True
+
+    class ReadyChild(Ready):
+        pass
+
+    class Says(Component):
+        def asynchronous_refusal(self, schedule):
+            return f"not under {type(schedule).__name__}"
+
+    schedule = FedBuff(concurrency=2, buffer=1)
+    assert asynchronous_refusal(Mine(), schedule) == "Mine is not defined asynchronously yet"
+    assert asynchronous_refusal(Ready(), schedule) is None
+    assert asynchronous_refusal(ReadyChild(), schedule) == "ReadyChild is not defined asynchronously yet"  # not inherited
+    assert asynchronous_refusal(Says(), schedule) == "not under FedBuff" and declared_refusal(Says()) is not None
 
 
 def test_a_dispatch_that_diverges_stops_the_run_naming_the_dispatched_clients():
