@@ -88,21 +88,32 @@ def entry(role: str, name: str) -> tuple[str, dict[str, Any]]:
     return (entry, {}) if isinstance(entry, str) else entry
 
 
-def component_class(role: str, value: Any) -> type | None:
-    """The class a ``role`` setting names: a built-in name, a dotted class path or a component; None if unknown."""
+def _resolve(role: str, value: Any, strict: bool) -> tuple[type | None, dict[str, Any]]:
+    """The class a ``role`` setting names (a component, a built-in name or a dotted class path) and the settings a name
+    implies; an unknown name or an unimportable path raises (``strict``) or gives None."""
     from lfed.base.component import load_class
 
     base = load_class(BASES[role], object, role)
     if isinstance(value, base):
-        return type(value)
+        return type(value), {}
     if isinstance(value, str) and value in NAMES[role]:
-        return load_class(entry(role, value)[0], base, role)
+        path, implied = entry(role, value)
+        return load_class(path, base, role), implied
     if isinstance(value, str) and "." in value:
         try:
-            return load_class(value, base, role)
+            return load_class(value, base, role), {}
         except ValueError:
-            return None
-    return None
+            if strict:
+                raise
+            return None, {}
+    if strict:
+        raise ValueError(f"{role}: {value!r} is not one of {names(role)}, nor a component's class path")
+    return None, {}
+
+
+def component_class(role: str, value: Any) -> type | None:
+    """The class a ``role`` setting names: a built-in name, a dotted class path or a component; None if unknown."""
+    return _resolve(role, value, strict=False)[0]
 
 
 def build_component(role: str, value: Any, **settings: Any):
@@ -113,17 +124,8 @@ def build_component(role: str, value: Any, **settings: Any):
     Raises:
         ValueError: An unknown name, naming the role and its names.
     """
-    from lfed.base.component import load_class
-
-    base = load_class(BASES[role], object, role)
-    if isinstance(value, base):
-        return value
-    if isinstance(value, str) and value in NAMES[role]:
-        path, implied = entry(role, value)
-        return load_class(path, base, role)(**implied, **settings)
-    if isinstance(value, str) and "." in value:
-        return load_class(value, base, role)(**settings)
-    raise ValueError(f"{role}: {value!r} is not one of {names(role)}, nor a component's class path")
+    cls, implied = _resolve(role, value, strict=True)
+    return value if isinstance(value, cls) and not isinstance(value, str) else cls(**implied, **settings)
 
 
 #: Defaults of every composable choice (FedAvg).

@@ -641,11 +641,10 @@ DDP_CASES = {name: ["--model.asynchronous", "lfed.core.asynchronous.FedBuff", "-
 
 @pytest.fixture(scope="module")
 def ddp_batch(tmp_path_factory):
-    """Both cases on the same 2 processes, one launch (test_distributed._two_processes_batch)."""
-    from test_distributed import _two_processes_batch
+    """Both cases on the same 2 processes, one launch (test_distributed.batch_of)."""
+    from test_distributed import batch_of
 
-    root = tmp_path_factory.mktemp("ddp_batch")
-    return root, _two_processes_batch(root, DDP_CASES)
+    return batch_of(tmp_path_factory, DDP_CASES)
 
 
 @pytest.mark.parametrize("case", list(DDP_CASES))

@@ -341,11 +341,17 @@ BATCH = {
 }
 
 
+def batch_of(tmp_path_factory, cases: dict[str, list[str]]) -> tuple[Path, dict[str, str]]:
+    """Every case of ``cases`` on the same 2 processes, one launch (:func:`_two_processes_batch`): their root folder
+    and each case's output (a module fixture of each test file that has DDP cases)."""
+    root = tmp_path_factory.mktemp("ddp_batch")
+    return root, _two_processes_batch(root, cases)
+
+
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     """Every case of :data:`BATCH` on 2 processes: their root folder and each case's output."""
-    root = tmp_path_factory.mktemp("ddp_batch")
-    return root, _two_processes_batch(root, BATCH)
+    return batch_of(tmp_path_factory, BATCH)
 
 
 def _check_two_against_one(case: str, case_dir: Path, log: str, tmp_path: Path) -> None:

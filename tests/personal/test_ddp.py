@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_distributed import _assert_same_state, _one_process, _two_processes_batch
+from test_distributed import _assert_same_state, _one_process, batch_of
 
 CASES = {
     "ditto": ["--model.algorithm", "ditto", "--model.stragglers.p_incomplete", "0.5"],
@@ -18,9 +18,8 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
-    """Every case on the same 2 processes, one launch (test_distributed._two_processes_batch)."""
-    root = tmp_path_factory.mktemp("ddp_batch")
-    return root, _two_processes_batch(root, CASES)
+    """Every case on the same 2 processes, one launch (test_distributed.batch_of)."""
+    return batch_of(tmp_path_factory, CASES)
 
 
 @pytest.mark.parametrize("case", list(CASES))
