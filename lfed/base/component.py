@@ -95,6 +95,8 @@ class Cohort:
             learning rate η, q-FFL's ``L = 1/η``), ``batch_size``, ``local_epochs``, ``local_steps``.
         label_counts: ``[K, C]`` each cohort client's training label counts (on the device; ``[K, 0]`` for
             regression targets), for methods that weigh or correct by the clients' label distributions (FedLC).
+        byzantine: ``[K]`` bool, the cohort's Byzantine clients (set by the run's attack, :mod:`lfed.robust.attacks`;
+            all False without one); its host copy is :attr:`HostCohort.byzantine`.
 
     :attr:`start_loss` in a round that did not compute it (no component sets ``needs_start_loss``) is
     :data:`NOT_COMPUTED`: using it raises a :class:`~lfed.checks.HookError` naming the flag.
@@ -115,6 +117,7 @@ class Cohort:
     host: HostCohort | None = None
     plan: Any = None
     label_counts: Tensor | None = None
+    byzantine: Tensor | None = None
 
     @property
     def active(self) -> Tensor:
@@ -142,8 +145,9 @@ class Cohort:
             return None
         pairs = [(self.clients, h.clients), (self.num_examples, h.num_examples), (self.step_budget, h.step_budget),
                  (self.steps_done, h.steps_done)]
-        if self.counting is not None and h.counting is not None:
-            pairs.append((self.counting, h.counting))
+        for mask in ("counting", "byzantine"):
+            if getattr(self, mask) is not None and getattr(h, mask) is not None:
+                pairs.append((getattr(self, mask), getattr(h, mask)))
         # the host copies in one queued transfer (lfed.engine.host.to_device), compared with the device copies stacked there
         host = to_device(torch.stack([t.long() for _, t in pairs]), self.clients.device)
         return (torch.stack([t.long() for t, _ in pairs]) == host).all()
@@ -163,6 +167,7 @@ class HostCohort:
     step_budget: Tensor
     steps_done: Tensor
     counting: Tensor | None = None
+    byzantine: Tensor | None = None
 
     @property
     def active(self) -> Tensor:

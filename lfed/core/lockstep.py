@@ -111,7 +111,7 @@ def engine_key(run: Any, job: TrainJob) -> tuple:
     # whose rounding depends on how many rows there are
     frozen = any(not p.requires_grad for p in net.parameters())
     alone = sig is None or _has_dropout(net) or has_running_stats(net) or len(dict(net.named_buffers())) or frozen
-    return (id(run) if alone else None, sig, job.batch_size, _batch_width(job), id(job.data_x), run.backend,
+    return (id(run) if alone else None, sig, job.batch_size, _batch_width(job), id(job.data_x), id(job.data_y), run.backend,
             run.chunk_size, repr(run.loss))
 
 

@@ -47,6 +47,16 @@ NAMES: dict[str, dict[str, str | tuple[str, dict[str, Any]]]] = {
         "global": ("lfed.server.combination.IGFLAttention", {"query": "global"}),
         "time": ("lfed.server.combination.IGFLAttention", {"query": "time"}),
         "dp_fedavg": "lfed.privacy.dp_fedavg.DPFedAvg",
+        "median": "lfed.robust.rules.median.CoordinateMedian",
+        "trimmed_mean": "lfed.robust.rules.median.TrimmedMean",
+        "krum": "lfed.robust.rules.krum.Krum",
+        "multi_krum": "lfed.robust.rules.krum.MultiKrum",
+        "bulyan": "lfed.robust.rules.bulyan.Bulyan",
+        "geometric_median": "lfed.robust.rules.geometric_median.GeometricMedian",
+        "centered_clipping": "lfed.robust.rules.centered_clipping.CenteredClipping",
+        "norm_bound": "lfed.robust.rules.norm_bound.NormBound",
+        "bucketing": "lfed.robust.rules.bucketing.Bucketing",
+        "nnm": "lfed.robust.rules.nnm.NearestNeighborMixing",
     },
     "channel": {
         "dense": "lfed.server.channel.Dense",
@@ -57,6 +67,18 @@ NAMES: dict[str, dict[str, str | tuple[str, dict[str, Any]]]] = {
         "attention": "lfed.participation.sampling.AttentionSampler",
         "poisson": "lfed.participation.sampling.PoissonSampler",
     },
+    "attack": {
+        "none": "lfed.robust.attacks.base.NoAttack",
+        "label_flip": "lfed.robust.attacks.label_flip.LabelFlip",
+        "sign_flip": "lfed.robust.attacks.simple.SignFlip",
+        "gaussian": "lfed.robust.attacks.simple.Gaussian",
+        "scaling": "lfed.robust.attacks.simple.Scaling",
+        "alie": "lfed.robust.attacks.alie.ALIE",
+        "ipm": "lfed.robust.attacks.ipm.IPM",
+        "min_max": "lfed.robust.attacks.minmax.MinMax",
+        "min_sum": "lfed.robust.attacks.minmax.MinSum",
+        "mimic": "lfed.robust.attacks.mimic.Mimic",
+    },
 }
 
 #: The base class a role's component subclasses (a ``class_path`` is checked against it).
@@ -66,6 +88,7 @@ BASES: dict[str, str] = {
     "combination": "lfed.server.combination.ServerCombination",
     "channel": "lfed.server.channel.Channel",
     "sampler": "lfed.participation.sampling.ClientSampler",
+    "attack": "lfed.robust.attacks.base.Attack",
 }
 
 def names(role: str) -> tuple[str, ...]:
@@ -79,6 +102,7 @@ WeightingName = Literal[names("weighting")]  # type: ignore[valid-type]
 CombinationName = Literal[names("combination")]  # type: ignore[valid-type]
 ChannelName = Literal[names("channel")]  # type: ignore[valid-type]
 SamplerName = Literal[names("sampler")]  # type: ignore[valid-type]
+AttackName = Literal[names("attack")]  # type: ignore[valid-type]
 
 
 def entry(role: str, name: str) -> tuple[str, dict[str, Any]]:
@@ -137,6 +161,7 @@ BASE: dict[str, Any] = {
     "sampler": "uniform",
     "fraction": 0.1,
     "channel": None,
+    "attack": "none",
 }
 
 
@@ -293,7 +318,8 @@ def build(cfg: dict[str, Any], stragglers=None):
         channel = build_component("channel", "ternary", sparsity=q)
     sampler = build_component("sampler", cfg["sampler"])
     participation = Participation(cfg["fraction"], stragglers.p_inactive, stragglers.p_incomplete)
-    return Algorithm(objective, weighting, combination, channel, sampler, participation)
+    attack = build_component("attack", cfg.get("attack") or "none")
+    return Algorithm(objective, weighting, combination, channel, sampler, participation, attack=attack)
 
 
 def _is_dp(choice: Any) -> bool:
@@ -322,7 +348,8 @@ def _check_dp_kept(cfg: dict[str, Any], objective: Any, own: Any) -> None:
 
 
 #: The model settings that choose a component (by name or ``class_path``).
-ROLES = ("objective", "weighting", "partial_work", "combination", "channel", "sampler", "fraction", "server_optimizer")
+ROLES = ("objective", "weighting", "partial_work", "combination", "channel", "sampler", "fraction", "server_optimizer",
+         "attack")
 
 
 def composition_label(algorithm: str, class_paths: Iterable[str]) -> str:
@@ -338,7 +365,7 @@ def composition_label(algorithm: str, class_paths: Iterable[str]) -> str:
 
 #: lfed's own classes that no preset names, so a run's name does: its asynchronous schedule (``fedavg+FedBuff``) and
 #: an adapter on a frozen base (``fedavg+LoRA``).
-NAMED_IN_LABELS = ("lfed.core.asynchronous.", "lfed.models.adapters.")
+NAMED_IN_LABELS = ("lfed.core.asynchronous.", "lfed.models.adapters.", "lfed.robust.")
 
 
 def settings_label(model: dict[str, Any]) -> str:

@@ -110,9 +110,14 @@ class Algorithm:
     history: UpdateHistory | None = None
     sharing: Any = SHARE_ALL  # lfed.personal.sharing: Sharing, or SHARE_ALL (every parameter shared); Algorithm.attach
     asynchronous: Any = None  # lfed.core.asynchronous.Asynchronous: the round is a server step of FedBuff / FedAsync
+    attack: Any = None  # lfed.robust.attacks.Attack: the run's Byzantine clients (None: NoAttack, none)
 
     def __post_init__(self) -> None:
         self.sharing = self.sharing or SHARE_ALL  # None (before 0.4): every parameter shared
+        if self.attack is None:
+            from lfed.robust.attacks.base import NoAttack
+
+            self.attack = NoAttack()
         if self.history is None and any(c.uses_history for c in self.roles().values()):
             self.history = UpdateHistory()
 
@@ -133,6 +138,8 @@ class Algorithm:
         }
         if self.history is not None:
             out["history"] = self.history
+        if type(self.attack).__name__ != "NoAttack":  # a role only with Byzantine clients: a run without keeps its fingerprint
+            out["attack"] = self.attack
         if self.asynchronous is not None:  # first: its refusals come before the other components' preparations
             out = {"asynchronous": self.asynchronous, **out}
         return out
@@ -378,7 +385,8 @@ def prepare_round(
     if term is not None:
         rule = replace(rule, loss_term=term)
     w_start = algorithm.objective.start_weights(cohort, w)  # [P], or [K, P] with local parts (docs/algorithms.md §13)
-    job = TrainJob(w_start, data.train_x, data.train_y, data.client_index[clients], n_k, cohort.steps_done, rule, lr,
+    data_x, data_y = algorithm.attack.training_data(cohort, data, data.train_x, data.train_y)  # data poisoning (robustness.md §1)
+    job = TrainJob(w_start, data_x, data_y, data.client_index[clients], n_k, cohort.steps_done, rule, lr,
                    training.batch_size, round_generator(seed, round, "batches"),
                    buffers=algorithm.objective.start_buffers(cohort),  # per-client running statistics (FedBN)
                    host_num_examples=host.num_examples, host_steps_done=host.steps_done)
@@ -426,6 +434,10 @@ def finish_round(
     sharing = algorithm.sharing  # docs/algorithms.md §13: the local part never leaves the client (SHARE_ALL: every method the identity)
     sizes = sharing.shared_sizes_of(sizes)
     updates, w_up, ends = sharing.shared(updates), sharing.shared(w), sharing.shared(result.weights)
+    sent = algorithm.attack.poison(updates, cohort)  # the Byzantine rows rewritten (docs/robustness.md §1)
+    if sent is not updates:  # what the server receives is what it keeps (history, the sampler's view)
+        ends, updates = ends + (sent - updates), sent
+        record.check(updates, "client updates")
     delta = aggregate(algorithm, record, updates, record.weights, sizes)
     amplification = sharing.amplification(delta, updates, job.rule, lr, cohort, record.weights)  # None: not defined
     if amplification is not None:

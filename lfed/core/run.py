@@ -161,6 +161,8 @@ class FederatedRun(nn.Module):
         out = {"objective": c.objective.name, "weighting": c.weighting.name, "partial_work": c.weighting.partial_work,
                "combination": c.combination.name, "channel": c.channel.sparsity, "sampler": c.sampler.name,
                "fraction": c.participation.fraction}
+        if "attack" in c.roles():  # only a run with Byzantine clients names them (older fingerprints stay as they were)
+            out["attack"] = c.attack.name
         out.update(self.schedule.composition())  # lfed.core.synchronous: asynchronous training's one line
         return out
 

@@ -316,6 +316,7 @@ def settings(
     loss=None,
     seed: int = 0,
     asynchronous=None,
+    attack: Any = None,
     **deprecated: Any,
 ) -> dict[str, Any]:
     """A run's settings in their one form: 0.3's flat keys refused in one line naming the new spelling
@@ -327,7 +328,7 @@ def settings(
     out = dict(net=net, algorithm=algorithm, objective=objective, weighting=weighting, partial_work=partial_work,
                combination=combination, channel=channel, sampler=sampler, fraction=fraction,
                server_optimizer=server_optimizer, training=training, stragglers=stragglers, engine=engine,
-               evaluation=evaluation, loss=loss, seed=seed, asynchronous=asynchronous)
+               evaluation=evaluation, loss=loss, seed=seed, asynchronous=asynchronous, attack=attack)
     classes = {"training": LocalTraining, "stragglers": Stragglers, "engine": Engine, "evaluation": Evaluation}
     if deprecated:
         unknown = sorted(set(deprecated) - DEPRECATED)

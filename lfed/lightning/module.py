@@ -26,6 +26,7 @@ from lfed.core.settings import Engine, Evaluation, plain, run_of, settings
 from lfed.lightning.driver import FederatedDriver
 from lfed.participation.sampling import ClientSampler, FractionSchedule
 from lfed.participation.stragglers import Stragglers
+from lfed.robust.attacks.base import Attack
 from lfed.server.channel import Channel
 from lfed.server.combination import ServerCombination
 from lfed.server.weighting import AggregationWeights, PartialWork
@@ -61,6 +62,8 @@ class FederatedModule(FederatedDriver):
         loss: Client loss (a torch.nn loss; cross-entropy by default).
         seed: Seed of sampling, stragglers, batches and Fisher draws (per round).
         asynchronous: FedBuff / FedAsync on a simulated clock (docs/async.md). None: synchronous.
+        attack: Byzantine clients and what they send (docs/robustness.md): a name or an ``Attack`` with its
+            ``fraction`` (or ``per_round``). None: no attack.
     """
 
     def __init__(
@@ -82,11 +85,13 @@ class FederatedModule(FederatedDriver):
         loss: nn.Module | None = None,
         seed: int = 0,
         asynchronous: Asynchronous | None = None,
+        attack: algorithms.AttackName | Attack | None = None,
         **deprecated: Any,
     ) -> None:
         s = settings(net=net, algorithm=algorithm, objective=objective, weighting=weighting, partial_work=partial_work,
                      combination=combination, channel=channel, sampler=sampler, fraction=fraction,
                      server_optimizer=server_optimizer, training=training, stragglers=stragglers, engine=engine,
-                     evaluation=evaluation, loss=loss, seed=seed, asynchronous=asynchronous, **deprecated)
+                     evaluation=evaluation, loss=loss, seed=seed, asynchronous=asynchronous, attack=attack,
+                     **deprecated)
         super().__init__([run_of(s)])
         self.save_hyperparameters(plain(s))  # the settings in their one form, plain values (weights_only checkpoints)

@@ -1,0 +1,214 @@
+"""Each robust rule equals a float64 computation by hand from its paper's equations (docs/robustness.md §2), on small
+stacked updates: odd and even K, ties, f at its limit; its known properties; f = 0 without an attack gives what the
+paper says of clean data; and through ``run_round`` on a fixed cohort, on both engine backends."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from robust_helpers import (ROWS, W0, cohort_of, local_update, ref_bulyan, ref_cc, ref_geomed, ref_krum, ref_median,
+                            ref_multi_krum, ref_nnm_rows, ref_scores, ref_trimmed, rows, toy_setup)
+from test_objectives import BACKENDS
+
+from lfed.base.component import CompositionContext
+from lfed.core.registry import build_component
+from lfed.core.round import LocalTraining, run_round
+from lfed.rng import round_generator
+from lfed.robust.rules import (Bucketing, Bulyan, CenteredClipping, CoordinateMedian, GeometricMedian, Krum, MultiKrum,
+                               NearestNeighborMixing, NormBound, TrimmedMean, krum_scores, pairwise_sq_distances)
+from lfed.state.spec import ModuleStateStore
+
+TOL = dict(atol=1e-12, rtol=0)
+D64 = torch.float64
+
+# 7 updates in 3 coordinates with ties (rows 1 and 2 equal; coordinate 2 has repeated values) and one outlier
+X7 = torch.tensor([[0.0, 1.0, 2.0], [1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [2.0, -1.0, 1.0], [0.5, 0.0, 1.0],
+                   [-1.0, 2.0, 1.0], [40.0, -30.0, 9.0]], dtype=D64)
+X6 = X7[:6]
+UNIFORM7 = torch.full((7,), 1 / 7, dtype=D64)
+
+
+def combine(rule, x, f_byzantine=None, weights=None, round=0, seed=0):
+    k = x.shape[0]
+    w = torch.full((k,), 1.0 / k, dtype=D64) if weights is None else weights
+    return rule.combine(x, w, cohort_of(k, byzantine=f_byzantine, round=round, seed=seed))[0]
+
+
+@pytest.mark.parametrize("x", [X7, X6], ids=["odd K", "even K"])
+def test_coordinate_median_and_trimmed_mean_by_hand(x):
+    torch.testing.assert_close(combine(CoordinateMedian(f=1), x), torch.tensor(ref_median(rows(x)), dtype=D64), **TOL)
+    for f in (0, 1, 2):
+        torch.testing.assert_close(combine(TrimmedMean(f=f), x), torch.tensor(ref_trimmed(rows(x), f), dtype=D64), **TOL)
+
+
+def test_the_median_with_fewer_than_half_byzantine_rows_stays_within_the_honest_coordinates():
+    g = torch.Generator().manual_seed(0)
+    for k, f in [(5, 2), (6, 2), (9, 4), (10, 4)]:
+        for _ in range(20):
+            honest = torch.randn(k - f, 8, generator=g, dtype=D64)
+            byz = 1e6 * torch.randn(f, 8, generator=g, dtype=D64)
+            out = combine(CoordinateMedian(f=f), torch.cat([byz, honest]))
+            assert bool((out >= honest.min(0).values).all() and (out <= honest.max(0).values).all())
+
+
+def test_pairwise_distances_and_krum_scores_by_hand():
+    d = pairwise_sq_distances(X7)
+    for i in range(7):
+        for j in range(7):
+            assert float(d[i, j]) == pytest.approx(sum((a - b) ** 2 for a, b in zip(X7[i].tolist(), X7[j].tolist())), abs=1e-10)
+    for f in (0, 1, 2):
+        torch.testing.assert_close(krum_scores(d, 7 - f - 2), torch.tensor(ref_scores(rows(X7), f), dtype=D64), **TOL)
+
+
+@pytest.mark.parametrize("f", [0, 1, 2])
+def test_krum_picks_the_hand_computed_index_and_multi_krum_averages_the_hand_set(f):
+    rule = Krum(f=f)
+    out = combine(rule, X7)
+    i = ref_krum(rows(X7), f)
+    torch.testing.assert_close(out, X7[i], **TOL)
+    metrics = rule.report(cohort_of(7, byzantine=[False] * 6 + [True]))
+    assert float(metrics["robust/kept"]) == 1 and float(metrics["robust/byzantine_kept"]) == 0
+    for m in (None, 1, 3):
+        mm = 7 - f if m is None else m
+        ref, chosen = ref_multi_krum(rows(X7), f, mm)
+        rule = MultiKrum(f=f, m=m)
+        torch.testing.assert_close(combine(rule, X7), torch.tensor(ref, dtype=D64), **TOL)
+        assert float(rule.report(cohort_of(7))["robust/kept"]) == mm
+
+
+def test_krum_breaks_a_tie_to_the_lower_row():
+    x = torch.tensor([[1.0], [0.0], [1.0], [0.0], [5.0]], dtype=D64)  # rows 0, 2 tie with rows 1, 3 (f = 0: 3 neighbours)
+    assert ref_krum(rows(x), 0) == 0
+    rule = Krum(f=0)
+    torch.testing.assert_close(combine(rule, x), x[0], **TOL)
+    assert rule._kept[0].tolist() == [True, False, False, False, False]
+
+
+@pytest.mark.parametrize("x,f", [(X7, 1), (torch.cat([X7, X7[:4] + 0.25]), 2), (X7[:3], 0)],
+                         ids=["K=7 f=1 (4f+3)", "K=11 f=2 (4f+3)", "K=3 f=0"])
+def test_bulyan_by_hand_at_its_limit(x, f):
+    ref, chosen = ref_bulyan(rows(x), f)
+    rule = Bulyan(f=f)
+    torch.testing.assert_close(combine(rule, x), torch.tensor(ref, dtype=D64), **TOL)
+    assert rule._kept[0].nonzero().flatten().tolist() == chosen
+
+
+def test_geometric_median_by_hand_with_size_weights():
+    a = torch.tensor([2.0, 3.0, 4.0, 2.0, 3.0, 2.0, 2.0], dtype=D64) / 18
+    for iterations, nu in [(1, 1e-6), (3, 1e-6), (8, 0.5)]:
+        out = combine(GeometricMedian(iterations, nu), X7, weights=a)
+        torch.testing.assert_close(out, torch.tensor(ref_geomed(rows(X7), a.tolist(), iterations, nu), dtype=D64), **TOL)
+    # of one repeated point, that point; of clean, equal rows with an outlier, nearer the rows than the mean
+    same = torch.tensor([[1.0, -2.0]] * 4, dtype=D64)
+    torch.testing.assert_close(combine(GeometricMedian(), same), same[0], **TOL)
+
+
+def test_centered_clipping_by_hand_over_two_rounds_from_its_kept_center():
+    rule = CenteredClipping(tau=1.5, iterations=2)
+    rule.setup_state(ModuleStateStore(), torch.ones(7), 3, torch.zeros(3, dtype=D64))
+    v = [0.0, 0.0, 0.0]
+    for r in range(2):
+        x = X7 + r
+        v = ref_cc(rows(x), v, 1.5, 2)
+        torch.testing.assert_close(combine(rule, x, round=r), torch.tensor(v, dtype=D64), **TOL)
+        torch.testing.assert_close(rule.state("center"), torch.tensor(v, dtype=D64), **TOL)
+
+
+def test_norm_bound_by_hand_and_unbounded_it_is_fedavgs_weighted_mean():
+    a = torch.tensor([2.0, 3.0, 4.0, 2.0, 3.0, 2.0, 2.0], dtype=D64) / 18
+    ref = [sum(a[i].item() * min(1.0, 2.0 / X7[i].norm().item()) * X7[i, c].item() for i in range(7)) for c in range(3)]
+    torch.testing.assert_close(combine(NormBound(2.0), X7, weights=a), torch.tensor(ref, dtype=D64), **TOL)
+    torch.testing.assert_close(combine(NormBound(1e9), X7, weights=a), a @ X7, **TOL)
+
+
+def test_bucketing_by_hand_with_its_seeded_permutation():
+    for s, rule_name, f in [(2, "median", 1), (3, "trimmed_mean", 0), (2, "krum", 0)]:
+        rule = Bucketing(rule_name, bucket_size=s, f=f)
+        out = combine(rule, X7, round=4, seed=9)
+        perm = torch.randperm(7, generator=round_generator(9, 4, "bucketing")).tolist()
+        buckets = [perm[j:j + s] for j in range(0, 7, s)]
+        y = [[sum(X7[i, c].item() for i in b) / len(b) for c in range(3)] for b in buckets]
+        inner = {"median": ref_median(y), "trimmed_mean": ref_trimmed(y, f), "krum": y[ref_krum(y, f)] if rule_name == "krum" else None}
+        torch.testing.assert_close(out, torch.tensor(inner[rule_name], dtype=D64), **TOL)
+        if rule_name == "krum":  # a client is kept when its bucket is
+            kept_bucket = buckets[ref_krum(y, f)]
+            assert rule._kept[0].nonzero().flatten().tolist() == sorted(kept_bucket)
+    # s = 1 is the rule itself
+    torch.testing.assert_close(combine(Bucketing("median", 1, f=1), X7), combine(CoordinateMedian(f=1), X7), **TOL)
+
+
+def test_nearest_neighbour_mixing_by_hand():
+    for f, rule_name in [(1, "median"), (2, "krum"), (0, "trimmed_mean")]:
+        y = ref_nnm_rows(rows(X7), f)
+        ref = {"median": ref_median(y), "krum": y[ref_krum(y, f)], "trimmed_mean": ref_trimmed(y, f)}[rule_name]
+        torch.testing.assert_close(combine(NearestNeighborMixing(rule_name, f=f), X7), torch.tensor(ref, dtype=D64), **TOL)
+
+
+def test_with_f_0_and_clean_updates_each_rule_is_what_its_paper_says():
+    x = X6
+    mean = x.mean(0)
+    torch.testing.assert_close(combine(TrimmedMean(f=0), x), mean, **TOL)  # no trimming: the mean
+    torch.testing.assert_close(combine(MultiKrum(f=0, m=6), x), mean, **TOL)  # every row kept: the mean
+    torch.testing.assert_close(combine(NearestNeighborMixing("median", f=0), x), mean, **TOL)  # every y_i is the mean
+    torch.testing.assert_close(combine(Bucketing("trimmed_mean", bucket_size=6, f=0), x), mean, **TOL)  # one bucket
+    big = CenteredClipping(tau=1e9)
+    big.setup_state(ModuleStateStore(), torch.ones(6), 3, torch.zeros(3, dtype=D64))
+    torch.testing.assert_close(combine(big, x), mean, **TOL)  # no clipping: one step from 0 to the mean
+    same = x[:1].expand(6, 3)
+    for name in ("median", "krum", "bulyan", "geometric_median", "multi_krum", "nnm", "bucketing"):
+        rule = build_component("combination", name, **({"f": 0} if name not in ("geometric_median",) else {}))
+        torch.testing.assert_close(combine(rule, same.clone()), x[0], **TOL)  # identical honest rows: that row
+
+
+@pytest.mark.parametrize("rule,f,ok,bad,needs", [
+    (Krum, 2, 7, 6, "K > 2f + 2"), (MultiKrum, 1, 5, 4, "K > 2f + 2"), (Bulyan, 1, 7, 6, "K ≥ 4f + 3"),
+    (Bulyan, 2, 11, 10, "K ≥ 4f + 3"), (CoordinateMedian, 3, 7, 6, "K > 2f"), (TrimmedMean, 2, 5, 4, "K > 2f"),
+])
+def test_f_at_its_limit_runs_and_one_below_is_refused_before_round_0_naming_the_numbers(rule, f, ok, bad, needs):
+    x = torch.arange(ok * 2, dtype=D64).reshape(ok, 2)
+    combine(rule(f=f), x)  # at the limit: runs
+    context = CompositionContext(frozenset(), num_clients=20, total_rounds=2, cohort_sizes=[bad, ok], components={})
+    with pytest.raises(ValueError) as e:
+        rule(f=f).prepare_run(context)
+    assert needs in str(e.value) and f"f = {f}" in str(e.value) and f"{bad} clients" in str(e.value)
+    with pytest.raises(ValueError, match=f"round 0: combination: .* {bad} clients"):
+        combine(rule(f=f), x[:bad])
+
+
+def test_f_left_unset_is_the_attacks_per_round_or_its_share_of_each_cohort():
+    from lfed.robust.attacks import ALIE
+
+    rule = Krum()
+    rule.prepare_run(CompositionContext(frozenset(), cohort_sizes=[10], components={"attack": ALIE(fraction=0.2)}))
+    assert rule.f_for(10) == 2 and rule.f_for(11) == 3
+    rule.prepare_run(CompositionContext(frozenset(), cohort_sizes=[10], components={"attack": ALIE(per_round=3)}))
+    assert rule.f_for(10) == 3
+    rule.prepare_run(CompositionContext(frozenset(), cohort_sizes=[10], components={}))
+    assert rule.f_for(10) == 0
+    with pytest.raises(ValueError, match="K > 2f \\+ 2 .* f = 4.*10 clients"):
+        rule.prepare_run(CompositionContext(frozenset(), cohort_sizes=[10], components={"attack": ALIE(per_round=4)}))
+
+
+def test_a_pre_aggregator_refuses_a_rule_that_is_not_robust():
+    with pytest.raises(ValueError, match="rule: 'mean' is not a robust rule"):
+        Bucketing("mean")
+    with pytest.raises(ValueError, match="rule: .* is not a robust rule"):
+        NearestNeighborMixing(Bucketing("median"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_round_through_run_round_is_the_rule_of_the_hand_trained_updates_with_the_attack_applied(backend):
+    from lfed.robust.attacks import SignFlip
+
+    alg, data, engine = toy_setup(backend, combination=Krum(f=1), attack=SignFlip(per_round=1))
+    plan = LocalTraining(client_lr=0.1, batch_size=None, local_steps=2)
+    clients = torch.tensor([3, 0, 1, 2, 4, 5])
+    w1, rec = run_round(alg, W0.clone(), data, plan, engine, round=0, clients=clients, steps_done=torch.full((6,), 2))
+    ups = [local_update(W0, ROWS[c], 2, 0.1) for c in clients.tolist()]
+    ups[0] = -ups[0]  # per_round=1: the cohort's first row is Byzantine and sends its update reversed
+    i = ref_krum(rows(torch.stack(ups)), 1)
+    torch.testing.assert_close(w1, W0 + ups[i], **TOL)
+    m = rec.metrics()
+    assert float(m["robust/kept"]) == 1 and float(m["robust/byzantine_kept"]) == (1.0 if i == 0 else 0.0)
+    assert float(m["byzantine/counting"]) == 1
+    assert rec.cohort.host.byzantine.tolist() == [True] + [False] * 5
