@@ -1,0 +1,171 @@
+"""Each attack equals a float64 computation by hand from its paper's equations (docs/robustness.md §1), per round: the
+Byzantine rows of one round's updates, the honest rows untouched; the fixed set; label flipping through the engine on
+both backends; the refusals before round 0."""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import pytest
+import torch
+from robust_helpers import W0, cohort_of, local_update, rows, toy_setup
+from test_objectives import BACKENDS, Y
+
+from lfed.core.round import LocalTraining, run_round
+from lfed.rng import round_generator
+from lfed.robust.attacks import (ALIE, IPM, Gaussian, LabelFlip, Mimic, MinMax, MinSum, NoAttack, Scaling, SignFlip,
+                                 alie_z, byzantine_set)
+
+TOL = dict(atol=1e-12, rtol=0)
+D64 = torch.float64
+U = torch.tensor([[0.0, 1.0, 2.0], [1.0, 1.5, 0.0], [2.0, -1.0, 1.0], [0.5, 0.0, 1.0], [-1.0, 2.0, 1.0],
+                  [3.0, 3.0, 3.0], [1.0, 0.0, -2.0]], dtype=D64)
+BYZ = [False, False, False, False, False, True, True]  # rows 5 and 6 are Byzantine
+HONEST = [0, 1, 2, 3, 4]
+
+
+def poisoned(attack, updates=U, byzantine=BYZ, counting=None, round=0, seed=0):
+    c = cohort_of(updates.shape[0], counting=counting, byzantine=byzantine, round=round, seed=seed)
+    return attack.poison(updates.clone(), c)
+
+
+def honest_mean_std():
+    h = rows(U[HONEST])
+    mu = [sum(r[c] for r in h) / len(h) for c in range(3)]
+    sd = [math.sqrt(sum((r[c] - mu[c]) ** 2 for r in h) / (len(h) - 1)) for c in range(3)]
+    return mu, sd
+
+
+def test_the_byzantine_set_is_fixed_by_the_seed_and_per_round_takes_the_first_rows():
+    a = byzantine_set(50, 0.2, seed=4)
+    assert int(a.sum()) == 10 and torch.equal(a, byzantine_set(50, 0.2, seed=4))
+    assert not torch.equal(a, byzantine_set(50, 0.2, seed=5))
+    attack = SignFlip(fraction=0.2)
+    c = cohort_of(7)
+    c.num_clients, c.seed = 50, 4
+    c.clients = c.host.clients = torch.tensor([0, 3, 9, 17, 22, 31, 49])
+    attack.start_round(c)
+    assert c.host.byzantine.tolist() == a[c.host.clients].tolist() and torch.equal(c.byzantine, c.host.byzantine)
+    c2 = cohort_of(7)
+    SignFlip(per_round=3).start_round(c2)
+    assert c2.host.byzantine.tolist() == [True] * 3 + [False] * 4
+
+
+def test_sign_flip_scaling_and_gaussian_rewrite_only_the_counting_byzantine_rows():
+    out = poisoned(SignFlip(per_round=2))
+    torch.testing.assert_close(out[5:], -U[5:], **TOL)
+    torch.testing.assert_close(out[:5], U[:5], **TOL)
+    out = poisoned(Scaling(per_round=2, scale=-3.5))
+    torch.testing.assert_close(out[5:], -3.5 * U[5:], **TOL)
+    out = poisoned(Gaussian(per_round=2, std=2.0), round=3, seed=7)
+    draw = 2.0 * torch.randn((2, 3), generator=round_generator(7, 3, "attack"), dtype=D64)
+    torch.testing.assert_close(out[5:], draw, **TOL)
+    torch.testing.assert_close(out[:5], U[:5], **TOL)
+    # a Byzantine client whose work does not count (a dropped straggler) is left as it is
+    out = poisoned(SignFlip(per_round=2), counting=[True] * 6 + [False])
+    torch.testing.assert_close(out[6], U[6], **TOL)
+    torch.testing.assert_close(out[5], -U[5], **TOL)
+    assert poisoned(NoAttack()) .equal(U)
+
+
+@pytest.mark.parametrize("n,m", [(7, 2), (10, 1), (10, 2), (25, 5), (50, 12), (5, 4)])
+def test_alies_z_is_the_papers_formula(n, m):
+    s = max(math.floor(n / 2 + 1) - m, 1)
+    assert alie_z(n, m) == pytest.approx(NormalDist().inv_cdf((n - s) / n), abs=1e-12)
+
+
+def test_alie_sends_the_honest_mean_minus_z_honest_standard_deviations():
+    mu, sd = honest_mean_std()
+    z = NormalDist().inv_cdf((7 - (math.floor(7 / 2 + 1) - 2)) / 7)
+    out = poisoned(ALIE(per_round=2))
+    ref = torch.tensor([mu[c] - z * sd[c] for c in range(3)], dtype=D64)
+    torch.testing.assert_close(out[5], ref, **TOL)
+    torch.testing.assert_close(out[6], ref, **TOL)
+    torch.testing.assert_close(out[:5], U[:5], **TOL)
+    out = poisoned(ALIE(per_round=2, z=1.5))
+    torch.testing.assert_close(out[5], torch.tensor([mu[c] - 1.5 * sd[c] for c in range(3)], dtype=D64), **TOL)
+
+
+def test_ipm_sends_minus_epsilon_times_the_honest_mean():
+    mu, _ = honest_mean_std()
+    out = poisoned(IPM(per_round=2, epsilon=0.5))
+    torch.testing.assert_close(out[5:], torch.tensor([[-0.5 * v for v in mu]] * 2, dtype=D64), **TOL)
+
+
+def _search_gamma(ok, gamma=10.0, tol=1e-12):
+    """The paper's halving search for the largest γ with ok(γ) (Shejwalkar and Houmansadr 2021, Algorithm 1)."""
+    step, best = gamma / 2, 0.0
+    while abs(step) > tol:
+        if ok(gamma):
+            best = gamma
+            gamma += step
+        else:
+            gamma -= step
+        step /= 2
+    return best
+
+
+@pytest.mark.parametrize("perturbation", ["std", "unit_vec", "sign"])
+def test_min_max_and_min_sum_take_the_largest_gamma_their_constraints_allow(perturbation):
+    h = rows(U[HONEST])
+    mu, sd = honest_mean_std()
+    norm_mu = math.sqrt(sum(v * v for v in mu))
+    p = {"std": [-v for v in sd], "unit_vec": [-v / norm_mu for v in mu], "sign": [-math.copysign(1, v) if v else 0.0 for v in mu]}[perturbation]
+    dist = lambda a, b: math.sqrt(sum((u - v) ** 2 for u, v in zip(a, b)))  # noqa: E731
+    r_max = max(dist(a, b) for a in h for b in h)
+    x = lambda g: [m + g * q for m, q in zip(mu, p)]  # noqa: E731
+    g_max = _search_gamma(lambda g: max(dist(x(g), b) for b in h) <= r_max)
+    out = poisoned(MinMax(per_round=2, perturbation=perturbation))
+    torch.testing.assert_close(out[5], torch.tensor(x(g_max), dtype=D64), atol=1e-9, rtol=0)
+    assert max(dist(out[5].tolist(), b) for b in h) == pytest.approx(r_max, abs=1e-9)  # the constraint is active
+    s_max = max(sum(dist(a, b) ** 2 for b in h) for a in h)
+    g_sum = _search_gamma(lambda g: sum(dist(x(g), b) ** 2 for b in h) <= s_max)
+    out = poisoned(MinSum(per_round=2, perturbation=perturbation))
+    torch.testing.assert_close(out[5], torch.tensor(x(g_sum), dtype=D64), atol=1e-9, rtol=0)
+
+
+def test_mimic_copies_the_honest_update_farthest_along_the_top_principal_direction():
+    h = U[HONEST]
+    centered = h - h.mean(0)
+    cov = centered.T @ centered  # [P, P]: the principal direction the paper means, computed the long way
+    z = torch.linalg.eigh(cov).eigenvectors[:, -1]
+    i = int(torch.argmax((centered @ z).abs()))
+    out = poisoned(Mimic(per_round=2))
+    torch.testing.assert_close(out[5:], U[HONEST][i].expand(2, 3), **TOL)
+
+
+def test_an_omniscient_attack_with_no_honest_row_uses_the_byzantine_clients_own_updates():
+    out = poisoned(IPM(per_round=7, epsilon=1.0), byzantine=[True] * 7)
+    torch.testing.assert_close(out[0], -U.mean(0), **TOL)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_label_flipping_trains_the_byzantine_clients_on_flipped_labels_through_the_engine(backend):
+    rows3 = [[0, 1], [2, 3, 4], [5, 6, 7, 8]]  # disjoint clients: a flipped example belongs to one client
+    attack = LabelFlip(fraction=0.4)  # round(0.4 * 3) = 1 Byzantine client
+    alg, data, engine = toy_setup(backend, rows=rows3, attack=attack)
+    byz = byzantine_set(3, 0.4, seed=0)
+    assert int(byz.sum()) == 1
+    plan = LocalTraining(client_lr=0.1, batch_size=None, local_steps=2)
+    w1, rec = run_round(alg, W0.clone(), data, plan, engine, round=0, clients=torch.arange(3), steps_done=torch.full((3,), 2))
+    flipped = Y.clone()
+    for c in byz.nonzero().flatten().tolist():
+        flipped[rows3[c]] = 2 - Y[rows3[c]]  # C = 3 classes: y -> C - 1 - y
+    ups = [local_update(W0, rows3[c], 2, 0.1, labels=flipped if byz[c] else None) for c in range(3)]
+    sizes = torch.tensor([2.0, 3.0, 4.0], dtype=D64)
+    torch.testing.assert_close(w1, W0 + (sizes / sizes.sum()) @ torch.stack(ups), **TOL)
+    assert float(rec.metrics()["byzantine/counting"]) == 1
+    assert torch.equal(data.train_y, Y)  # the run's data is not changed: the poisoned labels are the attack's copy
+    assert rec.cohort.host.byzantine.tolist() == byz.tolist()
+
+
+def test_the_attacks_settings_are_checked_where_they_are_given():
+    with pytest.raises(ValueError, match="fraction: must be a finite number in \\[0, 1\\)"):
+        ALIE(fraction=1.0)
+    with pytest.raises(ValueError, match="per_round: 2 and fraction: 0.1 both given"):
+        ALIE(fraction=0.1, per_round=2)
+    with pytest.raises(ValueError, match="per_round: label_flip poisons its clients' training data"):
+        LabelFlip(per_round=1)
+    with pytest.raises(ValueError, match="perturbation: "):
+        MinMax(fraction=0.1, perturbation="up")
