@@ -36,6 +36,7 @@ INSTEAD = {
     "combination": "combination: lfed.privacy.DPFedAvg",
     "weighting": "weighting: uniform",
     "sampler": "sampler: poisson",
+    "attack": "attack: sign_flip, gaussian, scaling or label_flip (Byzantine clients that read only their own data)",
     "net": "a net without running statistics (LayerNorm, GroupNorm or BatchNorm(track_running_stats=False))",
 }
 

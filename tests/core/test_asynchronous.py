@@ -425,6 +425,8 @@ def test_the_arrivals_local_accuracies_are_in_the_checkpoint():
         ({"objective": "lfed.client.feddyn.FedDyn"}, "asynchronous: objective: FedDyn"),
         ({"objective": "lfed.personal.ditto.Ditto"}, "asynchronous: objective: Ditto"),
         ({"asynchronous": FedBuff(concurrency=13, buffer=2)}, "asynchronous: concurrency: 13 clients in flight"),
+        ({"combination": "krum"}, "asynchronous: combination: Krum is a robust rule over one round's cohort"),
+        ({"attack": "sign_flip"}, "asynchronous: attack: SignFlip is simulated on a synchronous round's cohort"),
     ],
 )
 def test_compositions_that_are_not_defined_asynchronously_are_refused_before_round_0(settings, expected):

@@ -450,6 +450,13 @@ COMPONENTS_UNDER_DP = {
     "combination: self, global, time": (lambda: _dp_row() | {"combination": "global"},
                                         "combination: 'global' would replace the preset's DP-FedAvg"),
     "combination: mean": (lambda: _dp_row() | {"combination": "mean"}, "combination: 'mean' would replace"),
+    "combination: a robust rule (median, krum, bulyan, ...)": (lambda: _dp_row() | {"combination": "krum"},
+                                                               "combination: 'krum' would replace the preset's DP-FedAvg"),
+    "attack: sign_flip, gaussian, scaling, label_flip": (
+        lambda: _dp_row(attack=__import__("lfed.robust.attacks").robust.attacks.SignFlip(fraction=0.2)), None),
+    "attack: alie, ipm, min_max, min_sum, mimic (omniscient)": (
+        lambda: _dp_row(attack=__import__("lfed.robust.attacks").robust.attacks.ALIE(fraction=0.2)),
+        "attack: the ALIE attack reads the honest clients' raw updates"),
     "weighting: uniform": (lambda: _dp_row(weighting="uniform"), None),
     "weighting: size": (lambda: _dp_row(weighting="size"), "weighting: DP-FedAvg weighs every counting client by 1/m"),
     "weighting: dwfed": (lambda: _dp_row(weighting="dwfed"), "weighting: DWFed's weights come from each client's label"),

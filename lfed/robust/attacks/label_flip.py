@@ -3,6 +3,7 @@ flipping"; docs/robustness.md §1.1)."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -16,14 +17,14 @@ __all__ = ["LabelFlip"]
 
 class LabelFlip(Attack):
     """The Byzantine clients train honestly on labels ``y ← C - 1 - y`` (``C`` classes) and send what they trained. Their
-    set is fixed (``fraction``); the poisoned labels are made once per run and reused every round."""
+    set is fixed (``fraction``); the poisoned labels are made once and reused every round, and by every run of the
+    process with the same labels, seed and set (so a grid's label-flipping runs train in one engine call)."""
 
     name = "label_flip"
     poisons_data = True
 
-    def __init__(self, fraction: float = 0.0, per_round: int | None = None) -> None:
-        super().__init__(fraction, per_round)
-        self._poisoned: tuple[int, int, Tensor] | None = None  # (id of the clean labels, seed, poisoned labels)
+    #: (ids of the clean labels and of the partition, seed, N, fraction) -> (weak references to both, the poisoned labels)
+    _made: dict[tuple, tuple[Any, Tensor]] = {}
 
     def check_start(self, data: Any) -> None:
         data.require_labels("attack='label_flip' (flipped class labels)")
@@ -31,11 +32,14 @@ class LabelFlip(Attack):
     def training_data(self, cohort: Cohort, data: Any, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         if not self.active:
             return x, y
-        if self._poisoned is None or self._poisoned[:2] != (id(y), cohort.seed):
+        key = (id(y), id(data.client_index), cohort.seed, cohort.num_clients, self.fraction)
+        made = LabelFlip._made.get(key)
+        if made is None or made[0]() is not y or made[1]() is not data.client_index:  # a reused id is no match
             byz = self.byzantine_clients(cohort.num_clients, cohort.seed).to(y.device)
             index, sizes = data.client_index[byz], data.client_sizes[byz]
             positions = index[torch.arange(index.shape[1], device=y.device)[None, :] < sizes[:, None]]
             poisoned = y.clone()
             poisoned[positions] = data.num_classes - 1 - y[positions]
-            self._poisoned = (id(y), cohort.seed, poisoned)
-        return x, self._poisoned[2]
+            LabelFlip._made = {k: v for k, v in LabelFlip._made.items() if v[0]() is not None and v[1]() is not None}
+            made = LabelFlip._made[key] = (weakref.ref(y), weakref.ref(data.client_index), poisoned)
+        return x, made[2]
