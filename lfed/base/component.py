@@ -97,6 +97,9 @@ class Cohort:
             regression targets), for methods that weigh or correct by the clients' label distributions (FedLC).
         byzantine: ``[K]`` bool, the cohort's Byzantine clients (set by the run's attack, :mod:`lfed.robust.attacks`;
             all False without one); its host copy is :attr:`HostCohort.byzantine`.
+        local_work: Once the cohort trained, the round's :class:`LocalWork` (where and how it trained), and
+            ``start_model`` the round's global weights ``w [P]``: for a server combination that trains a model of its own
+            (FLTrust's root set, :mod:`lfed.robust.rules.fltrust`).
 
     :attr:`start_loss` in a round that did not compute it (no component sets ``needs_start_loss``) is
     :data:`NOT_COMPUTED`: using it raises a :class:`~lfed.checks.HookError` naming the flag.
@@ -118,6 +121,8 @@ class Cohort:
     plan: Any = None
     label_counts: Tensor | None = None
     byzantine: Tensor | None = None
+    local_work: Any = field(default=None, repr=False, compare=False)
+    start_model: Tensor | None = field(default=None, repr=False, compare=False)
 
     @property
     def active(self) -> Tensor:

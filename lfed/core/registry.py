@@ -55,6 +55,7 @@ NAMES: dict[str, dict[str, str | tuple[str, dict[str, Any]]]] = {
         "geometric_median": "lfed.robust.rules.geometric_median.GeometricMedian",
         "centered_clipping": "lfed.robust.rules.centered_clipping.CenteredClipping",
         "norm_bound": "lfed.robust.rules.norm_bound.NormBound",
+        "fltrust": "lfed.robust.rules.fltrust.FLTrust",
         "bucketing": "lfed.robust.rules.bucketing.Bucketing",
         "nnm": "lfed.robust.rules.nnm.NearestNeighborMixing",
     },
@@ -70,6 +71,7 @@ NAMES: dict[str, dict[str, str | tuple[str, dict[str, Any]]]] = {
     "attack": {
         "none": "lfed.robust.attacks.base.NoAttack",
         "label_flip": "lfed.robust.attacks.label_flip.LabelFlip",
+        "backdoor": "lfed.robust.attacks.backdoor.Backdoor",
         "sign_flip": "lfed.robust.attacks.simple.SignFlip",
         "gaussian": "lfed.robust.attacks.simple.Gaussian",
         "scaling": "lfed.robust.attacks.simple.Scaling",

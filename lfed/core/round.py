@@ -425,6 +425,7 @@ def finish_round(
     local = LocalWork(engine, ranks, job.data_x, job.data_y, job.index, prepared.seed, r, job.num_examples,
                       job.steps_done, lr, job.batch_size, prepared.training, result.buffers,
                       job.host_num_examples, job.host_steps_done)
+    cohort.local_work, cohort.start_model = local, w  # for a combination that trains a model of its own (FLTrust)
     final = algorithm.objective.after_local(cohort, job.w_start, result.weights, lr, local)
     if final is not None:  # the rule's own final models (FedRep: the body trained after the head)
         result = record.result = replace(result, weights=final)

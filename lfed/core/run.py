@@ -136,7 +136,7 @@ class FederatedRun(nn.Module):
         notes = data_notes(self.data) if self.data is not None else frozenset()
         out = self.server_held_metrics
         if "test_from_clients" in notes:
-            out = tuple(p for p in out if not p.startswith(("test/", "final/test_", "final/rounds_to_")))
+            out = tuple(p for p in out if not p.startswith(("test/", "final/test_", "final/rounds_to_", "backdoor/")))
         if "val_from_clients" in notes:
             out = tuple(p for p in out if not p.startswith(("val/", "final/val_")))
         return out
@@ -145,7 +145,7 @@ class FederatedRun(nn.Module):
     #: carved out before partitioning) or from public counts (rounds): what a DP run logs of them by default
     #: (:mod:`lfed.base.metric_gate`). Everything else the run logs reads the clients' data without noise.
     server_held_metrics: tuple[str, ...] = ("test/*", "val/*", "final/test_acc", "final/test_acc_last10pct",
-                                        "final/val_acc_last10pct", "final/rounds_to_*")
+                                        "final/val_acc_last10pct", "final/rounds_to_*", "backdoor/*")
 
     # ------------------------------------------------------------------ what it is
     @property
@@ -382,6 +382,8 @@ class FederatedRun(nn.Module):
         evaluated = client_evaluation(self.net, d, ranks.rank, ranks.world_size, reduce_sum, batch_size, nll=tokens)
         per_client = None if evaluated is None else evaluated[0]
         metrics.update(self.schedule.evaluation_metrics())  # against simulated time too (lfed.core.synchronous)
+        metrics.update(self.components.attack.evaluation_metrics(  # a backdoor's success rate (docs/robustness.md §1.7)
+            d, lambda x, y: evaluate_split(self.net, self.loss_fn, x, y, ranks, reduce_sum, batch_size, classification)))
         if per_client is not None:
             client = per_client[~torch.isnan(per_client)]
             metrics["client/acc_mean"] = float(client.mean())

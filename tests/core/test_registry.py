@@ -161,7 +161,7 @@ def test_one_build_function_for_every_role_and_its_errors():
     assert algorithms.build_component("weighting", given) is given  # a component is used as it is
     assert algorithms.build_component("weighting", "size", partial_work="scale").partial_work == "scale"
     assert isinstance(algorithms.build_component("combination", "lfed.privacy.dp_fedavg.DPFedAvg"), DPFedAvg)
-    for role, bad in [("objective", "scafold"), ("weighting", "sizes"), ("combination", "median"),
+    for role, bad in [("objective", "scafold"), ("weighting", "sizes"), ("combination", "medoid"), ("attack", "backdoors"),
                       ("sampler", "random"), ("channel", "sparse")]:
         with pytest.raises(ValueError, match=rf"^{role}: '{bad}' is not one of \(") as info:
             algorithms.build_component(role, bad)

@@ -14,8 +14,8 @@ from test_objectives import BACKENDS, Y
 
 from lfed.core.round import LocalTraining, run_round
 from lfed.rng import round_generator
-from lfed.robust.attacks import (ALIE, IPM, Gaussian, LabelFlip, Mimic, MinMax, MinSum, NoAttack, Scaling, SignFlip,
-                                 alie_z, byzantine_set)
+from lfed.robust.attacks import (ALIE, IPM, Backdoor, Gaussian, LabelFlip, Mimic, MinMax, MinSum, NoAttack, Scaling, SignFlip,
+                                 alie_z, byzantine_set, stamp)
 
 TOL = dict(atol=1e-12, rtol=0)
 D64 = torch.float64
@@ -169,3 +169,101 @@ def test_the_attacks_settings_are_checked_where_they_are_given():
         LabelFlip(per_round=1)
     with pytest.raises(ValueError, match="perturbation: "):
         MinMax(fraction=0.1, perturbation="up")
+
+
+def test_the_trigger_is_a_square_in_the_bottom_right_corner_of_each_image():
+    x = torch.arange(2 * 16, dtype=D64).reshape(2, 16)  # two flat 4x4 images
+    out = stamp(x, 2, -1.0)
+    for i in range(2):
+        for p in range(16):
+            assert out[i, p] == (-1.0 if p in (10, 11, 14, 15) else x[i, p])
+    img = torch.zeros(3, 1, 5, 5)
+    assert stamp(img, 3, 1.0)[:, :, 2:, 2:].eq(1).all() and stamp(img, 3, 1.0).sum() == 3 * 9
+    assert x[0, 15] == 15  # the input is not changed
+
+
+def _image_data():
+    """Three clients of flat 2x2 "images" and a linear model: (rows, data module)."""
+    from lfed.lightning.datamodule import FederatedDataModule
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(9, 4, generator=g, dtype=D64)
+    y = torch.tensor([1, 0, 2, 1, 2, 0, 1, 0, 2])
+    dm = FederatedDataModule.from_tensors(x, y, x, y, num_clients=3, partition="iid", holdout_fraction=0.0)
+    dm.build()
+    rows3 = [[0, 1], [2, 3, 4], [5, 6, 7, 8]]
+    dm.data.client_index = torch.tensor([r + [r[0]] * (4 - len(r)) for r in rows3])
+    dm.data.client_sizes = torch.tensor([2, 3, 4])
+    return rows3, dm, x, y
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_backdoor_trains_on_stamped_relabelled_examples_and_boosts_what_it_sends(backend):
+    from test_objectives import squared_loss
+    from torch import nn
+
+    from lfed.core import registry as algorithms
+    from lfed.core.round import setup_state
+    from lfed.engine import CohortTrainer
+    from lfed.state.spec import ModuleStateStore
+
+    rows3, dm, x, y = _image_data()
+    attack = Backdoor(fraction=0.4, target=2, poison_fraction=1.0, trigger_size=1, trigger_value=3.0, boost=2.5)
+    net = nn.Linear(4, 1, bias=False).double()
+    w0 = torch.tensor([0.1, -0.2, 0.3, 0.05], dtype=D64)
+    with torch.no_grad():
+        net.weight.copy_(w0[None])
+    alg = algorithms.build(algorithms.resolve("fedavg", attack=attack, weighting="uniform"))
+    data = dm.build()
+    setup_state(alg, ModuleStateStore(), data.client_sizes, 4, w0)
+    attack.check_start(data)
+    plan = LocalTraining(client_lr=0.1, batch_size=None, local_steps=2)
+    w1, rec = run_round(alg, w0.clone(), data, plan, CohortTrainer(net, squared_loss, backend), clients=torch.arange(3),
+                        steps_done=torch.full((3,), 2))
+    byz = byzantine_set(3, 0.4, seed=0)
+    ups = []
+    for c in range(3):
+        xc, yc = x[rows3[c]].clone(), y[rows3[c]].double()
+        if byz[c]:
+            xc[:, 3] = 3.0  # the 1x1 trigger: the last pixel of the 2x2 image
+            yc[:] = 2.0
+        v = w0.clone()
+        for _ in range(2):
+            v = v - 0.1 * 2 * xc.T @ (xc @ v - yc) / len(rows3[c])
+        ups.append((2.5 if byz[c] else 1.0) * (v - w0))
+    torch.testing.assert_close(w1, w0 + sum(ups) / 3, **TOL)
+    assert torch.equal(data.train_x, x) and torch.equal(data.train_y, y)  # the run's data is not changed
+
+
+def test_a_backdoor_stamps_its_share_of_the_byzantine_clients_examples_only_and_scores_its_success():
+    rows3, dm, x, y = _image_data()
+    data = dm.build()
+    attack = Backdoor(fraction=0.7, target=0, poison_fraction=0.5, trigger_size=1, trigger_value=9.0)  # 2 of 3 clients
+    attack.check_start(data)
+    c = cohort_of(3)
+    px, py = attack.training_data(c, data, data.train_x, data.train_y)
+    byz = byzantine_set(3, 0.7, seed=0)
+    stamped = (px != x).any(1)
+    for k in range(3):
+        n = int(stamped[rows3[k]].sum())
+        assert n == (math.ceil(0.5 * len(rows3[k])) if byz[k] else 0)
+    assert torch.equal(py[stamped], torch.zeros(int(stamped.sum()), dtype=y.dtype)) and torch.equal(py[~stamped], y[~stamped])
+    seen = {}
+
+    def evaluate(xt, yt):
+        seen["x"], seen["y"] = xt, yt
+        return {"test/acc": 0.25}
+
+    assert attack.evaluation_metrics(data, evaluate) == {"backdoor/attack_success": 0.25}
+    keep = data.test_y != 0
+    torch.testing.assert_close(seen["x"], stamp(data.test_x[keep], 1, 9.0))
+    assert seen["y"].eq(0).all() and len(seen["y"]) == int(keep.sum())
+
+
+def test_a_backdoor_on_inputs_that_are_not_images_is_refused_naming_the_shapes():
+    from test_objectives import toy_data
+
+    with pytest.raises(ValueError, match="attack='backdoor' stamps a square trigger on images, but the inputs are \\(2,\\)"):
+        Backdoor(fraction=0.3).check_start(toy_data().build())
+    with pytest.raises(ValueError, match="target: 5 is not a class of the data"):
+        Backdoor(fraction=0.3, target=5).check_start(_image_data()[1].build())

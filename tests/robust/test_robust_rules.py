@@ -14,7 +14,8 @@ from lfed.base.component import CompositionContext
 from lfed.core.registry import build_component
 from lfed.core.round import LocalTraining, run_round
 from lfed.rng import round_generator
-from lfed.robust.rules import (Bucketing, Bulyan, CenteredClipping, CoordinateMedian, GeometricMedian, Krum, MultiKrum,
+from lfed.robust.rules import (Bucketing, Bulyan, CenteredClipping, CoordinateMedian, FLTrust, GeometricMedian, Krum,
+                               MultiKrum,
                                NearestNeighborMixing, NormBound, TrimmedMean, krum_scores, pairwise_sq_distances)
 from lfed.state.spec import ModuleStateStore
 
@@ -212,3 +213,44 @@ def test_a_round_through_run_round_is_the_rule_of_the_hand_trained_updates_with_
     assert float(m["robust/kept"]) == 1 and float(m["robust/byzantine_kept"]) == (1.0 if i == 0 else 0.0)
     assert float(m["byzantine/counting"]) == 1
     assert rec.cohort.host.byzantine.tolist() == [True] + [False] * 5
+
+
+def test_fltrust_by_hand_from_a_given_server_update(monkeypatch):
+    g0 = torch.tensor([1.0, 1.0, 0.0], dtype=D64)
+    rule = FLTrust(root_size=2)
+    monkeypatch.setattr(rule, "server_update", lambda cohort: g0)
+    n0 = g0.norm().item()
+    trust, scaled = [], []
+    for r in rows(X7):
+        norm = sum(v * v for v in r) ** 0.5
+        trust.append(max(0.0, sum(u * v for u, v in zip(r, g0.tolist())) / (norm * n0)))
+        scaled.append([v * n0 / norm for v in r])
+    ref = [sum(t * s[c] for t, s in zip(trust, scaled)) / sum(trust) for c in range(3)]
+    torch.testing.assert_close(combine(rule, X7), torch.tensor(ref, dtype=D64), **TOL)
+    assert rule._kept[0].tolist() == [t > 0 for t in trust]
+    # no update points the server's way: Δ = 0
+    monkeypatch.setattr(rule, "server_update", lambda cohort: torch.tensor([-1.0, -1.0, -1.0], dtype=D64))
+    torch.testing.assert_close(combine(rule, X7.abs()), torch.zeros(3, dtype=D64), **TOL)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fltrust_trains_its_root_set_with_the_clients_local_training_through_run_round(backend):
+    alg, data, engine = toy_setup(backend, combination=FLTrust(root_size=3))
+    data.val_index = torch.tensor([1, 4, 6, 8])  # the server's validation split: its examples
+    alg.combination.check_start(data)
+    plan = LocalTraining(client_lr=0.1, batch_size=None, local_steps=2)
+    clients = torch.tensor([0, 1, 2, 3])
+    w1, rec = run_round(alg, W0.clone(), data, plan, engine, round=0, seed=5, clients=clients, steps_done=torch.full((4,), 2))
+    root = data.val_index[torch.randperm(4, generator=round_generator(5, 0, "fltrust_root"))[:3]].tolist()
+    g0 = local_update(W0, root, 2, 0.1)
+    ups = [local_update(W0, ROWS[c], 2, 0.1) for c in clients.tolist()]
+    trust = [max(0.0, float(u @ g0 / (u.norm() * g0.norm()))) for u in ups]
+    ref = sum(t * u * (g0.norm() / u.norm()) for t, u in zip(trust, ups)) / sum(trust)
+    torch.testing.assert_close(w1, W0 + ref, **TOL)
+    assert float(rec.metrics()["robust/kept"]) == sum(t > 0 for t in trust)
+
+
+def test_fltrust_without_a_validation_split_is_refused_naming_the_setting():
+    alg, data, engine = toy_setup("vmap", combination=FLTrust())
+    with pytest.raises(ValueError, match="combination: fltrust .* give data.validation_fraction > 0"):
+        alg.combination.check_start(data)

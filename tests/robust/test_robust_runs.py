@@ -77,3 +77,18 @@ def test_an_attack_by_rule_grid_trained_as_one_group_equals_each_run_alone(tmp_p
     assert torch.equal(FederatedDataModule(dataset="digits", num_clients=20, partition="dirichlet", rho=1.0,
                                            seed=0).build().train_y, FederatedDataModule(
         dataset="digits", num_clients=20, partition="dirichlet", rho=1.0, seed=0).build().train_y)
+
+
+def test_a_backdoor_run_logs_its_success_rate_at_each_evaluation_and_fltrust_runs_on_the_validation_split(tmp_path):
+    cli = LfedCLI(FederatedModule, FederatedDataModule, run=False, save_config_callback=None, args=[
+        "--config", CONFIG, "--trainer.max_steps=2", "--trainer.val_check_interval=1", "--trainer.logger=false",
+        "--trainer.enable_progress_bar=false", "--checkpoint_every=0", f"--trainer.default_root_dir={tmp_path}",
+        "--model.combination=lfed.robust.rules.FLTrust", "--model.combination.root_size=50",
+        '--model.attack={"class_path": "lfed.robust.attacks.Backdoor", "init_args": {"fraction": 0.2, "boost": 5.0}}',
+        "--data.validation_fraction=0.1"])
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    run = cli.model.runs[0]
+    assert len(run.eval_history) == 2
+    m = cli.trainer.callback_metrics
+    assert 0.0 <= float(m["backdoor/attack_success"]) <= 1.0 and 0 <= float(m["robust/kept"]) <= 20
+    assert run.label == "fedavg+FLTrust+Backdoor"

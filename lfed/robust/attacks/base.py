@@ -15,6 +15,8 @@ What a Byzantine client sends is what the server receives and keeps (the update 
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,7 +27,25 @@ from lfed.checks import integer, number
 from lfed.engine.host import device_rows, to_device
 from lfed.rng import round_generator
 
-__all__ = ["Attack", "NoAttack", "byzantine_set"]
+__all__ = ["Attack", "NoAttack", "byzantine_set", "shared_copy"]
+
+#: (what, id of the clean tensor, its settings) -> [(weak reference to the clean tensor, the partition, the copy)]
+_COPIES: dict[tuple, list[tuple[Any, Tensor, Any]]] = {}
+
+
+def shared_copy(what: tuple, clean: Tensor, partition: Tensor, make: Callable[[], Any]) -> Any:
+    """A poisoned copy of the run's data made once per process for the same clean tensor, partition and settings
+    ``what`` (the attack, its seed and set): runs of one grid with the same attack share it, so their clients train in
+    one engine call (the group merges rows that train on the same tensors). ``make()`` builds it the first time."""
+    global _COPIES
+    _COPIES = {k: [e for e in v if e[0]() is not None] for k, v in _COPIES.items()}  # drop the collected
+    key = (what, id(clean))
+    for ref, index, copy in _COPIES.get(key, []):
+        if ref() is clean and torch.equal(index, partition):
+            return copy
+    copy = make()
+    _COPIES.setdefault(key, []).append((weakref.ref(clean), partition, copy))
+    return copy
 
 
 def byzantine_set(num_clients: int, fraction: float, seed: int) -> Tensor:
@@ -102,6 +122,11 @@ class Attack(Component):
     def training_data(self, cohort: Cohort, data: Any, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """The training examples and labels the cohort trains on (``data``: the run's federated data); as given by default."""
         return x, y
+
+    def evaluation_metrics(self, data: Any, evaluate: Callable[[Tensor, Tensor], dict[str, float]]) -> dict[str, float]:
+        """Metrics of the attack at each evaluation of the global model (a backdoor's success rate); ``evaluate(x, y)``
+        scores the global model on ``x``, ``y`` (``test/acc``, ``test/loss``). None by default."""
+        return {}
 
     def poison(self, updates: Tensor, cohort: Cohort) -> Tensor:
         """``updates [K, P]`` with the counting Byzantine rows replaced by :meth:`craft`'s (a new tensor; ``updates`` itself

@@ -10,9 +10,9 @@ import torch
 from torch import Tensor
 
 from lfed.base.component import Cohort
-from lfed.robust.attacks.base import Attack
+from lfed.robust.attacks.base import Attack, shared_copy
 
-__all__ = ["LabelFlip"]
+__all__ = ["LabelFlip", "client_positions"]
 
 
 class LabelFlip(Attack):
@@ -22,9 +22,6 @@ class LabelFlip(Attack):
 
     name = "label_flip"
     poisons_data = True
-
-    #: (id of the clean labels, seed, N, fraction) -> [(weak reference to the labels, the partition, poisoned labels)]
-    _made: dict[tuple, list[tuple[Any, Tensor, Tensor]]] = {}
 
     def __init__(self, fraction: float = 0.0, per_round: int | None = None) -> None:
         super().__init__(fraction, per_round)
@@ -38,17 +35,20 @@ class LabelFlip(Attack):
             return x, y
         if self._mine is not None and self._mine[0]() is y and self._mine[1] == cohort.seed:
             return x, self._mine[2]
-        key = (id(y), cohort.seed, cohort.num_clients, self.fraction)
-        LabelFlip._made = {k: [e for e in v if e[0]() is not None] for k, v in LabelFlip._made.items()}  # drop the collected
-        same = [e for e in LabelFlip._made.get(key, []) if e[0]() is y and torch.equal(e[1], data.client_index)]
-        if same:  # another run of this process with the same labels, partition, seed and set: its copy
-            poisoned = same[0][2]
-        else:
+
+        def make() -> Tensor:
             byz = self.byzantine_clients(cohort.num_clients, cohort.seed).to(y.device)
-            index, sizes = data.client_index[byz], data.client_sizes[byz]
-            positions = index[torch.arange(index.shape[1], device=y.device)[None, :] < sizes[:, None]]
+            positions = client_positions(data, byz)
             poisoned = y.clone()
             poisoned[positions] = data.num_classes - 1 - y[positions]
-            LabelFlip._made.setdefault(key, []).append((weakref.ref(y), data.client_index, poisoned))
+            return poisoned
+
+        poisoned = shared_copy(("label_flip", cohort.seed, cohort.num_clients, self.fraction), y, data.client_index, make)
         self._mine = (weakref.ref(y), cohort.seed, poisoned)
         return x, poisoned
+
+
+def client_positions(data: Any, clients: Tensor) -> Tensor:
+    """The positions in the training tensors of the examples of the clients ``clients`` (``[N]`` bool) hold."""
+    index, sizes = data.client_index[clients], data.client_sizes[clients]
+    return index[torch.arange(index.shape[1], device=index.device)[None, :] < sizes[:, None]]

@@ -42,6 +42,9 @@ class PreAggregator(RobustCombination):
         super().setup_state(store, num_examples, num_params, like)
         self.rule.setup_state(store, num_examples, num_params, like)
 
+    def check_start(self, data) -> None:
+        self.rule.check_start(data)
+
     def prepare_run(self, context) -> None:
         self.rule._attack = (context.components or {}).get("attack")
         super().prepare_run(context)
