@@ -92,3 +92,28 @@ def test_a_backdoor_run_logs_its_success_rate_at_each_evaluation_and_fltrust_run
     m = cli.trainer.callback_metrics
     assert 0.0 <= float(m["backdoor/attack_success"]) <= 1.0 and 0 <= float(m["robust/kept"]) <= 20
     assert run.label == "fedavg+FLTrust+Backdoor"
+
+
+def test_the_repository_attack_by_rule_sweep_builds_each_of_its_values_with_the_attacks_f(tmp_path):
+    """Its 60 points; every value of each parameter built once (the product would parse 60 runs)."""
+    from lfed.lightning.grid import build_members
+    from lfed.lightning.sweep import Sweep, load_sweep
+
+    sweep = load_sweep(REPO / "sweeps" / "robust_attack_rule.yaml")
+    assert len(sweep.points()) == 5 * 3 * 2 * 2
+    values = {k: [p[k] for p in sweep.points()] for k in sweep.points()[0]}
+    values = {k: list(dict.fromkeys(v)) for k, v in values.items()}
+    first = {k: v[0] for k, v in values.items()}
+    for key in ("model.combination", "model.attack.class_path", "model.attack.init_args.fraction"):
+        fixed = [f"--{k}={v}" for k, v in first.items() if k != key and k != "model.attack.class_path"]
+        grid = {key: values[key]} if key == "model.attack.class_path" else {"model.attack.class_path": [first[
+            "model.attack.class_path"]], key: values[key]}
+        members, _ = build_members([CONFIG], Sweep("s", grid), [*fixed, "--trainer.max_steps=1",
+                                                                 f"--trainer.default_root_dir={tmp_path}"])
+        assert len(members) == len(values[key])
+        for m in members:
+            point = {**first, **m.params}
+            attack = m.run.components.attack
+            assert type(attack).__name__ == point["model.attack.class_path"].rsplit(".", 1)[1]
+            assert attack.fraction == point["model.attack.init_args.fraction"]
+            assert m.run.components.combination.name == point["model.combination"]
