@@ -7,7 +7,7 @@ The setting is ``configs/paper/robust/mnist.yaml`` (MNIST, 15 clients all every 
 MLP 784-64-10, 30 rounds: small, so that 2,160 runs fit a 2-core CPU in about an hour). The protocol, ByzFL's (Gonzalez et al. 2025) on this CPU's budget:
 
 1. For each rule, heterogeneity (IID, Dirichlet 1, Dirichlet 0.1) and Byzantine share ``f`` (0.1, 0.2 of the 15
-   clients: 2 and 4, each rule told that ``f``), every attack runs at every client learning rate of ``LRS`` with the
+   clients: 2 and 3, each rule told that ``f``), every attack runs at every client learning rate of ``LRS`` with the
    first seed. The rule's learning rate is the one whose **worst validation accuracy over the attacks** is highest
    (the last-10% mean on the server's validation split, never the test set): the defender tunes once, and the
    adversary then picks the attack.
