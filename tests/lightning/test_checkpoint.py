@@ -217,8 +217,12 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_pat
         ("igfl_s_time", {"engine": {"backend": "vmap"}, "sampler": "attention", "stragglers": {"p_inactive": 0.2}}),
         ("fedavg", {"engine": {"backend": "vmap"}, "net": {"class_path": "resume_helpers.DropoutMLP"}}),
         ("fedavg", {"engine": {"backend": "loop"}, "net": {"class_path": "resume_helpers.DropoutMLP"}}),
+        ("fedavg", {"engine": {"backend": "vmap", "client_state": "host"}, "fraction": 0.5,  # a rule's state inside a
+                    "combination": {"class_path": "lfed.robust.rules.Bucketing",  # pre-aggregator; an attack's data
+                                    "init_args": {"rule": "centered_clipping", "bucket_size": 2}},
+                    "attack": {"class_path": "lfed.robust.attacks.LabelFlip", "init_args": {"fraction": 0.2}}}),
     ],
-    ids=["fedadam-loop", "time-attention-adafl-sampler", "dropout-vmap", "dropout-loop"],
+    ids=["fedadam-loop", "time-attention-adafl-sampler", "dropout-vmap", "dropout-loop", "robust-bucketed-clipping-host"],
 )
 def test_resume_from_a_middle_checkpoint_is_bit_identical(tmp_path, algorithm, extra):
     """Resume from the round-3 file of a run that kept every checkpoint (save_top_k=-1)."""
