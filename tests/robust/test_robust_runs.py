@@ -117,3 +117,23 @@ def test_the_repository_attack_by_rule_sweep_builds_each_of_its_values_with_the_
             assert type(attack).__name__ == point["model.attack.class_path"].rsplit(".", 1)[1]
             assert attack.fraction == point["model.attack.init_args.fraction"]
             assert m.run.components.combination.name == point["model.combination"]
+
+
+@pytest.mark.parametrize("settings", [
+    dict(algorithm="fedadam", combination="krum", attack=ALIE(fraction=0.2)),  # a server optimizer steps on the rule's Δ
+    dict(combination="trimmed_mean", stragglers=dict(p_inactive=0.2), partial_work="drop",
+         attack="sign_flip"),  # stragglers: the rule sees the counting updates only
+    dict(algorithm="fedper", combination="median", attack=ALIE(per_round=1)),  # personalization: the shared part only
+], ids=["fedadam-krum", "stragglers-trimmed-mean", "fedper-median"])
+def test_a_rule_composes_with_server_optimizers_stragglers_and_a_shared_part(settings):
+    settings = dict(settings)
+    if settings.get("attack") == "sign_flip":
+        settings["attack"] = {"class_path": "lfed.robust.attacks.SignFlip", "init_args": {"fraction": 0.2}}
+    m = _module(**settings)
+    before = [p.detach().clone() for p in m.runs[0].net.parameters()] if m.runs[0].net is not None else None
+    run_rounds(m, _digits(), 2, precision="32-true")
+    run = m.runs[0]
+    assert run.rounds_done == 2 and run.last_round is not None and not run.last_round.skipped
+    after = list(run.net.parameters())
+    assert before is None or any(not torch.equal(a, b) for a, b in zip(after, before))
+    assert all(torch.isfinite(p).all() for p in after)
