@@ -90,7 +90,7 @@ def feasible(rule: str, f: float | None, clients: int = 15) -> bool:
     spec = RULES[rule]
     comb = build_component("combination", spec) if not spec.startswith("{") else build_component(
         "combination", json.loads(spec)["class_path"], **json.loads(spec)["init_args"])
-    return clients >= comb.min_inputs(math.ceil((f or 0) * clients - 1e-9)) if comb.takes_f else True
+    return clients >= comb.min_inputs(math.ceil((f or 0) * clients - 1e-9)) if getattr(comb, "takes_f", False) else True
 
 
 def val(run) -> float:
