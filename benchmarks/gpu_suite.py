@@ -20,7 +20,8 @@ failed).
    IGFL time attention, EFL with compression and stragglers); the quickstart on the device against
    the same run on the CPU in float32; a run stopped at round 3 and resumed to 6 against one of 6
    rounds, bit for bit on the device; ``client_state="host"`` (pinned memory on CUDA) against
-   ``"device"``, bit for bit.
+   ``"device"``, bit for bit; every robust rule and every attack that draws no random numbers
+   (docs/robustness.md) on a fixed float64 cohort of updates, on the device against the CPU.
 2. set-up in its parts (section ``setup``): a fresh ``python -c`` child (cold imports) times, with
    ``time.perf_counter`` around each part, ``import torch``, ``import lightning.pytorch``, lfed's
    import, the device's initialisation, making the synthetic data, building the data module + module
@@ -586,6 +587,53 @@ class Suite:
                        differing_keys=bad[:10], host_rows_pinned=pinned)
 
         self.guarded(c, f"client_state host vs device on {dev}: scaffold", "bit for bit", host_vs_device)
+
+        def robust():
+            """Every robust rule and every attack drawing no random numbers (docs/robustness.md) on a fixed float64
+            [K=15, P=40] cohort of updates, on the device against the CPU; then Krum's pick is compared exactly."""
+            from lfed.base.component import Cohort
+            from lfed.core.registry import NAMES, build_component
+
+            g = torch.Generator().manual_seed(0)
+            x = torch.randn(15, 40, generator=g, dtype=torch.float64)
+            a = torch.rand(15, generator=g, dtype=torch.float64)
+            byz = torch.zeros(15, dtype=torch.bool)
+            byz[:3] = True
+            out, worst = {}, 0.0
+            for where in ("cpu", str(dev)):
+                d = torch.device(where)
+
+                def cohort():
+                    k = torch.arange(15)
+                    co = Cohort(0, k.to(d), torch.full((15,), 2, device=d), torch.ones(15, dtype=torch.long, device=d),
+                                torch.ones(15, dtype=torch.long, device=d), 15, counting=torch.ones(15, dtype=torch.bool, device=d),
+                                expected_size=15.0, seed=0, byzantine=byz.to(d))
+                    co.host_values().byzantine = byz
+                    return co
+
+                for name in NAMES["combination"]:
+                    if name in ("dp_fedavg", "self", "global", "time", "fltrust"):
+                        continue
+                    rule = build_component("combination", name, **({} if name in ("mean", "geometric_median",
+                                                                                  "centered_clipping", "norm_bound") else {"f": 3}))
+                    if name == "centered_clipping":
+                        from lfed.state.spec import ModuleStateStore
+
+                        rule.setup_state(ModuleStateStore(), torch.ones(15), 40, x.to(d))
+                    delta = rule.combine(x.to(d), a.to(d), cohort())
+                    out.setdefault(f"rule {name}", []).append((delta[0] if isinstance(delta, tuple) else delta).cpu())
+                for name in NAMES["attack"]:
+                    if name in ("none", "gaussian", "label_flip", "backdoor"):
+                        continue
+                    attack = build_component("attack", name, per_round=3)
+                    out.setdefault(f"attack {name}", []).append(attack.poison(x.to(d), cohort()).cpu())
+            for key, (cpu, there) in out.items():
+                worst = max(worst, diff(there, cpu)[1])
+            tol = 1e-10
+            self.check(c, f"robust rules and attacks, float64: {dev} vs cpu", worst <= tol, f"max|Δ| / max|x| <= {tol:g}",
+                       worst, cases=len(out))
+
+        self.guarded(c, f"robust rules and attacks, float64: {dev} vs cpu", "relative <= 1e-10", robust)
 
     # ------------------------------------------------------------------ 4. timing: the pfl CIFAR-10 job
     def pfl_data(self):

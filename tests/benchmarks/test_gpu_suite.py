@@ -25,6 +25,7 @@ CHECKS = [
     "quickstart float32: cpu vs cpu",
     "stop at 3, resume to 6 on cpu: efl",
     "client_state host vs device on cpu: scaffold",
+    "robust rules and attacks, float64: cpu vs cpu",
 ]
 
 
