@@ -213,6 +213,7 @@ def test_a_round_through_run_round_is_the_rule_of_the_hand_trained_updates_with_
     assert float(m["robust/kept"]) == 1 and float(m["robust/byzantine_kept"]) == (1.0 if i == 0 else 0.0)
     assert float(m["byzantine/counting"]) == 1
     assert rec.cohort.host.byzantine.tolist() == [True] + [False] * 5
+    assert alg.combination.last_kept.tolist() == [clients[i].item()]  # Krum's choice, by client id
 
 
 def test_fltrust_by_hand_from_a_given_server_update(monkeypatch):

@@ -77,6 +77,9 @@ class RobustCombination(ServerCombination):
         self.f = f
         self._attack: Any = None  # the run's attack (prepare_run), for f = None
         self._kept: tuple[Tensor, Tensor] | None = None  # (kept [k] bool, counting rows [k]) of the last round
+        #: The ids of the clients a selecting rule kept in the last round (on the device; None for a rule that keeps all):
+        #: Krum's choice, for a callback (``module.combination.last_kept``) or a notebook.
+        self.last_kept: Tensor | None = None
 
     # ------------------------------------------------------------------ what a rule defines
     def min_inputs(self, f: int) -> int:
@@ -139,6 +142,7 @@ class RobustCombination(ServerCombination):
             return {}
         kept, rows = self._kept
         self._kept = None
+        self.last_kept = cohort.clients.index_select(0, rows)[kept]
         out = {"robust/kept": kept.sum().to(torch.float32)}
         byzantine = getattr(cohort, "byzantine", None)
         if byzantine is not None:
