@@ -68,8 +68,13 @@ ATTACKS = {"sign flip": "SignFlip", "Gaussian": "Gaussian", "label flip": "Label
            "min-max": "MinMax", "Mimic": "Mimic"}
 
 
+#: f Byzantine clients that send their honest updates (the base Attack crafts nothing): the rule told f, no attack
+HONEST = "honest (told f)"
+
+
 def attack(name: str, f: float) -> str:
-    return json.dumps({"class_path": f"lfed.robust.attacks.{ATTACKS[name]}", "init_args": {"fraction": f}})
+    cls = "base.Attack" if name == HONEST else ATTACKS[name]
+    return json.dumps({"class_path": f"lfed.robust.attacks.{cls}", "init_args": {"fraction": f}})
 
 
 def job(rule: str, het: str, f: float | None, att: str | None, lr: float, seed: int, rounds: int, every: int):
@@ -133,16 +138,18 @@ def main() -> None:
         together([(r, het, None, None, lr, seeds[0]) for r in rules for lr in LRS])  # clean: its own best lr
         for r in rules:
             chosen[(r, het, None)] = max(LRS, key=lambda lr: val(run(r, het, None, None, lr, seeds[0])))
-    for het in hets:  # 2. the chosen lrs on the other seeds
+    for het in hets:  # 2. the chosen lrs on the other seeds; the rule told f without an attack, at its lr, every seed
         for seed in seeds[1:]:
             together([(r, het, f, t, chosen[(r, het, f)], seed) for r in rules for f in SHARES if feasible(r, f)
                       for t in attacks]
                      + [(r, het, None, None, chosen[(r, het, None)], seed) for r in rules])
+        for seed in seeds:
+            together([(r, het, f, HONEST, chosen[(r, het, f)], seed) for r in rules for f in SHARES if feasible(r, f)])
     table = {}
     for het in hets:
         for f in [None, *SHARES]:
             for r in rules:
-                for t in ([None] if f is None else attacks):
+                for t in ([None] if f is None else [*attacks, HONEST]):
                     if not feasible(r, f):
                         continue
                     accs = [test_acc(run(r, het, f, t, chosen[(r, het, f)], s)) for s in seeds]
@@ -172,20 +179,23 @@ def report(table, chosen, rules, attacks, hets, seeds, rounds, minutes, trained)
     for het in hets:
         for f in SHARES:
             lines += ["", f"#### {het}, f = {f:g} ({round(f * 15)} of 15 clients Byzantine)", "",
-                      "| rule | lr | " + " | ".join(attacks) + " | **worst case** | clean (no attack) |",
-                      "|---|---|" + "---|" * len(attacks) + "---|---|"]
+                      "| rule | lr | " + " | ".join(attacks) + " | **worst case** | no attack, told f | clean, f = 0 |",
+                      "|---|---|" + "---|" * len(attacks) + "---|---|---|"]
             for r in rules:
                 if not feasible(r, f):
-                    lines.append(f"| {r} | – | " + " | ".join("n/a" for _ in attacks) + " | n/a (K too small for f) | – |")
+                    lines.append(f"| {r} | – | " + " | ".join("n/a" for _ in attacks) + " | n/a (K too small for f) | – | – |")
                     continue
                 means = [_ms(table[(het, f, r, t)])[0] for t in attacks]
                 worst = min((m if math.isfinite(m) else 0.0) for m in means)
                 worst_name = attacks[[(m if math.isfinite(m) else 0.0) for m in means].index(worst)]
                 lines.append(f"| {r} | {chosen[(r, het, f)]:g} | " + " | ".join(_cell(table[(het, f, r, t)]) for t in attacks)
-                             + f" | **{100 * worst:.1f}** ({worst_name}) | {_cell(table[(het, None, r, None)])} |")
+                             + f" | **{100 * worst:.1f}** ({worst_name}) | {_cell(table[(het, f, r, HONEST)])} | "
+                             f"{_cell(table[(het, None, r, None)])} |")
     lines += ["", f"Test accuracy (%) over the last 10% of {rounds} rounds, mean ± std over seeds {seeds}; lr: the client "
-              f"learning rate chosen by the best worst-case validation accuracy over the attacks (first seed); clean: the "
-              f"rule without an attack at its own best lr. {trained} runs trained by this invocation in {minutes:.0f} "
+              f"learning rate chosen by the best worst-case validation accuracy over the attacks (first seed); no attack, told f: "
+              f"the rule with its f and the Byzantine clients sending their honest updates, at that lr (the price of "
+              f"robustness); clean, f = 0: no Byzantine client and f = 0 (trimmed mean, Multi-Krum, Bulyan and NNM are then "
+              f"the mean), at its own best lr. {trained} runs trained by this invocation in {minutes:.0f} "
               f"minutes (lfed {git_head()}); `python benchmarks/robust_study.py`."]
     return "\n".join(lines)
 
