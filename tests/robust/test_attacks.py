@@ -14,8 +14,22 @@ from test_objectives import BACKENDS, Y
 
 from lfed.core.round import LocalTraining, run_round
 from lfed.rng import round_generator
-from lfed.robust.attacks import (ALIE, IPM, Backdoor, Gaussian, LabelFlip, Mimic, MinMax, MinSum, NoAttack, Scaling, SignFlip,
-                                 alie_z, byzantine_set, stamp)
+from lfed.robust.attacks import (
+    ALIE,
+    IPM,
+    Backdoor,
+    Gaussian,
+    LabelFlip,
+    Mimic,
+    MinMax,
+    MinSum,
+    NoAttack,
+    Scaling,
+    SignFlip,
+    alie_z,
+    byzantine_set,
+    stamp,
+)
 
 TOL = dict(atol=1e-12, rtol=0)
 D64 = torch.float64

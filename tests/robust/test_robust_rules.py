@@ -6,17 +6,44 @@ from __future__ import annotations
 
 import pytest
 import torch
-from robust_helpers import (ROWS, W0, cohort_of, local_update, ref_bulyan, ref_cc, ref_geomed, ref_krum, ref_median,
-                            ref_multi_krum, ref_nnm_rows, ref_scores, ref_trimmed, rows, toy_setup)
+from robust_helpers import (
+    ROWS,
+    W0,
+    cohort_of,
+    local_update,
+    ref_bulyan,
+    ref_cc,
+    ref_geomed,
+    ref_krum,
+    ref_median,
+    ref_multi_krum,
+    ref_nnm_rows,
+    ref_scores,
+    ref_trimmed,
+    rows,
+    toy_setup,
+)
 from test_objectives import BACKENDS
 
 from lfed.base.component import CompositionContext
 from lfed.core.registry import build_component
 from lfed.core.round import LocalTraining, run_round
 from lfed.rng import round_generator
-from lfed.robust.rules import (Bucketing, Bulyan, CenteredClipping, CoordinateMedian, FLTrust, GeometricMedian, Krum,
-                               MultiKrum,
-                               NearestNeighborMixing, NormBound, TrimmedMean, krum_scores, pairwise_sq_distances)
+from lfed.robust.rules import (
+    Bucketing,
+    Bulyan,
+    CenteredClipping,
+    CoordinateMedian,
+    FLTrust,
+    GeometricMedian,
+    Krum,
+    MultiKrum,
+    NearestNeighborMixing,
+    NormBound,
+    TrimmedMean,
+    krum_scores,
+    pairwise_sq_distances,
+)
 from lfed.state.spec import ModuleStateStore
 
 TOL = dict(atol=1e-12, rtol=0)
