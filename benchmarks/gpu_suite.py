@@ -603,7 +603,7 @@ class Suite:
             for where in ("cpu", str(dev)):
                 d = torch.device(where)
 
-                def cohort():
+                def cohort(d=d):
                     k = torch.arange(15)
                     co = Cohort(0, k.to(d), torch.full((15,), 2, device=d), torch.ones(15, dtype=torch.long, device=d),
                                 torch.ones(15, dtype=torch.long, device=d), 15, counting=torch.ones(15, dtype=torch.bool, device=d),
@@ -627,7 +627,7 @@ class Suite:
                         continue
                     attack = build_component("attack", name, per_round=3)
                     out.setdefault(f"attack {name}", []).append(attack.poison(x.to(d), cohort()).cpu())
-            for key, (cpu, there) in out.items():
+            for cpu, there in out.values():
                 worst = max(worst, diff(there, cpu)[1])
             tol = 1e-10
             self.check(c, f"robust rules and attacks, float64: {dev} vs cpu", worst <= tol, f"max|Δ| / max|x| <= {tol:g}",

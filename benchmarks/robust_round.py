@@ -73,7 +73,7 @@ def main() -> None:
             runs[name] = alg
         clients, steps = torch.arange(k), torch.ones(k, dtype=torch.long)
 
-        def one(alg, r):
+        def one(alg, r, w0=w0, data=data, plan=plan, engine=engine, clients=clients, steps=steps):
             t = time.perf_counter()
             run_round(alg, w0, data, plan, engine, round=r, clients=clients, steps_done=steps)
             return time.perf_counter() - t
@@ -90,7 +90,7 @@ def main() -> None:
         base = statistics.median(times["FedAvg (mean)"])
         print(f"\nK = {k} (f = {math.ceil(0.1 * k)}), P = {w0.numel():,}; load before each timed round "
               f"{min(loads):.2f}-{max(loads):.2f}")
-        print("| round | s (median of %d) | × FedAvg's |" % a.repeats)
+        print(f"| round | s (median of {a.repeats}) | × FedAvg's |")
         print("|---|---|---|")
         for name, ts in times.items():
             m = statistics.median(ts)

@@ -4,7 +4,8 @@
     LFED_DATA_DIR=/work/shared/data python benchmarks/robust_study.py --quick               # a smoke test
 
 The setting is ``configs/paper/robust/mnist.yaml`` (MNIST, 15 clients all every round, 2 local steps of batch 32,
-MLP 784-64-10, 30 rounds: small, so that its 2,376 runs fit a 2-core CPU in about an hour). The protocol, ByzFL's (Gonzalez et al. 2025) on this CPU's budget:
+MLP 784-64-10, 30 rounds: small, so that its 2,376 runs fit a 2-core CPU in about an hour). The protocol, ByzFL's
+(Gonzalez et al. 2025) on this CPU's budget:
 
 1. For each rule, heterogeneity (IID, Dirichlet 1, Dirichlet 0.1) and Byzantine share ``f`` (0.1, 0.2 of the 15
    clients: 2 and 3, each rule told that ``f``), every attack runs at every client learning rate of ``LRS`` with the
