@@ -102,7 +102,7 @@ def test_global_step_counts_rounds():
         ({"training": {"batch_size": 0}}, "batch_size"),
         ({"engine": {"backend": "jit"}}, "backend"),
         ({"algorithm": "fedsgd"}, "algorithm"),
-        ({"combination": "median"}, "combination"),
+        ({"combination": "medoid"}, "combination"),  # not a name (median is one since 0.5: lfed.robust)
         ({"objective": "moon"}, "objective"),  # ditto is a name since 0.5 (lfed.core.registry.NAMES)
         ({"sampler": "greedy"}, "sampler"),
         ({"objective": {"class_path": "lfed.client.objectives.Prox", "init_args": {"mu": -0.1}}, "algorithm": "fedprox"}, "mu"),

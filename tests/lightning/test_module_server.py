@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from conftest import REPO, flat_weights, run_rounds
 from lightning.pytorch import Callback
 from torch import nn
 
+from lfed.core import registry as algorithms
 from lfed.data.partition import label_counts, pack_indices
 from lfed.lightning.cli import run_cli
 from lfed.lightning.datamodule import FederatedDataModule
@@ -583,7 +585,7 @@ ATTENTION = "lfed.server.combination.IGFLAttention"  # the combination as a conf
         ({"combination": {"class_path": ATTENTION, "init_args": {"temperature": 0.0}}}, "attention_temperature.*> 0"),
         ({"combination": {"class_path": ATTENTION, "init_args": {"temperature": -1.0}}}, "attention_temperature"),
         ({"combination": {"class_path": ATTENTION, "init_args": {"temperature": float("inf")}}}, "attention_temperature"),
-        ({"combination": "keys"}, r"combination: 'keys' is not one of \('mean', 'self', 'global', 'time', 'dp_fedavg'\)"),
+        ({"combination": "keys"}, re.escape(f"combination: 'keys' is not one of {algorithms.names('combination')}")),
         ({"weighting": "ish"}, r"weighting: .ish. is not one of \(.size., .uniform., .dwfed.\)"),
         ({"partial_work": "ignore"}, r"partial_work: .ignore. is not one of"),
     ],
