@@ -69,7 +69,7 @@ NAMES: dict[str, dict[str, str | tuple[str, dict[str, Any]]]] = {
         "poisson": "lfed.participation.sampling.PoissonSampler",
     },
     "attack": {
-        "none": "lfed.robust.attacks.base.NoAttack",
+        "none": "lfed.base.attack.NoAttack",
         "label_flip": "lfed.robust.attacks.label_flip.LabelFlip",
         "backdoor": "lfed.robust.attacks.backdoor.Backdoor",
         "sign_flip": "lfed.robust.attacks.simple.SignFlip",
@@ -90,7 +90,7 @@ BASES: dict[str, str] = {
     "combination": "lfed.server.combination.ServerCombination",
     "channel": "lfed.server.channel.Channel",
     "sampler": "lfed.participation.sampling.ClientSampler",
-    "attack": "lfed.robust.attacks.base.Attack",
+    "attack": "lfed.base.attack.Attack",
 }
 
 def names(role: str) -> tuple[str, ...]:

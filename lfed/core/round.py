@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lfed.base.attack import NoAttack
 from lfed.base.component import Cohort, Component, HostCohort, LocalWork
 from lfed.base.sharing import SHARE_ALL, resolve_sharing
 from lfed.client.objectives import ClientRule
@@ -115,8 +116,6 @@ class Algorithm:
     def __post_init__(self) -> None:
         self.sharing = self.sharing or SHARE_ALL  # None (before 0.4): every parameter shared
         if self.attack is None:
-            from lfed.robust.attacks.base import NoAttack
-
             self.attack = NoAttack()
         if self.history is None and any(c.uses_history for c in self.roles().values()):
             self.history = UpdateHistory()
@@ -138,7 +137,7 @@ class Algorithm:
         }
         if self.history is not None:
             out["history"] = self.history
-        if type(self.attack).__name__ != "NoAttack":  # a role only with Byzantine clients: a run without keeps its fingerprint
+        if self.attack.present:  # a role only with Byzantine clients: a run without keeps its fingerprint
             out["attack"] = self.attack
         if self.asynchronous is not None:  # first: its refusals come before the other components' preparations
             out = {"asynchronous": self.asynchronous, **out}

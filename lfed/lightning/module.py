@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lfed.base.attack import Attack
 from lfed.client.objectives import ClientRule
 from lfed.core import registry as algorithms
 from lfed.core.asynchronous import Asynchronous
@@ -26,7 +27,6 @@ from lfed.core.settings import Engine, Evaluation, plain, run_of, settings
 from lfed.lightning.driver import FederatedDriver
 from lfed.participation.sampling import ClientSampler, FractionSchedule
 from lfed.participation.stragglers import Stragglers
-from lfed.robust.attacks.base import Attack
 from lfed.server.channel import Channel
 from lfed.server.combination import ServerCombination
 from lfed.server.weighting import AggregationWeights, PartialWork

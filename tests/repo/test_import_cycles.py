@@ -159,7 +159,7 @@ def test_the_walk_finds_function_local_and_relative_cycles(tmp_path):
 
 #: What a package below the Lightning layer may not import (docs/architecture.md): no package but lfed.lightning (and
 #: lfed.entry, the command) imports Lightning's layer; the round core and the component contract import no feature.
-FEATURES = ("lfed.personal", "lfed.privacy")
+FEATURES = ("lfed.personal", "lfed.privacy", "lfed.robust")
 #: The one core module that names features: the registry is the table of every built-in name (its presets build
 #: DP-FedAvg; it refuses a composition that would drop DP), read where a run is built, not in the round.
 NAMES_FEATURES = {"lfed.core.registry"}

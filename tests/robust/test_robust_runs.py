@@ -74,9 +74,7 @@ def test_an_attack_by_rule_grid_trained_as_one_group_equals_each_run_alone(tmp_p
     assert_members_equal_alone([CONFIG], {"model.attack": attacks, "model.combination": rules},
                                ["--trainer.max_steps=3", "--trainer.val_check_interval=3", *F64], tmp_path,
                                merged_calls_per_round=2)
-    assert torch.equal(FederatedDataModule(dataset="digits", num_clients=20, partition="dirichlet", rho=1.0,
-                                           seed=0).build().train_y, FederatedDataModule(
-        dataset="digits", num_clients=20, partition="dirichlet", rho=1.0, seed=0).build().train_y)
+
 
 
 def test_a_backdoor_run_logs_its_success_rate_at_each_evaluation_and_fltrust_runs_on_the_validation_split(tmp_path):

@@ -13,7 +13,7 @@ from torch import Tensor
 from lfed.base.component import Cohort
 from lfed.checks import integer, number
 from lfed.rng import round_generator
-from lfed.robust.attacks.base import Attack, shared_copy
+from lfed.robust.attacks.base import Attack
 from lfed.robust.attacks.label_flip import client_positions
 
 __all__ = ["Backdoor", "stamp"]
@@ -60,7 +60,6 @@ class Backdoor(Attack):
         self.trigger_size = integer("trigger_size", trigger_size, at_least=1)
         self.trigger_value = None if trigger_value is None else number("trigger_value", trigger_value)
         self.boost = number("boost", boost)
-        self._mine: tuple[Any, int, tuple[Tensor, Tensor]] | None = None
         self._test: tuple[Any, Tensor, Tensor] | None = None
 
     def hparams(self) -> dict:
@@ -86,8 +85,6 @@ class Backdoor(Attack):
     def training_data(self, cohort: Cohort, data: Any, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         if not self.active:
             return x, y
-        if self._mine is not None and self._mine[0]() is x and self._mine[1] == cohort.seed:
-            return self._mine[2]
 
         def make() -> tuple[Tensor, Tensor]:
             byz = self.byzantine_clients(cohort.num_clients, cohort.seed).to(y.device)
@@ -100,11 +97,8 @@ class Backdoor(Attack):
             py[positions] = self.target
             return px, py
 
-        what = ("backdoor", cohort.seed, cohort.num_clients, self.fraction, self.target, self.poison_fraction,
-                self.trigger_size, self.trigger_value)
-        out = shared_copy(what, x, data.client_index, make)
-        self._mine = (weakref.ref(x), cohort.seed, out)
-        return out
+        return self.poisoned_copy(cohort, data, x, (self.target, self.poison_fraction, self.trigger_size,
+                                                     self.trigger_value), make)
 
     def craft(self, updates: Tensor, byzantine: Tensor, honest: Tensor, cohort: Cohort) -> Tensor:
         return self.boost * updates.index_select(0, byzantine)

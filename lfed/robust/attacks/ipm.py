@@ -6,7 +6,7 @@ from torch import Tensor
 
 from lfed.base.component import Cohort
 from lfed.checks import number
-from lfed.robust.attacks.base import Attack, honest_moments
+from lfed.robust.attacks.base import Attack, honest_rows
 
 __all__ = ["IPM"]
 
@@ -32,4 +32,4 @@ class IPM(Attack):
         return {**super().hparams(), "epsilon": self.epsilon}
 
     def craft(self, updates: Tensor, byzantine: Tensor, honest: Tensor, cohort: Cohort) -> Tensor:
-        return -self.epsilon * honest_moments(updates, honest, byzantine)[0]
+        return -self.epsilon * honest_rows(updates, honest, byzantine).mean(0)

@@ -3,14 +3,13 @@ flipping"; docs/robustness.md §1.1)."""
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from lfed.base.component import Cohort
-from lfed.robust.attacks.base import Attack, shared_copy
+from lfed.robust.attacks.base import Attack
 
 __all__ = ["LabelFlip", "client_positions"]
 
@@ -23,29 +22,20 @@ class LabelFlip(Attack):
     name = "label_flip"
     poisons_data = True
 
-    def __init__(self, fraction: float = 0.0, per_round: int | None = None) -> None:
-        super().__init__(fraction, per_round)
-        self._mine: tuple[Any, int, Tensor] | None = None  # (weak reference to the clean labels, seed, poisoned labels)
-
     def check_start(self, data: Any) -> None:
         data.require_labels("attack='label_flip' (flipped class labels)")
 
     def training_data(self, cohort: Cohort, data: Any, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         if not self.active:
             return x, y
-        if self._mine is not None and self._mine[0]() is y and self._mine[1] == cohort.seed:
-            return x, self._mine[2]
 
         def make() -> Tensor:
-            byz = self.byzantine_clients(cohort.num_clients, cohort.seed).to(y.device)
-            positions = client_positions(data, byz)
+            positions = client_positions(data, self.byzantine_clients(cohort.num_clients, cohort.seed).to(y.device))
             poisoned = y.clone()
             poisoned[positions] = data.num_classes - 1 - y[positions]
             return poisoned
 
-        poisoned = shared_copy(("label_flip", cohort.seed, cohort.num_clients, self.fraction), y, data.client_index, make)
-        self._mine = (weakref.ref(y), cohort.seed, poisoned)
-        return x, poisoned
+        return x, self.poisoned_copy(cohort, data, y, (), make)
 
 
 def client_positions(data: Any, clients: Tensor) -> Tensor:

@@ -77,9 +77,7 @@ class RobustCombination(ServerCombination):
         self.f = f
         self._attack: Any = None  # the run's attack (prepare_run), for f = None
         self._kept: tuple[Tensor, Tensor] | None = None  # (kept [k] bool, counting rows [k]) of the last round
-        #: The ids of the clients a selecting rule kept in the last round (on the device; None for a rule that keeps all):
-        #: Krum's choice, for a callback (``module.combination.last_kept``) or a notebook.
-        self.last_kept: Tensor | None = None
+        self._last: tuple[Tensor, Tensor] | None = None  # (the counting clients' ids [k], kept [k]) of the last round
 
     # ------------------------------------------------------------------ what a rule defines
     def min_inputs(self, f: int) -> int:
@@ -135,6 +133,12 @@ class RobustCombination(ServerCombination):
         self._kept = None if kept is None else (kept, rows)
         return delta, None
 
+    @property
+    def last_kept(self) -> Tensor | None:
+        """The ids of the clients a selecting rule kept in the last round (on the device; None for a rule that keeps
+        all): Krum's choice, for a callback (``module.combination.last_kept``) or a notebook."""
+        return None if self._last is None else self._last[0][self._last[1]]
+
     def report(self, cohort: Cohort) -> dict[str, Tensor]:
         """``robust/kept``: the counting updates a selecting rule kept; ``robust/byzantine_kept``: how many of them came
         from Byzantine clients (with an attack)."""
@@ -142,7 +146,7 @@ class RobustCombination(ServerCombination):
             return {}
         kept, rows = self._kept
         self._kept = None
-        self.last_kept = cohort.clients.index_select(0, rows)[kept]
+        self._last = (cohort.clients.index_select(0, rows), kept)  # read as last_kept, if ever: no device read here
         out = {"robust/kept": kept.sum().to(torch.float32)}
         byzantine = getattr(cohort, "byzantine", None)
         if byzantine is not None:
