@@ -197,7 +197,7 @@ class LocalWork:
         num_examples: ``[K]`` the clients' sizes; ``steps_done``: ``[K]`` their local steps this round.
         lr: The round's client learning rate; ``batch_size``: its mini-batch size (None: full batch).
         plan: The run's training plan (:class:`lfed.core.round.LocalTraining`: lr, batch size, epochs or steps).
-        buffers: ``{name: [K, ...]}`` the cohort's final buffers (loop backend, a net with running statistics), or None.
+        buffers: ``{name: [K, ...]}`` the cohort's final buffers (a net with running statistics, either backend), or None.
         host_num_examples, host_steps_done: The host copies of ``num_examples`` and ``steps_done``
             (:class:`HostCohort`): :meth:`train` hands them to the engine, which then reads no device value.
     """

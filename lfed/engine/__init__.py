@@ -15,7 +15,8 @@ Two backends with the same maths (DESIGN.md):
 * ``vmap``: the K clients' parameters are one ``[K, P]`` tensor; each local step is one call of
   ``vmap(grad(loss))`` over the stacked parameters and a gathered ``[K, B, ...]`` batch.
 * ``loop``: one client after another with ordinary autograd, for models that cannot be
-  vmapped (BatchNorm with running statistics, cuDNN RNNs).
+  vmapped (cuDNN RNNs, custom kernels). BatchNorm trains on both: under ``vmap`` each client's
+  running statistics are its own row (:mod:`lfed.engine.norm`).
 
 Both consume the same batch schedule (:func:`batch_schedule`), so they agree to round-off.
 Uneven client sizes and partial batches are masked; clients that completed fewer steps
@@ -34,7 +35,9 @@ The parts, one concept a module:
   the cohort (:func:`conv2d_matmul`, :func:`conv1d_matmul`), and the choice of that form or torch's;
 * :mod:`lfed.engine.precision`: mixed precision (autocast) in the local steps only, float32 for the
   rest of a round (:func:`round_precision`, :func:`local_autocast`);
-* :mod:`lfed.engine.loop`: the ``loop`` backend (and :func:`has_running_stats`);
+* :mod:`lfed.engine.norm`: BatchNorm inside the vmapped cohort (each client's running statistics its own row,
+  batch statistics over the valid examples; :func:`has_running_stats`);
+* :mod:`lfed.engine.loop`: the ``loop`` backend (one client after another; the reference of the vmap backend);
 * :mod:`lfed.engine.trainer`: :class:`CohortTrainer`, chunking and the choice of backend.
 
 Every name is importable from ``lfed.engine``; patch a name where it is used (its module above).
@@ -42,8 +45,8 @@ Every name is importable from ``lfed.engine``; patch a name where it is used (it
 
 from lfed.engine.batches import batch_schedule, steps_per_epoch
 from lfed.engine.conv import conv1d_matmul, conv2d_matmul
-from lfed.engine.loop import has_running_stats
 from lfed.engine.losses import LossFn, as_per_example_loss, per_example_cross_entropy, per_example_mean
+from lfed.engine.norm import has_running_stats
 from lfed.engine.precision import local_autocast, round_precision
 from lfed.engine.result import CohortResult
 from lfed.engine.rule import LossTerm, StepRule

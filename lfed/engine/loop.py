@@ -1,6 +1,6 @@
 """The ``loop`` backend: one client after another with ordinary autograd.
 
-For models that cannot be vmapped (BatchNorm with running statistics, cuDNN RNNs): the loop
+For models that cannot be vmapped (cuDNN RNNs, custom kernels) and as the reference of the vmap backend: the loop
 backend trains a private copy of ``net`` whose parameters point at each client's row of the
 cohort's ``[K, P]`` weights, and returns each client's buffers when the model has running
 statistics (:func:`has_running_stats`).
@@ -14,16 +14,11 @@ import torch
 from torch import Tensor, nn
 
 from lfed.engine.losses import per_example_mean
+from lfed.engine.norm import has_running_stats
 from lfed.engine.precision import local_autocast
 from lfed.engine.result import CohortResult
 from lfed.engine.rule import _apply_step_, _is_plain, term_per_example
 from lfed.engine.term import TermModel
-
-
-def has_running_stats(net: nn.Module) -> bool:
-    """Whether ``net`` holds BatchNorm running statistics (which vmap cannot update)."""
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats for m in net.modules())
-
 
 #: The loop backend gathers this many steps' mini-batches at once (fewer small indexing operations per step).
 _LOOP_GATHER_STEPS = 32

@@ -243,7 +243,7 @@ def train_share(engine: CohortTrainer, ranks: Ranks, job: TrainJob) -> tuple[lis
     if mine.numel():
         return parts, job.train(engine, rows=mine)
     buffers = None
-    if has_running_stats(engine.net):  # the loop backend returns every buffer per client
+    if has_running_stats(engine.net):  # either backend returns every buffer per client
         buffers = {n: b.new_zeros((0, *b.shape)) for n, b in engine.net.named_buffers()}
     w_start = job.w_start
     return parts, CohortResult(w_start.new_zeros(0, w_start.shape[-1]), w_start.new_zeros(0), buffers)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.utils._pytree import tree_leaves
 
 from lfed.engine.precision import precision_key
 
@@ -29,8 +30,8 @@ def _has_hooks(net: nn.Module) -> bool:
 
 
 def _leaves(out) -> list[Tensor]:
-    g, loss = out
-    return [*g.values(), loss]
+    """Every tensor of a step's output (gradients, loss, and a BatchNorm net's updated statistics)."""
+    return [t for t in tree_leaves(out) if isinstance(t, Tensor)]
 
 
 def _rng_state(device: torch.device):
@@ -51,11 +52,15 @@ class RecordedStep:
     ``_vmapped`` (the eager step) and ``_conv_setting()`` (the convolutions' form, part of the key).
     """
 
-    def _step(self, params, x, y, mask, buffers, whole: bool):
-        """One vmapped local step: the recorded graph when there is one for these inputs, else eager."""
+    def _step(self, params, x, y, mask, buffers, whole: bool, stats: bool = False):
+        """One vmapped local step: the recorded graph when there is one for these inputs, else eager.
+
+        ``stats``: a net with BatchNorm (``_vmapped_stats``: per-row buffers in, ``(gradients, (loss, statistics))`` out).
+        """
+        vmapped = self._vmapped_stats if stats else self._vmapped
         if not (whole and self.trace):
-            return self._vmapped(params, x, y, mask, buffers)
-        key = (
+            return vmapped(params, x, y, mask, buffers)
+        key = (stats,
             tuple((k, tuple(v.shape), v.dtype) for k, v in params.items()),
             tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, mask.dtype, x.device,
             tuple((k, tuple(b.shape), b.dtype) for k, b in buffers.items()), self.net.training,
@@ -65,18 +70,18 @@ class RecordedStep:
         if fn is not None and not _has_hooks(self.net):
             return fn(params, x, y, mask, buffers)
         if fn is not None or key in self._traced or _has_hooks(self.net):
-            return self._vmapped(params, x, y, mask, buffers)
-        return self._record(key, params, x, y, mask, buffers)
+            return vmapped(params, x, y, mask, buffers)
+        return self._record(key, params, x, y, mask, buffers, vmapped)
 
-    def _record(self, key, params, x, y, mask, buffers):
+    def _record(self, key, params, x, y, mask, buffers, vmapped):
         """Record the step for ``key`` and check it against the eager step; return the eager result."""
         from torch.fx.experimental.proxy_tensor import make_fx
 
         def step(params, x, y, mask, buffers):
-            return self._vmapped(params, x, y, mask, buffers)
+            return vmapped(params, x, y, mask, buffers)
 
         rng = _rng_state(x.device)
-        expected = self._vmapped(params, x, y, mask, buffers)
+        expected = vmapped(params, x, y, mask, buffers)
         after = _rng_state(x.device)
         try:
             _set_rng_state(rng, x.device)

@@ -14,8 +14,8 @@ class CohortResult:
     Attributes:
         weights: ``[K, P]`` final client weights ``w_k_end``.
         loss: ``[K]`` mean training loss over the steps each client took (0 for none).
-        buffers: ``{name: [K, ...]}`` final client buffers (``loop`` backend with running
-            statistics only), else None.
+        buffers: ``{name: [K, ...]}`` final client buffers (a net with running statistics,
+            either backend), else None.
     """
 
     weights: Tensor

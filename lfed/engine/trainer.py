@@ -18,8 +18,9 @@ from torch.func import grad_and_value, vmap
 
 from lfed.engine.batches import batch_schedule
 from lfed.engine.host import to_device
-from lfed.engine.loop import LoopBackend, has_running_stats
+from lfed.engine.loop import LoopBackend
 from lfed.engine.losses import LossFn, as_per_example_loss
+from lfed.engine.norm import has_batch_norm, running_stat_names
 from lfed.engine.params import ParamLayout
 from lfed.engine.recorded import _rng_state, _set_rng_state
 from lfed.engine.result import CohortResult
@@ -84,7 +85,8 @@ class CohortTrainer(VmapBackend, LoopBackend):
     Args:
         net: The model; only its structure and buffers are used, parameters come in flat.
         loss: Per-example loss (see :func:`as_per_example_loss`); cross-entropy by default.
-        backend: ``"vmap"``, ``"loop"`` or ``"auto"`` (vmap unless the model cannot be vmapped).
+        backend: ``"vmap"``, ``"loop"`` or ``"auto"`` (vmap unless the model cannot be vmapped). Both train
+            BatchNorm with running statistics, each client updating its own (:mod:`lfed.engine.norm`).
         chunk_size: Train at most this many clients at once (bounds memory); None chooses: the
             vmap backend trains chunks whose activations (what autograd saves for the chunk's
             step, measured for one client) stay within :meth:`activation_budget` and, on a CPU,
@@ -109,13 +111,6 @@ class CohortTrainer(VmapBackend, LoopBackend):
             raise ValueError(f"backend: {backend!r} is not one of {BACKENDS}")
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"chunk_size: must be >= 1 or None, got {chunk_size}")
-        if backend == "vmap" and has_running_stats(net):
-            raise ValueError(
-                "backend='vmap' cannot train a model with BatchNorm running statistics "
-                f"({type(net).__name__}): each client would update shared buffers in place. "
-                "Use backend='loop' (or 'auto'), or a norm without running stats (GroupNorm, "
-                "BatchNorm(track_running_stats=False))."
-            )
         self.net = net
         self.loss_fn = as_per_example_loss(loss)
         self.layout = ParamLayout.from_module(net)
@@ -130,6 +125,15 @@ class CohortTrainer(VmapBackend, LoopBackend):
                                   randomness="different")
         self._vmapped_term_no_aux = vmap(grad_and_value(self._client_loss_with_term),  # a term with aux=None
                                          in_dims=(0, 0, 0, 0, None, None, None), randomness="different")
+        # a net with BatchNorm (lfed.engine.norm): every row its own buffers (in_dims 0), the updated running
+        # statistics returned beside the loss (has_aux), the batch statistics over the valid examples only
+        self.batch_norm = has_batch_norm(net)
+        self._vmapped_stats = vmap(grad_and_value(self._client_loss_stats, has_aux=True), in_dims=(0, 0, 0, 0, 0),
+                                   randomness="different")
+        self._vmapped_term_stats = vmap(grad_and_value(self._client_loss_with_term_stats, has_aux=True),
+                                        in_dims=(0, 0, 0, 0, 0, None, 0), randomness="different")
+        self._vmapped_term_no_aux_stats = vmap(grad_and_value(self._client_loss_with_term_stats, has_aux=True),
+                                               in_dims=(0, 0, 0, 0, 0, None, None), randomness="different")
         self._work: nn.Module | None = None  # the loop backend's private copy of ``net``
         self.trace = bool(trace)
         self._traced: dict[tuple, Callable] = {}  # recorded vmap steps by shapes, dtypes, device, mode
@@ -145,16 +149,16 @@ class CohortTrainer(VmapBackend, LoopBackend):
         """Pick the backend for ``auto``: vmap if a two-client probe step works, else loop."""
         if self._backend is not None:
             return self._backend
-        if has_running_stats(self.net):
-            self._backend = "loop"
-            return self._backend
         try:
             w = self.layout.module_vector(self.net).to(x.device)
             W = torch.stack([w, w])
-            xs, ys = x[:1].expand(2, 1, *x.shape[1:]), y[:1].expand(2, 1, *y.shape[1:])
-            self._vmapped(
-                self.layout.unflatten(W), xs, ys, torch.ones(2, 1, dtype=w.dtype, device=w.device), self._buffers()
-            )
+            n = 2 if self.batch_norm else 1  # BatchNorm of one example (no spatial size) is an error in training
+            xs, ys = x[:n].expand(2, n, *x.shape[1:]), y[:n].expand(2, n, *y.shape[1:])
+            mask = torch.ones(2, n, dtype=w.dtype, device=w.device)
+            if self.batch_norm:
+                self._vmapped_stats(self.layout.unflatten(W), xs, ys, mask, self._row_buffers(2))
+            else:
+                self._vmapped(self.layout.unflatten(W), xs, ys, mask, self._buffers())
             self._backend = "vmap"
         except Exception:  # any vmap limitation (custom kernels, in-place buffer updates, cuDNN RNN)
             self._backend = "loop"
@@ -163,6 +167,20 @@ class CohortTrainer(VmapBackend, LoopBackend):
     # ----------------------------------------------------------------- buffers
     def _buffers(self) -> dict[str, Tensor]:
         return dict(self.net.named_buffers())
+
+    def _row_buffers(self, K: int, start: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """``{name: [K, *shape]}`` every buffer of the net per row: ``start``'s rows where given, else the net's
+        (a copy for the running statistics, which the rows update; an expanded view for the rest)."""
+        stats = set(running_stat_names(self.net))
+        out = {}
+        for name, b in self._buffers().items():
+            if start is not None and name in start:
+                out[name] = start[name].to(b.device).clone()
+            elif name in stats:
+                out[name] = b.expand(K, *b.shape).clone()
+            else:
+                out[name] = b.expand(K, *b.shape)
+        return out
 
     # ----------------------------------------------------------------- training
     def train(
@@ -205,8 +223,7 @@ class CohortTrainer(VmapBackend, LoopBackend):
             schedule: ``(positions [K, T, B'], valid [K, T, B'])``, the batches of every row
                 (:func:`batch_schedule`, ``T >= max(steps_done)``); None: drawn from ``generator``.
             buffers: ``{name: [K, *shape]}`` each row's own start values of some of the net's buffers
-                (FedBN's per-client running statistics; the loop backend only); None: every row starts
-                from the net's buffers.
+                (FedBN's per-client running statistics); None: every row starts from the net's buffers.
 
         Returns:
             The result of the trained rows, in the order of ``rows``.
@@ -233,9 +250,6 @@ class CohortTrainer(VmapBackend, LoopBackend):
         positions, valid = to_device(positions, index.device), to_device(valid, index.device)  # drawn on the host
         backend = self.resolve_backend(data_x, data_y)
         if buffers is not None:
-            if backend != "loop":
-                raise ValueError("buffers: per-row start buffers (running statistics per client) need backend='loop'; "
-                                 f"this engine trains with backend={backend!r}")
             own = self._buffers()
             for name, b in buffers.items():
                 if name not in own or tuple(b.shape) != (K, *own[name].shape):
@@ -348,7 +362,10 @@ class CohortTrainer(VmapBackend, LoopBackend):
             exclude.update(_storage_key(v)[0] for v in params.values())
             mask = valid[row, 0].to(w.dtype)
             with _hooks_silenced(self.net), torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                self._client_loss(params, x, y, mask, self._buffers())
+                if self.batch_norm:  # functional BatchNorm: the net's running statistics stay as they are
+                    self._client_loss_stats(params, x, y, mask, self._buffers())
+                else:
+                    self._client_loss(params, x, y, mask, self._buffers())
             saved = sum(seen.values()) or None
         except Exception:  # noqa: BLE001 - a model that only runs under vmap (or in inference mode): no measurement
             saved = None

@@ -19,6 +19,7 @@ from torch.func import functional_call
 from lfed.engine.conv import CONV_FORMS, choose_form, conv_forms
 from lfed.engine.host import to_device
 from lfed.engine.losses import per_example_mean
+from lfed.engine.norm import batch_norms, running_stat_names
 from lfed.engine.precision import local_autocast
 from lfed.engine.recorded import RecordedStep
 from lfed.engine.result import CohortResult
@@ -94,12 +95,31 @@ class VmapBackend(RecordedStep):
             per_example = per_example_mean(self.loss_fn(out, y)) + term_per_example(extra, x.shape[0])
         return (per_example * mask).sum() / mask.sum().clamp_min(1)
 
-    def _train_vmap(self, w_start, data_x, data_y, index, positions, valid, steps, rule, lr) -> CohortResult:
+    def _client_loss_stats(
+        self, params: dict[str, Tensor], x: Tensor, y: Tensor, mask: Tensor, buffers: dict[str, Tensor]
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """:meth:`_client_loss` of a net with BatchNorm (:mod:`lfed.engine.norm`): the loss and the updated statistics."""
+        stats: dict[str, Tensor] = {}
+        with batch_norms(self.net, mask, stats):
+            loss = self._client_loss(params, x, y, mask, buffers)
+        return loss, stats
+
+    def _client_loss_with_term_stats(self, params, x, y, mask, buffers, term, aux) -> tuple[Tensor, dict[str, Tensor]]:
+        """:meth:`_client_loss_with_term` of a net with BatchNorm: the loss and the updated statistics."""
+        stats: dict[str, Tensor] = {}
+        with batch_norms(self.net, mask, stats):
+            loss = self._client_loss_with_term(params, x, y, mask, buffers, term, aux)
+        return loss, stats
+
+    def _train_vmap(self, w_start, data_x, data_y, index, positions, valid, steps, rule, lr, buffers=None) -> CohortResult:
         """All K clients at once, one ``vmap(grad)`` call per local step.
 
         Clients are ordered by steps done (most first), so the clients still active at step
         ``t`` are a prefix of the cohort and every step reads and updates views of ``[K, P]``
-        in place: no per-step gather, scatter or new ``[K, P]`` tensor.
+        in place: no per-step gather, scatter or new ``[K, P]`` tensor. A net with BatchNorm
+        carries every row's buffers the same way (``{name: [K, ...]}``; ``buffers``: some rows'
+        start values, else the net's), updated by each row's steps only, and returns them when
+        it has running statistics (:mod:`lfed.engine.norm`).
         """
         K, T = index.shape[0], positions.shape[1]
         order = None
@@ -121,13 +141,17 @@ class VmapBackend(RecordedStep):
                 w_start = w_start[to_device(order, w_start.device)]
             if per_row:
                 lr = lr[order]
+            if buffers is not None:
+                buffers = {name: b[to_device(order, b.device)] for name, b in buffers.items()}
         runs = _lr_runs(lr) if per_row else [(0, K, lr)]
         active = (steps[None, :] > torch.arange(T)[:, None]).sum(1).tolist() if T else []  # host values
         W = w_start.expand(K, -1).clone() if w_start.dim() == 1 else w_start.clone()
         views = self.layout.unflatten(W)  # {name: [K, *shape]}, views of W
         names = list(views)
         loss_sum = torch.zeros(K, dtype=W.dtype, device=W.device)
-        buffers = self._buffers()
+        norm = self.batch_norm
+        buffers = self._row_buffers(K, buffers) if norm else self._buffers()
+        stat_names = running_stat_names(self.net) if norm else []
         B = positions.shape[2] if positions.dim() == 3 else 0
         ex = index.gather(1, positions.reshape(K, T * B)).view(K, T, B) if T else positions  # global example ids
         mask_all = valid.to(W.dtype)
@@ -139,12 +163,20 @@ class VmapBackend(RecordedStep):
                 break
             ids = ex[:n, t]
             params = {k: v[:n] for k, v in views.items()} if n < K else views
+            rows = ({k: v[:n] for k, v in buffers.items()} if n < K else buffers) if norm else buffers
             if term is None:
-                g, loss = self._step(params, data_x[ids], data_y[ids], mask_all[:n, t], buffers, n == K)
+                g, loss = self._step(params, data_x[ids], data_y[ids], mask_all[:n, t], rows, n == K, stats=norm)
             else:  # a loss term: the eager vmapped step (its function is not part of a recorded graph's key)
                 aux = term.aux if n == K else _pick_rows(term.aux, slice(0, n), K)
-                vmapped = self._vmapped_term if aux is not None else self._vmapped_term_no_aux  # aux=None: nothing per client
-                g, loss = vmapped(params, data_x[ids], data_y[ids], mask_all[:n, t], buffers, term, aux)
+                if norm:
+                    vmapped = self._vmapped_term_stats if aux is not None else self._vmapped_term_no_aux_stats
+                else:
+                    vmapped = self._vmapped_term if aux is not None else self._vmapped_term_no_aux  # aux=None: nothing per client
+                g, loss = vmapped(params, data_x[ids], data_y[ids], mask_all[:n, t], rows, term, aux)
+            if norm:  # (loss, the rows' updated running statistics): each active row's own buffers move on
+                loss, new = loss
+                for name, value in new.items():
+                    rows[name].copy_(value)
             if plain:
                 for a, b, lr_ in runs:  # one run of rows per learning rate (one run when lr is a float)
                     if a >= n:
@@ -162,7 +194,12 @@ class VmapBackend(RecordedStep):
                     W[a:b].add_(d[a:b], alpha=-lr_)
             loss_sum[:n] += loss.detach()
         loss = loss_sum / to_device(steps.clamp_min(1), W.device).to(W.dtype)
+        out = None
+        if stat_names:  # every buffer per row, as the loop backend returns them
+            out = {name: b if name in stat_names else b.clone() for name, b in buffers.items()}
         if order is not None:
             inverse = to_device(torch.argsort(order), W.device)
             W, loss = W[inverse], loss[inverse]
-        return CohortResult(W, loss)
+            if out is not None:
+                out = {name: b[inverse.to(b.device)] for name, b in out.items()}
+        return CohortResult(W, loss, out)

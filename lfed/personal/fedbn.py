@@ -7,17 +7,14 @@ LayerNorm's, InstanceNorm's affine ``γ, β``) and their running statistics (``r
 parameters are the local part of :class:`lfed.personal.local_part.LocalPartRule` (partial
 sharing). The running statistics are one more per-client row (``stats``, float64, the statistics
 of every norm layer flattened; the constructed net's statistics until a client first trains), handed
-to the engine as each client's start buffers and read back from its final buffers. BatchNorm's
-running statistics can only be trained on the ``loop`` backend (the ``vmap`` backend refuses a net
-with running statistics, naming ``backend='loop'``); norm layers without running statistics
-(GroupNorm, LayerNorm, ``BatchNorm(track_running_stats=False)``) train on both. Personalized model
+to the engine as each client's start buffers and read back from its final buffers. Both backends
+train them (under ``vmap`` each client's statistics are its own row, :mod:`lfed.engine.norm`). Personalized model
 of client ``k``: the global model with the client's norm parameters and statistics. The global
 model's own norm parameters stay at the initial model's; its statistics are the usual weighted
 average of the cohort's (as for any net with running statistics).
 
     model:
       algorithm: fedbn
-      backend: loop          # a net with BatchNorm running statistics
 """
 
 from __future__ import annotations
@@ -97,7 +94,7 @@ class FedBN(LocalPartRule):
         super().after_local(cohort, w_start, w_end, lr, local)
         if self.stats_size:
             if local.buffers is None:
-                raise RuntimeError("FedBN: the engine returned no per-client buffers; running statistics need backend='loop'")
+                raise RuntimeError("FedBN: the engine returned no per-client buffers for a net with running statistics")
             flat = torch.cat([local.buffers[n].reshape(cohort.clients.numel(), -1).to(torch.float64)
                               for n, _, _ in self._stats], 1)
             self.write_rows("stats", cohort.clients, flat, mask=cohort.active)

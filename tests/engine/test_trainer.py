@@ -131,15 +131,15 @@ class _BN(nn.Module):
         return self.out(torch.relu(self.bn(self.fc(x))))
 
 
-def test_batchnorm_is_rejected_by_vmap_and_runs_on_loop():
+@pytest.mark.parametrize("backend", ["loop", "vmap"])
+def test_batchnorm_trains_on_both_backends_each_client_its_own_statistics(backend):
+    # (0.4 refused BatchNorm on vmap; tests/engine/test_norm.py checks vmap against loop and by hand)
     net = _BN().double()
-    with pytest.raises(ValueError, match="BatchNorm running statistics.*backend='loop'"):
-        CohortTrainer(net, backend="vmap")
     X, Y = torch.randn(16, 4, dtype=torch.float64), torch.randint(0, 2, (16,))
     idx, sizes = _clients([8, 8], 16)
     auto = CohortTrainer(net, backend="auto")
-    assert auto.resolve_backend(X, Y) == "loop"
-    w0, res = _train(net, "loop", X, Y, idx, sizes, torch.tensor([2, 2]), StepRule())
+    assert auto.resolve_backend(X, Y) == "vmap"
+    w0, res = _train(net, backend, X, Y, idx, sizes, torch.tensor([2, 2]), StepRule())
     assert res.buffers is not None and res.buffers["bn.running_mean"].shape == (2, 6)
     assert not torch.equal(res.buffers["bn.running_mean"][0], res.buffers["bn.running_mean"][1])
     assert not torch.equal(res.weights[0], w0)

@@ -1,5 +1,6 @@
 """FedBN (SPEC §11): normalization parameters and running statistics local, everything else FedAvg's; two rounds
-against an independent per-client autograd computation, on both backends (running statistics: loop only);
+against an independent per-client autograd computation, on both backends
+(running statistics too: each client's its own row under vmap, in every placement);
 its evaluation with each client's own statistics; errors."""
 
 from __future__ import annotations
@@ -17,17 +18,15 @@ TOL = dict(atol=1e-12, rtol=0)
 
 
 def bn_net(track: bool):
-    """BatchNorm with running statistics (``track``), or LayerNorm: a norm without statistics whose output does not
-    depend on the other examples of the batch (BatchNorm's batch statistics on the vmap backend would include the
-    padding of a client's smaller batch)."""
+    """BatchNorm with running statistics (``track``), or LayerNorm: a norm without statistics."""
     torch.manual_seed(0)
     norm = nn.BatchNorm1d(3) if track else nn.LayerNorm(3)
     return nn.Sequential(nn.Linear(2, 3), norm, nn.Tanh(), nn.Linear(3, 3)).double()
 
 
-def fedbn_module(backend, track, *, training: dict | None = None, **kwargs):
+def fedbn_module(backend, track, *, training: dict | None = None, client_state="device", **kwargs):
     args = dict(algorithm="fedbn", fraction=2 / 3, training={"client_lr": 0.2, "batch_size": None, "local_steps": 2, **(training or {})},
-                engine=dict(backend=backend), seed=4)
+                engine=dict(backend=backend, client_state=client_state), seed=4)
     args.update(kwargs)
     return FederatedModule(bn_net(track), **args)
 
@@ -65,9 +64,11 @@ def by_hand(rec, track, rounds, lr=0.2, steps=2):
     return net, shared, init_norm, norm, stats
 
 
-@pytest.mark.parametrize("backend, track", [("vmap", False), ("loop", False), ("loop", True)])
-def test_fedbn_two_rounds_by_hand(backend, track):
-    m = fedbn_module(backend, track)
+@pytest.mark.parametrize("backend, track, client_state", [("vmap", False, "device"), ("loop", False, "device"),
+                                                          ("loop", True, "device"), ("vmap", True, "device"),
+                                                          ("vmap", True, "host")])
+def test_fedbn_two_rounds_by_hand(backend, track, client_state):
+    m = fedbn_module(backend, track, client_state=client_state)
     rec = Recorder(m)
     run_rounds(m, toy_data(), rounds=2, callbacks=[rec])
     net, shared, init_norm, norm, stats = by_hand(rec, track, 2)
@@ -122,7 +123,9 @@ def test_fedbn_on_a_net_without_norm_layers_is_refused_before_round_0():
     assert m.rounds_done == 0
 
 
-def test_fedbn_with_running_statistics_on_the_vmap_backend_is_refused_naming_loop():
-    m = fedbn_module("vmap", True)
-    with pytest.raises(ValueError, match="backend='vmap' cannot train a model with BatchNorm running statistics.*'loop'"):
-        run_rounds(m, toy_data(), rounds=1)
+def test_fedbn_with_running_statistics_trains_on_the_vmap_backend():
+    # 0.4 refused this (naming backend='loop'); now the engine chooses vmap for a BatchNorm net, and the statistics
+    # of each client equal the loop backend's (two rounds by hand above, on both)
+    m = fedbn_module("auto", True)
+    run_rounds(m, toy_data(), rounds=1)
+    assert m.engine.backend == "vmap"

@@ -1,0 +1,116 @@
+"""BatchNorm inside the vmapped cohort (lfed.engine.norm): each client's running statistics its own row, batch
+statistics over its valid examples only; by hand, and against the loop backend (torch's own BatchNorm) in float64."""
+
+import pytest
+import torch
+from test_trainer import _clients
+from torch import nn
+
+from lfed.engine import CohortTrainer, StepRule
+
+BACKENDS = ("vmap", "loop")
+
+
+def _train(net, backend, X, Y, idx, sizes, steps, lr=0.1, batch_size=4, **kwargs):
+    trainer = CohortTrainer(net, backend=backend, chunk_size=kwargs.pop("chunk_size", None), trace=kwargs.pop("trace", True))
+    w0 = trainer.layout.module_vector(net)
+    return trainer.train(w0, X, Y, idx, sizes, steps, StepRule(), lr, batch_size, torch.Generator().manual_seed(7), **kwargs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("momentum", [0.1, None], ids=["momentum", "cumulative"])
+def test_running_statistics_by_hand(backend, momentum):
+    # the norm first, so its input is the data itself: two full-batch steps over each client's n_k examples
+    # (a cohort of 5 and 3: the smaller client's batch is padded on the vmap backend) see the same batch twice
+    torch.manual_seed(1)
+    net = nn.Sequential(nn.BatchNorm1d(3, momentum=momentum), nn.Linear(3, 2)).double()
+    X, Y = torch.randn(8, 3, dtype=torch.float64), torch.randint(0, 2, (8,))
+    idx, sizes = _clients([5, 3], 8)
+    res = _train(net, backend, X, Y, idx, sizes, torch.tensor([2, 2]), batch_size=None)
+    for k, n in enumerate([5, 3]):
+        x = X[idx[k, :n]]
+        mu, s2 = x.mean(0), x.var(0, unbiased=True)  # torch updates the running variance with the unbiased one
+        if momentum is None:  # cumulative average: factors 1, then 1/2 of the same batch
+            mean, var = mu, s2
+        else:  # (1 - f)((1 - f) r + f b) + f b from r = 0 (mean) and r = 1 (variance), f = 0.1
+            mean, var = 0.19 * mu, 0.81 + 0.19 * s2
+        torch.testing.assert_close(res.buffers["0.running_mean"][k], mean, atol=1e-15, rtol=0)
+        torch.testing.assert_close(res.buffers["0.running_var"][k], var, atol=1e-15, rtol=0)
+        assert res.buffers["0.num_batches_tracked"][k].item() == 2
+
+
+class _ConvBN(nn.Module):
+    """A convolution with BatchNorm2d, then a linear layer with BatchNorm1d (each optionally without affine)."""
+
+    def __init__(self, momentum=0.1, affine=True, track=True):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 3, 3)
+        self.bn = nn.BatchNorm2d(3, momentum=momentum, affine=affine, track_running_stats=track)
+        self.fc = nn.Linear(3 * 4 * 4, 5)
+        self.bn1 = nn.BatchNorm1d(5, momentum=momentum, track_running_stats=track)
+        self.out = nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.bn1(self.fc(torch.relu(self.bn(self.conv(x))).flatten(1)))))
+
+
+def _data():
+    torch.manual_seed(0)
+    X, Y = torch.randn(40, 1, 6, 6, dtype=torch.float64), torch.randint(0, 3, (40,))
+    idx, sizes = _clients([11, 6, 7, 5], 40)  # 11, 6 and 7 end in a partial batch of B = 4 (3, 2 and 3 examples)
+    return X, Y, idx, sizes
+
+
+@pytest.mark.parametrize("net_args", [dict(), dict(momentum=None), dict(affine=False), dict(track=False)],
+                         ids=["momentum", "cumulative", "no-affine", "untracked"])
+def test_vmap_equals_loop_in_float64_weights_and_every_buffer(net_args):
+    X, Y, idx, sizes = _data()
+    steps = torch.tensor([4, 2, 3, 0])  # stragglers, and a client that does nothing
+    torch.manual_seed(2)
+    net = _ConvBN(**net_args).double()
+    before = {k: v.clone() for k, v in net.named_buffers()}
+    a = _train(net, "vmap", X, Y, idx, sizes, steps)
+    b = _train(net, "loop", X, Y, idx, sizes, steps)
+    assert (a.weights - b.weights).abs().max() < 1e-12 and (a.loss - b.loss).abs().max() < 1e-12
+    assert all(torch.equal(before[k], v) for k, v in net.named_buffers())  # the net's own buffers stay as they were
+    if not net_args.get("track", True):  # no running statistics: nothing per client comes back
+        assert a.buffers is None and b.buffers is None
+        return
+    assert set(a.buffers) == set(b.buffers) == set(before)
+    for name, value in b.buffers.items():
+        assert a.buffers[name].shape == value.shape and a.buffers[name].dtype == value.dtype
+        assert (a.buffers[name] - value).abs().max() < 1e-12, name
+    assert a.buffers["bn.num_batches_tracked"].tolist() == [4, 2, 3, 0]  # each client's own steps
+    assert torch.equal(a.buffers["bn.running_mean"][3], before["bn.running_mean"])  # no steps: the start statistics
+    assert not torch.equal(a.buffers["bn.running_mean"][0], a.buffers["bn.running_mean"][1])
+
+
+def test_each_rows_start_buffers_chunks_and_the_recorded_step():
+    X, Y, idx, sizes = _data()
+    steps = torch.tensor([3, 3, 2, 1])
+    torch.manual_seed(3)
+    net = _ConvBN().double()
+    own = dict(net.named_buffers())
+    start = {"bn.running_mean": torch.randn(4, 3, dtype=torch.float64), "bn.running_var": torch.rand(4, 3, dtype=torch.float64) + 0.5,
+             "bn.num_batches_tracked": torch.tensor([0, 5, 2, 9])}
+    loop = _train(net, "loop", X, Y, idx, sizes, steps, buffers=start)
+    whole = _train(net, "vmap", X, Y, idx, sizes, steps, buffers=start)
+    eager = _train(net, "vmap", X, Y, idx, sizes, steps, buffers=start, trace=False)
+    chunked = _train(net, "vmap", X, Y, idx, sizes, steps, buffers=start, chunk_size=1)
+    for name in own:
+        assert (whole.buffers[name] - loop.buffers[name]).abs().max() < 1e-12, name
+        assert torch.equal(whole.buffers[name], eager.buffers[name])  # recorded = eager, bit for bit
+        assert torch.equal(whole.buffers[name], chunked.buffers[name])  # chunking changes nothing
+    assert torch.equal(whole.weights, eager.weights) and torch.equal(whole.weights, chunked.weights)
+    assert (whole.weights - loop.weights).abs().max() < 1e-12
+    assert whole.buffers["bn.num_batches_tracked"].tolist() == [3, 8, 4, 10]
+    trainer = CohortTrainer(net, backend="vmap")  # the step was recorded (not only run eagerly)
+    trainer.train(trainer.layout.module_vector(net), X, Y, idx, sizes, torch.tensor([1, 1, 1, 1]), StepRule(), 0.1, 4,
+                  torch.Generator().manual_seed(7))
+    assert any(fn is not None for fn in trainer._traced.values())
+
+
+def test_auto_picks_vmap_for_a_batchnorm_net():
+    X, Y, idx, sizes = _data()
+    net = _ConvBN().double()
+    assert CohortTrainer(net, backend="auto").resolve_backend(X, Y) == "vmap"
