@@ -92,6 +92,13 @@ def stack_schedules(schedules: Sequence[tuple[Tensor, Tensor]]) -> tuple[Tensor,
     return torch.cat(pos), torch.cat(val)
 
 
+def _pad_steps(t: Tensor, T: int) -> Tensor:
+    """``[K, T_r, ...]`` padded with zeros to ``[K, T, ...]`` (steps a row never takes, never read)."""
+    if t.shape[1] == T:
+        return t
+    return torch.cat([t, t.new_zeros((t.shape[0], T - t.shape[1], *t.shape[2:]))], 1)
+
+
 def _has_dropout(net: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in net.modules())
 
@@ -112,7 +119,7 @@ def engine_key(run: Any, job: TrainJob) -> tuple:
     frozen = any(not p.requires_grad for p in net.parameters())
     alone = sig is None or _has_dropout(net) or has_running_stats(net) or len(dict(net.named_buffers())) or frozen
     return (id(run) if alone else None, sig, job.batch_size, _batch_width(job), id(job.data_x), id(job.data_y), run.backend,
-            run.chunk_size, repr(run.loss))
+            run.chunk_size, repr(run.loss), None if job.augment is None else repr(job.augment[0]))
 
 
 def merge_jobs(jobs: Sequence[TrainJob]) -> TrainJob:
@@ -128,8 +135,14 @@ def merge_jobs(jobs: Sequence[TrainJob]) -> TrainJob:
         for j in jobs
     ])
     rule = concat_rules([j.rule for j in jobs], counts, P, w0)
+    augment = None
+    if jobs[0].augment is not None:  # each run's draws from its own generator, as alone; padded to the call's [T, B']
+        aug, image, T = jobs[0].augment[0], tuple(jobs[0].data_x.shape[1:]), schedule[0].shape[1]
+        drawn = [aug.draw((k, max(values(j.steps_on_host()), default=0), _batch_width(j)), image, j.augment[1])
+                 for j, k in zip(jobs, counts)]
+        augment = (aug, {name: torch.cat([_pad_steps(d[name], T) for d in drawn]) for name in drawn[0]})
     return TrainJob(w0, jobs[0].data_x, jobs[0].data_y, index, torch.cat([j.num_examples for j in jobs]),
-                    torch.cat([j.steps_done for j in jobs]), rule, lr, jobs[0].batch_size, None, schedule,
+                    torch.cat([j.steps_done for j in jobs]), rule, lr, jobs[0].batch_size, None, schedule, augment=augment,
                     host_num_examples=torch.cat([j.sizes_on_host() for j in jobs]),
                     host_steps_done=torch.cat([j.steps_on_host() for j in jobs]))
 

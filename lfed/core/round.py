@@ -388,6 +388,8 @@ def prepare_round(
     job = TrainJob(w_start, data_x, data_y, data.client_index[clients], n_k, cohort.steps_done, rule, lr,
                    training.batch_size, round_generator(seed, round, "batches"),
                    buffers=algorithm.objective.start_buffers(cohort),  # per-client running statistics (FedBN)
+                   augment=(None if getattr(data, "augment", None) is None  # every step's batch redrawn (lfed.data.augment)
+                            else (data.augment, round_generator(seed, round, "augment"))),
                    host_num_examples=host.num_examples, host_steps_done=host.steps_done)
     return PreparedRound(record, w, job, seed, sizes, training)
 

@@ -27,6 +27,11 @@ Datasets (:data:`DATASETS`):
   and the same label order as LEAF FEMNIST). Images are transposed to upright
   orientation (the raw EMNIST files store them transposed).
 - ``femnist``, ``shakespeare``: LEAF JSON files, see :mod:`lfed.data.leaf`.
+- ``cifar_synthetic``: CIFAR-shaped (``3 x 32 x 32``, 10 classes) images generated from a fixed seed,
+  nothing to fetch (:func:`_synthetic_cifar`): for tests, the suite and trying a vision setting
+  offline. Each class is a smooth random colour pattern, and every image is its class's pattern at
+  a random shift of up to 4 pixels, mirrored with probability 1/2, plus noise: crops and flips are
+  the invariances that help, as on CIFAR. It is not a benchmark.
 """
 
 from __future__ import annotations
@@ -49,13 +54,13 @@ __all__ = [
 
 #: Names accepted by :func:`load_dataset`.
 DATASETS: tuple[str, ...] = (
-    "digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist", "shakespeare",
+    "digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist", "shakespeare", "cifar_synthetic",
 )
 
 #: Number of classes of each dataset (``emnist`` with its default split ``byclass``).
 NUM_CLASSES: dict[str, int] = {
     "digits": 10, "mnist": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100,
-    "emnist": 62, "femnist": 62, "shakespeare": 80,
+    "emnist": 62, "femnist": 62, "shakespeare": 80, "cifar_synthetic": 10,
 }
 
 _EMNIST_CLASSES = {"byclass": 62, "bymerge": 47, "balanced": 47, "letters": 27, "digits": 10, "mnist": 10}
@@ -106,6 +111,8 @@ def load_dataset(
     root = resolve_data_dir(data_dir)
     if name == "digits":
         return _load_digits()
+    if name == "cifar_synthetic":
+        return _synthetic_cifar()
     if name in _IDX_DATASETS:
         return _load_idx_dataset(name, root, download)
     if name in ("cifar10", "cifar100"):
@@ -132,6 +139,29 @@ def _load_digits(test_fraction: float = 0.2, seed: int = 0) -> DatasetTensors:
     is_test = torch.zeros(y.numel(), dtype=torch.bool)
     is_test[order[rank < n_test[y[order]]]] = True
     return DatasetTensors("digits", x[~is_test], y[~is_test], x[is_test], y[is_test], 10)
+
+
+def _synthetic_cifar(train: int = 2500, test: int = 500, seed: int = 0) -> DatasetTensors:
+    """``cifar_synthetic`` (module docstring): ``train`` + ``test`` images of 10 classes (balanced), from ``seed``.
+
+    Class ``c``'s pattern is a ``3 x 4 x 4`` standard normal grid upsampled bilinearly to ``3 x 40 x 40``; an
+    image of class ``c`` is the ``32 x 32`` window of it at a uniform offset in ``{0..8}²``, mirrored left-right with
+    probability 1/2, plus ``N(0, 0.5²)`` noise, then squashed to ``[0, 1]`` by ``sigmoid``.
+    """
+    g = torch.Generator().manual_seed(seed)
+    patterns = torch.nn.functional.interpolate(torch.randn(10, 3, 4, 4, generator=g), size=(40, 40), mode="bilinear",
+                                               align_corners=False)
+    n = train + test
+    y = torch.arange(n) % 10
+    y = y[torch.randperm(n, generator=g)]
+    off = torch.randint(0, 9, (n, 2), generator=g)
+    rows = off[:, 0, None] + torch.arange(32)  # [n, 32]
+    cols = off[:, 1, None] + torch.arange(32)
+    x = patterns[y[:, None, None], :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)  # [n, 3, 32, 32]
+    flip = torch.rand(n, generator=g) < 0.5
+    x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+    x = torch.sigmoid(x + 0.5 * torch.randn(x.shape, generator=g)).float()
+    return DatasetTensors("cifar_synthetic", x[:train], y[:train], x[train:], y[train:], 10)
 
 
 def _check_idx_header(path: Path, images: bool, source: Path) -> int:

@@ -14,11 +14,13 @@ import difflib
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset, TensorDataset
 
+from lfed.data.augment import Augmentation, build_augmentation
 from lfed.data.datasets import DATASETS, load_dataset
 from lfed.data.partition import PARTITIONS, _flatten, holdout_split_flat, label_counts_flat, pack_flat, partition, validation_split
 from lfed.data.tensors import DatasetTensors, validate_labels
@@ -56,6 +58,7 @@ class FederatedData:
             test examples are the training clients' own, LEAF's per-writer held-out data), ``val_from_clients``
             (the server's validation split was carved from those clients' examples). Under DP their metrics
             are client data (docs/privacy.md "Server-held means server-held").
+        augment: The :class:`lfed.data.augment.Augmentation` of every local step's batch (None: none).
     """
 
     train_x: Tensor
@@ -72,6 +75,7 @@ class FederatedData:
     client_val_index: Tensor | None = None
     client_val_sizes: Tensor | None = None
     notes: frozenset = frozenset()
+    augment: Any = None
 
     @property
     def num_clients(self) -> int:
@@ -215,8 +219,9 @@ def _dataset_tensors(data: Dataset, what: str) -> tuple[Tensor, Tensor]:
         warnings.warn(
             f"{what}: the Dataset returns a different input each time item 0 is read (a random transform or "
             "augmentation?). lfed reads the Dataset once into tensors, so each example keeps the one draw it got "
-            "now for the whole run: augmentation is frozen, not redrawn per round. Apply augmentation in the net "
-            "(e.g. a torchvision transform as its first layer) if it must change per step.",
+            "now for the whole run: augmentation is frozen, not redrawn per round. Give the Dataset without its random "
+            "transform and set augment (data.augment: crop_flip, or an lfed.data.augment.Augmentation) to redraw "
+            "it on the device at every local step.",
             UserWarning, stacklevel=4,
         )
     items = [first] + [data[i] for i in range(1, n)]
@@ -302,6 +307,10 @@ class FederatedDataset:
         test: Your own test data, same forms.
         num_classes: Number of classes of your own data (default: largest training label + 1;
             a test label outside the training classes is refused unless this is given).
+        augment: Augmentation redrawn at every local step on the device (:mod:`lfed.data.augment`):
+            ``crop_flip`` (random crop with padding 4, then a horizontal flip with probability 1/2), ``crop``,
+            ``flip``, or an :class:`~lfed.data.augment.Augmentation` (``class_path``); None: none. Each client,
+            step and example draws its own parameters from the round's seed; evaluation never augments.
     """
 
     def __init__(
@@ -323,7 +332,9 @@ class FederatedDataset:
         train: tuple[Tensor, Tensor] | Dataset | None = None,
         test: tuple[Tensor, Tensor] | Dataset | None = None,
         num_classes: int | None = None,
+        augment: str | Augmentation | None = None,
     ) -> None:
+        self.augment = build_augmentation(augment)
         if num_clients < 1:
             raise ValueError(f"num_clients: must be >= 1, got {num_clients}")
         if not 0 <= holdout_fraction < 1:
@@ -473,7 +484,10 @@ class FederatedDataset:
             h_index, h_sizes = pack_flat(held, h_sizes), h_sizes.to(held.device)
         else:
             h_index, h_sizes = torch.zeros(num, 1, dtype=torch.long), torch.zeros(num, dtype=torch.long)
+        if self.augment is not None:
+            self.augment.check(tuple(ds.train_x.shape[1:]))
         self.data = FederatedData(
+            augment=self.augment,
             train_x=ds.train_x,
             train_y=ds.train_y,
             test_x=ds.test_x,

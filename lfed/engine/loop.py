@@ -52,10 +52,12 @@ class LoopBackend:
         work.train(self.net.training)
         return work
 
-    def _train_loop(self, w_start, data_x, data_y, index, positions, valid, steps, rule, lr, buffers=None) -> CohortResult:
+    def _train_loop(self, w_start, data_x, data_y, index, positions, valid, steps, rule, lr, buffers=None,
+                    augment=None) -> CohortResult:
         """One client after another with ordinary autograd through a private copy of ``net``.
 
         ``buffers``: ``{name: [K, *shape]}`` each client's own start values of these buffers (None: the net's).
+        ``augment``: ``(augmentation, {name: [K, T, B', ...]})``: each step's batch transformed with its examples' draws.
         """
         K, T = index.shape[0], positions.shape[1]
         work = self._work_net()
@@ -95,6 +97,8 @@ class LoopBackend:
                         xs, ys = data_x[ex[k, t : t + _LOOP_GATHER_STEPS]], data_y[ex[k, t : t + _LOOP_GATHER_STEPS]]
                     c, i = counts[k][t], t % _LOOP_GATHER_STEPS  # step t uses the first c (valid) rows of its batch
                     x_t, y_t = (xs[i], ys[i]) if c == B else (xs[i, :c], ys[i, :c])
+                    if augment is not None:
+                        x_t = augment[0].apply(x_t, {name: v[k, t, :c] for name, v in augment[1].items()})
                     with local_autocast():  # a round's mixed precision: the forward and loss (lfed.engine.precision)
                         if term is None:
                             loss = self.loss_fn(work(x_t), y_t).mean()

@@ -200,17 +200,18 @@ class TrainJob:
     batch_size: int | None
     generator: torch.Generator | None
     schedule: tuple[Tensor, Tensor] | None = None  # given batches (the rows of several runs, lfed.core.lockstep)
-    buffers: dict[str, Tensor] | None = None  # per-row start buffers {name: [K, ...]} (FedBN's statistics, loop backend)
+    buffers: dict[str, Tensor] | None = None  # per-row start buffers {name: [K, ...]} (FedBN's statistics)
+    augment: tuple | None = None  # (Augmentation, its generator or drawn parameters): every step's batch transformed
     host_num_examples: Tensor | None = None  # the host copies of num_examples and steps_done (lfed.engine.host): the engine
     host_steps_done: Tensor | None = None    # reads its schedule and step counts from them without a device read
 
     def args(self) -> tuple:
-        """The positional arguments of :meth:`CohortTrainer.train` (``schedule``, ``buffers`` are keywords: :meth:`train`).
+        """The positional arguments of :meth:`CohortTrainer.train` (``schedule``, ``buffers``, ``augment`` are keywords).
 
         The engine reads sizes and steps on the host: it gets the host copies where there are.
         """
         out = {f.name: getattr(self, f.name) for f in fields(self)
-               if f.name not in ("schedule", "buffers", "host_num_examples", "host_steps_done")}
+               if f.name not in ("schedule", "buffers", "augment", "host_num_examples", "host_steps_done")}
         if self.host_num_examples is not None:
             out["num_examples"] = self.host_num_examples
         if self.host_steps_done is not None:
@@ -227,8 +228,8 @@ class TrainJob:
 
     def train(self, engine: CohortTrainer, rows: Tensor | None = None) -> CohortResult:
         """``engine.train`` of this job (its ``rows`` only, when given)."""
-        kwargs = {k: v for k, v in (("rows", rows), ("schedule", self.schedule), ("buffers", self.buffers))
-                  if v is not None}
+        kwargs = {k: v for k, v in (("rows", rows), ("schedule", self.schedule), ("buffers", self.buffers),
+                                    ("augment", self.augment)) if v is not None}
         return engine.train(*self.args(), **kwargs)
 
 

@@ -198,6 +198,7 @@ class CohortTrainer(VmapBackend, LoopBackend):
         rows: Tensor | None = None,
         schedule: tuple[Tensor, Tensor] | None = None,
         buffers: dict[str, Tensor] | None = None,
+        augment: tuple | None = None,
     ) -> CohortResult:
         """Local training of K clients from the broadcast weights ``w_start``.
 
@@ -224,6 +225,10 @@ class CohortTrainer(VmapBackend, LoopBackend):
                 (:func:`batch_schedule`, ``T >= max(steps_done)``); None: drawn from ``generator``.
             buffers: ``{name: [K, *shape]}`` each row's own start values of some of the net's buffers
                 (FedBN's per-client running statistics); None: every row starts from the net's buffers.
+            augment: ``(augmentation, source)``: every step's batch transformed by an
+                :class:`lfed.data.augment.Augmentation` with its examples' parameters, ``source`` the
+                generator to draw them from for the whole ``[K, T, B']`` schedule, or the parameters
+                already drawn (a grid's rows, :mod:`lfed.core.lockstep`); None: the data as it is.
 
         Returns:
             The result of the trained rows, in the order of ``rows``.
@@ -248,6 +253,10 @@ class CohortTrainer(VmapBackend, LoopBackend):
                 raise ValueError(f"schedule: positions/valid must be [K={K}, T >= max steps, B'], got "
                                  f"{tuple(positions.shape)} and {tuple(valid.shape)}")
         positions, valid = to_device(positions, index.device), to_device(valid, index.device)  # drawn on the host
+        if augment is not None:  # the parameters of every (row, step, example), drawn once for all rows and chunks
+            aug, source = augment
+            params = source if isinstance(source, dict) else aug.draw(tuple(positions.shape), tuple(data_x.shape[1:]), source)
+            augment = (aug, {k: to_device(v, index.device) for k, v in params.items()})
         backend = self.resolve_backend(data_x, data_y)
         if buffers is not None:
             own = self._buffers()
@@ -274,10 +283,12 @@ class CohortTrainer(VmapBackend, LoopBackend):
             w0 = w_start if w_start.dim() == 1 or whole else w_start[to_device(part, w_start.device)]
             lr_part = _uniform_lr(lr if whole or not isinstance(lr, Tensor) else lr[part])
             args = (w0, data_x, data_y, index[at], positions[at], valid[at], steps[part], sub_rule, lr_part)
-            if buffers is None:
-                results.append(run(*args))
-            else:
-                results.append(run(*args, buffers={n: b if whole else b[part.to(b.device)] for n, b in buffers.items()}))
+            extra = {}
+            if buffers is not None:
+                extra["buffers"] = {n: b if whole else b[part.to(b.device)] for n, b in buffers.items()}
+            if augment is not None:
+                extra["augment"] = (augment[0], {k: v if whole else v[at] for k, v in augment[1].items()})
+            results.append(run(*args, **extra))
         if len(results) == 1:
             return results[0]
         buffers = None

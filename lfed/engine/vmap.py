@@ -111,7 +111,8 @@ class VmapBackend(RecordedStep):
             loss = self._client_loss_with_term(params, x, y, mask, buffers, term, aux)
         return loss, stats
 
-    def _train_vmap(self, w_start, data_x, data_y, index, positions, valid, steps, rule, lr, buffers=None) -> CohortResult:
+    def _train_vmap(self, w_start, data_x, data_y, index, positions, valid, steps, rule, lr, buffers=None,
+                    augment=None) -> CohortResult:
         """All K clients at once, one ``vmap(grad)`` call per local step.
 
         Clients are ordered by steps done (most first), so the clients still active at step
@@ -143,6 +144,8 @@ class VmapBackend(RecordedStep):
                 lr = lr[order]
             if buffers is not None:
                 buffers = {name: b[to_device(order, b.device)] for name, b in buffers.items()}
+            if augment is not None:
+                augment = (augment[0], {k: v[dev_order] for k, v in augment[1].items()})
         runs = _lr_runs(lr) if per_row else [(0, K, lr)]
         active = (steps[None, :] > torch.arange(T)[:, None]).sum(1).tolist() if T else []  # host values
         W = w_start.expand(K, -1).clone() if w_start.dim() == 1 else w_start.clone()
@@ -164,15 +167,18 @@ class VmapBackend(RecordedStep):
             ids = ex[:n, t]
             params = {k: v[:n] for k, v in views.items()} if n < K else views
             rows = ({k: v[:n] for k, v in buffers.items()} if n < K else buffers) if norm else buffers
+            x = data_x[ids]
+            if augment is not None:  # this step's batch of every active row, with its examples' own draws
+                x = augment[0].apply(x, {k: v[:n, t] for k, v in augment[1].items()})
             if term is None:
-                g, loss = self._step(params, data_x[ids], data_y[ids], mask_all[:n, t], rows, n == K, stats=norm)
+                g, loss = self._step(params, x, data_y[ids], mask_all[:n, t], rows, n == K, stats=norm)
             else:  # a loss term: the eager vmapped step (its function is not part of a recorded graph's key)
                 aux = term.aux if n == K else _pick_rows(term.aux, slice(0, n), K)
                 if norm:
                     vmapped = self._vmapped_term_stats if aux is not None else self._vmapped_term_no_aux_stats
                 else:
                     vmapped = self._vmapped_term if aux is not None else self._vmapped_term_no_aux  # aux=None: nothing per client
-                g, loss = vmapped(params, data_x[ids], data_y[ids], mask_all[:n, t], rows, term, aux)
+                g, loss = vmapped(params, x, data_y[ids], mask_all[:n, t], rows, term, aux)
             if norm:  # (loss, the rows' updated running statistics): each active row's own buffers move on
                 loss, new = loss
                 for name, value in new.items():

@@ -1,4 +1,4 @@
-"""Models: the papers' models (:mod:`~lfed.models.zoo`) and LoRA adapters on a frozen base
+"""Models: the papers' models (:mod:`~lfed.models.zoo`), ResNet-20 and ResNet-18 (:mod:`~lfed.models.resnet`) and LoRA adapters on a frozen base
 (:mod:`~lfed.models.adapters`). ``lfed.models.MLP`` and the zoo's other names are exported here (imported on first use),
 the path configs name."""
 
@@ -15,6 +15,8 @@ _LAZY = {
     "CharLSTM": "lfed.models.zoo",
     "SmallCNN": "lfed.models.zoo",
     "CharTransformer": "lfed.models.zoo",
+    "ResNet20": "lfed.models.resnet",
+    "ResNet18": "lfed.models.resnet",
     "MODELS": "lfed.models.zoo",
     "build_model": "lfed.models.zoo",
 }

@@ -45,6 +45,10 @@ CASES = {
     "efl": {"stragglers": {"p_inactive": 0.1, "p_incomplete": 0.4}, "channel": 0.3,
             "objective": {"class_path": "lfed.client.objectives.EFL", "init_args": {"fisher_samples": 8}}},
     "adafl": {},
+    # BatchNorm's running statistics per client on the vmap backend (FedBN keeps them) and augmentation redrawn every
+    # step from the round's seed: both must continue exactly
+    "fedbn": {"net": {"class_path": "lfed.models.ResNet20", "init_args": {"in_channels": 1, "width": 4, "num_classes": 10}},
+              "data": {"augment": "crop_flip"}},
 }
 
 
