@@ -69,7 +69,19 @@ def test_unknown_name_lists_datasets() -> None:
     with pytest.raises(ValueError, match="digits.*mnist.*fashion_mnist.*cifar10.*femnist.*shakespeare"):
         load_dataset("imagenet")
     assert DATASETS == ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist",
-                        "shakespeare")
+                        "shakespeare", "cifar_synthetic")
+
+
+def test_cifar_synthetic_is_cifar_shaped_and_the_same_every_time() -> None:
+    a, b = load_dataset("cifar_synthetic"), load_dataset("cifar_synthetic")
+    assert a.train_x.shape == (2500, 3, 32, 32) and a.test_x.shape == (500, 3, 32, 32) and a.num_classes == 10
+    assert a.train_x.dtype == torch.float32 and 0 < float(a.train_x.min()) and float(a.train_x.max()) < 1
+    assert torch.equal(a.train_x, b.train_x) and torch.equal(a.test_y, b.test_y)
+    counts = torch.bincount(torch.cat([a.train_y, a.test_y]), minlength=10)
+    assert counts.tolist() == [300] * 10  # balanced over both splits
+    # an image is its class's pattern plus noise: the class means differ far more than the noise of a mean allows
+    means = torch.stack([a.train_x[a.train_y == c].mean(0) for c in range(10)])
+    assert float((means[0] - means[1]).abs().mean()) > 0.02
 
 
 def test_resolve_dirs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
