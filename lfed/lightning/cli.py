@@ -156,10 +156,29 @@ def shorten_subclass_list(text: str, keep: int = 4, dest: str = "") -> str:
     return f"{head}{mark}{', '.join(shown)}{tail}"
 
 
+#: The Lightning Trainer settings ``lfed <command> --help`` lists (``--help-all``: every one of them).
+TRAINER_SHOWN = ("trainer", "trainer.max_steps", "trainer.val_check_interval", "trainer.accelerator", "trainer.devices",
+                 "trainer.strategy", "trainer.num_nodes", "trainer.precision", "trainer.default_root_dir", "trainer.logger",
+                 "trainer.callbacks", "trainer.enable_progress_bar")
+
+
 class LfedHelpFormatter(DefaultHelpFormatter):
-    """jsonargparse's help formatter with the "known subclasses" lists shortened (:func:`shorten_subclass_list`)."""
+    """jsonargparse's help formatter with the "known subclasses" lists shortened (:func:`shorten_subclass_list`) and,
+    unless :attr:`full`, only the Trainer settings of :data:`TRAINER_SHOWN` (the rest counted in one line)."""
+
+    #: Every Trainer setting (``--help-all``), or only :data:`TRAINER_SHOWN`.
+    full = False
+
+    def _shown(self, action: Any) -> bool:
+        dest = getattr(action, "dest", "") or ""
+        return self.full or not dest.startswith("trainer.") or dest in TRAINER_SHOWN
+
+    def add_usage(self, usage: Any, actions: Any, groups: Any, prefix: Any = None) -> None:
+        super().add_usage(usage, [a for a in actions if self._shown(a)], groups, prefix)
 
     def add_argument(self, action: Any) -> None:
+        if not self._shown(action):
+            return  # counted in the group's description (LfedCLI.add_arguments_to_parser)
         full = getattr(action, "extra_help", None)
         if callable(full) and not getattr(full, "lfed_short", False):
 
@@ -559,6 +578,11 @@ class LfedCLI(LightningCLI):
         )
         for key in REFUSED:  # so that a config file's `optimizer:` is refused too, not merely unknown
             parser.add_argument(f"--{key}", type=Any, default=None, help="Not supported: use --model.server_optimizer.")
+        group = getattr(parser, "groups", {}).get("trainer")
+        if group is not None and not LfedHelpFormatter.full:  # --help lists the Trainer settings a run uses most
+            hidden = sum(1 for a in group._group_actions if a.dest.startswith("trainer.") and a.dest not in TRAINER_SHOWN)
+            group.description = (f"Lightning's Trainer: the settings a federated run uses most (one training step is one "
+                                 f"round). {hidden} more are Lightning's own: --help-all lists them all.")
         parser.set_defaults(
             {
                 "trainer.max_steps": 100,
@@ -959,6 +983,9 @@ def main() -> None:
     ``lfed fit: error: <message>``, on stderr, and the exit status is 2; with ``LFED_DEBUG=1``
     every error shows its traceback (the parser's too: ``JSONARGPARSE_DEBUG``).
     """
+    if "--help-all" in sys.argv[2:]:  # every Lightning Trainer setting, not only the ones a federated run uses most
+        LfedHelpFormatter.full = True
+        sys.argv = [a if a != "--help-all" else "--help" for a in sys.argv]
     if os.environ.get(DEBUG_ENV, "").strip() not in ("", "0"):
         os.environ.setdefault("JSONARGPARSE_DEBUG", "true")  # the parser raises instead of printing its usage
         run_cli()

@@ -251,12 +251,26 @@ def test_metrics_csv_continues_a_resumed_run_and_replaces_rounds_after_the_check
 def test_help_is_readable(tmp_path):
     out = lfed_subprocess(tmp_path, "fit", "--help").stdout
     lines = out.splitlines()
-    assert len(lines) < 800, len(lines)  # 2,317 lines before, most of them lists of torch classes
+    assert len(lines) < 600, len(lines)  # 2,317 lines before, most of them lists of torch classes; 759 with every Trainer flag
+    assert "--trainer.max_steps" in out and "--trainer.gradient_clip_val" not in out  # the Trainer settings a run uses
+    assert "more are Lightning's own: --help-all lists them all" in " ".join(out.split())
     assert "lfed.models.MLP" in out and "more (any importable class path)" in out
     assert "--optimizer CONFIG" not in out
     assert lines[0].startswith("usage: lfed [options] fit ")  # not __main__.py (issue 51 item 11)
     assert "SPEC" not in out  # the help cites docs/algorithms.md, which users have
     assert "docs/algorithms.md §" in out
+
+
+def test_help_all_lists_every_trainer_setting(monkeypatch, capsys):
+    from lfed.lightning.cli import LfedHelpFormatter, main
+
+    monkeypatch.setattr(sys, "argv", ["lfed", "fit", "--help-all"])
+    monkeypatch.setattr(LfedHelpFormatter, "full", False)
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "--trainer.gradient_clip_val" in out and "--trainer.max_steps" in out and "--help-all lists them" not in out
 
 
 def test_short_model_names_mean_lfeds_models(tmp_path):
