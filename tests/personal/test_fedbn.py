@@ -24,9 +24,10 @@ def bn_net(track: bool):
     return nn.Sequential(nn.Linear(2, 3), norm, nn.Tanh(), nn.Linear(3, 3)).double()
 
 
-def fedbn_module(backend, track, *, training: dict | None = None, client_state="device", **kwargs):
+def fedbn_module(backend, track, *, training: dict | None = None, client_state="device", state_dir=None, **kwargs):
+    engine = dict(backend=backend, client_state=client_state, **({"client_state_dir": str(state_dir)} if state_dir else {}))
     args = dict(algorithm="fedbn", fraction=2 / 3, training={"client_lr": 0.2, "batch_size": None, "local_steps": 2, **(training or {})},
-                engine=dict(backend=backend, client_state=client_state), seed=4)
+                engine=engine, seed=4)
     args.update(kwargs)
     return FederatedModule(bn_net(track), **args)
 
@@ -66,9 +67,9 @@ def by_hand(rec, track, rounds, lr=0.2, steps=2):
 
 @pytest.mark.parametrize("backend, track, client_state", [("vmap", False, "device"), ("loop", False, "device"),
                                                           ("loop", True, "device"), ("vmap", True, "device"),
-                                                          ("vmap", True, "host")])
-def test_fedbn_two_rounds_by_hand(backend, track, client_state):
-    m = fedbn_module(backend, track, client_state=client_state)
+                                                          ("vmap", True, "host"), ("vmap", True, "disk")])
+def test_fedbn_two_rounds_by_hand(backend, track, client_state, tmp_path):
+    m = fedbn_module(backend, track, client_state=client_state, state_dir=tmp_path / "state" if client_state == "disk" else None)
     rec = Recorder(m)
     run_rounds(m, toy_data(), rounds=2, callbacks=[rec])
     net, shared, init_norm, norm, stats = by_hand(rec, track, 2)
