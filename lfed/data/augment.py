@@ -17,6 +17,24 @@ Built in (``data.augment``): ``crop_flip`` (:class:`RandomCrop` with padding 4 t
 :class:`HorizontalFlip`, the CIFAR recipe of He et al. 2016, §4.2), or any list of
 :class:`RandomCrop`, :class:`HorizontalFlip` and your own subclasses in :class:`Compose`.
 Evaluation never augments.
+
+Your own transform is a subclass (give it as ``data.augment: {class_path: mymodule.Brightness}``): ``draw``
+makes one set of parameters per example from the generator, ``apply`` uses them on any leading shape:
+
+>>> import torch
+>>> class Brightness(Augmentation):
+...     def __init__(self, scale: float = 0.2):
+...         self.scale = scale
+...     def draw(self, lead, image, generator):
+...         return {"gain": 1 + self.scale * (2 * torch.rand(lead, generator=generator, dtype=torch.float64) - 1)}
+...     def apply(self, x, params):
+...         return x * params["gain"].to(x).view(*params["gain"].shape, 1, 1, 1)
+>>> aug = Brightness()
+>>> params = aug.draw((2, 3, 4), (1, 8, 8), torch.Generator().manual_seed(0))  # 2 clients, 3 steps, batches of 4
+>>> aug.apply(torch.ones(2, 3, 4, 1, 8, 8), params).shape
+torch.Size([2, 3, 4, 1, 8, 8])
+>>> bool(aug.apply(torch.ones(4, 1, 8, 8), {"gain": params["gain"][1, 2]})[3].eq(params["gain"][1, 2, 3]).all())
+True
 """
 
 from __future__ import annotations
