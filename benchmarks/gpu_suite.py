@@ -635,6 +635,41 @@ class Suite:
 
         self.guarded(c, f"robust rules and attacks, float64: {dev} vs cpu", "relative <= 1e-10", robust)
 
+        def batch_norm():
+            """A BatchNorm ResNet-20 with crop-and-flip augmentation (issue 53; docs/vision.md): the vmap backend on the
+            device against the loop backend on the device and the vmap backend on the CPU, float64, weights and every
+            running statistic, stragglers and partial batches included."""
+            from lfed.data.augment import build_augmentation
+            from lfed.engine import CohortTrainer, StepRule
+            from lfed.models import ResNet20
+
+            g = torch.Generator().manual_seed(0)
+            x, y = torch.rand(48, 3, 16, 16, generator=g, dtype=torch.float64), torch.randint(0, 10, (48,), generator=g)
+            index, sizes = torch.arange(48).view(4, 12), torch.tensor([12, 7, 10, 9])
+            steps = torch.tensor([3, 2, 3, 1])
+            torch.manual_seed(0)
+            net = ResNet20(width=4).double()
+            aug = build_augmentation("crop_flip")
+            res = {}
+            for where, backend in (("cpu", "vmap"), (str(dev), "vmap"), (str(dev), "loop")):
+                d = torch.device(where)
+                tr = CohortTrainer(net.to(d), backend=backend)
+                r = tr.train(tr.layout.module_vector(net), x.to(d), y.to(d), index.to(d), sizes.to(d), steps, StepRule(),
+                             0.05, 4, torch.Generator().manual_seed(1), augment=(aug, torch.Generator().manual_seed(2)))
+                res[where, backend] = [r.weights.cpu(), *[b.cpu().double() for b in r.buffers.values()]]
+            net.to("cpu")
+            worst = 0.0
+            ref = res["cpu", "vmap"]
+            for key, got in res.items():
+                for a, b in zip(got, ref):
+                    worst = max(worst, diff(a, b)[1])
+            tol = 1e-10
+            self.check(c, f"BatchNorm ResNet-20 with augmentation, float64: vmap and loop on {dev} vs vmap on cpu",
+                       worst <= tol, f"max|Δ| / max|x| <= {tol:g}", worst, tensors=len(ref))
+
+        self.guarded(c, f"BatchNorm ResNet-20 with augmentation, float64: vmap and loop on {dev} vs vmap on cpu",
+                     "relative <= 1e-10", batch_norm)
+
     # ------------------------------------------------------------------ 4. timing: the pfl CIFAR-10 job
     def pfl_data(self):
         if getattr(self, "_pfl_data", None) is None:

@@ -26,6 +26,7 @@ CHECKS = [
     "stop at 3, resume to 6 on cpu: efl",
     "client_state host vs device on cpu: scaffold",
     "robust rules and attacks, float64: cpu vs cpu",
+    "BatchNorm ResNet-20 with augmentation, float64: vmap and loop on cpu vs vmap on cpu",
 ]
 
 
