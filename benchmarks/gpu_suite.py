@@ -644,7 +644,7 @@ class Suite:
             from lfed.models import ResNet20
 
             g = torch.Generator().manual_seed(0)
-            x, y = torch.rand(48, 3, 16, 16, generator=g, dtype=torch.float64), torch.randint(0, 10, (48,), generator=g)
+            x, y = torch.rand(48, 3, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 10, (48,), generator=g)
             index, sizes = torch.arange(48).view(4, 12), torch.tensor([12, 7, 10, 9])
             steps = torch.tensor([3, 2, 3, 1])
             torch.manual_seed(0)

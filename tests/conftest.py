@@ -17,6 +17,9 @@ import torch  # noqa: E402
 from lightning.pytorch import Trainer  # noqa: E402
 
 os.environ.setdefault("WANDB_MODE", "disabled")
+# no benchmark helper a test runs waits for a quiet machine (benchmarks/quiet.py): a test's timings are not figures,
+# and under the suite's own two workers the load never falls below 1.0 (the quick GPU suite waited ~10 s for it)
+os.environ.setdefault("QUIET_WAIT", "0")
 
 REPO = Path(__file__).resolve().parents[1]
 # tests/<subpackage>/test_<module>.py mirror the package; a test file may import another's helpers by its (unique) name

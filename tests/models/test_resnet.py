@@ -67,7 +67,8 @@ def test_resnet18_trains_through_lfed_fit_on_the_vmap_backend(norm, tmp_path):
     cli = run_cli(["fit", "--config", str(REPO / "configs" / "resnet_synthetic.yaml"), "--model.net.class_path=lfed.models.ResNet18",
                    f"--model.net.init_args.norm={norm}", "--trainer.max_steps=1", "--model.fraction=0.2",
                    "--model.training.local_steps=1", "--model.training.batch_size=8", "--trainer.logger=false",
-                   "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"])
+                   "--trainer.enable_progress_bar=false", "--data.holdout_fraction=0",
+                   f"--trainer.default_root_dir={tmp_path}"])
     assert cli.trainer.global_step == 1 and cli.model.engine.backend == "vmap"
     assert isinstance(cli.model.net, ResNet18)
     assert any(isinstance(m, torch.nn.BatchNorm2d if norm == "batch" else torch.nn.GroupNorm) for m in cli.model.net.modules())
