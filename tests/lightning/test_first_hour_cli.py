@@ -49,11 +49,20 @@ def runs_of(root: Path) -> list[Path]:
 # ----------------------------------------------------------------------------- item 1: WANDB_MODE=disabled
 
 
-def test_wandb_mode_disabled_writes_no_wandb_run_but_still_a_metrics_csv(tmp_path):
-    out = lfed_subprocess(tmp_path, "fit", "--config", str(QUICK), "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
-                          "--trainer.enable_progress_bar", "false", env={"WANDB_MODE": "disabled"})
-    assert not [p for p in tmp_path.rglob("*") if "wandb" in p.name], out.stdout + out.stderr  # no offline run directory
-    [run] = runs_of(tmp_path)
+@pytest.fixture(scope="module")
+def disabled_fit(tmp_path_factory):
+    """One ``lfed fit`` of the quickstart in a terminal-like subprocess, W&B disabled, 4 rounds, evaluated every 2: its
+    folder and its output (read by the W&B test here and by the progress-bar test of item 12; one process for both)."""
+    root = tmp_path_factory.mktemp("disabled_fit")
+    fit = lfed_subprocess(root, "fit", "--config", str(QUICK), "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
+                          env={"WANDB_MODE": "disabled"})
+    return root, fit
+
+
+def test_wandb_mode_disabled_writes_no_wandb_run_but_still_a_metrics_csv(disabled_fit):
+    root, out = disabled_fit
+    assert not [p for p in root.rglob("*") if "wandb" in p.name], out.stdout + out.stderr  # no offline run directory
+    [run] = runs_of(root)
     assert (run / "metrics.csv").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
 
 
@@ -337,14 +346,13 @@ def test_a_run_prints_no_library_noise_and_counts_rounds(tmp_path):
     assert list(tmp_path.glob("runs/*/version_0/wandb/offline-run-*"))  # W&B still on by default
 
 
-def test_fit_draws_the_round_bar_without_validation_bars_and_validate_keeps_its_bar(tmp_path):
-    fit = lfed_subprocess(tmp_path, "fit", "--config", str(QUICK), "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
-                          env={"WANDB_MODE": "disabled"})
+def test_fit_draws_the_round_bar_without_validation_bars_and_validate_keeps_its_bar(disabled_fit, tmp_path):
+    root, fit = disabled_fit
     lines = (fit.stdout + fit.stderr).replace("\r", "\n").splitlines()
     rounds = [ln for ln in lines if ln.startswith("Round")]
     assert any("4/4" in ln and "test/acc=" in ln for ln in rounds), lines  # the round bar, with the evaluations' accuracy
     assert not [ln for ln in lines if "Validation" in ln or "Sanity" in ln], lines
-    [ckpt] = tmp_path.glob("runs/*/version_0/checkpoints/last.ckpt")
+    [ckpt] = root.glob("runs/*/version_0/checkpoints/last.ckpt")
     val = lfed_subprocess(tmp_path, "validate", "--ckpt_path", str(ckpt), env={"WANDB_MODE": "disabled"})
     assert "Validation DataLoader 0" in val.stdout + val.stderr  # lfed validate keeps its bar
 
