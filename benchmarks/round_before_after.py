@@ -70,6 +70,7 @@ def main() -> None:
     p.add_argument("--after", type=Path, default=Path("."))
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--skip-imports", action="store_true", help="only the rounds (the import statements are 0.4's and 0.5's)")
     a = p.parse_args()
     sides = {"before": a.before.resolve(), "after": a.after.resolve()}
     jobs = {"quickstart": quickstart, "MNIST peer job": mnist}
@@ -92,6 +93,8 @@ def main() -> None:
         b, f = statistics.median(seen[(job, "before")]), statistics.median(seen[(job, "after")])
         shown = ", ".join(f"{x:.2f}" for x in loads[(job, "before")] + loads[(job, "after")])
         print(f"| {job} | {b:.4f} | {f:.4f} | {f / b:.3f} | {a.repeats} + {a.repeats} | {shown} |")
+    if a.skip_imports:
+        return
     print("\n| imports | before s (median) | after s (median) | runs | loads at start |")
     print("|---|---|---|---|---|")
     for what, statements in IMPORTS.items():
