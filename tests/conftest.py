@@ -85,3 +85,15 @@ def data_dir():
         kind, reason = outcome
         (pytest.fail if kind == "fail" else pytest.skip)(reason)
     return DATA_DIR
+
+
+@pytest.fixture(autouse=True)
+def _no_wandb_run_outlives_its_test():
+    """A W&B run a test leaves open is finished after it: otherwise a later test's ``wandb.init`` in the same worker
+    returns that run (reinit 'default') and its ``finish`` prints the earlier run's history into the later test's
+    output (seen in CI: a grid test's "no W&B history" check failed on another test's run). wandb is not imported here."""
+    yield
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.run.finish()
+

@@ -12,12 +12,13 @@ def test_a_grid_with_wandb_on_prints_no_wandb_history_per_run(tmp_path, monkeypa
     import wandb
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    wandb.init(dir=str(tmp_path)).finish()  # an earlier, disabled W&B run in this process (in CI: another test's)
+    wandb.init(dir=str(tmp_path), reinit="create_new").finish()  # an earlier, disabled W&B run in this process (in CI: another test's)
     monkeypatch.setenv("WANDB_MODE", "offline")  # the grid runs by the mode it chose by, not one W&B cached
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_home"))
     monkeypatch.chdir(tmp_path)  # not a git repository: W&B's git lookup would warn here
     sweep = tmp_path / "s.yaml"
     sweep.write_text("name: g\nmethod: grid\nparameters:\n  model.training.client_lr:\n    values: [0.05, 0.1]\n")
+    capfd.readouterr()  # only what the grid prints is read below
     group, directory = run_grid(["--config", str(REPO / "configs" / "quickstart.yaml"), "--sweep", str(sweep), "--root",
                                  str(tmp_path), "--trainer.max_steps=2", "--trainer.val_check_interval=2",
                                  "--trainer.enable_progress_bar=false"])
