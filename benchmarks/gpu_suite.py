@@ -79,6 +79,11 @@ failed).
    helpers): Ditto's personal model set for every one of N = 1,000 and 10,000 clients (quick: 20),
    ``FederatedRun.personal_evaluation`` (vmapped) against a per-client ``functional_call`` loop, the
    accuracies checked equal.
+9. a BatchNorm ResNet's local training (section ``resnet``, issue 53): ResNet-18 with BatchNorm, 50 clients of 64
+   random 32x32 images, 5 steps of batch 32 (quick: a ResNet-20 of width 4, 2 clients, 8x8): one
+   ``CohortTrainer.train`` call on the vmap backend (each client's running statistics its own row) against the loop
+   backend, the centralized step over the same examples, and vmap with ``crop_flip`` redrawn every step; medians
+   of 3 (quick: 1), interleaved. Not bounded by ``--budget-s``: run it alone with ``--sections resnet``.
 
 ``--quick`` shrinks everything (a few clients, 12x12 images, a grid of 3 runs, the compile
 backend ``aot_eager``, tiny LoRA and personalization jobs) so the suite runs on the CPU in well
@@ -270,6 +275,9 @@ class Settings:
         # personalized evaluation of every client against a per-client loop (benchmarks/personal_eval.py)
         self.personal = (dict(clients=[20], features=16, hidden=[16], repeat=1) if quick else
                          dict(clients=[1000, 10_000], features=784, hidden=[200, 200], repeat=3))
+        # a BatchNorm ResNet's local training (issue 53): ResNet-18 at cohort 50 (quick: a ResNet-20 of width 4, cohort 2)
+        self.resnet = (dict(model="ResNet20 width 4", cohort=2, image=8, per_client=16, steps=2, batch=8, repeats=1) if quick else
+                       dict(model="ResNet18", cohort=50, image=32, per_client=64, steps=5, batch=32, repeats=3))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -1602,12 +1610,79 @@ class Suite:
             if c["status"] == "ok":
                 last = (N, c["loop_s"] + c["vmapped_s"])
 
+    # ------------------------------------------------------------------ 9. a BatchNorm ResNet's local training (issue 53)
+    def resnet(self, r: dict) -> None:
+        """One call of ``CohortTrainer.train``: K clients of random 3 x image x image inputs, ``steps`` local steps of
+        ``batch``, the BatchNorm ResNet on the vmap backend (each client's running statistics its own row) against the
+        loop backend and the centralized step (one net, the same steps over the cohort's K x batch examples at once),
+        and vmap with ``crop_flip`` redrawn every step; medians of ``repeats`` after a warm-up call of each."""
+        from lfed.data.augment import build_augmentation
+        from lfed.engine import CohortTrainer, StepRule
+        from lfed.models import ResNet18, ResNet20
+
+        cfg, dev = self.s.resnet, self.device
+
+        def make():
+            torch.manual_seed(0)
+            net = ResNet18() if cfg["model"] == "ResNet18" else ResNet20(width=4)
+            return net.to(dev)
+
+        k, n, steps, batch = cfg["cohort"], cfg["per_client"], cfg["steps"], cfg["batch"]
+        g = torch.Generator().manual_seed(0)
+        x = torch.rand(k * n, 3, cfg["image"], cfg["image"], generator=g).to(dev)
+        y = torch.randint(0, 10, (k * n,), generator=g).to(dev)
+        index, sizes = torch.arange(k * n, device=dev).view(k, n), torch.full((k,), n, device=dev)
+        r["job"] = (f"{cfg['model']} with BatchNorm, {k} clients of {n} random 3x{cfg['image']}x{cfg['image']} images, "
+                    f"{steps} local steps of batch {batch}: one CohortTrainer.train call; centralized = one net taking the same "
+                    f"steps over the cohort's {k} x {batch} examples at once; medians of {cfg['repeats']}")
+        aug = build_augmentation("crop_flip")
+
+        def lfed(backend, augment=False):
+            net = make()
+            tr = CohortTrainer(net, backend=backend)
+            w0 = tr.layout.module_vector(net)
+
+            def call():
+                extra = {"augment": (aug, torch.Generator().manual_seed(1))} if augment else {}
+                tr.train(w0, x, y, index, sizes, torch.full((k,), steps), StepRule(), 0.05, batch,
+                         torch.Generator().manual_seed(0), **extra)
+            return call
+
+        def centralized():
+            net = make()
+            opt = torch.optim.SGD(net.parameters(), lr=0.05)
+
+            def call():
+                for t in range(steps):
+                    ids = index[:, (t * batch) % n:][:, :batch].reshape(-1)
+                    opt.zero_grad()
+                    torch.nn.functional.cross_entropy(net(x[ids]), y[ids]).backward()
+                    opt.step()
+            return call
+
+        variants = {"lfed vmap": lfed("vmap"), "lfed loop": lfed("loop"), "centralized": centralized(),
+                    "lfed vmap, crop_flip": lfed("vmap", True)}
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        for call in variants.values():  # warm-up
+            call()
+        for _ in range(cfg["repeats"]):  # interleaved
+            for name, call in variants.items():
+                sync(dev)
+                start = time.perf_counter()
+                call()
+                sync(dev)
+                times[name].append(time.perf_counter() - start)
+        med = {name: statistics.median(v) for name, v in times.items()}
+        r["cases"] = [{"name": name, "s_per_call": med[name], "vs_centralized": med[name] / med["centralized"],
+                       "vs_loop": med[name] / med["lfed loop"]} for name in variants]
+        r.update(peak_memory(dev))
+
     def run(self) -> int:
         wanted = getattr(self.args, "sections", None)
         for name, fn in (("environment", self.environment), ("correctness", self.correctness), ("setup", self.setup),
                          ("host_sync", self.host_sync), ("timing", self.timing), ("profile", self.profile),
                          ("compile_graphs", self.compile_graphs), ("precision", self.precision), ("lora", self.lora),
-                         ("personal_eval", self.personal)):
+                         ("personal_eval", self.personal), ("resnet", self.resnet)):
             if name == "environment" or not wanted or name in wanted:
                 self.section(name, fn)
         self.write()
@@ -1710,6 +1785,12 @@ def markdown(r: dict) -> str:
                   "| --- | --- | --- |"]
             L += [f"| {g['target']} | {_f(g['value'], 3)} | {_f(g['met'])} |" for g in t["targets"]]
         L.append("")
+    rn = secs.get("resnet", {})
+    if rn.get("cases"):
+        L += ["## A BatchNorm ResNet's local training (issue 53)", "", rn.get("job", ""), "",
+              "| variant | s per call | vs centralized | vs lfed loop |", "| --- | --- | --- | --- |"]
+        L += [f"| {c['name']} | {_f(c['s_per_call'])} | {_f(c['vs_centralized'], 3)} | {_f(c['vs_loop'], 3)} |" for c in rn["cases"]]
+        L.append("")
     su = secs.get("setup", {})
     if su.get("children"):
         L += ["## Set-up in its parts (fresh process, cold imports)", "", _cap(su.get("job", "")), "",
@@ -1803,7 +1884,7 @@ def markdown(r: dict) -> str:
 
 
 SECTIONS = ("correctness", "setup", "host_sync", "timing", "profile", "compile_graphs", "precision", "lora",
-            "personal_eval")
+            "personal_eval", "resnet")
 
 
 def main(argv=None) -> int:

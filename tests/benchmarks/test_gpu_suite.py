@@ -41,9 +41,19 @@ def test_quick_suite_on_the_cpu_passes_every_check_and_times_every_case(tmp_path
     assert r["exit_status"] == 0 and r["quick"] and r["device"] == "cpu"
     secs = r["sections"]
     assert set(secs) == {"environment", "correctness", "setup", "host_sync", "timing", "profile", "compile_graphs", "precision",
-                         "lora", "personal_eval"}
+                         "lora", "personal_eval", "resnet"}
     for name, sec in secs.items():
         assert sec["status"] == "ok", (name, sec.get("error"))
+
+    # issue 53's GPU rows (a BatchNorm ResNet's cohort on vmap against the loop and the centralized step, with and without
+    # augmentation), here at --quick's size: every variant timed, the ratios consistent, the table written
+    cases = {c["name"]: c for c in secs["resnet"]["cases"]}
+    assert set(cases) == {"lfed vmap", "lfed loop", "centralized", "lfed vmap, crop_flip"}
+    assert cases["centralized"]["vs_centralized"] == 1.0 and cases["lfed loop"]["vs_loop"] == 1.0
+    for case in cases.values():
+        assert case["s_per_call"] > 0
+        assert abs(case["vs_centralized"] - case["s_per_call"] / cases["centralized"]["s_per_call"]) < 1e-12
+    assert "A BatchNorm ResNet's local training" in (out / "gpu_suite.md").read_text()
 
     env_ = secs["environment"]
     for key in ("python", "torch", "torch_cuda", "cuda_available", "device_name", "threads"):
@@ -178,3 +188,4 @@ def test_the_pfl_cnn_has_pfl_researchs_parameter_count_and_flops():
     fwd = 30 * 30 * 32 * 27 + 28 * 28 * 64 * 288 + 12544 * 128 + 128 * 10
     assert train_flops_per_example(32) == 2 * (3 * fwd - 30 * 30 * 32 * 27)
     assert train_flops_per_example(32, batch=1) == train_flops_per_example(32, batch=10)  # per example
+
