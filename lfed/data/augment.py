@@ -40,6 +40,7 @@ True
 from __future__ import annotations
 
 import difflib
+import importlib
 from collections.abc import Sequence
 
 import torch
@@ -151,11 +152,21 @@ AUGMENTATIONS = {
 
 
 def build_augmentation(value) -> Augmentation | None:
-    """``data.augment``: None, a name of :data:`AUGMENTATIONS`, or an :class:`Augmentation`."""
+    """``data.augment``: None, a name of :data:`AUGMENTATIONS`, an :class:`Augmentation`, or the dotted path of an
+    :class:`Augmentation` class built with its defaults (``--data.augment mymodule.Brightness``)."""
     if value is None or isinstance(value, Augmentation):
         return value
     if isinstance(value, str) and value in AUGMENTATIONS:
         return AUGMENTATIONS[value]()
+    if isinstance(value, str) and "." in value:
+        module, _, name = value.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(f"augment: {value!r} does not import ({type(err).__name__}: {err})") from None
+        if not (isinstance(cls, type) and issubclass(cls, Augmentation)):
+            raise ValueError(f"augment: {value!r} is not an lfed.data.augment.Augmentation subclass")
+        return cls()
     close = difflib.get_close_matches(str(value), list(AUGMENTATIONS), n=1)
     raise ValueError(f"augment: {value!r} is not one of {', '.join(AUGMENTATIONS)} or an lfed.data.augment.Augmentation"
                      + (f" (did you mean {close[0]!r}?)" if close else ""))

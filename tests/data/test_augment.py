@@ -104,3 +104,9 @@ def test_the_setting_is_checked_before_round_0():
     with pytest.raises(ValueError, match="padding: an integer >= 0"):
         RandomCrop(-1)
     assert FederatedDataset(dataset="digits", augment="none").augment is None
+    # a class by its dotted path, built with its defaults (--data.augment lfed.data.augment.HorizontalFlip)
+    assert isinstance(build_augmentation("lfed.data.augment.HorizontalFlip"), HorizontalFlip)
+    with pytest.raises(ValueError, match="augment: 'lfed.data.augment.Sideways' does not import"):
+        build_augmentation("lfed.data.augment.Sideways")
+    with pytest.raises(ValueError, match="augment: 'torch.nn.Linear' is not an lfed.data.augment.Augmentation subclass"):
+        build_augmentation("torch.nn.Linear")
