@@ -1616,8 +1616,11 @@ class Suite:
         ``batch``, the BatchNorm ResNet on the vmap backend (each client's running statistics its own row) against the
         loop backend and the centralized step (one net, the same steps over the cohort's K x batch examples at once),
         and vmap with ``crop_flip`` redrawn every step; medians of ``repeats`` after a warm-up call of each."""
-        from lfed.data.augment import build_augmentation
-        from lfed.engine import CohortTrainer, StepRule
+        bench = str(Path(__file__).resolve().parent)
+        if bench not in sys.path:
+            sys.path.insert(0, bench)
+        import resnet_round as rr  # its cohort and centralized calls (benchmarks/resnet_round.py, the CPU table)
+
         from lfed.models import ResNet18, ResNet20
 
         cfg, dev = self.s.resnet, self.device
@@ -1635,33 +1638,10 @@ class Suite:
         r["job"] = (f"{cfg['model']} with BatchNorm, {k} clients of {n} random 3x{cfg['image']}x{cfg['image']} images, "
                     f"{steps} local steps of batch {batch}: one CohortTrainer.train call; centralized = one net taking the same "
                     f"steps over the cohort's {k} x {batch} examples at once; medians of {cfg['repeats']}")
-        aug = build_augmentation("crop_flip")
-
-        def lfed(backend, augment=False):
-            net = make()
-            tr = CohortTrainer(net, backend=backend)
-            w0 = tr.layout.module_vector(net)
-
-            def call():
-                extra = {"augment": (aug, torch.Generator().manual_seed(1))} if augment else {}
-                tr.train(w0, x, y, index, sizes, torch.full((k,), steps), StepRule(), 0.05, batch,
-                         torch.Generator().manual_seed(0), **extra)
-            return call
-
-        def centralized():
-            net = make()
-            opt = torch.optim.SGD(net.parameters(), lr=0.05)
-
-            def call():
-                for t in range(steps):
-                    ids = index[:, (t * batch) % n:][:, :batch].reshape(-1)
-                    opt.zero_grad()
-                    torch.nn.functional.cross_entropy(net(x[ids]), y[ids]).backward()
-                    opt.step()
-            return call
-
-        variants = {"lfed vmap": lfed("vmap"), "lfed loop": lfed("loop"), "centralized": centralized(),
-                    "lfed vmap, crop_flip": lfed("vmap", True)}
+        variants = {"lfed vmap": rr.lfed_call(make(), "vmap", x, y, index, sizes, steps, batch),
+                    "lfed loop": rr.lfed_call(make(), "loop", x, y, index, sizes, steps, batch),
+                    "centralized": rr.centralized_call(make(), x, y, index, steps, batch),
+                    "lfed vmap, crop_flip": rr.lfed_call(make(), "vmap", x, y, index, sizes, steps, batch, augment=True)}
         times: dict[str, list[float]] = {name: [] for name in variants}
         for call in variants.values():  # warm-up
             call()

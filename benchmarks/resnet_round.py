@@ -40,28 +40,29 @@ def cohort(k: int, x: torch.Tensor):
     return index, torch.full((k,), PER_CLIENT)
 
 
-def lfed_call(net, backend: str, k: int, x, y, augment: bool):
+def lfed_call(net, backend: str, x, y, index, sizes, steps: int = STEPS, batch: int = BATCH, augment: bool = False):
+    """One ``CohortTrainer.train`` of the cohort ``index`` (``[K, n]``), ``steps`` of ``batch`` (also gpu_suite's)."""
     engine = CohortTrainer(net, backend=backend)
     w0 = engine.layout.module_vector(net)
-    index, sizes = cohort(k, x)
     aug = build_augmentation("crop_flip") if augment else None
+    k = index.shape[0]
 
     def call():
         extra = {} if aug is None else {"augment": (aug, torch.Generator().manual_seed(1))}
-        engine.train(w0, x, y, index, sizes, torch.full((k,), STEPS), StepRule(), 0.05, BATCH,
+        engine.train(w0, x, y, index, sizes, torch.full((k,), steps), StepRule(), 0.05, batch,
                      torch.Generator().manual_seed(0), **extra)
 
     return call
 
 
-def centralized_call(make, k: int, x, y):
-    net = make()
+def centralized_call(net, x, y, index, steps: int = STEPS, batch: int = BATCH):
+    """One net taking the same ``steps`` over the cohort's ``K x batch`` examples at once (also gpu_suite's)."""
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
-    index, _ = cohort(k, x)
+    n = index.shape[1]
 
     def call():
-        for t in range(STEPS):
-            ids = index[:, (t * BATCH) % PER_CLIENT:][:, :BATCH].reshape(-1)
+        for t in range(steps):
+            ids = index[:, (t * batch) % n:][:, :batch].reshape(-1)
             opt.zero_grad()
             torch.nn.functional.cross_entropy(net(x[ids]), y[ids]).backward()
             opt.step()
@@ -80,15 +81,16 @@ def main() -> None:
     rows = []
     for k in args.cohorts:
         variants = {}
+        index, sizes = cohort(k, x)
         for norm in ("batch", "group"):
             def make(norm=norm):
                 torch.manual_seed(0)
                 return ResNet20(width=args.width, norm=norm)
             net = make()
-            variants[f"lfed vmap, {norm}"] = lfed_call(net, "vmap", k, x, y, False)
-            variants[f"lfed loop, {norm}"] = lfed_call(net, "loop", k, x, y, False)
-            variants[f"centralized, {norm}"] = centralized_call(make, k, x, y)
-        variants["lfed vmap, batch, crop_flip"] = lfed_call(ResNet20(width=args.width), "vmap", k, x, y, True)
+            variants[f"lfed vmap, {norm}"] = lfed_call(net, "vmap", x, y, index, sizes)
+            variants[f"lfed loop, {norm}"] = lfed_call(net, "loop", x, y, index, sizes)
+            variants[f"centralized, {norm}"] = centralized_call(make(), x, y, index)
+        variants["lfed vmap, batch, crop_flip"] = lfed_call(ResNet20(width=args.width), "vmap", x, y, index, sizes, augment=True)
         for call in variants.values():  # warm-up (recording the step, allocator)
             call()
         times = {name: [] for name in variants}

@@ -35,6 +35,7 @@ The parts, one concept a module:
   the cohort (:func:`conv2d_matmul`, :func:`conv1d_matmul`), and the choice of that form or torch's;
 * :mod:`lfed.engine.precision`: mixed precision (autocast) in the local steps only, float32 for the
   rest of a round (:func:`round_precision`, :func:`local_autocast`);
+* :mod:`lfed.engine.patching`: a module instance's method replaced for a ``with`` block (the two forms above and below);
 * :mod:`lfed.engine.norm`: BatchNorm inside the vmapped cohort (each client's running statistics its own row,
   batch statistics over the valid examples; :func:`has_running_stats`);
 * :mod:`lfed.engine.loop`: the ``loop`` backend (one client after another; the reference of the vmap backend);

@@ -40,6 +40,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair, _single
 
+from lfed.engine.patching import instance_methods
+
 __all__ = ["CONV_FORMS", "choose_form", "conv1d_matmul", "conv2d_matmul", "conv_forms"]
 
 #: ``"auto"`` (the rule of the module docstring), ``"matmul"`` (unfold + batched matmul) or ``"native"`` (``F.conv*``).
@@ -152,19 +154,11 @@ def conv_forms(net: nn.Module, form: Callable[[nn.Module, Tensor, Tensor], str])
     unchanged outside (a module that defines its own ``forward`` without ``_conv_forward`` computes as
     it always does). Nested uses on one net are fine (the inner one's form applies inside it).
     """
-    patched: list[tuple[nn.Module, object]] = []
-    try:
-        for module in net.modules():
-            fn = next((f for base, f in _MATMUL.items()
-                       if isinstance(module, base) and type(module)._conv_forward is base._conv_forward), None)
-            if fn is None:  # not a Conv1d / Conv2d, or one that computes its own way
-                continue
-            patched.append((module, module.__dict__.get("_conv_forward")))
-            module.__dict__["_conv_forward"] = _conv_forward(module, fn, form)
+    replacements = []
+    for module in net.modules():
+        fn = next((f for base, f in _MATMUL.items()
+                   if isinstance(module, base) and type(module)._conv_forward is base._conv_forward), None)
+        if fn is not None:  # else not a Conv1d / Conv2d, or one that computes its own way
+            replacements.append((module, _conv_forward(module, fn, form)))
+    with instance_methods("_conv_forward", replacements):
         yield
-    finally:
-        for module, before in reversed(patched):
-            if before is None:
-                module.__dict__.pop("_conv_forward", None)
-            else:
-                module.__dict__["_conv_forward"] = before

@@ -34,6 +34,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
+from lfed.engine.patching import instance_methods
+
 __all__ = ["batch_norms", "has_batch_norm", "has_running_stats", "running_stat_names"]
 
 
@@ -103,16 +105,6 @@ def batch_norms(net: nn.Module, mask: Tensor, out: dict[str, Tensor]) -> Iterato
     The modules' ``forward`` is replaced on the instances and put back after: outside, the net is unchanged.
     A BatchNorm reached twice in one forward updates its statistics twice, as torch's would.
     """
-    patched: list[tuple[nn.Module, object]] = []
-    try:
-        for prefix, module in net.named_modules():
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                patched.append((module, module.__dict__.get("forward")))
-                module.__dict__["forward"] = _forward(module, prefix, mask, out)
+    with instance_methods("forward", [(module, _forward(module, prefix, mask, out)) for prefix, module in net.named_modules()
+                                      if isinstance(module, nn.modules.batchnorm._BatchNorm)]):
         yield
-    finally:
-        for module, before in reversed(patched):
-            if before is None:
-                module.__dict__.pop("forward", None)
-            else:
-                module.__dict__["forward"] = before

@@ -179,10 +179,10 @@ class VmapBackend(RecordedStep):
                 else:
                     vmapped = self._vmapped_term if aux is not None else self._vmapped_term_no_aux  # aux=None: nothing per client
                 g, loss = vmapped(params, x, data_y[ids], mask_all[:n, t], rows, term, aux)
-            if norm:  # (loss, the rows' updated running statistics): each active row's own buffers move on
+            if norm:  # (loss, the rows' updated running statistics): each active row's own buffers move on, in one call
                 loss, new = loss
-                for name, value in new.items():
-                    rows[name].copy_(value)
+                if new:  # (none for BatchNorm without running statistics)
+                    torch._foreach_copy_([rows[name] for name in new], list(new.values()))
             if plain:
                 for a, b, lr_ in runs:  # one run of rows per learning rate (one run when lr is a float)
                     if a >= n:
