@@ -282,6 +282,8 @@ class CompositionContext:
             seeded noise streams are keyed by it, so runs of other settings never share noise (``""``: unknown).
         data_notes: What the run's data says of itself that a component may refuse or gate: ``test_from_clients``
             (the test split is the training clients' own held-out data, LEAF's), ``val_from_clients``.
+        training: The run's training plan (:class:`lfed.core.round.LocalTraining`: lr, batch size, budget), when known
+            (example-level DP-SGD needs a batch size).
     """
 
     explicit: frozenset
@@ -294,6 +296,7 @@ class CompositionContext:
     net_releases: tuple[str, ...] = ()
     run_key: str = ""
     data_notes: frozenset = frozenset()
+    training: Any = None
 
 
 class Component(nn.Module):

@@ -32,9 +32,10 @@ def rule_signature(rule: StepRule, dtype: torch.dtype) -> tuple | None:
     ``grad_scale`` may differ (a float becomes a ``[K]`` tensor of the weights' dtype: the same
     single rounding); ``shift`` must be present in all or none; ``decay`` must be absent in all,
     a tensor in all, or the same float in all (a float decay is a fused multiply-add, a tensor
-    decay is not, so they round differently). Rules with a loss term are not concatenated.
+    decay is not, so they round differently). Rules with a loss term, a gradient mask or
+    example-level DP-SGD (each row its own noise streams) are not concatenated.
     """
-    if rule.loss_term is not None or rule.grad_mask is not None:
+    if rule.loss_term is not None or rule.grad_mask is not None or rule.example_dp is not None:
         return None
     scale = rule.grad_scale
     if isinstance(scale, Tensor) and scale.dtype != dtype:

@@ -35,6 +35,7 @@ NAMES: dict[str, dict[str, str | tuple[str, dict[str, Any]]]] = {
         "apfl": "lfed.personal.apfl.APFL",
         "perfedavg": "lfed.personal.perfedavg.PerFedAvg",
         "fedrod": "lfed.personal.fedrod.FedRoD",
+        "dp_sgd": "lfed.privacy.dp_sgd.DPSGD",
     },
     "weighting": {
         "size": "lfed.server.weighting.SizeWeights",
@@ -391,7 +392,7 @@ class CompositionWarning(UserWarning):
 def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozenset(), *,
                          num_clients: int | None = None, total_rounds: int | None = None,
                          net_releases: tuple[str, ...] = (), run_key: str = "",
-                         data_notes: frozenset = frozenset()) -> list[str]:
+                         data_notes: frozenset = frozenset(), training: Any = None) -> list[str]:
     """Every component's own preparation and check of the run's composition (:meth:`lfed.base.component.Component.prepare_run`,
     :meth:`~lfed.base.component.Component.composition_warnings`).
 
@@ -405,7 +406,7 @@ def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozen
         num_clients: ``N``, when known; ``total_rounds``: the run's rounds, when known (with both,
             the checks see every round's cohort size).
         net_releases: What the run releases of its net beyond the parameters (:meth:`lfed.core.run.FederatedRun.net_releases`).
-        run_key, data_notes: :class:`lfed.base.component.CompositionContext`'s.
+        run_key, data_notes, training: :class:`lfed.base.component.CompositionContext`'s.
 
     Returns:
         The warnings, one sentence each (the caller emits them as :class:`CompositionWarning`).
@@ -420,7 +421,7 @@ def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozen
     roles = algorithm.roles()
     context = CompositionContext(frozenset(explicit), participation.stragglers.p_inactive,
                                  participation.stragglers.p_incomplete, num_clients, total_rounds, sizes, roles,
-                                 tuple(net_releases), run_key, frozenset(data_notes))
+                                 tuple(net_releases), run_key, frozenset(data_notes), training)
     unique = list({id(c): c for c in roles.values()}.values())
     for component in unique:  # before round 0: refuse what cannot run, derive settings
         component.prepare_run(context)

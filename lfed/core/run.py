@@ -224,7 +224,8 @@ class FederatedRun(nn.Module):
             component.check_start(data)
         return algorithms.validate_composition(self.components, self.explicit, num_clients=data.num_clients,
                                                total_rounds=total_rounds, net_releases=self.net_releases(),
-                                               run_key=self.stream_key(data), data_notes=data_notes(data))
+                                               run_key=self.stream_key(data), data_notes=data_notes(data),
+                                               training=self.training_plan)
 
     def depends_on_total_rounds(self) -> str | None:
         """What of the run depends on its horizon (``trainer.max_steps``): a fraction schedule over the run, a

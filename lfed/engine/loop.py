@@ -13,6 +13,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
+from lfed.engine.example_dp import clip_and_sum
 from lfed.engine.losses import per_example_mean
 from lfed.engine.norm import has_running_stats
 from lfed.engine.precision import local_autocast
@@ -52,6 +53,31 @@ class LoopBackend:
         work.train(self.net.training)
         return work
 
+    def _example_dp_grads(self, work: nn.Module, params: list[Tensor], x: Tensor, y: Tensor, dp, k: int
+                          ) -> tuple[list[Tensor], Tensor]:
+        """Client ``k``'s DP-SGD gradient of one step (:mod:`lfed.engine.example_dp`), the reference form: one
+        ordinary backward per example, each clipped, their sum noised from the client's own stream and divided by the
+        expected batch; and the batch's mean loss (0 for an empty Poisson batch)."""
+        per_example: list[tuple[Tensor, ...]] = []
+        losses = []
+        for i in range(x.shape[0]):
+            with local_autocast():
+                loss_i = per_example_mean(self.loss_fn(work(x[i : i + 1]), y[i : i + 1])).sum()
+            per_example.append(torch.autograd.grad(loss_i, params))
+            losses.append(loss_i.detach())
+        if per_example:
+            stacked = {name: torch.stack([g[j] for g in per_example]) for j, name in enumerate(self.layout.names)}
+            mask = torch.ones(x.shape[0], dtype=params[0].dtype, device=params[0].device)
+            summed = self.layout.flatten(clip_and_sum(stacked, mask, dp.clip))
+            loss = torch.stack(losses).mean()
+        else:  # nobody sampled: the step is noise alone
+            summed = params[0].new_zeros(self.layout.num_params)
+            loss = params[0].new_zeros(())
+        own = dp.select(k, None)
+        noise = own.draw(1, self.layout.num_params, summed.dtype, summed.device)
+        flat = own.finish(summed[None], noise)[0]
+        return list(self.layout.unflatten(flat).values()), loss
+
     def _train_loop(self, w_start, data_x, data_y, index, positions, valid, steps, rule, lr, buffers=None,
                     augment=None) -> CohortResult:
         """One client after another with ordinary autograd through a private copy of ``net``.
@@ -76,6 +102,7 @@ class LoopBackend:
         ex = index.gather(1, positions.reshape(K, T * B)).view(K, T, B) if T else positions
         plain = _is_plain(rule)
         term = rule.loss_term
+        dp = rule.example_dp  # example-level DP-SGD (lfed.engine.example_dp)
         losses, client_buffers = torch.zeros(K, dtype=W.dtype, device=W.device), []
         try:
             for k in range(K):
@@ -99,6 +126,15 @@ class LoopBackend:
                     x_t, y_t = (xs[i], ys[i]) if c == B else (xs[i, :c], ys[i, :c])
                     if augment is not None:
                         x_t = augment[0].apply(x_t, {name: v[k, t, :c] for name, v in augment[1].items()})
+                    if dp is not None:  # example-level DP-SGD: each example's gradient, clipped, summed, noised
+                        grads, loss = self._example_dp_grads(work, params, x_t, y_t, dp, k)
+                        with torch.no_grad():
+                            if plain:
+                                torch._foreach_add_(weights_k, list(grads), alpha=-rates[k])
+                            else:
+                                _apply_step_(W[k], torch.cat([g.reshape(-1) for g in grads]), rule_k, rates[k])
+                        loss_sum += loss
+                        continue
                     with local_autocast():  # a round's mixed precision: the forward and loss (lfed.engine.precision)
                         if term is None:
                             loss = self.loss_fn(work(x_t), y_t).mean()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from torch import Tensor
 
@@ -103,6 +104,9 @@ class StepRule:
         grad_mask: None, or ``[P]`` / ``[K, P]`` factors the gradient is multiplied by first, so
             ``g`` becomes ``grad_mask ⊙ g``: 0 freezes a coordinate against its gradient (FedRep trains
             its head with the body frozen, then the body with the head frozen).
+        example_dp: None, or an :class:`lfed.engine.example_dp.ExampleNoise`: ``g`` is then example-level DP-SGD's
+            gradient (Poisson batches, per-example clipping, noise, the expected batch as divisor), which the rule
+            uses as it would the plain gradient.
     """
 
     grad_scale: float | Tensor = 1.0
@@ -110,6 +114,7 @@ class StepRule:
     shift: Tensor | None = None
     loss_term: LossTerm | None = None
     grad_mask: Tensor | None = None
+    example_dp: Any = None
 
     def direction(self, g: Tensor, w: Tensor) -> Tensor:
         """The step direction for gradients ``g`` and weights ``w`` (both ``[K, P]`` or ``[P]``)."""
@@ -145,8 +150,9 @@ class StepRule:
             return x
 
         term = None if self.loss_term is None else self.loss_term.select(rows, num_clients)
+        dp = None if self.example_dp is None else self.example_dp.select(rows, num_clients)
         return replace(self, grad_scale=pick(self.grad_scale, 1), decay=pick(self.decay, 2), shift=pick(self.shift, 2),
-                       loss_term=term, grad_mask=pick(self.grad_mask, 2))
+                       loss_term=term, grad_mask=pick(self.grad_mask, 2), example_dp=dp)
 
 
 def _is_plain(rule: StepRule) -> bool:

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.func import grad_and_value, vmap
 
 from lfed.engine.batches import batch_schedule
+from lfed.engine.example_dp import expected_batch_check, poisson_schedule
 from lfed.engine.host import to_device
 from lfed.engine.loop import LoopBackend
 from lfed.engine.losses import LossFn, as_per_example_loss
@@ -134,6 +135,8 @@ class CohortTrainer(VmapBackend, LoopBackend):
                                         in_dims=(0, 0, 0, 0, 0, None, 0), randomness="different")
         self._vmapped_term_no_aux_stats = vmap(grad_and_value(self._client_loss_with_term_stats, has_aux=True),
                                                in_dims=(0, 0, 0, 0, 0, None, None), randomness="different")
+        # example-level DP-SGD (lfed.engine.example_dp): per client, the clipped sum of its per-example gradients
+        self._vmapped_dp = vmap(self._client_dp_grad, in_dims=(0, 0, 0, 0, None, None), randomness="different")
         self._work: nn.Module | None = None  # the loop backend's private copy of ``net``
         self.trace = bool(trace)
         self._traced: dict[tuple, Callable] = {}  # recorded vmap steps by shapes, dtypes, device, mode
@@ -243,10 +246,13 @@ class CohortTrainer(VmapBackend, LoopBackend):
             if lr.shape != (K,):
                 raise ValueError(f"lr: a per-row learning rate must be [K] = [{K}], got shape {tuple(lr.shape)}")
             lr = lr.detach().cpu().double()
+        if rule.example_dp is not None:
+            self._check_example_dp(rule, batch_size, schedule)
         if schedule is None:
             if generator is None:
                 raise ValueError("generator: needed to draw the batch schedule (or give schedule=(positions, valid))")
-            positions, valid = batch_schedule(num_examples, max(steps.tolist(), default=0), batch_size, generator)
+            draw = poisson_schedule if rule.example_dp is not None else batch_schedule  # DP-SGD: Poisson batches
+            positions, valid = draw(num_examples, max(steps.tolist(), default=0), batch_size, generator)
         else:
             positions, valid = schedule
             if positions.shape[0] != K or positions.shape != valid.shape or positions.shape[1] < max(steps.tolist(), default=0):
@@ -273,6 +279,8 @@ class CohortTrainer(VmapBackend, LoopBackend):
             size = self._auto_chunk(selected.numel(), backend, w_start.device)
             if size > 1 and backend == "vmap" and positions.dim() == 3 and positions.shape[1] > 0:  # activations too
                 saved = self._saved_bytes(w_start, data_x, data_y, index, positions, valid, selected[0].tolist())
+                if rule.example_dp is not None:  # DP-SGD also holds every example's gradient: [B', P] per client
+                    saved = (saved or 0) + positions.shape[2] * self.layout.num_params * w_start.element_size()
                 size = self._auto_chunk(selected.numel(), backend, w_start.device, saved)
         results = []
         for lo in range(0, selected.numel(), size):
@@ -295,6 +303,18 @@ class CohortTrainer(VmapBackend, LoopBackend):
         if results[0].buffers is not None:
             buffers = {k: torch.cat([r.buffers[k] for r in results]) for k in results[0].buffers}
         return CohortResult(torch.cat([r.weights for r in results]), torch.cat([r.loss for r in results]), buffers)
+
+    def _check_example_dp(self, rule: StepRule, batch_size: int | None, schedule) -> None:
+        """Refuse what example-level DP-SGD cannot be combined with (one line each)."""
+        expected_batch_check(batch_size)
+        if rule.loss_term is not None:
+            raise ValueError("objective: a loss term (MOON, Ditto, FedRoD, ...) would be clipped per example with the "
+                             "loss; example-level DP-SGD takes a step rule without a loss term")
+        if self.batch_norm:
+            raise ValueError("net: BatchNorm mixes the examples of a batch, so a per-example gradient (and its clip) is "
+                             "not defined; use GroupNorm or LayerNorm with example-level DP-SGD (as Opacus requires)")
+        if schedule is not None:
+            raise ValueError("schedule: example-level DP-SGD draws its own Poisson batches; give schedule=None")
 
     def _auto_chunk(self, K: int, backend: str, device: torch.device, saved_bytes: int | None = None) -> int:
         """Clients per chunk when ``chunk_size`` is None.

@@ -14,9 +14,10 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.func import functional_call
+from torch.func import functional_call, grad_and_value, vmap
 
 from lfed.engine.conv import CONV_FORMS, choose_form, conv_forms
+from lfed.engine.example_dp import clip_and_sum
 from lfed.engine.host import to_device
 from lfed.engine.losses import per_example_mean
 from lfed.engine.norm import batch_norms, running_stat_names
@@ -95,6 +96,21 @@ class VmapBackend(RecordedStep):
             per_example = per_example_mean(self.loss_fn(out, y)) + term_per_example(extra, x.shape[0])
         return (per_example * mask).sum() / mask.sum().clamp_min(1)
 
+    def _client_dp_grad(
+        self, params: dict[str, Tensor], x: Tensor, y: Tensor, mask: Tensor, buffers: dict[str, Tensor], clip: float
+    ) -> tuple[dict[str, Tensor], Tensor]:
+        """One client's clipped sum of per-example gradients (:mod:`lfed.engine.example_dp`) and its mean loss: the
+        per-example gradients are one more ``vmap`` inside the cohort's, over the batch's examples."""
+
+        def one(p: dict[str, Tensor], x1: Tensor, y1: Tensor) -> Tensor:
+            with local_autocast():
+                out = self._forward(p, buffers, x1.unsqueeze(0))
+                return per_example_mean(self.loss_fn(out, y1.unsqueeze(0))).sum()
+
+        grads, losses = vmap(grad_and_value(one), in_dims=(None, 0, 0), randomness="different")(params, x, y)
+        summed = clip_and_sum(grads, mask, clip)
+        return summed, (losses * mask).sum() / mask.sum().clamp_min(1)
+
     def _client_loss_stats(
         self, params: dict[str, Tensor], x: Tensor, y: Tensor, mask: Tensor, buffers: dict[str, Tensor]
     ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -160,6 +176,7 @@ class VmapBackend(RecordedStep):
         mask_all = valid.to(W.dtype)
         plain = _is_plain(rule)
         term = rule.loss_term
+        dp = rule.example_dp  # example-level DP-SGD (lfed.engine.example_dp): each row's generators in the rows' order
         for t in range(T):
             n = active[t]
             if n == 0:
@@ -170,7 +187,11 @@ class VmapBackend(RecordedStep):
             x = data_x[ids]
             if augment is not None:  # this step's batch of every active row, with its examples' own draws
                 x = augment[0].apply(x, {k: v[:n, t] for k, v in augment[1].items()})
-            if term is None:
+            if dp is not None:  # clipped per-example sums, then each row's own noise and the expected batch
+                g, loss = self._vmapped_dp(params, x, data_y[ids], mask_all[:n, t], rows, dp.clip)
+                flat = self.layout.flatten(g)
+                g = self.layout.unflatten(dp.finish(flat, dp.draw(n, flat.shape[-1], flat.dtype, flat.device)))
+            elif term is None:
                 g, loss = self._step(params, x, data_y[ids], mask_all[:n, t], rows, n == K, stats=norm)
             else:  # a loss term: the eager vmapped step (its function is not part of a recorded graph's key)
                 aux = term.aux if n == K else _pick_rows(term.aux, slice(0, n), K)

@@ -18,6 +18,7 @@ from lfed import _lazy_exports
 
 _LAZY = {
     "DPFedAvg": "lfed.privacy.dp_fedavg",
+    "DPSGD": "lfed.privacy.dp_sgd",
     "PrivacyAccountant": "lfed.privacy.accountant",
     "calibrate_noise": "lfed.privacy.accountant",
     "clip_rows": "lfed.privacy.clipping",

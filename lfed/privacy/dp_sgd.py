@@ -1,0 +1,183 @@
+"""Example-level DP: DP-SGD (Abadi et al. 2016) in every client's local steps, each client its own accountant.
+
+The unit of privacy is one **example** of one client (each silo protects its own records; the server, the other
+clients and whoever sees the models are the adversary). Every local step is DP-SGD on the client's data
+(:mod:`lfed.engine.example_dp`: Poisson batches at rate ``q_k = min(1, B/n_k)``, per-example clipping to ``C``,
+Gaussian noise ``σC``, the expected batch ``B`` as divisor); the cohort's per-example gradients are one more
+``vmap`` inside the engine's ``vmap`` over clients. Whatever leaves a client afterwards (its update, anything the
+server computes from the updates) is post-processing of its DP-SGD steps.
+
+**Accounting.** Client ``k``'s steps are a composition of Poisson-subsampled Gaussian mechanisms ``(q_k, σ)`` on its
+own dataset; its ε after ``S_k`` steps (all rounds it trained in) at δ is dp-accounting's RDP accountant composing
+``PoissonSampledDpEvent(q_k, GaussianDpEvent(σ))`` ``S_k`` times (:func:`lfed.privacy.accountant.epsilon`). The run
+logs the largest and the median ε over the clients that have trained, and ends with their distribution
+(``final/example_epsilon_{max,p90,median,min}``). ``n_k`` (and hence ``q_k``) is taken as public, as Opacus and every
+DP-SGD accountant take the dataset's size.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lfed.checks import number
+from lfed.client.objectives import ClientRule
+from lfed.engine.example_dp import ExampleNoise, expected_batch_check, sampling_rate
+from lfed.engine.host import values
+from lfed.engine.rule import StepRule
+from lfed.privacy.accountant import ACCOUNTANTS, epsilon
+from lfed.privacy.releases import SETTINGS
+from lfed.rng import NOISE_MODES, PrivateStreams
+from lfed.state.spec import StateSpec
+
+__all__ = ["DPSGD"]
+
+
+class DPSGD(ClientRule):
+    """Local DP-SGD (module docstring): FedAvg's local SGD, or FedProx's with ``mu > 0``, on privatized gradients.
+
+    Args:
+        noise_multiplier: ``σ >= 0`` (0: clipping only, ε = inf).
+        clip: ``C > 0``, the per-example L2 clip.
+        delta: ``δ`` in (0, 1) of every client's ε (default 1e-5: below ``1/n_k`` for clients of up to 10⁵ examples).
+        mu: FedProx's proximal coefficient ``μ >= 0`` (0: plain local SGD); the prox step reads only the broadcast
+            model, so it is post-processing of the private gradient.
+        accountant: ``rdp`` (default; each ``(q_k, σ)`` computed once) or ``pld`` (tighter, slower: per client).
+        noise: ``seeded`` (default; reproducible, exact resume) or ``secure`` (the operating system's randomness),
+            as :class:`lfed.privacy.DPFedAvg`'s.
+        log_unaccounted: False (default): only metrics computed from private releases or server-held data are logged;
+            True: the rest too, marked ``unaccounted/`` (the training loss is read from the clients' data without noise).
+    """
+
+    name = "dp_sgd"
+    asynchronous_ready = False
+    asynchronous_unready = "(example-level DP-SGD) is not implemented asynchronously yet"
+
+    def __init__(self, noise_multiplier: float = 1.0, clip: float = 1.0, delta: float = 1e-5, mu: float = 0.0,
+                 accountant: str = "rdp", noise: str = "seeded", log_unaccounted: bool = False) -> None:
+        super().__init__()
+        self.noise_multiplier = number("noise_multiplier", noise_multiplier, at_least=0)
+        self.clip = number("clip", clip, above=0)
+        self.delta = number("delta", delta, above=0, below=1)
+        self.mu = number("mu", mu, at_least=0)
+        if accountant not in ACCOUNTANTS:
+            raise ValueError(f"accountant: {accountant!r} is not one of {ACCOUNTANTS}")
+        self.accountant = accountant
+        if noise not in NOISE_MODES:
+            raise ValueError(f"noise: {noise!r} is not one of {NOISE_MODES} (seeded: reproducible from the run's seed; "
+                             "secure: the operating system's cryptographic randomness)")
+        if not isinstance(log_unaccounted, bool):
+            raise ValueError(f"log_unaccounted: must be true or false, got {log_unaccounted!r}")
+        self.noise, self.log_unaccounted = noise, log_unaccounted
+        self.streams = PrivateStreams(noise)
+        self.batch_size: int | None = None  # the run's B (prepare_run)
+        self._eps_cache: dict[tuple[float, int], float] = {}
+
+    # ------------------------------------------------------------------ declarations
+    def hparams(self) -> dict:
+        return {"noise_multiplier": self.noise_multiplier, "clip": self.clip, "delta": self.delta, "mu": self.mu,
+                "accountant": self.accountant, "noise": self.noise}
+
+    def structure(self) -> dict:
+        return {"example_dp": True}
+
+    @property
+    def metric_policy(self) -> str:
+        """The run's metrics are gated (:mod:`lfed.base.metric_gate`): ``mark`` with ``log_unaccounted``, else ``drop``."""
+        return "mark" if self.log_unaccounted else "drop"
+
+    #: What :meth:`report` and :meth:`summary` compute from public settings and the clients' step counts alone.
+    private_metrics = ("privacy/example_epsilon_max", "privacy/example_epsilon_median", "privacy/example_noise_multiplier",
+                       "final/example_*")
+
+    def state_specs(self) -> list[StateSpec]:
+        return [StateSpec("dp_steps", shape=(), init=0.0, dtype=torch.float64),  # S_k: DP-SGD steps taken, all rounds
+                StateSpec("dp_epsilon", shape=(), init=0.0, dtype=torch.float64)]  # ε_k(δ) after them
+
+    # ------------------------------------------------------------------ before round 0
+    def prepare_run(self, context) -> None:
+        """Refuse what the per-client accountants would not cover; key the noise streams by the run's settings."""
+        training = getattr(context, "training", None)
+        if training is not None:
+            self.batch_size = expected_batch_check(training.batch_size)
+        for role, component in (context.components or {}).items():
+            if role == "weighting":  # weights computed from the clients' data (DWFed's label counts) leave un-noised
+                for what in getattr(component, "releases", ()):
+                    raise ValueError(f"{SETTINGS.get(role, role)}: {what}, which example-level DP-SGD does not "
+                                     "account (it privatizes the local steps only); use weighting: size or uniform")
+        for what in context.net_releases:
+            raise ValueError(f"net: {what}; with example-level DP-SGD use a net without BatchNorm (GroupNorm or "
+                             "LayerNorm): BatchNorm mixes a batch's examples, so per-example gradients are not defined")
+        self.streams = PrivateStreams(self.noise, getattr(context, "run_key", ""))
+
+    def composition_warnings(self, context) -> list[str]:
+        if self.noise_multiplier == 0:
+            return ["objective='dp_sgd' with noise_multiplier=0 gives no privacy (ε = inf): it only clips each example"]
+        return []
+
+    # ------------------------------------------------------------------ one round
+    def step_rule(self, cohort, w_start: Tensor, lr: float) -> StepRule:
+        B = expected_batch_check(cohort.plan.batch_size if getattr(cohort, "plan", None) is not None else self.batch_size)
+        clients = values(cohort.host_values().clients)
+        generators = [self.streams.generator(cohort.seed, cohort.round, f"dp-sgd/{c}") for c in clients]
+        dp = ExampleNoise(self.clip, self.noise_multiplier, float(B), generators, self.streams.normal)
+        if self.mu == 0:
+            return StepRule(example_dp=dp)
+        return StepRule(decay=self.mu, shift=-self.mu * w_start, example_dp=dp)
+
+    def client_epsilon(self, num_examples: int, steps: int) -> float:
+        """ε(δ) of a client of ``num_examples`` examples after ``steps`` DP-SGD steps of the run's batch size."""
+        if steps == 0:
+            return 0.0
+        if self.noise_multiplier == 0:
+            return math.inf
+        q = sampling_rate(num_examples, self.batch_size)
+        key = (q, int(steps))
+        if key not in self._eps_cache:
+            self._eps_cache[key] = epsilon({(q, self.noise_multiplier): int(steps)}, self.delta, self.accountant)
+        return self._eps_cache[key]
+
+    def after_local(self, cohort, w_start: Tensor, w_end: Tensor, lr: float, local) -> None:
+        """Each trained client's steps and ε (every step it took counts, also a straggler's whose update does not)."""
+        if self.batch_size is None:
+            self.batch_size = expected_batch_check(cohort.plan.batch_size)
+        host = cohort.host_values()
+        clients = cohort.clients
+        old = self.rows("dp_steps", clients).detach().cpu()
+        steps = old + host.steps_done.double()
+        eps = torch.tensor([self.client_epsilon(int(n), int(s)) for n, s in zip(values(host.num_examples),
+                                                                                 steps.long().tolist())],
+                           dtype=torch.float64)
+        self.write_rows("dp_steps", clients, steps.to(clients.device))
+        self.write_rows("dp_epsilon", clients, eps.to(clients.device))
+        return None
+
+    def _trained(self) -> Tensor:
+        """ε of every client that has trained (host, float64)."""
+        eps, steps = self.state("dp_epsilon").detach().cpu(), self.state("dp_steps").detach().cpu()
+        return eps[steps > 0]
+
+    def report(self, cohort) -> dict[str, float]:
+        eps = self._trained()
+        out = {"privacy/example_noise_multiplier": self.noise_multiplier}
+        if eps.numel():
+            out["privacy/example_epsilon_max"] = float(eps.max())
+            out["privacy/example_epsilon_median"] = float(eps.median())
+        return out
+
+    def summary(self) -> dict[str, float]:
+        """The distribution of the clients' ε at δ (those that trained), and δ."""
+        eps = self._trained()
+        out: dict[str, Any] = {"final/example_delta": self.delta, "final/example_noise_multiplier": self.noise_multiplier}
+        if eps.numel():
+            finite = eps[torch.isfinite(eps)]
+            out["final/example_epsilon_max"] = float(eps.max())
+            out["final/example_epsilon_min"] = float(eps.min())
+            if finite.numel() == eps.numel():
+                out["final/example_epsilon_median"] = float(eps.median())
+                out["final/example_epsilon_p90"] = float(torch.quantile(eps, 0.9))
+            out["final/example_clients"] = float(eps.numel())
+        return out
