@@ -41,6 +41,9 @@ class ExampleNoise:
         expected_batch: ``B``, the divisor (the Poisson batch's expected size).
         generators: One generator per cohort row (in the cohort's order), each the row's own noise stream.
         normal: ``normal(shape, generator, dtype)``: standard normal draws (:meth:`lfed.rng.PrivateStreams.normal`).
+        planted: Per row, None or an object whose ``step(P, dtype)`` returns the ``[P]`` sum of that step's sampled
+            canary examples' (already clipped) gradients (the audit's canaries, :mod:`lfed.privacy.audit_examples`);
+            empty: no row has any.
     """
 
     clip: float
@@ -48,6 +51,7 @@ class ExampleNoise:
     expected_batch: float
     generators: list[torch.Generator] = field(default_factory=list)
     normal: object = None
+    planted: list = field(default_factory=list)
 
     @property
     def std(self) -> float:
@@ -56,11 +60,16 @@ class ExampleNoise:
 
     def select(self, rows: Tensor | int | slice, num_clients: int) -> ExampleNoise:
         """The rows' generators (the same objects: a row's stream goes on where it was)."""
-        if isinstance(rows, slice):
-            return replace(self, generators=self.generators[rows])
-        if isinstance(rows, int):
-            return replace(self, generators=[self.generators[rows]])
-        return replace(self, generators=[self.generators[i] for i in rows.detach().cpu().tolist()])
+        def pick(items: list) -> list:
+            if not items:
+                return items
+            if isinstance(rows, slice):
+                return items[rows]
+            if isinstance(rows, int):
+                return [items[rows]]
+            return [items[i] for i in rows.detach().cpu().tolist()]
+
+        return replace(self, generators=pick(self.generators), planted=pick(self.planted))
 
     def draw(self, rows: int, num_params: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
         """``[rows, P]`` the next standard normal draw of each of the first ``rows`` rows' streams (None: no noise)."""
@@ -70,10 +79,16 @@ class ExampleNoise:
         out = torch.stack([draw(num_params, g, dtype) for g in self.generators[:rows]])
         return out.to(device, non_blocking=True)
 
-    def finish(self, summed: Tensor, noise: Tensor | None) -> Tensor:
-        """``(Σ_i ḡ_i + σ C ξ) / B`` from the clipped sums ``[n, P]`` and the draws ``ξ`` ``[n, P]`` (or None)."""
+    def finish(self, summed: Tensor) -> Tensor:
+        """``(Σ_i ḡ_i + σ C ξ) / B`` of the first ``n`` rows from their clipped sums ``[n, P]``: each row's next noise
+        draw ``ξ`` (and the sum of its sampled canaries, where an audit planted some)."""
+        n, P = summed.shape
+        noise = self.draw(n, P, summed.dtype, summed.device)
         if noise is not None:
             summed = summed + self.std * noise
+        if any(c is not None for c in self.planted[:n]):
+            rows = [torch.zeros(P, dtype=summed.dtype) if c is None else c.step(P, summed.dtype) for c in self.planted[:n]]
+            summed = summed + torch.stack(rows).to(summed.device)
         return summed / self.expected_batch
 
 

@@ -189,8 +189,7 @@ class VmapBackend(RecordedStep):
                 x = augment[0].apply(x, {k: v[:n, t] for k, v in augment[1].items()})
             if dp is not None:  # clipped per-example sums, then each row's own noise and the expected batch
                 g, loss = self._vmapped_dp(params, x, data_y[ids], mask_all[:n, t], rows, dp.clip)
-                flat = self.layout.flatten(g)
-                g = self.layout.unflatten(dp.finish(flat, dp.draw(n, flat.shape[-1], flat.dtype, flat.device)))
+                g = self.layout.unflatten(dp.finish(self.layout.flatten(g)))
             elif term is None:
                 g, loss = self._step(params, x, data_y[ids], mask_all[:n, t], rows, n == K, stats=norm)
             else:  # a loss term: the eager vmapped step (its function is not part of a recorded graph's key)
