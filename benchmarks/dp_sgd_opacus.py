@@ -1,0 +1,91 @@
+"""Example-level DP-SGD over a cohort: lfed's vmapped cohort against an Opacus loop over the same clients (issue 54).
+
+    python benchmarks/dp_sgd_opacus.py --clients 10 100 --repeats 3
+
+Each of K clients holds 60 MNIST-sized examples (784 features, 10 classes; random data: the cost does not depend on
+the values) and takes 6 DP-SGD steps of expected batch 10 on the MLP 784-200-200-10 (199,210 parameters), C = 1,
+σ = 1. lfed: one ``CohortTrainer.train`` call with example-level DP (per-example gradients vmapped inside the
+cohort's vmap). Opacus: for each client in turn, ``GradSampleModule`` + ``DPOptimizer`` on the same Poisson batches
+(the way a simulator runs Opacus client by client). Timed runs wait for load < 1.0 (benchmarks/quiet.py), alternate
+lfed and Opacus, and print each run's seconds and load; the table row gives medians and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(__file__))
+from quiet import wait_quiet  # noqa: E402
+
+from lfed.engine import CohortTrainer, StepRule  # noqa: E402
+from lfed.engine.example_dp import ExampleNoise, poisson_schedule  # noqa: E402
+from lfed.models.zoo import MLP  # noqa: E402
+from lfed.rng import round_generator  # noqa: E402
+
+N_EXAMPLES, STEPS, BATCH, CLIP, SIGMA, LR = 60, 6, 10, 1.0, 1.0, 0.1
+
+
+def lfed_round(net, X, Y, K):
+    engine = CohortTrainer(net, backend="vmap")
+    w = engine.layout.module_vector(net)
+    dp = ExampleNoise(CLIP, SIGMA, float(BATCH), [round_generator(0, 0, f"dp-sgd/{k}") for k in range(K)])
+    index = torch.arange(K * N_EXAMPLES).view(K, N_EXAMPLES)
+    start = time.perf_counter()
+    engine.train(w, X, Y, index, torch.full((K,), N_EXAMPLES), torch.full((K,), STEPS), StepRule(example_dp=dp), LR,
+                 BATCH, round_generator(0, 0, "batches"))
+    return time.perf_counter() - start
+
+
+def opacus_round(net, X, Y, K):
+    from opacus import GradSampleModule
+    from opacus.optimizers import DPOptimizer
+
+    positions, valid = poisson_schedule(torch.full((K,), N_EXAMPLES), STEPS, BATCH, round_generator(0, 0, "batches"))
+    start = time.perf_counter()
+    for k in range(K):
+        model = GradSampleModule(copy.deepcopy(net), loss_reduction="mean")
+        opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=LR), noise_multiplier=SIGMA, max_grad_norm=CLIP,
+                          expected_batch_size=BATCH, loss_reduction="mean")
+        for t in range(STEPS):
+            ids = k * N_EXAMPLES + positions[k, t][valid[k, t]]
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(X[ids]), Y[ids]).backward()
+            opt.step()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--clients", type=int, nargs="+", default=[10, 100])
+    p.add_argument("--repeats", type=int, default=3)
+    a = p.parse_args()
+    torch.manual_seed(0)
+    net = MLP(784, [200, 200], 10)
+    for K in a.clients:
+        X, Y = torch.randn(K * N_EXAMPLES, 784), torch.randint(0, 10, (K * N_EXAMPLES,))
+        lfed_round(net, X, Y, K)  # warm-up (allocations, first vmap)
+        opacus_round(net, X, Y, min(K, 2))
+        runs = {"lfed": [], "opacus": []}
+        for _ in range(a.repeats):
+            for name, fn in (("lfed", lfed_round), ("opacus", opacus_round)):
+                load, _ = wait_quiet()
+                seconds = fn(net, X, Y, K)
+                runs[name].append((seconds, load))
+                print(json.dumps({"K": K, "who": name, "seconds": round(seconds, 3), "load": load}), flush=True)
+        med = {n: statistics.median(s for s, _ in r) for n, r in runs.items()}
+        loads = [l for r in runs.values() for _, l in r]
+        print(f"| {K} | {med['lfed']:.2f} | {med['opacus']:.2f} | {med['opacus'] / med['lfed']:.2f}x | "
+              f"{min(loads):.2f}-{max(loads):.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
