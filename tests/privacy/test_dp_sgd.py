@@ -327,3 +327,16 @@ def test_resume_continues_each_clients_ledger_exactly(tmp_path):
     a, b = whole.objective, resumed.objective
     assert torch.equal(a.state("dp_steps"), b.state("dp_steps"))
     assert torch.equal(a.state("dp_epsilon"), b.state("dp_epsilon"))
+
+
+def test_example_level_and_client_level_dp_compose_each_with_its_own_accountant():
+    """objective dp_sgd under the dp_fedavg preset: the clients' steps are DP-SGD and the server clips and noises the
+    updates; both ledgers advance (client-level ε per round at q = m/N, example-level per client)."""
+    from lfed.privacy import DPFedAvg
+
+    m = _digits_module(algorithm="dp_fedavg", combination=DPFedAvg(noise_multiplier=1.0, clip=0.5))
+    run_rounds(m, _digits(), 3)
+    extra = m.last_round.extra
+    assert m.combination.accountant.rounds == 3 and 0 < extra["privacy/epsilon"] < math.inf
+    assert 0 < extra["privacy/example_epsilon_max"] < math.inf
+    assert m.objective.name == "dp_sgd"
