@@ -48,6 +48,8 @@ NAMES: dict[str, dict[str, str | tuple[str, dict[str, Any]]]] = {
         "global": ("lfed.server.combination.IGFLAttention", {"query": "global"}),
         "time": ("lfed.server.combination.IGFLAttention", {"query": "time"}),
         "dp_fedavg": "lfed.privacy.dp_fedavg.DPFedAvg",
+        "secagg": "lfed.privacy.secagg.SecureAggregation",
+        "distributed_dp": "lfed.privacy.distributed_dp.DistributedDP",
         "median": "lfed.robust.rules.median.CoordinateMedian",
         "trimmed_mean": "lfed.robust.rules.median.TrimmedMean",
         "krum": "lfed.robust.rules.krum.Krum",

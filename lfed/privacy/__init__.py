@@ -28,6 +28,9 @@ _LAZY = {
     "CanaryDPFedAvg": "lfed.privacy.audit",
     "AuditResult": "lfed.privacy.audit",
     "epsilon_lower_bound": "lfed.privacy.audit",
+    "SecureAggregation": "lfed.privacy.secagg",
+    "DistributedDP": "lfed.privacy.distributed_dp",
+    "CanaryDistributedDP": "lfed.privacy.audit",
 }
 
 __all__ = sorted(_LAZY)

@@ -22,7 +22,9 @@ independently with the run's rate ``q``, as every client does under Poisson samp
 noised with the cohort. The auditor sees the released aggregates ``Δ_t`` and scores canary ``i`` by the cosine of
 ``u_i`` and ``Σ_t Δ_t`` (the global model's change, with a plain server step). Planted leaks check that the audit
 can see a broken release: ``leak="no_noise"`` skips the server noise while the accountant still counts it,
-``leak="no_clip"`` lets the canaries' updates (10·C) through unclipped.
+``leak="no_clip"`` lets the canaries' updates (10·C) through unclipped. The canary machinery is the mixin
+:class:`Canaries`; :class:`CanaryDistributedDP` audits distributed DP (:mod:`lfed.privacy.distributed_dp`) with it,
+with one more planted leak, ``plaintext`` (the canaries' uploads seen in the clear beside the secure sum).
 """
 
 from __future__ import annotations
@@ -36,12 +38,15 @@ from torch import Tensor
 
 from lfed.base.component import HostCohort
 from lfed.checks import integer, number
+from lfed.privacy.distributed_dp import DistributedDP
 from lfed.privacy.dp_fedavg import DPFedAvg
 from lfed.rng import round_generator
 
-__all__ = ["AuditResult", "CanaryDPFedAvg", "epsilon_lower_bound", "guess", "p_value"]
+__all__ = ["AuditResult", "Canaries", "CanaryDPFedAvg", "CanaryDistributedDP", "epsilon_lower_bound", "guess", "p_value"]
 
 LEAKS = (None, "no_noise", "no_clip")
+#: The planted leaks of the distributed-DP audit.
+DDP_LEAKS = (None, "no_noise", "no_clip", "plaintext")
 
 
 def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
@@ -118,7 +123,103 @@ class AuditResult:
     per_k: dict[int, tuple[int, float]]
 
 
-class CanaryDPFedAvg(DPFedAvg):
+class Canaries:
+    """The canary clients of an audit, for any private server combination (a mixin, first in the bases; module
+    docstring): their inclusion ``S_i``, directions ``u_i``, per-round participation, their rows appended to the
+    cohort (:meth:`with_canaries`), what the auditor saw (:attr:`released`, and :attr:`plaintext` where a planted leak
+    shows it uploads in the clear), the scores and the audit. The combination supplies ``accountant``, ``delta`` and
+    ``clip`` (the canaries' update norm ``C``)."""
+
+    def init_canaries(self, canaries: int, guesses: list[int] | None, beta: float, leak: str | None,
+                      canary_seed: int, leaks: tuple) -> None:
+        self.m = integer("canaries", canaries, at_least=2)
+        ks = [max(1, canaries // 20), max(1, canaries // 10), max(1, canaries // 4)] if guesses is None else list(guesses)
+        for k in ks:
+            integer("guesses", k, at_least=1)
+            if 2 * k > canaries:
+                raise ValueError(f"guesses: {k} per side is more than half of the {canaries} canaries")
+        self.guesses = sorted(set(ks))
+        self.audit_beta = number("beta", beta, above=0, below=1)  # not .beta: a combination may have its own
+        if leak not in leaks:
+            raise ValueError(f"leak: {leak!r} is not one of {leaks}")
+        self.leak = leak
+        self.canary_seed = integer("canary_seed", canary_seed, at_least=0)
+        g = round_generator(self.canary_seed, 0, "canary-inclusion")
+        self.included = torch.rand(self.m, generator=g, dtype=torch.float64) < 0.5  # S_i
+        self.released: Tensor | None = None  # Σ_t Δ_t, float64
+        self.plaintext: Tensor | None = None  # Σ_t of the uploads a planted leak showed in the clear
+        self.canary_rounds = torch.zeros(self.m, dtype=torch.long)  # rounds each canary took part in (diagnostics)
+
+    def direction(self, i: int, P: int) -> Tensor:
+        """``u_i``: canary ``i``'s unit direction in the ``P`` shared parameters (float64, its own stream)."""
+        u = torch.randn(P, generator=round_generator(self.canary_seed, i, "canary-direction"), dtype=torch.float64)
+        return u / torch.linalg.vector_norm(u)
+
+    def taking_part(self, cohort) -> Tensor:
+        """The ids of the included canaries that take part in the round (each with the run's rate ``q``)."""
+        q = float(cohort.expected_size) / cohort.num_clients
+        g = round_generator(self.canary_seed, cohort.round, "canary-sampling")
+        taking_part = self.included & (torch.rand(self.m, generator=g, dtype=torch.float64) < q)
+        self.canary_rounds += taking_part.long()
+        return taking_part.nonzero().squeeze(1)
+
+    def canary_rows(self, ids: Tensor, P: int, norm: float) -> Tensor:
+        """``[n, P]`` the canaries' updates ``norm · u_i``."""
+        return (torch.stack([self.direction(int(i), P) for i in ids]) * norm if ids.numel()
+                else torch.zeros(0, P, dtype=torch.float64))
+
+    @staticmethod
+    def with_canaries(updates: Tensor, weights: Tensor | None, cohort, ids: Tensor, rows: Tensor):
+        """The cohort's updates, weights (canaries weigh 0 before the combination's own) and cohort with the canaries
+        appended as counting clients (ids ``N + i``, one example, one step)."""
+        n = ids.numel()
+        host = cohort.host_values()
+        ones = torch.ones(n, dtype=host.num_examples.dtype)
+        more_host = HostCohort(torch.cat([host.clients, cohort.num_clients + ids]),
+                               torch.cat([host.num_examples, ones]), torch.cat([host.step_budget, ones]),
+                               torch.cat([host.steps_done, ones.to(host.steps_done.dtype)]),
+                               torch.cat([host.counting, torch.ones(n, dtype=torch.bool)]))
+        dev = updates.device
+        more = replace(cohort, clients=more_host.clients.to(dev), num_examples=more_host.num_examples.to(dev),
+                       step_budget=more_host.step_budget.to(dev), steps_done=more_host.steps_done.to(dev),
+                       counting=more_host.counting.to(dev), host=more_host)
+        all_updates = torch.cat([updates, rows.to(dev, updates.dtype)])
+        all_weights = None if weights is None else torch.cat([weights, torch.zeros(n, dtype=weights.dtype,
+                                                                                   device=weights.device)])
+        return all_updates, all_weights, more
+
+    def record(self, delta: Tensor, plaintext: Tensor | None = None) -> None:
+        """What the auditor saw this round: the release ``Δ_t`` (and the uploads a leak showed in the clear)."""
+        self.released = delta.double().cpu() if self.released is None else self.released + delta.double().cpu()
+        if plaintext is not None:
+            p = plaintext.double().cpu()
+            self.plaintext = p if self.plaintext is None else self.plaintext + p
+
+    def scores(self) -> Tensor:
+        """``[m]`` the cosine of each canary's direction and what the auditor saw, ``Σ_t Δ_t`` (plus the uploads it saw
+        in the clear, under the planted ``plaintext`` leak)."""
+        if self.released is None:
+            raise RuntimeError("canaries: no round has run; there is nothing to score")
+        total = self.released if self.plaintext is None else self.released + self.plaintext
+        norm = float(torch.linalg.vector_norm(total)) or 1.0
+        P = total.numel()
+        return torch.tensor([float(self.direction(i, P) @ total) / norm for i in range(self.m)], dtype=torch.float64)
+
+    def audit(self) -> AuditResult:
+        """The audit of the run so far (:class:`AuditResult`): ε_lower against the accountant's ε at the run's δ."""
+        scores = self.scores()
+        beta = self.audit_beta / len(self.guesses)
+        per_k = {}
+        for k in self.guesses:
+            r, v = guess(scores, self.included, k, k)
+            per_k[k] = (v, epsilon_lower_bound(self.m, r, v, self.delta, beta))
+        k = max(per_k, key=lambda key: (per_k[key][1], -key))
+        return AuditResult(epsilon=self.accountant.epsilon(self.delta), epsilon_lower=per_k[k][1], delta=self.delta,
+                           beta=self.audit_beta, m=self.m, included=int(self.included.sum()), k=k, r=2 * k, v=per_k[k][0],
+                           per_k=per_k)
+
+
+class CanaryDPFedAvg(Canaries, DPFedAvg):
     """DP-FedAvg with ``canaries`` canary clients (module docstring); after the run, :meth:`audit`.
 
     Args:
@@ -137,88 +238,69 @@ class CanaryDPFedAvg(DPFedAvg):
 
     def __init__(self, canaries: int = 1000, guesses: list[int] | None = None, beta: float = 0.05,
                  leak: str | None = None, canary_seed: int = 0, **dp: Any) -> None:
-        super().__init__(**dp)
-        self.m = integer("canaries", canaries, at_least=2)
-        ks = [max(1, canaries // 20), max(1, canaries // 10), max(1, canaries // 4)] if guesses is None else list(guesses)
-        for k in ks:
-            integer("guesses", k, at_least=1)
-            if 2 * k > canaries:
-                raise ValueError(f"guesses: {k} per side is more than half of the {canaries} canaries")
-        self.guesses = sorted(set(ks))
-        self.beta = number("beta", beta, above=0, below=1)
-        if leak not in LEAKS:
-            raise ValueError(f"leak: {leak!r} is not one of {LEAKS}")
-        self.leak = leak
-        self.canary_seed = integer("canary_seed", canary_seed, at_least=0)
+        DPFedAvg.__init__(self, **dp)
+        self.init_canaries(canaries, guesses, beta, leak, canary_seed, LEAKS)
         if self.target_quantile is not None or self.local_noise > 0:
             raise ValueError("canaries: the audit is of DP-FedAvg with a fixed clip and server noise "
                              "(no target_quantile, no local_noise)")
-        g = round_generator(self.canary_seed, 0, "canary-inclusion")
-        self.included = torch.rand(self.m, generator=g, dtype=torch.float64) < 0.5  # S_i
-        self.released: Tensor | None = None  # Σ_t Δ_t, float64
-        self.canary_rounds = torch.zeros(self.m, dtype=torch.long)  # rounds each canary took part in (diagnostics)
-
-    def direction(self, i: int, P: int) -> Tensor:
-        """``u_i``: canary ``i``'s unit direction in the ``P`` shared parameters (float64, its own stream)."""
-        u = torch.randn(P, generator=round_generator(self.canary_seed, i, "canary-direction"), dtype=torch.float64)
-        return u / torch.linalg.vector_norm(u)
 
     def combine(self, updates, weights, cohort):
         K, P = updates.shape
-        q = float(cohort.expected_size) / cohort.num_clients
-        g = round_generator(self.canary_seed, cohort.round, "canary-sampling")
-        taking_part = self.included & (torch.rand(self.m, generator=g, dtype=torch.float64) < q)
-        ids = taking_part.nonzero().squeeze(1)
-        self.canary_rounds += taking_part.long()
+        ids = self.taking_part(cohort)
         C = self.clip0
         scale = 10.0 * C if self.leak == "no_clip" else C
-        rows = (torch.stack([self.direction(int(i), P) for i in ids]) * scale if ids.numel()
-                else torch.zeros(0, P, dtype=torch.float64))
+        rows = self.canary_rows(ids, P, scale)
         n = ids.numel()
-        host = cohort.host_values()
-        ones = torch.ones(n, dtype=host.num_examples.dtype)
-        more_host = HostCohort(torch.cat([host.clients, cohort.num_clients + ids]),
-                               torch.cat([host.num_examples, ones]), torch.cat([host.step_budget, ones]),
-                               torch.cat([host.steps_done, ones.to(host.steps_done.dtype)]),
-                               torch.cat([host.counting, torch.ones(n, dtype=torch.bool)]))
+        all_updates, all_weights, more = self.with_canaries(updates, weights, cohort, ids, rows)
         dev = updates.device
-        more = replace(cohort, clients=more_host.clients.to(dev), num_examples=more_host.num_examples.to(dev),
-                       step_budget=more_host.step_budget.to(dev), steps_done=more_host.steps_done.to(dev),
-                       counting=more_host.counting.to(dev), host=more_host)
-        all_updates = torch.cat([updates, rows.to(dev, updates.dtype)])
-        all_weights = None if weights is None else torch.cat([weights, torch.zeros(n, dtype=weights.dtype,
-                                                                                   device=weights.device)])
         kept = self.update_multiplier
         if self.leak == "no_noise":
             self.update_multiplier = 0.0  # the planted leak: no noise; the accountant still steps with z
         try:
-            delta, attention = super().combine(all_updates, all_weights, more)
+            delta, attention = DPFedAvg.combine(self, all_updates, all_weights, more)
         finally:
             self.update_multiplier = kept
         if self.leak == "no_clip" and n:  # the planted leak: the canaries' rows as they are, not clipped to C
             m = float(cohort.expected_size)
             delta = delta + ((rows - rows * (C / scale)).sum(0) / m).to(dev, delta.dtype)
-        self.released = delta.double().cpu() if self.released is None else self.released + delta.double().cpu()
+        self.record(delta)
         return delta, attention
 
-    def scores(self) -> Tensor:
-        """``[m]`` the cosine of each canary's direction and the released ``Σ_t Δ_t``."""
-        if self.released is None:
-            raise RuntimeError("canaries: no round has run; there is nothing to score")
-        total = self.released
-        norm = float(torch.linalg.vector_norm(total)) or 1.0
-        P = total.numel()
-        return torch.tensor([float(self.direction(i, P) @ total) / norm for i in range(self.m)], dtype=torch.float64)
 
-    def audit(self) -> AuditResult:
-        """The audit of the run so far (:class:`AuditResult`): ε_lower against the accountant's ε at the run's δ."""
-        scores = self.scores()
-        beta = self.beta / len(self.guesses)
-        per_k = {}
-        for k in self.guesses:
-            r, v = guess(scores, self.included, k, k)
-            per_k[k] = (v, epsilon_lower_bound(self.m, r, v, self.delta, beta))
-        k = max(per_k, key=lambda key: (per_k[key][1], -key))
-        return AuditResult(epsilon=self.accountant.epsilon(self.delta), epsilon_lower=per_k[k][1], delta=self.delta,
-                           beta=self.beta, m=self.m, included=int(self.included.sum()), k=k, r=2 * k, v=per_k[k][0],
-                           per_k=per_k)
+class CanaryDistributedDP(Canaries, DistributedDP):
+    """Distributed DP (:class:`~lfed.privacy.distributed_dp.DistributedDP`) with ``canaries`` canary clients; after
+    the run, :meth:`audit`.
+
+    A canary takes part as a client (clipped, rotated, rounded, masked and summed with the cohort) but adds no noise
+    share: the noise is the real cohort's, which the accountant counts, so each canary's inclusion is a neighbouring
+    input of the accounted mechanism. Planted leaks: ``no_noise`` (the clients skip their noise shares, the accountant
+    still counts them), ``no_clip`` (the canaries' updates, of norm 10·C, neither clipped nor norm-checked) and
+    ``plaintext`` (secure aggregation broken for the canaries: the server sees each taking-part canary's upload in the
+    clear beside the sum, and the auditor adds it to what it scores).
+
+    Args:
+        canaries, guesses, canary_seed: As :class:`CanaryDPFedAvg`'s.
+        audit_beta: ``1 -`` the confidence of the bound (``beta`` is distributed DP's rounding setting).
+        leak: None, ``no_noise``, ``no_clip`` or ``plaintext``.
+        **ddp: :class:`~lfed.privacy.distributed_dp.DistributedDP`'s settings.
+    """
+
+    name = "distributed_dp"
+
+    def __init__(self, canaries: int = 1000, guesses: list[int] | None = None, audit_beta: float = 0.05,
+                 leak: str | None = None, canary_seed: int = 0, **ddp: Any) -> None:
+        DistributedDP.__init__(self, **ddp)
+        self.init_canaries(canaries, guesses, audit_beta, leak, canary_seed, DDP_LEAKS)
+
+    def combine(self, updates, weights, cohort):
+        K, P = updates.shape
+        ids = self.taking_part(cohort)
+        n = ids.numel()
+        rows = self.canary_rows(ids, P, 10.0 * self.clip if self.leak == "no_clip" else self.clip)
+        all_updates, all_weights, more = self.with_canaries(updates, weights, cohort, ids, rows)
+        real = torch.cat([torch.ones(K, dtype=torch.bool), torch.zeros(n, dtype=torch.bool)])
+        delta, attention = DistributedDP.combine(self, all_updates, all_weights, more, noisy=real,
+                                                 skip_noise=self.leak == "no_noise",
+                                                 unclipped=~real if self.leak == "no_clip" else None)
+        self.record(delta, rows.sum(0) if self.leak == "plaintext" and n else None)
+        return delta, attention

@@ -31,7 +31,28 @@ from lfed.rng import NOISE_MODES, PrivateStreams
 from lfed.server.combination import ServerCombination
 from lfed.state.spec import StateSpec
 
-__all__ = ["DPFedAvg"]
+__all__ = ["DPFedAvg", "check_neighbours"]
+
+
+def check_neighbours(context, mechanism: str = "DP-FedAvg", poisson: bool = True) -> None:
+    """Refuse, before round 0, the components whose values a client-level accountant of the clipped, noised sum cannot
+    account: every declared release (:func:`lfed.privacy.releases.check_releases`), a sampler other than Poisson
+    sampling (only with ``poisson``: an accountant that amplifies by it), unequal weights, a lossy channel.
+    ``mechanism`` names the combination in the messages (DP-FedAvg; distributed DP reuses the checks)."""
+    roles = context.components or {}
+    check_releases(roles, context.net_releases, mechanism)  # every value the accountant cannot account (lfed.privacy.releases)
+    sampler, weighting, channel = roles.get("sampler"), roles.get("weighting"), roles.get("channel")
+    if poisson and sampler is not None and not getattr(sampler, "poisson", False):
+        raise ValueError(f"sampler: {mechanism}'s accountant assumes Poisson sampling (each client independently "
+                         f"with probability q), got {getattr(sampler, 'name', sampler)!r}; use sampler: poisson "
+                         "(an accountant for fixed-size or attention sampling is not implemented)")
+    if weighting is not None and not getattr(weighting, "equal_weights", False):
+        raise ValueError(f"weighting: {mechanism} weighs every counting client by 1/m (bounded sensitivity C/m); "
+                         f"{getattr(weighting, 'name', weighting)!r} weights are unbounded without a cap; use weighting: uniform")
+    if channel is not None and not getattr(channel, "exact", True):
+        raise ValueError(f"channel: {mechanism} clips each update before any compression, and ternary compression "
+                         "with residuals feeds earlier rounds' updates into later ones (unbounded sensitivity); "
+                         "use channel: false with DP")
 
 
 class DPFedAvg(ServerCombination):
@@ -171,7 +192,7 @@ class DPFedAvg(ServerCombination):
     def prepare_run(self, context) -> None:
         """Refuse what the accountant cannot account for; fix δ; calibrate ``z``; split ``z`` for adaptive clipping."""
         roles = context.components or {}
-        check_releases(roles, context.net_releases)  # every value the accountant cannot account (lfed.privacy.releases)
+        check_neighbours(context)  # every value the accountant cannot account; Poisson sampling, equal weights, exact channel
         # the private draws (noise, the Poisson cohort, DP-SCAFFOLD's control noise) from one source, keyed by the
         # run's settings unless common random numbers are asked for; the components that draw them share it
         self.streams = PrivateStreams(self.noise, "" if self.common_noise else getattr(context, "run_key", ""))
@@ -183,18 +204,6 @@ class DPFedAvg(ServerCombination):
         if self.shares and self.local_noise > 0:
             raise ValueError("local_noise: a component's own noised release (DP-SCAFFOLD's control updates) is noised "
                              "on the server and accounted as a share of noise_multiplier; use server noise with it")
-        sampler, weighting, channel = roles.get("sampler"), roles.get("weighting"), roles.get("channel")
-        if sampler is not None and not getattr(sampler, "poisson", False):
-            raise ValueError(f"sampler: DP-FedAvg's accountant assumes Poisson sampling (each client independently "
-                             f"with probability q), got {getattr(sampler, 'name', sampler)!r}; use sampler: poisson "
-                             "(an accountant for fixed-size or attention sampling is not implemented)")
-        if weighting is not None and not getattr(weighting, "equal_weights", False):
-            raise ValueError(f"weighting: DP-FedAvg weighs every counting client by 1/m (bounded sensitivity C/m); "
-                             f"{getattr(weighting, 'name', weighting)!r} weights are unbounded without a cap; use weighting: uniform")
-        if channel is not None and not getattr(channel, "exact", True):
-            raise ValueError("channel: DP-FedAvg clips each update before any compression, and ternary compression "
-                             "with residuals feeds earlier rounds' updates into later ones (unbounded sensitivity); "
-                             "use channel: false with DP")
         N = context.num_clients
         if N is None:
             return

@@ -41,10 +41,12 @@ INSTEAD = {
 }
 
 
-def refusal(setting: str, what: str) -> str:
-    """The one line refusing ``what`` (a release of ``setting``'s component) in a DP run."""
+def refusal(setting: str, what: str, mechanism: str = "DP-FedAvg") -> str:
+    """The one line refusing ``what`` (a release of ``setting``'s component) in a DP run of ``mechanism``."""
     instead = INSTEAD.get(setting, f"a {setting} that releases nothing but its update")
-    return (f"{setting}: {what}, so DP-FedAvg's ε would not hold (it accounts only the clipped, noised update); "
+    if setting == "combination" and mechanism != "DP-FedAvg":
+        instead = f"combination: {mechanism}"
+    return (f"{setting}: {what}, so {mechanism}'s ε would not hold (it accounts only the clipped, noised update); "
             f"use {instead} with DP")
 
 
@@ -53,10 +55,10 @@ def releases_of(component: Any) -> tuple[str, ...]:
     return tuple(getattr(component, "releases", ()))
 
 
-def check_releases(components: dict[str, Any], net_releases: Iterable[str] = ()) -> None:
+def check_releases(components: dict[str, Any], net_releases: Iterable[str] = (), mechanism: str = "DP-FedAvg") -> None:
     """Raise ``ValueError`` (:func:`refusal`) for the first release of any component (by role) or of the net."""
     for role, component in components.items():
         for what in releases_of(component):
-            raise ValueError(refusal(SETTINGS.get(role, role), what))
+            raise ValueError(refusal(SETTINGS.get(role, role), what, mechanism))
     for what in net_releases:
-        raise ValueError(refusal("net", what))
+        raise ValueError(refusal("net", what, mechanism))
