@@ -238,7 +238,7 @@ class CanaryDPFedAvg(Canaries, DPFedAvg):
 
     def __init__(self, canaries: int = 1000, guesses: list[int] | None = None, beta: float = 0.05,
                  leak: str | None = None, canary_seed: int = 0, **dp: Any) -> None:
-        DPFedAvg.__init__(self, **dp)
+        super().__init__(**dp)  # super(), not DPFedAvg.__init__: jsonargparse reads **dp through it (the config's settings)
         self.init_canaries(canaries, guesses, beta, leak, canary_seed, LEAKS)
         if self.target_quantile is not None or self.local_noise > 0:
             raise ValueError("canaries: the audit is of DP-FedAvg with a fixed clip and server noise "
@@ -289,7 +289,7 @@ class CanaryDistributedDP(Canaries, DistributedDP):
 
     def __init__(self, canaries: int = 1000, guesses: list[int] | None = None, audit_beta: float = 0.05,
                  leak: str | None = None, canary_seed: int = 0, **ddp: Any) -> None:
-        DistributedDP.__init__(self, **ddp)
+        super().__init__(**ddp)  # super(): jsonargparse reads **ddp through it
         self.init_canaries(canaries, guesses, audit_beta, leak, canary_seed, DDP_LEAKS)
 
     def combine(self, updates, weights, cohort):

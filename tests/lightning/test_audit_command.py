@@ -45,8 +45,12 @@ def test_the_audit_of_a_dp_run_reports_the_claim_beside_the_bound(monkeypatch, c
 
 @pytest.mark.parametrize("args, line", [
     (["--config", str(REPO / "configs" / "quickstart.yaml")],
-     "lfed audit: error: model.combination: lfed audit audits a DP-FedAvg run, and this one's combination is 'mean' "
-     "(algorithm 'fedavg'); give a config with combination: lfed.privacy.DPFedAvg (configs/dp_digits.yaml, configs/dp_mnist.yaml)"),
+     "lfed audit: error: model.combination: lfed audit audits a private run, and this one's combination is 'mean' "
+     "(algorithm 'fedavg') and its objective 'plain'; give a config with combination: dp_fedavg or distributed_dp, or "
+     "objective: dp_sgd (configs/dp_digits.yaml, configs/distributed_dp_digits.yaml, configs/dp_sgd_digits.yaml)"),
+    (["--config", str(DP), "--leak", "plaintext"],
+     "lfed audit: error: leak: 'plaintext' is not a leak of this run's mechanism (CanaryDPFedAvg): one of "
+     "('none', 'no_noise', 'no_clip')"),
     (["--config", str(DP), "--canaries", "1"], "lfed audit: error: canaries: at least 2 canary clients, got 1"),
     (["--config", str(DP), "--confidence", "1.5"], "lfed audit: error: confidence: must be in (0, 1), got 1.5"),
 ])
@@ -73,3 +77,34 @@ def test_the_command_catches_a_planted_leak_and_passes_the_mechanism(leak, code,
     assert claimed < reach  # this audit can contradict this claim
     if leak != "none":
         assert screen[-1] == "  planted   leak 'no_noise': the claim is false by construction; the audit caught it"
+
+
+def test_the_audit_of_example_level_dp_sgd_uses_canary_examples(monkeypatch, capsys, tmp_path):
+    """objective: dp_sgd: the command swaps in CanaryDPSGD with the config's settings and reports the canary client's ε."""
+    code, out, err = _audit(monkeypatch, capsys, tmp_path, "--config", str(REPO / "configs" / "dp_sgd_digits.yaml"),
+                            "--trainer.max_steps", "3", "--trainer.enable_progress_bar", "false", "--trainer.logger",
+                            "false", "--trainer.default_root_dir", str(tmp_path), "--canaries", "40",
+                            "--model.objective.init_args.noise_multiplier", "1.7")
+    assert code == 0, err
+    screen = out[out.index("lfed audit: one-run privacy audit"):].splitlines()
+    assert "(40 canaries, " in screen[2] and screen[2].endswith("canary examples of client 0)")
+    assert screen[-1].endswith("it audits that client's uploads to the server only.")
+    [config] = tmp_path.glob("runs/*/version_0/config.yaml")
+    objective = yaml.safe_load(config.read_text())["model"]["objective"]
+    assert objective["class_path"] == "lfed.privacy.audit_examples.CanaryDPSGD"
+    assert objective["init_args"]["noise_multiplier"] == 1.7 and objective["init_args"]["clip"] == 1.0
+    assert objective["init_args"]["canaries"] == 40
+
+
+def test_the_audit_of_distributed_dp_keeps_the_configs_settings(monkeypatch, capsys, tmp_path):
+    """combination: distributed_dp: the command swaps in CanaryDistributedDP with the config's settings."""
+    code, out, err = _audit(monkeypatch, capsys, tmp_path, "--config", str(REPO / "configs" / "distributed_dp_digits.yaml"),
+                            "--trainer.max_steps", "1", "--trainer.enable_progress_bar", "false", "--trainer.logger",
+                            "false", "--trainer.default_root_dir", str(tmp_path), "--canaries", "20",
+                            "--model.combination.init_args.noise_multiplier", "2.5")
+    assert code == 0, err
+    [config] = tmp_path.glob("runs/*/version_0/config.yaml")
+    combination = yaml.safe_load(config.read_text())["model"]["combination"]
+    assert combination["class_path"] == "lfed.privacy.audit.CanaryDistributedDP"
+    assert combination["init_args"]["noise_multiplier"] == 2.5 and combination["init_args"]["bits"] == 20
+    assert combination["init_args"]["canaries"] == 20 and combination["init_args"]["audit_beta"] == pytest.approx(0.05)
