@@ -66,15 +66,20 @@ K_STDDEVS = 3.0
 # ---------------------------------------------------------------------- the rotation
 def hadamard(x: Tensor) -> Tensor:
     """``H x`` over the last dimension (a power of two), ``H`` the Sylvester-Hadamard matrix (entries ±1, ``H² = d I``):
-    the fast Walsh-Hadamard transform, ``O(d log d)``."""
+    the fast Walsh-Hadamard transform, ``O(d log d)``, its butterflies in place on one copy (no new tensor per level)."""
     d = x.shape[-1]
     if d & (d - 1):
         raise ValueError(f"hadamard: the last dimension must be a power of two, got {d}")
     lead = x.shape[:-1]
-    y, h = x, 1
+    y = x.reshape(-1, d).clone()
+    h = 1
     while h < d:
-        y = y.reshape(*lead, d // (2 * h), 2, h)
-        y = torch.stack((y[..., 0, :] + y[..., 1, :], y[..., 0, :] - y[..., 1, :]), dim=-2)
+        v = y.view(-1, d // (2 * h), 2, h)
+        top, bottom = v[:, :, 0, :], v[:, :, 1, :]
+        a = top.clone()
+        top.add_(bottom)  # a + b
+        torch.sub(a, bottom, out=a)  # a - b
+        bottom.copy_(a)
         h *= 2
     return y.reshape(*lead, d)
 
@@ -204,6 +209,8 @@ class DistributedDP(ServerCombination):
         dropout: Probability in [0, 1) that a client drops after masking; accounted (module docstring).
         noise: ``seeded`` (default) or ``secure``, as :class:`~lfed.privacy.DPFedAvg`'s.
         log_unaccounted: As :class:`~lfed.privacy.DPFedAvg`'s.
+        masks: True (default): secure aggregation draws and cancels every pair's mask (``O(K² d)`` a round); False: the
+            survivors' residues are summed directly, the same sum exactly (:func:`lfed.privacy.secagg.modular_sum`).
     """
 
     name = "distributed_dp"
@@ -215,8 +222,11 @@ class DistributedDP(ServerCombination):
 
     def __init__(self, noise_multiplier: float = 1.0, clip: float = 1.0, bits: int = 20, scale: float | None = None,
                  beta: float = math.exp(-0.5), delta: float | None = None, dropout: float = 0.0,
-                 noise: str = "seeded", log_unaccounted: bool = False) -> None:
+                 noise: str = "seeded", log_unaccounted: bool = False, masks: bool = True) -> None:
         super().__init__()
+        if not isinstance(masks, bool):
+            raise ValueError(f"masks: must be true or false, got {masks!r}")
+        self.masks = masks
         self.noise_multiplier = number("noise_multiplier", noise_multiplier, above=0)
         self.clip = number("clip", clip, above=0)
         self.M = _modulus(bits)
@@ -232,7 +242,7 @@ class DistributedDP(ServerCombination):
         self.noise, self.log_unaccounted = noise, log_unaccounted
         self.streams = PrivateStreams(noise)
         self._given = {"noise_multiplier": self.noise_multiplier, "clip": self.clip, "bits": bits, "scale": self.scale,
-                       "beta": self.beta, "delta": self.delta, "dropout": self.dropout, "noise": noise}
+                       "beta": self.beta, "delta": self.delta, "dropout": self.dropout, "noise": noise, "masks": masks}
         self.k_max: int | None = None
         self.accountant = SkellamAccountant()
         self._report: dict[str, float] = {}
@@ -317,7 +327,8 @@ class DistributedDP(ServerCombination):
             ints = ints + noise * shares[:, None].double()
         survived = self.survivors(len(idx), cohort)
         rows = torch.remainder(ints.long(), self.M)  # modular clipping: a value outside the range wraps
-        total = modular_sum(rows, self.bits, survived, ids=host.clients[idx], seed=cohort.seed, round=cohort.round)
+        total = modular_sum(rows, self.bits, survived, ids=host.clients[idx], seed=cohort.seed, round=cohort.round,
+                            masks=self.masks)
         signed = to_signed(total, self.bits).double()
         delta = unrotate(signed / s, P, cohort.seed, cohort.round) / m
         realised = float((shares & survived).sum()) * mu / m  # the noise that reached the sum (dropouts: less)

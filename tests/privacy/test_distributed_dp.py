@@ -207,3 +207,19 @@ def test_the_audit_catches_planted_leaks_and_a_correct_run_stays_under_its_epsil
         assert result.epsilon_lower <= result.epsilon
     else:
         assert result.epsilon_lower > result.epsilon
+
+
+def test_summing_without_drawing_the_masks_releases_the_same_round_exactly():
+    """masks=False skips the O(K² d) pair masks of secure aggregation: the round's release and its accounting are the
+    same, bit for bit (the masks cancel in Z_M), with a dropout too."""
+    torch.manual_seed(0)
+    updates = torch.randn(4, 100, dtype=torch.float64)
+    out = []
+    for masks in (True, False):
+        ddp = _ddp(noise_multiplier=1.2, clip=1.0, bits=24, dropout=0.3, masks=masks)
+        ddp.delta = 1e-5
+        delta, _ = ddp.combine(updates, None, _cohort(3, 4, 4.0))
+        out.append((delta, ddp.accountant.events, ddp._report["secagg/dropped"]))
+    assert torch.equal(out[0][0], out[1][0]) and out[0][1] == out[1][1] and out[0][2] == out[1][2]
+    with pytest.raises(ValueError, match="masks: must be true or false"):
+        DistributedDP(masks="no")
