@@ -18,6 +18,9 @@ read here, not part of the component contract):
 
 The run applies the gate (:class:`MetricGate`) to every metric it logs, prints or writes to a summary, in one place
 each: the round's metrics, the evaluation's, the end-of-run summary, the accuracy histogram.
+
+The gate also gives a renamed metric its names (:data:`RENAMED`): its new name and, for one version, its old one
+as a deprecated alias with the same value (gated like the new one).
 """
 
 from __future__ import annotations
@@ -26,12 +29,25 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MODES", "UNACCOUNTED", "MetricGate", "matches"]
+__all__ = ["MODES", "RENAMED", "UNACCOUNTED", "MetricGate", "canonical_name", "matches"]
 
 #: The marker of a metric logged although no accountant covers it (``log_unaccounted: true``).
 UNACCOUNTED = "unaccounted/"
 #: ``all``: no gate; ``mark``: unaccounted metrics renamed; ``drop``: unaccounted metrics not logged (strictest last).
 MODES = ("all", "mark", "drop")
+#: Metrics renamed in 0.5, old name -> new name (``_worst10pct`` as ``global/``, ``personal/`` and their ``_val`` forms
+#: have always been named). 0.5 logs each under its new name and, deprecated, under its old one too (the same value);
+#: 0.6 removes the old names.
+RENAMED = {
+    "client/acc_worst10": "client/acc_worst10pct",
+    "client/perplexity_worst10": "client/perplexity_worst10pct",
+}
+_ALIAS = {new: old for old, new in RENAMED.items()}
+
+
+def canonical_name(name: str) -> str:
+    """``name``'s current name: the new name of a renamed metric (:data:`RENAMED`), else ``name``."""
+    return RENAMED.get(name, name)
 
 
 def matches(name: str, patterns: Iterable[str]) -> bool:
@@ -79,10 +95,13 @@ class MetricGate:
         return UNACCOUNTED + name if self.mode == "mark" else None
 
     def __call__(self, metrics: Mapping[str, Any]) -> dict[str, Any]:
-        """``metrics`` as the run may log them (their order kept)."""
+        """``metrics`` as the run may log them (their order kept): a renamed metric (:data:`RENAMED`) under its new
+        name, followed by its deprecated old name with the same value (until 0.6)."""
         out = {}
         for key, value in metrics.items():
-            shown = self.name(key)
-            if shown is not None:
-                out[shown] = value
+            new = canonical_name(key)
+            for name in (new, _ALIAS[new]) if new in _ALIAS else (new,):
+                shown = self.name(name)
+                if shown is not None:
+                    out[shown] = value
         return out

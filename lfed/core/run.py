@@ -388,11 +388,11 @@ class FederatedRun(nn.Module):
         if per_client is not None:
             client = per_client[~torch.isnan(per_client)]
             metrics["client/acc_mean"] = float(client.mean())
-            metrics["client/acc_worst10"] = worst_share_mean(client, 0.1)
+            metrics["client/acc_worst10pct"] = worst_share_mean(client, 0.1)  # (0.4's client/acc_worst10: the gate's alias)
             metrics.update(self.personal_evaluation(evaluated, ranks, reduce_sum, tokens, batch_size))
         if evaluated is not None and evaluated[1] is not None:  # docs/algorithms.md §12: each client's perplexity exp(mean NLL)
             ppl = perplexity_summary(evaluated[1], "client")  # the one formula of personal/* and global/* too
-            metrics.update({k.replace("_worst10pct", "_worst10"): v for k, v in ppl.items()})  # client/*_worst10, as acc
+            metrics.update(ppl)  # client/perplexity_mean, client/perplexity_worst10pct (the gate logs 0.4's name beside it)
         return metrics, per_client
 
     def personal_sample(self) -> Tensor:

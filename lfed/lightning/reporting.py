@@ -36,6 +36,8 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 
+from lfed.base.metric_gate import canonical_name
+
 __all__ = [
     "MetricsCSV",
     "QuietWandbLogger",
@@ -55,7 +57,7 @@ TABLE_COLUMNS = (
     ("test/acc", "test acc"),
     ("test/loss", "test loss"),
     ("client/acc_mean", "client acc mean"),
-    ("client/acc_worst10", "client acc worst 10%"),
+    ("client/acc_worst10pct", "client acc worst 10%"),
     ("personal/acc_mean", "personal acc mean"),  # personalized methods only (docs/algorithms.md §13)
     ("personal/acc_worst10pct", "personal acc worst 10%"),
 )
@@ -239,7 +241,7 @@ class RoundTable(Callback):
 
     After every evaluation of the global model it records the number of rounds done
     (``global_step``) and the logged ``test/acc``, ``test/loss``, ``client/acc_mean`` and
-    ``client/acc_worst10`` (and ``personal/acc_mean``, ``personal/acc_worst10pct`` of a personalized
+    ``client/acc_worst10pct`` (and ``personal/acc_mean``, ``personal/acc_worst10pct`` of a personalized
     method); the rows are part of the checkpoint, so a resumed run prints the
     whole history. At most ``max_rows`` rows are printed (evenly spaced, the last one always).
 
@@ -307,7 +309,8 @@ class RoundTable(Callback):
         return {"rows": [dict(r) for r in self.rows]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.rows = [dict(r) for r in state_dict.get("rows", [])]
+        # a checkpoint of lfed <= 0.4 holds its rows under the metrics' old names (client/acc_worst10)
+        self.rows = [{canonical_name(k): v for k, v in r.items()} for r in state_dict.get("rows", [])]
 
 
 # --------------------------------------------------------------------------- progress bar

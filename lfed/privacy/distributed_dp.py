@@ -229,8 +229,11 @@ class DistributedDP(ServerCombination):
         self.masks = masks
         self.noise_multiplier = number("noise_multiplier", noise_multiplier, above=0)
         self.clip = number("clip", clip, above=0)
-        self.M = _modulus(bits)
         self.bits = integer("bits", bits, at_least=2)
+        if bits > 52:  # the rotation, the rounding and the noise run in float64, exact for integers below 2^53
+            raise ValueError(f"bits: at most 52 for distributed DP (its rounding and noise are computed in float64, whose "
+                             f"integers are exact only below 2^53), got {bits}")
+        self.M = _modulus(bits)
         self.scale = None if scale is None else number("scale", scale, above=0)
         self.beta = number("beta", beta, at_least=0, below=1)
         self.delta = None if delta is None else number("delta", delta, above=0, below=1)

@@ -82,7 +82,7 @@ def test_users_own_module_loss_and_dataset_plug_in():
                              training=dict(client_lr=0.5, batch_size=16))
     trainer = run_rounds(module, dm, rounds=20, evaluate_every=20, precision="32-true")
     assert trainer.callback_metrics["test/acc"] > 0.85
-    assert 0 <= trainer.callback_metrics["client/acc_worst10"] <= trainer.callback_metrics["client/acc_mean"]
+    assert 0 <= trainer.callback_metrics["client/acc_worst10pct"] <= trainer.callback_metrics["client/acc_mean"]
 
 
 def test_global_step_counts_rounds():
