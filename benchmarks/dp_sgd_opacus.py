@@ -1,6 +1,7 @@
 """Example-level DP-SGD over a cohort: lfed's vmapped cohort against an Opacus loop over the same clients (issue 54).
 
     python benchmarks/dp_sgd_opacus.py --clients 10 100 --repeats 3
+    python benchmarks/dp_sgd_opacus.py --clients 10 100 --repeats 3 --features 64 --hidden 100   # digits' MLP
 
 Each of K clients holds 60 MNIST-sized examples (784 features, 10 classes; random data: the cost does not depend on
 the values) and takes 6 DP-SGD steps of expected batch 10 on the MLP 784-200-200-10 (199,210 parameters), C = 1,
@@ -67,11 +68,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", type=int, nargs="+", default=[10, 100])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--features", type=int, default=784)
+    p.add_argument("--hidden", type=int, nargs="+", default=[200, 200])
     a = p.parse_args()
     torch.manual_seed(0)
-    net = MLP(784, [200, 200], 10)
+    net = MLP(a.features, a.hidden, 10)
+    print(f"MLP {a.features}-{'-'.join(map(str, a.hidden))}-10, {sum(p.numel() for p in net.parameters()):,} parameters")
     for K in a.clients:
-        X, Y = torch.randn(K * N_EXAMPLES, 784), torch.randint(0, 10, (K * N_EXAMPLES,))
+        X, Y = torch.randn(K * N_EXAMPLES, a.features), torch.randint(0, 10, (K * N_EXAMPLES,))
         lfed_round(net, X, Y, K)  # warm-up (allocations, first vmap)
         opacus_round(net, X, Y, min(K, 2))
         runs = {"lfed": [], "opacus": []}

@@ -99,8 +99,8 @@ def clip_and_sum(per_example: dict[str, Tensor], mask: Tensor, clip: float) -> d
     the cohort's ``vmap``, or in the loop backend).
     """
     sq = None
-    for g in per_example.values():
-        s = g.reshape(g.shape[0], -1).pow(2).sum(1)
+    for g in per_example.values():  # the squared norms without a squared copy of the gradients (one read each)
+        s = torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1).square()
         sq = s if sq is None else sq + s
     factor = (clip / (sq.sqrt() + CLIP_EPSILON)).clamp(max=1.0) * mask.to(sq.dtype)
     return {name: torch.tensordot(factor.to(g.dtype), g, dims=1) for name, g in per_example.items()}

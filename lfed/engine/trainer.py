@@ -282,6 +282,11 @@ class CohortTrainer(VmapBackend, LoopBackend):
                 if rule.example_dp is not None:  # DP-SGD also holds every example's gradient: [B', P] per client
                     saved = (saved or 0) + positions.shape[2] * self.layout.num_params * w_start.element_size()
                 size = self._auto_chunk(selected.numel(), backend, w_start.device, saved)
+                if rule.example_dp is not None and w_start.device.type == "cpu":
+                    # on a CPU the chunk's per-example gradients [chunk, B', P] stay within the cache-sized 2^22 numbers
+                    # of the weights' rule (_auto_chunk): written, then read for the norms and the clipped sum
+                    # (BENCHMARKS.md, "DP-SGD in the cohort")
+                    size = min(size, max(1, (1 << 22) // max(positions.shape[2] * self.layout.num_params, 1)))
         results = []
         for lo in range(0, selected.numel(), size):
             part = selected[lo : lo + size]

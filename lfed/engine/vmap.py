@@ -177,6 +177,10 @@ class VmapBackend(RecordedStep):
         plain = _is_plain(rule)
         term = rule.loss_term
         dp = rule.example_dp  # example-level DP-SGD (lfed.engine.example_dp): each row's generators in the rows' order
+        widths = []  # DP-SGD: each step's largest realised batch among its active rows (at least 1), on the host
+        if dp is not None and T:
+            counts = valid.sum(-1).cpu()  # [K, T] (one read of the schedule, drawn on the host)
+            widths = [max(int(counts[: active[t], t].max()), 1) if active[t] else 1 for t in range(T)]
         for t in range(T):
             n = active[t]
             if n == 0:
@@ -188,7 +192,9 @@ class VmapBackend(RecordedStep):
             if augment is not None:  # this step's batch of every active row, with its examples' own draws
                 x = augment[0].apply(x, {k: v[:n, t] for k, v in augment[1].items()})
             if dp is not None:  # clipped per-example sums, then each row's own noise and the expected batch
-                g, loss = self._vmapped_dp(params, x, data_y[ids], mask_all[:n, t], rows, dp.clip)
+                width = widths[t]  # this step's largest Poisson batch (the sampled examples lead each row)
+                g, loss = self._vmapped_dp(params, x[:, :width], data_y[ids[:, :width]], mask_all[:n, t, :width], rows,
+                                           dp.clip)
                 g = self.layout.unflatten(dp.finish(self.layout.flatten(g)))
             elif term is None:
                 g, loss = self._step(params, x, data_y[ids], mask_all[:n, t], rows, n == K, stats=norm)
