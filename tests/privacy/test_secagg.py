@@ -184,3 +184,16 @@ def test_secure_aggregation_hides_per_client_metrics_unless_marked(log_unaccount
     assert {"test/acc", "secagg/dropped", "secagg/max_abs_fraction_of_range"} <= logged
     assert not any(k.startswith(("train/", "client/", "round/")) for k in logged)
     assert ("unaccounted/train/loss" in logged) == log_unaccounted
+
+
+def test_example_level_dp_sgd_composes_with_secure_aggregation():
+    """objective dp_sgd under combination secagg: each client's steps are DP-SGD, the server sees only the sum; both
+    report (the clients' ε, the sum's range)."""
+    from lfed.privacy import DPSGD
+
+    m = _module(algorithm="fedavg", objective=DPSGD(noise_multiplier=1.0, clip=1.0),
+                combination=SecureAggregation(bits=40, clip=10.0))
+    run_rounds(m, _digits(), 2)
+    extra = m.last_round.extra
+    assert 0 < extra["privacy/example_epsilon_max"] < float("inf")
+    assert 0 < extra["secagg/max_abs_fraction_of_range"] < 1 and extra["secagg/dropped"] == 0
