@@ -35,33 +35,54 @@ from lfed.rng import round_generator  # noqa: E402
 N_EXAMPLES, STEPS, BATCH, CLIP, SIGMA, LR = 60, 6, 10, 1.0, 1.0, 0.1
 
 
-def lfed_round(net, X, Y, K):
-    engine = CohortTrainer(net, backend="vmap")
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def lfed_round(net, X, Y, K, noise: float = SIGMA, weights: bool = False):
+    """Seconds of one ``CohortTrainer.train`` call of K clients with example-level DP (on ``X``'s device); with
+    ``weights``, also the trained ``[K, P]`` weights."""
+    device = X.device
+    engine = CohortTrainer(net.to(device), backend="vmap")
     w = engine.layout.module_vector(net)
-    dp = ExampleNoise(CLIP, SIGMA, float(BATCH), [round_generator(0, 0, f"dp-sgd/{k}") for k in range(K)])
-    index = torch.arange(K * N_EXAMPLES).view(K, N_EXAMPLES)
+    dp = ExampleNoise(CLIP, noise, float(BATCH), [round_generator(0, 0, f"dp-sgd/{k}") for k in range(K)])
+    index = torch.arange(K * N_EXAMPLES, device=device).view(K, N_EXAMPLES)
+    _sync(device)
     start = time.perf_counter()
-    engine.train(w, X, Y, index, torch.full((K,), N_EXAMPLES), torch.full((K,), STEPS), StepRule(example_dp=dp), LR,
-                 BATCH, round_generator(0, 0, "batches"))
-    return time.perf_counter() - start
+    out = engine.train(w, X, Y, index, torch.full((K,), N_EXAMPLES), torch.full((K,), STEPS), StepRule(example_dp=dp),
+                       LR, BATCH, round_generator(0, 0, "batches"))
+    _sync(device)
+    seconds = time.perf_counter() - start
+    return (seconds, out.weights) if weights else seconds
 
 
-def opacus_round(net, X, Y, K):
+def opacus_round(net, X, Y, K, noise: float = SIGMA, weights: bool = False):
+    """Seconds of Opacus's DP-SGD client after client on the same Poisson batches (on ``X``'s device); with
+    ``weights``, also client 0's trained weights."""
     from opacus import GradSampleModule
     from opacus.optimizers import DPOptimizer
 
+    device = X.device
     positions, valid = poisson_schedule(torch.full((K,), N_EXAMPLES), STEPS, BATCH, round_generator(0, 0, "batches"))
+    positions, valid = positions.to(device), valid.to(device)
+    first = None
+    _sync(device)
     start = time.perf_counter()
     for k in range(K):
-        model = GradSampleModule(copy.deepcopy(net), loss_reduction="mean")
-        opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=LR), noise_multiplier=SIGMA, max_grad_norm=CLIP,
+        model = GradSampleModule(copy.deepcopy(net).to(device), loss_reduction="mean")
+        opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=LR), noise_multiplier=noise, max_grad_norm=CLIP,
                           expected_batch_size=BATCH, loss_reduction="mean")
         for t in range(STEPS):
             ids = k * N_EXAMPLES + positions[k, t][valid[k, t]]
             opt.zero_grad()
             nn.functional.cross_entropy(model(X[ids]), Y[ids]).backward()
             opt.step()
-    return time.perf_counter() - start
+        if k == 0 and weights:
+            first = torch.cat([p.detach().reshape(-1) for p in model._module.parameters()])
+    _sync(device)
+    seconds = time.perf_counter() - start
+    return (seconds, first) if weights else seconds
 
 
 def main() -> None:

@@ -84,6 +84,10 @@ failed).
    ``CohortTrainer.train`` call on the vmap backend (each client's running statistics its own row) against the loop
    backend, the centralized step over the same examples, and vmap with ``crop_flip`` redrawn every step; medians
    of 3 (quick: 1), interleaved. Not bounded by ``--budget-s``: run it alone with ``--sections resnet``.
+10. example-level DP-SGD (section ``dp_sgd``, issue 54, ``benchmarks/dp_sgd_opacus.py``): K = 10, 100, 1,000 clients
+   of the MNIST 2NN (quick: 2 clients of a tiny MLP) in one ``CohortTrainer.train`` call against Opacus client after
+   client on the same Poisson batches; client 0's noise-free weights checked against Opacus's first. Skipped, with
+   the reason, without opacus (carry its wheel). Not bounded by ``--budget-s``.
 
 ``--quick`` shrinks everything (a few clients, 12x12 images, a grid of 3 runs, the compile
 backend ``aot_eager``, tiny LoRA and personalization jobs) so the suite runs on the CPU in well
@@ -278,6 +282,9 @@ class Settings:
         # a BatchNorm ResNet's local training (issue 53): ResNet-18 at cohort 50 (quick: a ResNet-20 of width 4, cohort 2)
         self.resnet = (dict(model="ResNet20 width 4", cohort=2, image=8, per_client=16, steps=2, batch=8, repeats=1) if quick else
                        dict(model="ResNet18", cohort=50, image=32, per_client=64, steps=5, batch=32, repeats=3))
+        # example-level DP-SGD in the cohort against an Opacus loop (issue 54; benchmarks/dp_sgd_opacus.py, the CPU table)
+        self.dp_sgd = (dict(clients=[2], features=16, hidden=[16], repeats=1) if quick else
+                       dict(clients=[10, 100, 1000], features=784, hidden=[200, 200], repeats=3))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -620,7 +627,7 @@ class Suite:
                     return co
 
                 for name in NAMES["combination"]:
-                    if name in ("dp_fedavg", "self", "global", "time", "fltrust"):
+                    if name in ("dp_fedavg", "self", "global", "time", "fltrust", "secagg", "distributed_dp"):  # not robust rules
                         continue
                     rule = build_component("combination", name, **({} if name in ("mean", "geometric_median",
                                                                                   "centered_clipping", "norm_bound") else {"f": 3}))
@@ -1657,12 +1664,57 @@ class Suite:
                        "vs_loop": med[name] / med["lfed loop"]} for name in variants]
         r.update(peak_memory(dev))
 
+    def dp_sgd(self, r: dict) -> None:
+        """Example-level DP-SGD: one ``CohortTrainer.train`` call of K clients (per-example gradients vmapped inside the
+        cohort's vmap) against Opacus's ``GradSampleModule`` + ``DPOptimizer`` client after client on the same Poisson
+        batches (benchmarks/dp_sgd_opacus.py: 60 examples, 6 steps of expected batch 10 per client); medians of
+        ``repeats`` after a warm-up, interleaved. Checked first: without noise, client 0's weights equal Opacus's."""
+        bench = str(Path(__file__).resolve().parent)
+        if bench not in sys.path:
+            sys.path.insert(0, bench)
+        try:
+            import opacus  # noqa: F401
+        except ImportError:
+            r["skipped"] = "opacus is not installed"
+            return
+        import dp_sgd_opacus as dps
+
+        from lfed.models.zoo import MLP
+
+        cfg, dev = self.s.dp_sgd, self.device
+        torch.manual_seed(0)
+        net = MLP(cfg["features"], cfg["hidden"], 10)
+        r["job"] = (f"MLP {cfg['features']}-{'-'.join(map(str, cfg['hidden']))}-10, K clients of {dps.N_EXAMPLES} "
+                    f"examples, {dps.STEPS} DP-SGD steps of expected batch {dps.BATCH} (C = {dps.CLIP}, sigma = {dps.SIGMA}); "
+                    f"lfed: one CohortTrainer.train call; Opacus: client after client; medians of {cfg['repeats']}")
+        g = torch.Generator().manual_seed(0)
+        k0 = cfg["clients"][0]
+        X = torch.randn(k0 * dps.N_EXAMPLES, cfg["features"], generator=g).to(dev)
+        Y = torch.randint(0, 10, (k0 * dps.N_EXAMPLES,), generator=g).to(dev)
+        _, ours = dps.lfed_round(net, X, Y, k0, noise=0.0, weights=True)
+        _, theirs = dps.opacus_round(net, X, Y, k0, noise=0.0, weights=True)
+        r["max_diff_vs_opacus_noise0"] = float((ours[0] - theirs).abs().max())
+        r["cases"] = []
+        for K in cfg["clients"]:
+            X = torch.randn(K * dps.N_EXAMPLES, cfg["features"], generator=g).to(dev)
+            Y = torch.randint(0, 10, (K * dps.N_EXAMPLES,), generator=g).to(dev)
+            dps.lfed_round(net, X, Y, K)  # warm-up
+            dps.opacus_round(net, X, Y, min(K, 2))
+            times = {"lfed": [], "opacus": []}
+            for _ in range(cfg["repeats"]):
+                times["lfed"].append(dps.lfed_round(net, X, Y, K))
+                times["opacus"].append(dps.opacus_round(net, X, Y, K))
+            med = {n: statistics.median(v) for n, v in times.items()}
+            r["cases"].append({"clients": K, "lfed_s": med["lfed"], "opacus_s": med["opacus"],
+                               "opacus_over_lfed": med["opacus"] / med["lfed"]})
+        r.update(peak_memory(dev))
+
     def run(self) -> int:
         wanted = getattr(self.args, "sections", None)
         for name, fn in (("environment", self.environment), ("correctness", self.correctness), ("setup", self.setup),
                          ("host_sync", self.host_sync), ("timing", self.timing), ("profile", self.profile),
                          ("compile_graphs", self.compile_graphs), ("precision", self.precision), ("lora", self.lora),
-                         ("personal_eval", self.personal), ("resnet", self.resnet)):
+                         ("personal_eval", self.personal), ("resnet", self.resnet), ("dp_sgd", self.dp_sgd)):
             if name == "environment" or not wanted or name in wanted:
                 self.section(name, fn)
         self.write()
@@ -1771,6 +1823,14 @@ def markdown(r: dict) -> str:
               "| variant | s per call | vs centralized | vs lfed loop |", "| --- | --- | --- | --- |"]
         L += [f"| {c['name']} | {_f(c['s_per_call'])} | {_f(c['vs_centralized'], 3)} | {_f(c['vs_loop'], 3)} |" for c in rn["cases"]]
         L.append("")
+    dps = secs.get("dp_sgd", {})
+    if dps.get("cases"):
+        L += ["## Example-level DP-SGD: the vmapped cohort against an Opacus loop (issue 54)", "", dps.get("job", ""), "",
+              f"Without noise, client 0's weights against Opacus's: max difference {_f(dps.get('max_diff_vs_opacus_noise0'), 3)}.",
+              "", "| clients | lfed s | Opacus s | Opacus / lfed |", "| --- | --- | --- | --- |"]
+        L += [f"| {c['clients']} | {_f(c['lfed_s'])} | {_f(c['opacus_s'])} | {_f(c['opacus_over_lfed'], 3)} |"
+              for c in dps["cases"]]
+        L.append("")
     su = secs.get("setup", {})
     if su.get("children"):
         L += ["## Set-up in its parts (fresh process, cold imports)", "", _cap(su.get("job", "")), "",
@@ -1864,7 +1924,7 @@ def markdown(r: dict) -> str:
 
 
 SECTIONS = ("correctness", "setup", "host_sync", "timing", "profile", "compile_graphs", "precision", "lora",
-            "personal_eval", "resnet")
+            "personal_eval", "resnet", "dp_sgd")
 
 
 def main(argv=None) -> int:

@@ -41,7 +41,7 @@ def test_quick_suite_on_the_cpu_passes_every_check_and_times_every_case(tmp_path
     assert r["exit_status"] == 0 and r["quick"] and r["device"] == "cpu"
     secs = r["sections"]
     assert set(secs) == {"environment", "correctness", "setup", "host_sync", "timing", "profile", "compile_graphs", "precision",
-                         "lora", "personal_eval", "resnet"}
+                         "lora", "personal_eval", "resnet", "dp_sgd"}
     for name, sec in secs.items():
         assert sec["status"] == "ok", (name, sec.get("error"))
 
@@ -54,6 +54,12 @@ def test_quick_suite_on_the_cpu_passes_every_check_and_times_every_case(tmp_path
         assert case["s_per_call"] > 0
         assert abs(case["vs_centralized"] - case["s_per_call"] / cases["centralized"]["s_per_call"]) < 1e-12
     assert "A BatchNorm ResNet's local training" in (out / "gpu_suite.md").read_text()
+
+    # issue 54's GPU rows: example-level DP-SGD in the cohort against Opacus's loop, its noise-free step checked first
+    dp = secs["dp_sgd"]
+    assert dp["max_diff_vs_opacus_noise0"] < 1e-5 and [c["clients"] for c in dp["cases"]] == [2]
+    assert all(c["lfed_s"] > 0 and c["opacus_s"] > 0 for c in dp["cases"])
+    assert "Example-level DP-SGD: the vmapped cohort against an Opacus loop" in (out / "gpu_suite.md").read_text()
 
     env_ = secs["environment"]
     for key in ("python", "torch", "torch_cuda", "cuda_available", "device_name", "threads"):
