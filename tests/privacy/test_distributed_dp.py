@@ -165,7 +165,8 @@ def test_dp_fedavgs_neighbours_are_refused_before_round_0(components, match):
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(noise_multiplier=0.0), "noise_multiplier: must be"), (dict(clip=-1.0), "clip: must be"),
-    (dict(bits=70), "bits: at most 52 for distributed DP"), (dict(bits=53), "bits: at most 52 for distributed DP"), (dict(beta=1.0), "beta: must be"), (dict(dropout=-0.1), "dropout: must be"),
+    (dict(bits=70), "bits: at most 52 for distributed DP"),
+    (dict(bits=53), "bits: at most 52 for distributed DP"), (dict(beta=1.0), "beta: must be"), (dict(dropout=-0.1), "dropout: must be"),
     (dict(noise="urandom"), "noise: 'urandom' is not one of"),
 ])
 def test_bad_settings_are_refused_naming_the_argument(kwargs, match):

@@ -12,7 +12,7 @@ import torch
 from conftest import flat_weights, run_rounds
 from torch import nn
 
-from lfed.core.round import Algorithm, LocalTraining, run_round
+from lfed.core.round import run_round
 from lfed.data.datasets import load_dataset
 from lfed.engine import CohortTrainer, StepRule
 from lfed.engine.example_dp import ExampleNoise, clip_and_sum, poisson_schedule
