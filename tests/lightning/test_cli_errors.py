@@ -324,6 +324,6 @@ def test_a_components_setting_without_its_class_names_the_classes_that_have_it(m
     assert last_line(err) == ("lfed fit: error: model.objective.mu: a setting of the objective's class, and this command gives "
                               "no class for it (a name, or the default, takes its defaults); give the class first: --model.objective "
                               "lfed.client.objectives.Prox --model.objective.init_args.mu 0.5 (mu is a setting of "
-                              "lfed.client.objectives.Prox)")
+                              "lfed.client.objectives.Prox, lfed.privacy.dp_sgd.DPSGD)")  # DP-SGD's prox option (issue 54)
     code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--model.sampler.nonsense", "1"])
     assert code == 2 and last_line(err).endswith("(no built-in sampler has a setting 'nonsense')")
