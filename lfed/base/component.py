@@ -284,6 +284,8 @@ class CompositionContext:
             (the test split is the training clients' own held-out data, LEAF's), ``val_from_clients``.
         training: The run's training plan (:class:`lfed.core.round.LocalTraining`: lr, batch size, budget), when known
             (example-level DP-SGD needs a batch size).
+        shared_params: How many coordinates a client uploads (the shared part of the model), when known (distributed DP
+            calibrates its noise for them).
     """
 
     explicit: frozenset
@@ -297,6 +299,7 @@ class CompositionContext:
     run_key: str = ""
     data_notes: frozenset = frozenset()
     training: Any = None
+    shared_params: int | None = None
 
 
 class Component(nn.Module):

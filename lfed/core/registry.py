@@ -394,7 +394,8 @@ class CompositionWarning(UserWarning):
 def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozenset(), *,
                          num_clients: int | None = None, total_rounds: int | None = None,
                          net_releases: tuple[str, ...] = (), run_key: str = "",
-                         data_notes: frozenset = frozenset(), training: Any = None) -> list[str]:
+                         data_notes: frozenset = frozenset(), training: Any = None,
+                         shared_params: int | None = None) -> list[str]:
     """Every component's own preparation and check of the run's composition (:meth:`lfed.base.component.Component.prepare_run`,
     :meth:`~lfed.base.component.Component.composition_warnings`).
 
@@ -408,7 +409,7 @@ def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozen
         num_clients: ``N``, when known; ``total_rounds``: the run's rounds, when known (with both,
             the checks see every round's cohort size).
         net_releases: What the run releases of its net beyond the parameters (:meth:`lfed.core.run.FederatedRun.net_releases`).
-        run_key, data_notes, training: :class:`lfed.base.component.CompositionContext`'s.
+        run_key, data_notes, training, shared_params: :class:`lfed.base.component.CompositionContext`'s.
 
     Returns:
         The warnings, one sentence each (the caller emits them as :class:`CompositionWarning`).
@@ -423,7 +424,7 @@ def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozen
     roles = algorithm.roles()
     context = CompositionContext(frozenset(explicit), participation.stragglers.p_inactive,
                                  participation.stragglers.p_incomplete, num_clients, total_rounds, sizes, roles,
-                                 tuple(net_releases), run_key, frozenset(data_notes), training)
+                                 tuple(net_releases), run_key, frozenset(data_notes), training, shared_params)
     unique = list({id(c): c for c in roles.values()}.values())
     for component in unique:  # before round 0: refuse what cannot run, derive settings
         component.prepare_run(context)

@@ -225,7 +225,8 @@ class FederatedRun(nn.Module):
         return algorithms.validate_composition(self.components, self.explicit, num_clients=data.num_clients,
                                                total_rounds=total_rounds, net_releases=self.net_releases(),
                                                run_key=self.stream_key(data), data_notes=data_notes(data),
-                                               training=self.training_plan)
+                                               training=self.training_plan,
+                                               shared_params=sum(self.components.sharing.shared_sizes_of(self.layout.sizes)))
 
     def depends_on_total_rounds(self) -> str | None:
         """What of the run depends on its horizon (``trainer.max_steps``): a fraction schedule over the run, a

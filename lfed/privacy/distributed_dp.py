@@ -199,9 +199,12 @@ class DistributedDP(ServerCombination):
 
     Args:
         noise_multiplier: ``z > 0``: the central noise's standard deviation in units of ``C`` (``μ = (z C s)²``,
-            each of the expected ``m`` clients adds ``μ/m``).
+            each of the expected ``m`` clients adds ``μ/m``); None with ``target_epsilon``: calibrated before round 0.
+        target_epsilon: A budget. With ``noise_multiplier: null``, ``z`` is first calibrated (bisection to 0.1%) to the
+            smallest whose ε(δ) after the run's rounds (every share arriving) is within it; with a given ``z``, a cap. In
+            both, the run stops before a round that would spend more (dropouts spend faster: the check sees them).
         clip: The L2 clip ``C > 0``.
-        bits: ``M = 2^bits`` of the modular sum (2..62, default 20).
+        bits: ``M = 2^bits`` of the modular sum (2..52, default 20).
         scale: ``s``; None (default): the largest with ``2^bits ≥ 2·3·sqrt(s²(K²C²/d + z²C²) + K/4)`` (three standard
             deviations of the sum's coordinates inside the range, the authors' choice ``k = 3``; ``K`` the largest cohort).
         beta: ``β`` in [0, 1) of conditional rounding (default ``e^{-1/2}``; 0: the bound ``sC + √d``, no redraws).
@@ -220,14 +223,23 @@ class DistributedDP(ServerCombination):
     def asynchronous_refusal(self, schedule) -> str | None:
         return "distributed DP masks and noises one synchronous cohort; use a synchronous schedule"
 
-    def __init__(self, noise_multiplier: float = 1.0, clip: float = 1.0, bits: int = 20, scale: float | None = None,
+    def __init__(self, noise_multiplier: float | None = 1.0, clip: float = 1.0, bits: int = 20, scale: float | None = None,
                  beta: float = math.exp(-0.5), delta: float | None = None, dropout: float = 0.0,
-                 noise: str = "seeded", log_unaccounted: bool = False, masks: bool = True) -> None:
+                 noise: str = "seeded", log_unaccounted: bool = False, masks: bool = True,
+                 target_epsilon: float | None = None) -> None:
         super().__init__()
         if not isinstance(masks, bool):
             raise ValueError(f"masks: must be true or false, got {masks!r}")
         self.masks = masks
-        self.noise_multiplier = number("noise_multiplier", noise_multiplier, above=0)
+        if target_epsilon is not None:
+            number("target_epsilon", target_epsilon, above=0)
+        elif noise_multiplier is None:
+            raise ValueError("noise_multiplier: give a noise multiplier z > 0, or target_epsilon to calibrate it")
+        if noise_multiplier is not None:
+            number("noise_multiplier", noise_multiplier, above=0)
+        self.noise_multiplier = None if noise_multiplier is None else float(noise_multiplier)  # None: calibrated before round 0
+        self.target_epsilon = target_epsilon
+        self._calibrate = noise_multiplier is None
         self.clip = number("clip", clip, above=0)
         self.bits = integer("bits", bits, at_least=2)
         if bits > 52:  # the rotation, the rounding and the noise run in float64, exact for integers below 2^53
@@ -245,7 +257,9 @@ class DistributedDP(ServerCombination):
         self.noise, self.log_unaccounted = noise, log_unaccounted
         self.streams = PrivateStreams(noise)
         self._given = {"noise_multiplier": self.noise_multiplier, "clip": self.clip, "bits": bits, "scale": self.scale,
-                       "beta": self.beta, "delta": self.delta, "dropout": self.dropout, "noise": noise, "masks": masks}
+                       "beta": self.beta, "delta": self.delta, "dropout": self.dropout, "noise": noise, "masks": masks,
+                       "target_epsilon": target_epsilon}
+        self._d: int | None = None  # the padded dimension (the shared coordinates rounded up to a power of two)
         self.k_max: int | None = None
         self.accountant = SkellamAccountant()
         self._report: dict[str, float] = {}
@@ -281,13 +295,75 @@ class DistributedDP(ServerCombination):
             if (self.M / (2 * K_STDDEVS)) ** 2 <= self.k_max / 4:
                 raise ValueError(f"bits: {self.bits} bits cannot hold the rounding noise of {self.k_max} clients "
                                  f"within {K_STDDEVS:g} standard deviations; give more bits")
+        if getattr(context, "shared_params", None):
+            self._d = 1 << max(0, (int(context.shared_params) - 1).bit_length())
+        if self.target_epsilon is not None and self._calibrate:
+            if not context.cohort_sizes:
+                raise ValueError("target_epsilon: calibrating the noise needs the run's rounds (trainer.max_steps > 0)")
+            if self._d is None:
+                raise ValueError("target_epsilon: calibrating distributed DP's noise needs the model's size (a run "
+                                 "gives it); give noise_multiplier instead")
+            self.noise_multiplier = self.calibrate(self.target_epsilon, len(context.cohort_sizes))
+            if self._given["scale"] is None:
+                self.scale = self.derive_scale(self.k_max, self._d)
 
-    def derive_scale(self, k: int, d: int) -> float:
+    def planned_event(self, z: float) -> tuple[float, float, float]:
+        """``(μ, Δ₂, Δ₁)`` of a round at multiplier ``z`` with every share arriving (the scale: the setting, or derived
+        for ``z``, the largest cohort and the padded dimension)."""
+        d = self._d
+        s = self._given["scale"] if self._given["scale"] is not None else self.derive_scale(self.k_max or 1, d, z)
+        l2 = rounded_l2_bound(self.clip * s, d, self.beta)
+        return ((z * self.clip * s) ** 2, l2, min(math.sqrt(d) * l2, l2 * l2))
+
+    def calibrate(self, target: float, rounds: int) -> float:
+        """The smallest ``z`` (bisection to 0.1%) whose ε(δ) after ``rounds`` full rounds is at most ``target``."""
+
+        def eps(z: float) -> float:
+            return skellam_epsilon({self.planned_event(z): rounds}, self.delta)
+
+        lo, hi = 0.0, 1.0
+        while eps(hi) > target:
+            lo, hi = hi, hi * 2
+            if hi > 1e5:
+                raise ValueError(f"target_epsilon: {target} cannot be reached in {rounds} rounds at delta {self.delta:.3g}, "
+                                 "even with noise multiplier 1e5")
+        while hi - lo > 1e-3 * hi:
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if eps(mid) > target else (lo, mid)
+        return hi
+
+    @property
+    def depends_on_total_rounds(self) -> bool:
+        """``z`` calibrated for the run's rounds (``target_epsilon`` without ``noise_multiplier``)."""
+        return self._calibrate
+
+    def stop_before(self, round: int, cohort_size: int, num_clients: int) -> str | None:
+        """Stop before a round that would spend more than ``target_epsilon`` (planned: every share arriving; a round
+        with dropouts spends more, and the next check sees it)."""
+        if self.target_epsilon is None or self.delta is None or self._d is None:
+            return None
+        events = dict(self.accountant.events)
+        key = self._event_at_scale(self.scale if self.scale is not None else self.derive_scale(self.k_max or 1, self._d))
+        events[key] = events.get(key, 0) + 1
+        after = skellam_epsilon(events, self.delta)
+        if after <= self.target_epsilon:
+            return None
+        return (f"privacy budget: round {round} would spend ε = {after:.4g} > target_epsilon = {self.target_epsilon:g} "
+                f"(δ = {self.delta:.3g}); stopping after {self.accountant.rounds} rounds at ε = "
+                f"{self.accountant.epsilon(self.delta):.4g}")
+
+    def _event_at_scale(self, s: float) -> tuple[float, float, float]:
+        d = self._d
+        l2 = rounded_l2_bound(self.clip * s, d, self.beta)
+        return ((self.noise_multiplier * self.clip * s) ** 2, l2, min(math.sqrt(d) * l2, l2 * l2))
+
+    def derive_scale(self, k: int, d: int, z: float | None = None) -> float:
         """``s`` with ``2^bits = 2·k_σ·sqrt(s² (K² C²/d + z² C²) + K/4)`` (the ``scale`` setting's rule)."""
         room = (self.M / (2 * K_STDDEVS)) ** 2 - k / 4
         if room <= 0:
             raise ValueError(f"bits: {self.bits} bits cannot hold the rounding noise of {k} clients; give more bits")
-        C, z = self.clip, self.noise_multiplier
+        C = self.clip
+        z = self.noise_multiplier if z is None else z
         return math.sqrt(room / (k * k * C * C / d + z * z * C * C))
 
     def composition_warnings(self, context) -> list[str]:
@@ -360,8 +436,10 @@ class DistributedDP(ServerCombination):
         return out
 
     def get_extra_state(self) -> dict[str, Any]:
-        return {"accountant": self.accountant.state_dict(), "delta": self.delta, "scale": self.scale}
+        return {"accountant": self.accountant.state_dict(), "delta": self.delta, "scale": self.scale,
+                "noise_multiplier": self.noise_multiplier}
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
         self.accountant.load_state_dict(state["accountant"])
         self.delta, self.scale = state["delta"], state["scale"]
+        self.noise_multiplier = state.get("noise_multiplier", self.noise_multiplier)

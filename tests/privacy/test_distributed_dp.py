@@ -224,3 +224,41 @@ def test_summing_without_drawing_the_masks_releases_the_same_round_exactly():
     assert torch.equal(out[0][0], out[1][0]) and out[0][1] == out[1][1] and out[0][2] == out[1][2]
     with pytest.raises(ValueError, match="masks: must be true or false"):
         DistributedDP(masks="no")
+
+
+def test_a_budget_calibrates_the_smallest_noise_before_round_0_and_caps_the_run():
+    """target_epsilon with noise_multiplier: null: z is the smallest (to 0.1%) whose ε after the planned rounds, every
+    share arriving, is within the budget; the scale is derived for that z; and the round that would go past it is
+    refused by stop_before."""
+    from lfed.base.component import CompositionContext
+    from lfed.privacy.distributed_dp import rounded_l2_bound, skellam_epsilon
+
+    ddp = DistributedDP(noise_multiplier=None, target_epsilon=3.0, clip=0.5, bits=20, delta=1e-5)
+    ctx = CompositionContext(frozenset(), num_clients=10, total_rounds=4, cohort_sizes=[4] * 4,
+                             components={"combination": ddp}, shared_params=100)
+    ddp.prepare_run(ctx)
+    z, d = ddp.noise_multiplier, 128
+
+    def eps(zz, rounds=4):
+        s = ddp.derive_scale(4, d, zz)
+        l2 = rounded_l2_bound(0.5 * s, d, ddp.beta)
+        return skellam_epsilon({((zz * 0.5 * s) ** 2, l2, min(math.sqrt(d) * l2, l2 * l2)): rounds}, 1e-5)
+
+    assert eps(z) <= 3.0 < eps(z * 0.998)
+    assert ddp.scale == ddp.derive_scale(4, d, z) and ddp.depends_on_total_rounds
+    for r in range(4):  # four full rounds fit the budget
+        assert ddp.stop_before(r, 4, 10) is None
+        ddp.combine(torch.zeros(4, 100, dtype=torch.float64), None, _cohort(r, 4, 4.0))
+    assert ddp.accountant.epsilon(1e-5) <= 3.0
+    assert ddp.stop_before(4, 4, 10).startswith("privacy budget: round 4 would spend ε = ")  # a fifth would not
+    with pytest.raises(ValueError, match="noise_multiplier: give a noise multiplier z > 0, or target_epsilon"):
+        DistributedDP(noise_multiplier=None)
+
+
+def test_a_calibrated_run_on_digits_ends_within_its_budget():
+    m = _module(algorithm="fedavg", weighting="uniform", fraction=0.4,
+                combination=DistributedDP(noise_multiplier=None, target_epsilon=6.0, clip=0.5, bits=20, masks=False))
+    run_rounds(m, _digits(), 3)
+    dp = m.combination
+    assert dp.accountant.rounds == 3 and 5.5 < dp.accountant.epsilon(dp.delta) <= 6.0
+    assert m.last_round.extra["privacy/noise_multiplier"] == dp.noise_multiplier > 0
