@@ -183,11 +183,13 @@ class PrivateStreams:
         return round_generator(seed, round, f"{stream}/{self.key}" if self.key else stream, device)
 
     def normal(self, shape: tuple[int, ...] | int, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
-        """Standard normal draws of ``shape``: one draw each (seeded), or the sum of 4 divided by 2 (secure)."""
+        """Standard normal draws of ``shape`` on the generator's device: one draw each (seeded), or the sum of 4 divided
+        by 2 (secure)."""
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        device = generator.device
         if not self.secure:
-            return torch.randn(shape, generator=generator, dtype=dtype)
-        total = torch.randn(shape, generator=generator, dtype=dtype)
+            return torch.randn(shape, generator=generator, dtype=dtype, device=device)
+        total = torch.randn(shape, generator=generator, dtype=dtype, device=device)
         for _ in range(3):
-            total += torch.randn(shape, generator=generator, dtype=dtype)
+            total += torch.randn(shape, generator=generator, dtype=dtype, device=device)
         return total / math.sqrt(4)

@@ -19,7 +19,6 @@ clients draw the same noise, whatever the cohort's order, chunks or ranks.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -44,6 +43,9 @@ class ExampleNoise:
         planted: Per row, None or an object whose ``step(P, dtype)`` returns the ``[P]`` sum of that step's sampled
             canary examples' (already clipped) gradients (the audit's canaries, :mod:`lfed.privacy.audit_examples`);
             empty: no row has any.
+        counts: ``[K, T]`` each row's realised Poisson batch size at every step, on the host (set by
+            :meth:`lfed.engine.CohortTrainer.train` from the schedule it draws; the vmap backend computes each step up
+            to its largest, with no device read).
     """
 
     clip: float
@@ -52,6 +54,7 @@ class ExampleNoise:
     generators: list[torch.Generator] = field(default_factory=list)
     normal: object = None
     planted: list = field(default_factory=list)
+    counts: Tensor | None = None
 
     @property
     def std(self) -> float:
@@ -69,14 +72,18 @@ class ExampleNoise:
                 return [items[rows]]
             return [items[i] for i in rows.detach().cpu().tolist()]
 
-        return replace(self, generators=pick(self.generators), planted=pick(self.planted))
+        counts = self.counts
+        if counts is not None:
+            at = rows if isinstance(rows, (slice, int)) else rows.detach().cpu()
+            counts = counts[at] if not isinstance(rows, int) else counts[rows : rows + 1]
+        return replace(self, generators=pick(self.generators), planted=pick(self.planted), counts=counts)
 
     def draw(self, rows: int, num_params: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
         """``[rows, P]`` the next standard normal draw of each of the first ``rows`` rows' streams (None: no noise)."""
         if self.noise_multiplier == 0:
             return None
-        draw = self.normal or (lambda shape, g, dt: torch.randn(shape, generator=g, dtype=dt))
-        out = torch.stack([draw(num_params, g, dtype) for g in self.generators[:rows]])
+        draw = self.normal or (lambda shape, g, dt: torch.randn(shape, generator=g, dtype=dt, device=g.device))
+        out = torch.stack([draw(num_params, g, dtype) for g in self.generators[:rows]])  # on the generators' device
         return out.to(device, non_blocking=True)
 
     def finish(self, summed: Tensor) -> Tensor:
@@ -144,5 +151,5 @@ def expected_batch_check(batch_size: int | None) -> int:
 
 
 def sampling_rate(num_examples: int, batch_size: int) -> float:
-    """``q_k = min(1, B / n_k)``."""
-    return min(1.0, batch_size / max(int(num_examples), 1)) if not math.isinf(batch_size) else 1.0
+    """``q_k = min(1, B / n_k)`` (:func:`poisson_schedule`'s rate, for one client)."""
+    return min(1.0, batch_size / max(int(num_examples), 1))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Literal
 
 import torch
@@ -253,6 +254,8 @@ class CohortTrainer(VmapBackend, LoopBackend):
                 raise ValueError("generator: needed to draw the batch schedule (or give schedule=(positions, valid))")
             draw = poisson_schedule if rule.example_dp is not None else batch_schedule  # DP-SGD: Poisson batches
             positions, valid = draw(num_examples, max(steps.tolist(), default=0), batch_size, generator)
+            if rule.example_dp is not None:  # every row's realised batch sizes, kept on the host (the vmap backend's widths)
+                rule = replace(rule, example_dp=replace(rule.example_dp, counts=valid.sum(-1)))
         else:
             positions, valid = schedule
             if positions.shape[0] != K or positions.shape != valid.shape or positions.shape[1] < max(steps.tolist(), default=0):

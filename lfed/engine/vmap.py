@@ -177,10 +177,9 @@ class VmapBackend(RecordedStep):
         plain = _is_plain(rule)
         term = rule.loss_term
         dp = rule.example_dp  # example-level DP-SGD (lfed.engine.example_dp): each row's generators in the rows' order
-        widths = []  # DP-SGD: each step's largest realised batch among its active rows (at least 1), on the host
+        widths = []  # DP-SGD: each step's largest realised batch among its active rows (at least 1), host values
         if dp is not None and T:
-            counts = valid.sum(-1).cpu()  # [K, T] (one read of the schedule, drawn on the host)
-            widths = [max(int(counts[: active[t], t].max()), 1) if active[t] else 1 for t in range(T)]
+            widths = [max(int(dp.counts[: active[t], t].max()), 1) if active[t] else 1 for t in range(T)]
         for t in range(T):
             n = active[t]
             if n == 0:

@@ -205,8 +205,12 @@ class Canaries:
         P = total.numel()
         return torch.tensor([float(self.direction(i, P) @ total) / norm for i in range(self.m)], dtype=torch.float64)
 
+    def claimed_epsilon(self) -> float:
+        """The ε the audit tests: the mechanism's accountant's at the run's δ."""
+        return self.accountant.epsilon(self.delta)
+
     def audit(self) -> AuditResult:
-        """The audit of the run so far (:class:`AuditResult`): ε_lower against the accountant's ε at the run's δ."""
+        """The audit of the run so far (:class:`AuditResult`): ε_lower against :meth:`claimed_epsilon`."""
         scores = self.scores()
         beta = self.audit_beta / len(self.guesses)
         per_k = {}
@@ -214,7 +218,7 @@ class Canaries:
             r, v = guess(scores, self.included, k, k)
             per_k[k] = (v, epsilon_lower_bound(self.m, r, v, self.delta, beta))
         k = max(per_k, key=lambda key: (per_k[key][1], -key))
-        return AuditResult(epsilon=self.accountant.epsilon(self.delta), epsilon_lower=per_k[k][1], delta=self.delta,
+        return AuditResult(epsilon=self.claimed_epsilon(), epsilon_lower=per_k[k][1], delta=self.delta,
                            beta=self.audit_beta, m=self.m, included=int(self.included.sum()), k=k, r=2 * k, v=per_k[k][0],
                            per_k=per_k)
 

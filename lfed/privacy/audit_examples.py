@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lfed.checks import integer, number
+from lfed.checks import integer
 from lfed.engine.example_dp import sampling_rate
 from lfed.engine.host import values
-from lfed.privacy.audit import AuditResult, epsilon_lower_bound, guess
+from lfed.privacy.audit import Canaries
 from lfed.privacy.dp_sgd import DPSGD
 from lfed.rng import round_generator
 
@@ -50,8 +50,12 @@ class _CanaryStream:
         return (self.scale * self.directions[taken].sum(0)).to(dtype)
 
 
-class CanaryDPSGD(DPSGD):
+class CanaryDPSGD(Canaries, DPSGD):
     """DP-SGD with ``canaries`` canary examples in client ``canary_client`` (module docstring); after the run, :meth:`audit`.
+
+    The canaries' inclusion, directions, guesses and bound are :class:`lfed.privacy.audit.Canaries`' (the client-level
+    audits'); what differs is where a canary enters (an example of one client's DP-SGD steps) and what the auditor
+    sees (that client's uploads).
 
     Args:
         canaries: ``m`` canary examples (each included with probability 1/2, from ``canary_seed``).
@@ -65,32 +69,16 @@ class CanaryDPSGD(DPSGD):
 
     def __init__(self, canaries: int = 1000, canary_client: int = 0, guesses: list[int] | None = None,
                  beta: float = 0.05, leak: str | None = None, canary_seed: int = 0, **dp: Any) -> None:
-        super().__init__(**dp)
-        self.m = integer("canaries", canaries, at_least=2)
+        super().__init__(**dp)  # super(): jsonargparse reads **dp through it (the config's DP-SGD settings)
+        self.init_canaries(canaries, guesses, beta, leak, canary_seed, LEAKS)
         self.canary_client = integer("canary_client", canary_client, at_least=0)
-        ks = [max(1, canaries // 20), max(1, canaries // 10), max(1, canaries // 4)] if guesses is None else list(guesses)
-        for k in ks:
-            integer("guesses", k, at_least=1)
-            if 2 * k > canaries:
-                raise ValueError(f"guesses: {k} per side is more than half of the {canaries} canaries")
-        self.guesses = sorted(set(ks))
-        self.beta = number("beta", beta, above=0, below=1)
-        if leak not in LEAKS:
-            raise ValueError(f"leak: {leak!r} is not one of {LEAKS}")
-        self.leak = leak
-        self.canary_seed = integer("canary_seed", canary_seed, at_least=0)
-        g = round_generator(self.canary_seed, 0, "canary-inclusion")
-        self.included = torch.rand(self.m, generator=g, dtype=torch.float64) < 0.5
-        self.sampled = torch.zeros(self.m, dtype=torch.long)
-        self.released: Tensor | None = None  # Σ_t (w_{t+1} - w_t), float64
+        self.sampled = torch.zeros(self.m, dtype=torch.long)  # steps each canary was in a batch (diagnostics)
         self._directions: Tensor | None = None
 
     def directions(self, P: int) -> Tensor:
-        """``[m, P]`` the canaries' unit directions (float64, their own stream)."""
+        """``[m, P]`` the canaries' unit directions :meth:`~lfed.privacy.audit.Canaries.direction` (made once)."""
         if self._directions is None or self._directions.shape[1] != P:
-            u = torch.randn(self.m, P, generator=round_generator(self.canary_seed, 0, "canary-direction"),
-                            dtype=torch.float64)
-            self._directions = u / torch.linalg.vector_norm(u, dim=1, keepdim=True)
+            self._directions = torch.stack([self.direction(i, P) for i in range(self.m)])
         return self._directions
 
     def step_rule(self, cohort, w_start: Tensor, lr: float):
@@ -110,34 +98,15 @@ class CanaryDPSGD(DPSGD):
         return rule
 
     def end_round(self, cohort, updates: Tensor, w_old: Tensor, w_new: Tensor) -> None:
-        """The auditor is the server: it sees the canary client's upload (what leaves that client) when it took part."""
+        """The auditor is the server: it sees the canary client's upload (what leaves that client) when it took part,
+        and records its negative (an SGD step moves against a canary's gradient ``C·u_i``), so that
+        :meth:`~lfed.privacy.audit.Canaries.scores` is the cosine of ``u_i`` and ``-Σ_t Δ_t``."""
         clients = values(cohort.host_values().clients)
-        if self.canary_client not in clients:
-            return
-        mine = updates[clients.index(self.canary_client)].detach().double().cpu()
-        self.released = mine if self.released is None else self.released + mine
+        if self.canary_client in clients:
+            self.record(-updates[clients.index(self.canary_client)])
 
-    def scores(self) -> Tensor:
-        """``[m]``: ``-cos(u_i, Σ_t Δ_t)`` (an included canary pushes the client's model against its direction)."""
-        if self.released is None:
-            raise RuntimeError("canaries: no round has run; there is nothing to score")
-        total = self.released
-        norm = float(torch.linalg.vector_norm(total)) or 1.0
-        return -(self.directions(total.numel()) @ total) / norm
-
-    def client_epsilon_of_canaries(self) -> float:
-        """The canary client's ε(δ) (its accountant's)."""
-        return float(self.state("dp_epsilon")[self.canary_client])
-
-    def audit(self) -> AuditResult:
-        """ε_lower against the canary client's ε at δ (:class:`lfed.privacy.audit.AuditResult`)."""
-        scores = self.scores()
-        beta = self.beta / len(self.guesses)
-        per_k = {}
-        for k in self.guesses:
-            r, v = guess(scores, self.included, k, k)
-            per_k[k] = (v, epsilon_lower_bound(self.m, r, v, self.delta, beta))
-        k = max(per_k, key=lambda key: (per_k[key][1], -key))
-        return AuditResult(epsilon=self.client_epsilon_of_canaries(), epsilon_lower=per_k[k][1], delta=self.delta,
-                           beta=self.beta, m=self.m, included=int(self.included.sum()), k=k, r=2 * k, v=per_k[k][0],
-                           per_k=per_k)
+    def claimed_epsilon(self) -> float:
+        """The canary client's ε(δ) (its own accountant's)."""
+        if self.eps is None or self.canary_client >= self.eps.numel():
+            return 0.0
+        return float(self.eps[self.canary_client])

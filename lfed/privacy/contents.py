@@ -43,6 +43,8 @@ CONTENTS: tuple[tuple[str, str, str], ...] = (
     ("FederatedDataModule.partition", "setting", "the partition scheme"),
     ("FederatedDataModule.client_sizes", "client", "every client's number of training examples n_k"),
     ("FederatedDataModule.fingerprint", "client", "a hash of the training labels and of each client's example indices"),
+    ("state_dict.*_extra_state.ledger*", "client", "example-level DP-SGD's per-client ledger: each client's DP-SGD steps "
+                                                  "and ε (who trained, and how often)"),
     ("state_dict.*_extra_state.accountant*", "noised", "the accountant's events (q, z, rounds): public settings"),
     ("state_dict.*_extra_state.*", "setting", "resolved settings (z, δ, σ_b)"),
     ("optimizer_states", "noised", "the server optimizer's state: built from the noised aggregates"),

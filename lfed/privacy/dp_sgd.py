@@ -31,7 +31,6 @@ from lfed.engine.rule import StepRule
 from lfed.privacy.accountant import ACCOUNTANTS, epsilon
 from lfed.privacy.releases import SETTINGS
 from lfed.rng import NOISE_MODES, PrivateStreams
-from lfed.state.spec import StateSpec
 
 __all__ = ["DPSGD"]
 
@@ -75,6 +74,8 @@ class DPSGD(ClientRule):
         self.streams = PrivateStreams(noise)
         self.batch_size: int | None = None  # the run's B (prepare_run)
         self._eps_cache: dict[tuple[float, int], float] = {}
+        self.steps: Tensor | None = None  # the ledger (_ledger): S_k per client, host float64
+        self.eps: Tensor | None = None  # ε_k(δ) per client, host float64
 
     # ------------------------------------------------------------------ declarations
     def hparams(self) -> dict:
@@ -93,9 +94,24 @@ class DPSGD(ClientRule):
     private_metrics = ("privacy/example_epsilon_max", "privacy/example_epsilon_median", "privacy/example_noise_multiplier",
                        "final/example_*")
 
-    def state_specs(self) -> list[StateSpec]:
-        return [StateSpec("dp_steps", shape=(), init=0.0, dtype=torch.float64),  # S_k: DP-SGD steps taken, all rounds
-                StateSpec("dp_epsilon", shape=(), init=0.0, dtype=torch.float64)]  # ε_k(δ) after them
+    # The per-client ledger lives on the host (float64 ``[N]`` steps and ε): the accountant is host arithmetic and
+    # every value it needs (the cohort's ids, sizes and steps done) is a host value of the round, so no round reads
+    # the device for it. A checkpoint keeps it in the component's extra state, classified as client data
+    # (lfed.privacy.contents: who trained, and how often).
+
+    def _ledger(self, num_clients: int) -> None:
+        """Make (or grow to ``num_clients``) the ledger: ``steps [N]`` (``S_k``) and ``eps [N]`` (``ε_k(δ)``)."""
+        have = 0 if self.steps is None else self.steps.numel()
+        if num_clients > have:
+            grow = torch.zeros(num_clients - have, dtype=torch.float64)
+            self.steps = grow if self.steps is None else torch.cat([self.steps, grow])
+            self.eps = grow.clone() if self.eps is None else torch.cat([self.eps, grow])
+
+    def get_extra_state(self) -> dict[str, Any]:
+        return {"ledger": {"steps": self.steps, "epsilon": self.eps}}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        self.steps, self.eps = state["ledger"]["steps"], state["ledger"]["epsilon"]
 
     # ------------------------------------------------------------------ before round 0
     def prepare_run(self, context) -> None:
@@ -112,6 +128,8 @@ class DPSGD(ClientRule):
             raise ValueError(f"net: {what}; with example-level DP-SGD use a net without BatchNorm (GroupNorm or "
                              "LayerNorm): BatchNorm mixes a batch's examples, so per-example gradients are not defined")
         self.streams = PrivateStreams(self.noise, getattr(context, "run_key", ""))
+        if context.num_clients is not None:
+            self._ledger(context.num_clients)
 
     def composition_warnings(self, context) -> list[str]:
         if self.noise_multiplier == 0:
@@ -122,7 +140,8 @@ class DPSGD(ClientRule):
     def step_rule(self, cohort, w_start: Tensor, lr: float) -> StepRule:
         B = expected_batch_check(cohort.plan.batch_size if getattr(cohort, "plan", None) is not None else self.batch_size)
         clients = values(cohort.host_values().clients)
-        generators = [self.streams.generator(cohort.seed, cohort.round, f"dp-sgd/{c}") for c in clients]
+        # each client's noise stream on the training device: the steps' [n, P] draws are made there, not on the host
+        generators = [self.streams.generator(cohort.seed, cohort.round, f"dp-sgd/{c}", w_start.device) for c in clients]
         dp = ExampleNoise(self.clip, self.noise_multiplier, float(B), generators, self.streams.normal)
         if self.mu == 0:
             return StepRule(example_dp=dp)
@@ -141,24 +160,23 @@ class DPSGD(ClientRule):
         return self._eps_cache[key]
 
     def after_local(self, cohort, w_start: Tensor, w_end: Tensor, lr: float, local) -> None:
-        """Each trained client's steps and ε (every step it took counts, also a straggler's whose update does not)."""
+        """Each trained client's steps and ε (every step it took counts, also a straggler's whose update does not), from
+        the round's host values."""
         if self.batch_size is None:
             self.batch_size = expected_batch_check(cohort.plan.batch_size)
         host = cohort.host_values()
-        clients = cohort.clients
-        old = self.rows("dp_steps", clients).detach().cpu()
-        steps = old + host.steps_done.double()
-        eps = torch.tensor([self.client_epsilon(int(n), int(s)) for n, s in zip(values(host.num_examples),
-                                                                                 steps.long().tolist())],
-                           dtype=torch.float64)
-        self.write_rows("dp_steps", clients, steps.to(clients.device))
-        self.write_rows("dp_epsilon", clients, eps.to(clients.device))
+        self._ledger(cohort.num_clients)
+        ids = host.clients.long()
+        self.steps[ids] += host.steps_done.double()
+        self.eps[ids] = torch.tensor([self.client_epsilon(int(n), int(s)) for n, s in
+                                      zip(values(host.num_examples), self.steps[ids].long().tolist())], dtype=torch.float64)
         return None
 
     def _trained(self) -> Tensor:
         """ε of every client that has trained (host, float64)."""
-        eps, steps = self.state("dp_epsilon").detach().cpu(), self.state("dp_steps").detach().cpu()
-        return eps[steps > 0]
+        if self.steps is None:
+            return torch.zeros(0, dtype=torch.float64)
+        return self.eps[self.steps > 0]
 
     def report(self, cohort) -> dict[str, float]:
         eps = self._trained()

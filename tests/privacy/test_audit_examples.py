@@ -32,7 +32,7 @@ def test_a_correct_run_is_not_refuted_and_its_canaries_were_sampled_at_the_clien
     dp, result, n = _audited(None)
     assert 0 < result.epsilon < 3
     assert result.epsilon_lower <= result.epsilon
-    steps = float(dp.state("dp_steps")[0])
+    steps = float(dp.steps[0])
     assert steps == 100
     draws = dp.included.sum() * steps  # each included canary, sampled at q_k = B / n_k in each of the 100 steps
     rate, q = float(dp.sampled.sum()) / float(draws), min(1.0, 4 / n)

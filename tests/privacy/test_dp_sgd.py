@@ -12,7 +12,7 @@ import torch
 from conftest import flat_weights, run_rounds
 from torch import nn
 
-from lfed.core.round import run_round
+from lfed.core.round import LocalTraining, run_round
 from lfed.data.datasets import load_dataset
 from lfed.engine import CohortTrainer, StepRule
 from lfed.engine.example_dp import ExampleNoise, clip_and_sum, poisson_schedule
@@ -215,7 +215,7 @@ def test_each_clients_epsilon_is_dp_accountings_for_its_rate_and_steps(backend):
     data = _digits()
     run_rounds(m, data, 3)
     dp = m.objective
-    steps, eps = dp.state("dp_steps").cpu(), dp.state("dp_epsilon").cpu()
+    steps, eps = dp.steps, dp.eps
     sizes = m.runs[0].data.client_sizes.cpu()
     assert int((steps > 0).sum()) >= 3 and bool((steps % 3 == 0).all())  # 3 local steps per round trained
     for k in range(steps.numel()):
@@ -237,28 +237,41 @@ def test_a_round_through_run_round_counts_every_step_a_client_took():
     m = _digits_module()
     run_rounds(m, data, 1)  # builds the run and its state
     dp = m.objective
-    before = dp.state("dp_steps").cpu().clone()
+    before = dp.steps.clone()
     run = m.runs[0]
     w = flat_weights(m)
     _, record = run_round(run.components, w, run.data, run.training_plan, run.engine, round=5, seed=0,
                           clients=torch.tensor([0, 2]), steps_done=torch.tensor([3, 1]))
-    after = dp.state("dp_steps").cpu()
+    after = dp.steps
     assert (after - before).tolist() == [3.0, 0.0, 1.0, 0.0]
 
 
-def test_the_objective_composes_with_prox_whose_step_is_post_processing():
-    """μ > 0: w ← w - η (g̃ + μ (w - w_start)) with g̃ the private gradient: equal to the rule applied by hand to the
-    μ = 0 run's gradient on one step."""
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_objective_composes_with_prox_whose_step_is_post_processing(backend):
+    """μ > 0: w ← w - η (g̃ + μ (w - w_anchor)) with g̃ the private gradient: equal to the rule applied by hand to the
+    μ = 0 run's gradient on one step. The anchor is not the start (w_anchor = w + 1), so the proximal term is not 0
+    on the first step; and DPSGD(mu) gives exactly that rule, anchored at the round's broadcast model."""
+    from lfed.base.component import Cohort
+
     net, x, y = _linear_setting()
-    engine = CohortTrainer(net, loss=nn.MSELoss(reduction="none"), backend="vmap")
+    engine = CohortTrainer(net, loss=nn.MSELoss(reduction="none"), backend=backend)
     w = engine.layout.module_vector(net)
     free = engine.train(w, x, y, torch.arange(3)[None], torch.tensor([3]), torch.tensor([1]),
                         StepRule(example_dp=_noise(1, 2.0, 0.0, 3.0)), 0.1, 3, round_generator(0, 0, "batches"))
     g = (w - free.weights[0]) / 0.1
-    rule = StepRule(decay=0.5, shift=-0.5 * w, example_dp=_noise(1, 2.0, 0.0, 3.0))
+    anchor = w + 1.0
+    rule = StepRule(decay=0.5, shift=-0.5 * anchor, example_dp=_noise(1, 2.0, 0.0, 3.0))
     prox = engine.train(w, x, y, torch.arange(3)[None], torch.tensor([3]), torch.tensor([1]), rule, 0.1, 3,
                         round_generator(0, 0, "batches"))
-    torch.testing.assert_close(prox.weights[0], w - 0.1 * (g + 0.5 * (w - w)), atol=1e-15, rtol=0)
+    torch.testing.assert_close(prox.weights[0], w - 0.1 * (g + 0.5 * (w - anchor)), atol=1e-15, rtol=0)
+    cohort = Cohort(2, torch.tensor([4, 7]), torch.tensor([20, 30]), torch.tensor([2, 2]), torch.tensor([2, 2]), 10,
+                    seed=0)
+    cohort.plan = LocalTraining(client_lr=0.1, batch_size=5, local_steps=2)
+    made = DPSGD(noise_multiplier=1.0, clip=2.0, mu=0.5).step_rule(cohort, anchor, 0.1)
+    assert made.decay == 0.5 and torch.equal(made.shift, -0.5 * anchor)
+    dp = made.example_dp
+    assert (dp.clip, dp.noise_multiplier, dp.expected_batch, len(dp.generators)) == (2.0, 1.0, 5.0, 2)
+    assert DPSGD(noise_multiplier=1.0, clip=2.0).step_rule(cohort, anchor, 0.1).decay is None  # mu = 0: plain
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -325,8 +338,11 @@ def test_resume_continues_each_clients_ledger_exactly(tmp_path):
     resumed = fit(3, ckpt=str(tmp_path / "last.ckpt"))
     assert torch.equal(flat_weights(resumed), flat_weights(whole))
     a, b = whole.objective, resumed.objective
-    assert torch.equal(a.state("dp_steps"), b.state("dp_steps"))
-    assert torch.equal(a.state("dp_epsilon"), b.state("dp_epsilon"))
+    assert torch.equal(a.steps, b.steps)
+    assert torch.equal(a.eps, b.eps)
+    # the ledger (who trained, how often) is marked client data in the checkpoint (lfed.privacy.contents)
+    marked = torch.load(tmp_path / "last.ckpt", weights_only=False)["lfed"]["client_data"]
+    assert {k.rsplit(".", 1)[1] for k in marked if "_extra_state.ledger." in k} == {"steps", "epsilon"}
 
 
 def test_example_level_and_client_level_dp_compose_each_with_its_own_accountant():
