@@ -16,7 +16,7 @@ import logging
 import math
 from typing import Any
 
-__all__ = ["PrivacyAccountant", "calibrate_noise"]
+__all__ = ["PrivacyAccountant", "budget_stop", "calibrate_noise", "smallest_multiplier"]
 
 ACCOUNTANTS = ("rdp", "pld")
 
@@ -87,6 +87,31 @@ def epsilon(events: dict[tuple[float, float], int], delta: float, kind: str = "r
     return float(accountant.get_epsilon(delta))
 
 
+def smallest_multiplier(eps, target: float, unreachable: str, cap: float = 1e4) -> float:
+    """The smallest noise multiplier ``z`` (bisection to 0.1%) with ``eps(z) <= target``, ``eps`` decreasing in ``z``;
+    ``ValueError(unreachable)`` when even ``cap`` does not reach it. DP-FedAvg's and distributed DP's calibration."""
+    lo, hi = 0.0, 1.0
+    while eps(hi) > target:
+        lo, hi = hi, hi * 2
+        if hi > cap:
+            raise ValueError(unreachable)
+    while hi - lo > 1e-3 * hi:
+        mid = (lo + hi) / 2
+        if eps(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def budget_stop(round: int, after: float, target: float, delta: float, rounds: int, spent: float) -> str | None:
+    """The one line stopping a run before ``round``, which would spend ``after > target`` (None when it fits)."""
+    if after <= target:
+        return None
+    return (f"privacy budget: round {round} would spend ε = {after:.4g} > target_epsilon = {target:g} "
+            f"(δ = {delta:.3g}); stopping after {rounds} rounds at ε = {spent:.4g}")
+
+
 def calibrate_noise(target_epsilon: float, delta: float, rates: list[float], kind: str = "rdp") -> float:
     """The smallest noise multiplier ``z`` with ``ε(δ) ≤ target`` after rounds at sampling rates ``rates`` (one per round;
     bisection to 0.1%)."""
@@ -97,20 +122,9 @@ def calibrate_noise(target_epsilon: float, delta: float, rates: list[float], kin
     def eps(z: float) -> float:
         return epsilon({(q, z): n for q, n in counts.items()}, delta, kind)
 
-    rounds, q = len(rates), max(rates)
-    lo, hi = 0.0, 1.0
-    while eps(hi) > target_epsilon:
-        lo, hi = hi, hi * 2
-        if hi > 1e4:
-            raise ValueError(f"target_epsilon: {target_epsilon} cannot be reached in {rounds} rounds at sampling rate "
-                             f"{q:.4g} and delta {delta:.3g}, even with noise multiplier 1e4")
-    while hi - lo > 1e-3 * hi:
-        mid = (lo + hi) / 2
-        if eps(mid) > target_epsilon:
-            lo = mid
-        else:
-            hi = mid
-    return hi
+    return smallest_multiplier(eps, target_epsilon,
+                               f"target_epsilon: {target_epsilon} cannot be reached in {len(rates)} rounds at sampling rate "
+                               f"{max(rates):.4g} and delta {delta:.3g}, even with noise multiplier 1e4")
 
 
 class PrivacyAccountant:

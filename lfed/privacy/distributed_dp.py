@@ -49,8 +49,9 @@ import torch
 from torch import Tensor
 
 from lfed.checks import integer, number
+from lfed.privacy.accountant import budget_stop, smallest_multiplier
 from lfed.privacy.dp_fedavg import check_neighbours
-from lfed.privacy.secagg import _modulus, modular_sum, to_signed
+from lfed.privacy.secagg import _modulus, counting_rows, modular_sum, survivors, to_signed
 from lfed.rng import NOISE_MODES, PrivateStreams, round_generator
 from lfed.server.combination import ServerCombination
 
@@ -307,30 +308,26 @@ class DistributedDP(ServerCombination):
             if self._given["scale"] is None:
                 self.scale = self.derive_scale(self.k_max, self._d)
 
-    def planned_event(self, z: float) -> tuple[float, float, float]:
-        """``(μ, Δ₂, Δ₁)`` of a round at multiplier ``z`` with every share arriving (the scale: the setting, or derived
-        for ``z``, the largest cohort and the padded dimension)."""
+    def event(self, z: float, s: float, arrived: tuple[float, float] | None = None) -> tuple[float, float, float]:
+        """``(μ, Δ₂, Δ₁)`` of a round at multiplier ``z`` and scale ``s`` in the padded dimension: ``μ = (z C s)²``, or with
+        ``arrived = (k, m)`` the ``k`` of ``m`` shares that reached the sum, ``k μ / m``; ``Δ₂`` the conditional
+        rounding's bound and ``Δ₁ = min(√d Δ₂, Δ₂²)`` (integer coordinates)."""
         d = self._d
-        s = self._given["scale"] if self._given["scale"] is not None else self.derive_scale(self.k_max or 1, d, z)
         l2 = rounded_l2_bound(self.clip * s, d, self.beta)
-        return ((z * self.clip * s) ** 2, l2, min(math.sqrt(d) * l2, l2 * l2))
+        mu = (z * self.clip * s) ** 2
+        if arrived is not None:
+            mu = arrived[0] * mu / arrived[1]
+        return (mu, l2, min(math.sqrt(d) * l2, l2 * l2))
+
+    def scale_for(self, z: float) -> float:
+        """The scale at multiplier ``z``: the setting, or derived for ``z``, the largest cohort and the padded dimension."""
+        return self._given["scale"] if self._given["scale"] is not None else self.derive_scale(self.k_max or 1, self._d, z)
 
     def calibrate(self, target: float, rounds: int) -> float:
         """The smallest ``z`` (bisection to 0.1%) whose ε(δ) after ``rounds`` full rounds is at most ``target``."""
-
-        def eps(z: float) -> float:
-            return skellam_epsilon({self.planned_event(z): rounds}, self.delta)
-
-        lo, hi = 0.0, 1.0
-        while eps(hi) > target:
-            lo, hi = hi, hi * 2
-            if hi > 1e5:
-                raise ValueError(f"target_epsilon: {target} cannot be reached in {rounds} rounds at delta {self.delta:.3g}, "
-                                 "even with noise multiplier 1e5")
-        while hi - lo > 1e-3 * hi:
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if eps(mid) > target else (lo, mid)
-        return hi
+        return smallest_multiplier(lambda z: skellam_epsilon({self.event(z, self.scale_for(z)): rounds}, self.delta),
+                                   target, f"target_epsilon: {target} cannot be reached in {rounds} rounds at delta "
+                                           f"{self.delta:.3g}, even with noise multiplier 1e4")
 
     @property
     def depends_on_total_rounds(self) -> bool:
@@ -342,20 +339,15 @@ class DistributedDP(ServerCombination):
         with dropouts spends more, and the next check sees it)."""
         if self.target_epsilon is None or self.delta is None or self._d is None:
             return None
+        z = self.noise_multiplier
+        key = self.event(z, self.scale if self.scale is not None else self.scale_for(z))
         events = dict(self.accountant.events)
-        key = self._event_at_scale(self.scale if self.scale is not None else self.derive_scale(self.k_max or 1, self._d))
         events[key] = events.get(key, 0) + 1
         after = skellam_epsilon(events, self.delta)
-        if after <= self.target_epsilon:
+        if after <= self.target_epsilon:  # (the spent ε only when the line is written)
             return None
-        return (f"privacy budget: round {round} would spend ε = {after:.4g} > target_epsilon = {self.target_epsilon:g} "
-                f"(δ = {self.delta:.3g}); stopping after {self.accountant.rounds} rounds at ε = "
-                f"{self.accountant.epsilon(self.delta):.4g}")
-
-    def _event_at_scale(self, s: float) -> tuple[float, float, float]:
-        d = self._d
-        l2 = rounded_l2_bound(self.clip * s, d, self.beta)
-        return ((self.noise_multiplier * self.clip * s) ** 2, l2, min(math.sqrt(d) * l2, l2 * l2))
+        return budget_stop(round, after, self.target_epsilon, self.delta, self.accountant.rounds,
+                           self.accountant.epsilon(self.delta))
 
     def derive_scale(self, k: int, d: int, z: float | None = None) -> float:
         """``s`` with ``2^bits = 2·k_σ·sqrt(s² (K² C²/d + z² C²) + K/4)`` (the ``scale`` setting's rule)."""
@@ -381,10 +373,9 @@ class DistributedDP(ServerCombination):
         them (a planted leak); ``unclipped [K]`` bool: rows neither clipped nor norm-checked (a planted leak)."""
         K, P = updates.shape
         host = cohort.host_values()
-        counting = host.counting.bool() if host.counting is not None else torch.ones(K, dtype=torch.bool)
-        idx = counting.nonzero().flatten()
+        _, idx = counting_rows(cohort, K)
         m = float(cohort.expected_size)
-        d = 1 << max(0, (P - 1).bit_length())
+        d = self._d = 1 << max(0, (P - 1).bit_length())
         if self.scale is None:
             self.scale = self.derive_scale(self.k_max or max(len(idx), 1), d)
         s, C, z = self.scale, self.clip, self.noise_multiplier
@@ -394,8 +385,7 @@ class DistributedDP(ServerCombination):
         factor = torch.clamp(C / norms.clamp_min(torch.finfo(torch.float64).tiny), max=1.0)
         x = x * torch.where(free, torch.ones_like(factor), factor)[:, None]
         y = rotate(x, d, cohort.seed, cohort.round) * s
-        l2 = rounded_l2_bound(C * s, d, self.beta)
-        l1 = min(math.sqrt(d) * l2, l2 * l2)
+        l2 = self.event(z, s)[1]
         g = self.streams.generator(cohort.seed, cohort.round, "ddp-rounding")
         ints = conditional_rounding(y, l2, g, exempt=free)
         mu = (z * C * s) ** 2
@@ -410,8 +400,8 @@ class DistributedDP(ServerCombination):
                             masks=self.masks)
         signed = to_signed(total, self.bits).double()
         delta = unrotate(signed / s, P, cohort.seed, cohort.round) / m
-        realised = float((shares & survived).sum()) * mu / m  # the noise that reached the sum (dropouts: less)
-        self.accountant.step(realised, l2, l1)
+        # the noise that reached the sum (dropouts: less)
+        self.accountant.step(*self.event(z, s, arrived=(float((shares & survived).sum()), m)))
         eps = self.accountant.epsilon(self.delta) if self.delta is not None else math.inf
         self._report = {"privacy/epsilon": eps, "privacy/noise_multiplier": z, "privacy/clip": C,
                         "secagg/dropped": float((~survived).sum()),
@@ -419,11 +409,8 @@ class DistributedDP(ServerCombination):
         return delta.to(updates.device, updates.dtype), None
 
     def survivors(self, K: int, cohort) -> Tensor:
-        """``[K]`` bool: who does not drop after masking (each with probability ``dropout``; drawn apart from the data)."""
-        if self.dropout == 0:
-            return torch.ones(K, dtype=torch.bool)
-        g = round_generator(cohort.seed, cohort.round, "ddp-dropout")
-        return torch.rand(K, generator=g, dtype=torch.float64) >= self.dropout
+        """``[K]`` bool: who does not drop after masking (:func:`lfed.privacy.secagg.survivors`, stream ``ddp-dropout``)."""
+        return survivors(K, self.dropout, cohort, "ddp-dropout")
 
     def report(self, cohort) -> dict[str, float]:
         return dict(self._report)

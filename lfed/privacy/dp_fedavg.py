@@ -24,7 +24,7 @@ from torch import Tensor
 
 from lfed.checks import number
 from lfed.engine.host import values
-from lfed.privacy.accountant import ACCOUNTANTS, PrivacyAccountant, calibrate_noise, epsilon
+from lfed.privacy.accountant import ACCOUNTANTS, PrivacyAccountant, budget_stop, calibrate_noise, epsilon
 from lfed.privacy.clipping import clip_factors, clip_rows
 from lfed.privacy.releases import check_releases
 from lfed.rng import NOISE_MODES, PrivateStreams
@@ -253,11 +253,10 @@ class DPFedAvg(ServerCombination):
         events = dict(self.accountant.events)
         events[(q, z)] = events.get((q, z), 0) + 1
         after = epsilon(events, self.delta, self.accountant.kind)
-        if after <= self.target_epsilon:
+        if after <= self.target_epsilon:  # (the spent ε only when the line is written)
             return None
-        return (f"privacy budget: round {round} would spend ε = {after:.4g} > target_epsilon = {self.target_epsilon:g} "
-                f"(δ = {self.delta:.3g}); stopping after {self.accountant.rounds} rounds at ε = "
-                f"{self.accountant.epsilon(self.delta):.4g}")
+        return budget_stop(round, after, self.target_epsilon, self.delta, self.accountant.rounds,
+                           self.accountant.epsilon(self.delta))
 
     def composition_warnings(self, context) -> list[str]:
         if self.noise_multiplier == 0 and self.local_noise == 0:

@@ -38,8 +38,8 @@ from lfed.privacy.releases import SETTINGS, releases_of
 from lfed.rng import round_generator
 from lfed.server.combination import ServerCombination
 
-__all__ = ["ROUNDINGS", "SecureAggregation", "check_range", "decode", "encode", "masked_uploads", "modular_sum",
-           "pair_mask", "to_signed"]
+__all__ = ["ROUNDINGS", "SecureAggregation", "check_range", "counting_rows", "decode", "encode", "masked_uploads",
+           "modular_sum", "pair_mask", "survivors", "to_signed"]
 
 ROUNDINGS = ("nearest", "stochastic")
 
@@ -240,8 +240,7 @@ class SecureAggregation(ServerCombination):
     def combine(self, updates, weights, cohort):
         K, P = updates.shape
         host = cohort.host_values()
-        counting = host.counting.bool() if host.counting is not None else torch.ones(K, dtype=torch.bool)
-        idx = counting.nonzero().flatten()
+        counting, idx = counting_rows(cohort, K)
         if self.scale is None:
             self.fix_scale(len(idx))
         a = (torch.full((K,), 1.0 / max(len(idx), 1), dtype=torch.float64) if weights is None
@@ -262,14 +261,27 @@ class SecureAggregation(ServerCombination):
         return delta.to(updates.device, updates.dtype), None
 
     def survivors(self, K: int, cohort) -> Tensor:
-        """``[K]`` bool: who does not drop after masking (each independently with probability ``dropout``)."""
-        if self.dropout == 0:
-            return torch.ones(K, dtype=torch.bool)
-        g = round_generator(cohort.seed, cohort.round, "secagg-dropout")
-        return torch.rand(K, generator=g, dtype=torch.float64) >= self.dropout
+        """``[K]`` bool: who does not drop after masking (:func:`survivors`, stream ``secagg-dropout``)."""
+        return survivors(K, self.dropout, cohort, "secagg-dropout")
 
     def report(self, cohort) -> dict[str, float]:
         return dict(self._report)
+
+
+def counting_rows(cohort, K: int) -> tuple[Tensor, Tensor]:
+    """``([K] bool, their indices)``: the rows whose work counts (the cohort's host mask; all without one)."""
+    host = cohort.host_values()
+    counting = host.counting.bool() if host.counting is not None else torch.ones(K, dtype=torch.bool)
+    return counting, counting.nonzero().flatten()
+
+
+def survivors(K: int, dropout: float, cohort, stream: str) -> Tensor:
+    """``[K]`` bool: who does not drop after masking, each independently with probability ``dropout`` (drawn from the
+    round's ``stream``, apart from the data)."""
+    if dropout == 0:
+        return torch.ones(K, dtype=torch.bool)
+    g = round_generator(cohort.seed, cohort.round, stream)
+    return torch.rand(K, generator=g, dtype=torch.float64) >= dropout
 
 
 def refuse_beside_the_sum(context, what: str) -> None:

@@ -26,6 +26,18 @@ def _audit(monkeypatch, capsys, tmp_path, *args: str) -> tuple[int, str, str]:
     return info.value.code, out.out, out.err
 
 
+def _quiet_run(tmp_path, config: str, rounds: int) -> list[str]:
+    """``--config`` and the Trainer flags of a short run without a progress bar or logger, under ``tmp_path``."""
+    return ["--config", str(REPO / "configs" / config), "--trainer.max_steps", str(rounds), "--trainer.enable_progress_bar",
+            "false", "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path)]
+
+
+def _saved_setting(tmp_path, role: str) -> dict:
+    """The ``model.<role>`` the audited run saved in its ``config.yaml``."""
+    [config] = tmp_path.glob("runs/*/version_0/config.yaml")
+    return yaml.safe_load(config.read_text())["model"][role]
+
+
 def test_the_audit_of_a_dp_run_reports_the_claim_beside_the_bound(monkeypatch, capsys, tmp_path):
     code, out, err = _audit(monkeypatch, capsys, tmp_path, "--config", str(DP), "--trainer.max_steps", "3",
                             "--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
@@ -36,8 +48,7 @@ def test_the_audit_of_a_dp_run_reports_the_claim_beside_the_bound(monkeypatch, c
     assert screen[2].startswith("  audited   ε ≥ ") and "at 95% confidence (20 canaries, " in screen[2]
     assert [ln for ln in screen if ln.startswith("  verdict")][0].startswith("  verdict   consistent")
     assert screen[4].startswith("  reach     the largest ε_lower 20 canaries can give")
-    [config] = tmp_path.glob("runs/*/version_0/config.yaml")
-    combination = yaml.safe_load(config.read_text())["model"]["combination"]
+    combination = _saved_setting(tmp_path, "combination")
     assert combination["class_path"] == "lfed.privacy.audit.CanaryDPFedAvg"  # the config's DP-FedAvg, with canaries
     assert combination["init_args"]["noise_multiplier"] == 0.8 and combination["init_args"]["clip"] == 0.5
     assert combination["init_args"]["canaries"] == 20
@@ -81,16 +92,13 @@ def test_the_command_catches_a_planted_leak_and_passes_the_mechanism(leak, code,
 
 def test_the_audit_of_example_level_dp_sgd_uses_canary_examples(monkeypatch, capsys, tmp_path):
     """objective: dp_sgd: the command swaps in CanaryDPSGD with the config's settings and reports the canary client's ε."""
-    code, out, err = _audit(monkeypatch, capsys, tmp_path, "--config", str(REPO / "configs" / "dp_sgd_digits.yaml"),
-                            "--trainer.max_steps", "3", "--trainer.enable_progress_bar", "false", "--trainer.logger",
-                            "false", "--trainer.default_root_dir", str(tmp_path), "--canaries", "40",
-                            "--model.objective.init_args.noise_multiplier", "1.7")
+    code, out, err = _audit(monkeypatch, capsys, tmp_path, *_quiet_run(tmp_path, "dp_sgd_digits.yaml", 3), "--canaries",
+                            "40", "--model.objective.init_args.noise_multiplier", "1.7")
     assert code == 0, err
     screen = out[out.index("lfed audit: one-run privacy audit"):].splitlines()
     assert "(40 canaries, " in screen[2] and screen[2].endswith("canary examples of client 0)")
     assert screen[-1].endswith("it audits that client's uploads to the server only.")
-    [config] = tmp_path.glob("runs/*/version_0/config.yaml")
-    objective = yaml.safe_load(config.read_text())["model"]["objective"]
+    objective = _saved_setting(tmp_path, "objective")
     assert objective["class_path"] == "lfed.privacy.audit_examples.CanaryDPSGD"
     assert objective["init_args"]["noise_multiplier"] == 1.7 and objective["init_args"]["clip"] == 1.0
     assert objective["init_args"]["canaries"] == 40
@@ -98,13 +106,10 @@ def test_the_audit_of_example_level_dp_sgd_uses_canary_examples(monkeypatch, cap
 
 def test_the_audit_of_distributed_dp_keeps_the_configs_settings(monkeypatch, capsys, tmp_path):
     """combination: distributed_dp: the command swaps in CanaryDistributedDP with the config's settings."""
-    code, out, err = _audit(monkeypatch, capsys, tmp_path, "--config", str(REPO / "configs" / "distributed_dp_digits.yaml"),
-                            "--trainer.max_steps", "1", "--trainer.enable_progress_bar", "false", "--trainer.logger",
-                            "false", "--trainer.default_root_dir", str(tmp_path), "--canaries", "20",
-                            "--model.combination.init_args.noise_multiplier", "2.5")
+    code, out, err = _audit(monkeypatch, capsys, tmp_path, *_quiet_run(tmp_path, "distributed_dp_digits.yaml", 1),
+                            "--canaries", "20", "--model.combination.init_args.noise_multiplier", "2.5")
     assert code == 0, err
-    [config] = tmp_path.glob("runs/*/version_0/config.yaml")
-    combination = yaml.safe_load(config.read_text())["model"]["combination"]
+    combination = _saved_setting(tmp_path, "combination")
     assert combination["class_path"] == "lfed.privacy.audit.CanaryDistributedDP"
     assert combination["init_args"]["noise_multiplier"] == 2.5 and combination["init_args"]["bits"] == 20
     assert combination["init_args"]["canaries"] == 20 and combination["init_args"]["audit_beta"] == pytest.approx(0.05)
