@@ -10,14 +10,20 @@
 * :func:`check_task`: the net's output against the data's task (number of classes, or the
   regression target's shape), one forward pass before round 0.
 
+Every function here runs the net in evaluation mode (:func:`evaluating`), whatever mode the caller left it in,
+and puts each module's mode back after: BatchNorm normalises with its running statistics and writes none, dropout
+is off. So an evaluation reads the same whoever drives the run (Lightning's validation loop, which calls
+``eval()`` itself, or :func:`lfed.core.fit.fit_run`, which does not) and leaves the model as it found it.
+
 The task is read from the targets: integer targets are class labels (classification: loss and
 accuracy), floating targets are regression targets (loss only).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +32,20 @@ from torch import Tensor, nn
 from lfed.engine.host import values
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+@contextlib.contextmanager
+def evaluating(net: nn.Module) -> Iterator[None]:
+    """Inside, every module of ``net`` is in evaluation mode (``net.eval()``: BatchNorm reads its running statistics
+    and updates none, dropout is off); after, each module is back in the mode it had (a frozen part left in ``eval()``
+    by its owner stays so)."""
+    modes = [(m, m.training) for m in net.modules()]
+    net.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
 
 
 def is_classification(y: Tensor) -> bool:
@@ -69,14 +89,15 @@ def evaluate_split(net: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, ranks,
     dtype = next(net.parameters()).dtype
     sums = torch.zeros(3, dtype=torch.float64, device=x.device)  # loss sum, correct, examples
     lo, hi = ranks.share(x.shape[0])
-    for start in range(lo, hi, batch_size):
-        xb, yb = x[start : min(start + batch_size, hi)], y[start : min(start + batch_size, hi)]
-        out = net(xb.to(dtype) if xb.is_floating_point() else xb)
-        if not classification:
-            yb = yb.to(out.dtype)
-        losses = per_example_loss(loss_fn, out, yb).double()
-        correct = (out.argmax(-1) == yb).double().sum() if classification else losses.new_zeros(())
-        sums += torch.stack([losses.sum(), correct, losses.new_tensor(float(losses.numel()))])
+    with evaluating(net):  # running statistics, not each batch's; none written (module docstring)
+        for start in range(lo, hi, batch_size):
+            xb, yb = x[start : min(start + batch_size, hi)], y[start : min(start + batch_size, hi)]
+            out = net(xb.to(dtype) if xb.is_floating_point() else xb)
+            if not classification:
+                yb = yb.to(out.dtype)
+            losses = per_example_loss(loss_fn, out, yb).double()
+            correct = (out.argmax(-1) == yb).double().sum() if classification else losses.new_zeros(())
+            sums += torch.stack([losses.sum(), correct, losses.new_tensor(float(losses.numel()))])
     sums = reduce_sum(sums)
     metrics = {"test/loss": float(sums[0] / sums[2])}
     if classification:
@@ -104,11 +125,12 @@ def client_losses(engine, w: Tensor, data_x: Tensor, data_y: Tensor, index: Tens
     buffers = dict(engine.net.named_buffers())
     sums = torch.zeros(K, dtype=torch.float64, device=w.device)
     lo, hi = ranks.share(idx.numel())
-    for a in range(lo, hi, chunk):
-        sl = slice(a, min(a + chunk, hi))
-        out = functional_call(engine.net, (params, buffers), (data_x[idx[sl]],))
-        losses = per_example_loss(engine.loss_fn, out, data_y[idx[sl]]).double()
-        sums.index_add_(0, owner[sl].to(sums.device), losses)
+    with evaluating(engine.net):  # the global model's running statistics, not a chunk's mix of clients; none written
+        for a in range(lo, hi, chunk):
+            sl = slice(a, min(a + chunk, hi))
+            out = functional_call(engine.net, (params, buffers), (data_x[idx[sl]],))
+            losses = per_example_loss(engine.loss_fn, out, data_y[idx[sl]]).double()
+            sums.index_add_(0, owner[sl].to(sums.device), losses)
     return ranks.all_reduce_sum(sums) / num_examples.to(sums.device, torch.float64).clamp_min(1)
 
 
@@ -120,6 +142,7 @@ def client_accuracies(net: nn.Module, data, rank: int, world_size: int, reduce_s
     return None if out is None else out[0]
 
 
+@torch.no_grad()
 def client_evaluation(net: nn.Module, data, rank: int, world_size: int, reduce_sum: Callable[[Tensor], Tensor],
                       chunk: int = 4096, nll: bool = True, split: str = "test") -> tuple[Tensor, Tensor | None] | None:
     """Accuracy and mean negative log-likelihood of the global model on each client's held-out split
@@ -150,13 +173,14 @@ def client_evaluation(net: nn.Module, data, rank: int, world_size: int, reduce_s
     nll_sum = torch.zeros(data.num_clients, device=device, dtype=torch.float64) if nll else None
     n = idx.numel()
     start, stop = (n * rank) // world_size, (n * (rank + 1)) // world_size
-    for lo in range(start, stop, chunk):
-        sl = slice(lo, min(lo + chunk, stop))
-        logits = net(data.train_x[idx[sl]])
-        y = data.train_y[idx[sl]]
-        correct.index_add_(0, owner[sl], (logits.argmax(-1) == y).double())
-        if nll_sum is not None:
-            nll_sum.index_add_(0, owner[sl], F.cross_entropy(logits, y.long(), reduction="none").double())
+    with evaluating(net):  # running statistics, not each chunk's; none written (module docstring)
+        for lo in range(start, stop, chunk):
+            sl = slice(lo, min(lo + chunk, stop))
+            logits = net(data.train_x[idx[sl]])
+            y = data.train_y[idx[sl]]
+            correct.index_add_(0, owner[sl], (logits.argmax(-1) == y).double())
+            if nll_sum is not None:
+                nll_sum.index_add_(0, owner[sl], F.cross_entropy(logits, y.long(), reduction="none").double())
     correct = reduce_sum(correct)
     sizes = split_sizes[has].double()
     acc = torch.full_like(correct, float("nan"))
@@ -217,17 +241,14 @@ def check_task(net: nn.Module, data, loss=None) -> None:
     x = data.train_x[:2]  # two: a norm layer without running statistics needs more than one value per channel
     dtype = next(net.parameters()).dtype
     x = x.to(dtype) if x.is_floating_point() else x
-    was_training = net.training
-    net.eval()
     try:
-        out = net(x)
+        with evaluating(net):
+            out = net(x)
     except (RuntimeError, ValueError, TypeError, IndexError) as err:  # e.g. "mat1 and mat2 shapes cannot be multiplied"
         said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         flat = math.prod(x.shape[1:])
         raise ValueError(f"net: does not run on the data's inputs ({tuple(x.shape[1:])} per example, {x.dtype}): {said}; "
                          f"its first layer must take this input (a flattened one has {flat} values: in_features={flat})") from err
-    finally:
-        net.train(was_training)
     if not output_shape_is_known(loss, is_classification(data.train_y)):
         return
     if not isinstance(out, Tensor):
@@ -317,9 +338,7 @@ def own_split_scores(net: nn.Module, layout, weights: Tensor, data, clients: Ten
     def logits(w: Tensor, x: Tensor, b: dict[str, Tensor] | None = None) -> Tensor:
         return functional_call(net, (layout.unflatten(w), own if b is None else {**own, **b}), (x,))
 
-    was_training = net.training
-    net.eval()
-    try:
+    with evaluating(net):
         for lo in range(0, K, chunk):
             sl = slice(lo, min(lo + chunk, K))
             b = None if buffers is None else {n: t[sl] for n, t in buffers.items()}
@@ -338,8 +357,6 @@ def own_split_scores(net: nn.Module, layout, weights: Tensor, data, clients: Ten
                 if nll:
                     lp = torch.log_softmax(out.double(), -1).gather(-1, y[..., None]).squeeze(-1)
                     nll_sum[sl] += torch.where(ok, -lp, torch.zeros_like(lp)).sum(1)
-    finally:
-        net.train(was_training)
     has, n = sizes > 0, sizes.clamp_min(1).double()  # torch.where, not a boolean mask: no device read
     acc = torch.where(has, correct / n, acc)
     if nll:

@@ -342,3 +342,88 @@ def test_client_evaluation_gives_each_clients_accuracy_and_mean_nll_by_hand():
     torch.testing.assert_close(halves[0][1][:2] + halves[1][1][:2], nll[:2])
     torch.testing.assert_close(halves[0][1][:2], torch.tensor([math.log(4 / 3) / 2, 0.0], dtype=torch.float64))
     assert client_evaluation(LastToken(), data, 0, 1, lambda t: t, nll=False)[1] is None
+
+
+# ------------------------------------------------------------------ evaluation mode, whoever drives the run (issue 62, item 11)
+
+
+def _bn_net():
+    """BatchNorm1d(2) with running statistics (1, -1) / (4, 0.25), γ = (2, 1), β = (0, 1), then a fixed linear map."""
+    net = nn.Sequential(nn.BatchNorm1d(2), nn.Linear(2, 3)).double()
+    with torch.no_grad():
+        net[0].running_mean.copy_(torch.tensor([1.0, -1.0]))
+        net[0].running_var.copy_(torch.tensor([4.0, 0.25]))
+        net[0].num_batches_tracked.fill_(7)
+        net[0].weight.copy_(torch.tensor([2.0, 1.0]))
+        net[0].bias.copy_(torch.tensor([0.0, 1.0]))
+        net[1].weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]]))
+        net[1].bias.zero_()
+    return net.train()  # as fit_run leaves it: training mode
+
+
+def _by_hand(x):
+    """The logits of :func:`_bn_net` in evaluation mode, written out: (x - r_μ) / √(r_σ² + ε) γ + β, then the map."""
+    h = (x - torch.tensor([1.0, -1.0], dtype=torch.float64)) / torch.sqrt(torch.tensor([4.0, 0.25], dtype=torch.float64) + 1e-5)
+    h = h * torch.tensor([2.0, 1.0], dtype=torch.float64) + torch.tensor([0.0, 1.0], dtype=torch.float64)
+    return torch.stack([h[:, 0], h[:, 1], -h[:, 0] - h[:, 1]], 1)
+
+
+def test_evaluation_reads_the_running_statistics_and_writes_none_whatever_mode_the_net_is_in():
+    from types import SimpleNamespace
+
+    from lfed.engine.ranks import Ranks
+    from lfed.evaluation.scores import client_evaluation
+
+    # batches of 2 and 1 (a batch of one would raise in training mode); each batch's own statistics would give other logits
+    x = torch.tensor([[3.0, -1.0], [1.0, 0.0], [-2.0, -1.5]], dtype=torch.float64)
+    y = torch.tensor([0, 1, 0])
+    net = _bn_net()
+    before = {k: v.clone() for k, v in net.named_buffers()}
+    logits = _by_hand(x)  # h = (2, 1), (0, 3), (-3, 0): logits (2, 1, -3), (0, 3, -3), (-3, 0, 3): classes 0, 1, 2
+    want_loss = float(F.cross_entropy(logits, y))
+    got = evaluate_split(net, F.cross_entropy, x, y, Ranks(), lambda t: t, 2, True)
+    assert got["test/acc"] == pytest.approx(2 / 3, abs=0) and got["test/loss"] == pytest.approx(want_loss, rel=1e-14)
+    data = SimpleNamespace(train_x=x, train_y=y, num_clients=2, holdout_index=torch.tensor([[0, 1], [2, 0]]),
+                           holdout_sizes=torch.tensor([2, 1]))
+    acc, nll = client_evaluation(net, data, 0, 1, lambda t: t, chunk=2)
+    assert acc.tolist() == [1.0, 0.0]
+    per = F.cross_entropy(logits, y, reduction="none")
+    torch.testing.assert_close(nll, torch.stack([per[:2].mean(), per[2:].mean()]), rtol=1e-14, atol=0)
+    assert net.training and net[0].training  # each module's mode put back
+    assert all(torch.equal(before[k], v) for k, v in net.named_buffers())  # no running statistic moved, none counted
+    frozen = _bn_net()
+    frozen[0].eval()  # a part its owner keeps in eval(): it stays so, the rest goes back to training
+    evaluate_split(frozen, F.cross_entropy, x, y, Ranks(), lambda t: t, 2, True)
+    assert frozen.training and not frozen[0].training
+
+
+def _digits_bn_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 10))
+
+
+@pytest.mark.parametrize("backend", ["vmap", "loop"])
+def test_fit_run_and_the_lightning_module_report_the_same_evaluation_of_a_batchnorm_net(backend, one_thread):
+    from lfed.core.fit import fit_run
+    from lfed.core.round import LocalTraining
+    from lfed.core.settings import Engine, build_run
+    from lfed.engine.ranks import Ranks
+
+    def digits():
+        return FederatedDataModule(dataset="digits", num_clients=10, partition="dirichlet", rho=0.5, seed=0)
+
+    training = LocalTraining(client_lr=0.1, batch_size=8, local_steps=3)  # 3 x 8 of 114-115 examples: no batch of one
+    module = FederatedModule(_digits_bn_net(), fraction=0.3, training=training, engine=Engine(backend=backend), seed=3)
+    trainer = run_rounds(module, digits(), 2, evaluate_every=2, precision="32-true")
+    run = build_run(net=_digits_bn_net(), fraction=0.3, training=training, engine=Engine(backend=backend), seed=3)
+    history = fit_run(run, digits(), 2)
+    lightning_net = module.runs[0].net
+    for (name, a), b in zip(lightning_net.state_dict().items(), run.net.state_dict().values()):
+        assert torch.equal(a, b), name  # the same weights and the same running statistics, after the evaluations
+    assert run.net[2].num_batches_tracked.item() > 0  # the cohort's statistics were aggregated (a real BatchNorm state)
+    for key in ("test/acc", "test/loss", "client/acc_mean"):
+        assert history[-1][key] == pytest.approx(float(trainer.callback_metrics[key]), abs=1e-6), key
+    before = {k: v.clone() for k, v in run.net.named_buffers()}
+    again, _ = run.evaluate(Ranks(), lambda t: t)  # evaluating again: the same numbers, no buffer moved
+    assert again["test/acc"] == history[-1]["test/acc"] and again["test/loss"] == history[-1]["test/loss"]
+    assert all(torch.equal(before[k], v) for k, v in run.net.named_buffers()) and run.net.training
