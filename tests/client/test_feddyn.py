@@ -74,3 +74,47 @@ def test_feddyn_from_the_quickstart_config(tmp_path):
     assert isinstance(m.objective, FedDyn) and m.combination is m.objective and cli.trainer.global_step == 2
     assert m.objective.h.abs().sum() > 0 and m.objective.h_client.abs().sum(1).gt(0).sum() >= 5
     assert torch.isfinite(m.layout.module_vector(m.net)).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_feddyn_moves_h_k_of_the_counting_clients_only_not_a_dropped_straggler(backend):
+    """Issue 67 (Acar et al. 2021): h_k moves only for the clients whose update the server uses. Under
+    ``partial_work: drop`` a straggler trained (it is active) but does not count: its h_k stays 0, and when it next
+    takes part its local objective has no linear term. Through run_round on a fixed cohort, by hand in float64.
+
+    Round 0: clients [0, 1, 2] of budget T = 3 complete [3, 1, 3] steps; client 1 is dropped. Round 1: clients
+    [1, 2] complete [3, 3]."""
+    from test_round import _setup
+
+    from lfed.core.round import LocalTraining, run_round
+
+    lr, alpha, T = 0.1, 0.3, 3
+    alg, _, data, engine = _setup(backend, algorithm="fedavg", objective=FedDyn(alpha), partial_work="drop")
+    assert alg.combination is alg.objective
+    plan = LocalTraining(client_lr=lr, batch_size=None, local_steps=T)
+    w, h, hk = W_INIT.clone(), torch.zeros(2, dtype=torch.float64), torch.zeros(N, 2, dtype=torch.float64)
+
+    def local(w, k, steps):  # y <- y - η (g_k(y) - h_k + α (y - w))
+        y = w.clone()
+        for _ in range(steps):
+            y = y - lr * (grad(y, k) - hk[k] + alpha * (y - w))
+        return y - w
+
+    w_got = W_INIT.clone()
+    for r, (S, steps) in enumerate([([0, 1, 2], [3, 1, 3]), ([1, 2], [3, 3])]):
+        w_got, rec = run_round(alg, w_got, data, plan, engine, round=r, clients=torch.tensor(S),
+                               steps_done=torch.tensor(steps))
+        counting = [k for k, s in zip(S, steps) if s == T]  # active and complete; client 1 in round 0 is dropped
+        assert rec.cohort.counting.tolist() == [s == T for s in steps]
+        assert rec.cohort.active.tolist() == [True] * len(S)
+        deltas = {k: local(w, k, T) for k in counting}
+        for k, d in deltas.items():  # h_k <- h_k - α Δ_k, for the counting clients only
+            hk[k] = hk[k] - alpha * d
+        h = h - (alpha / N) * sum(deltas.values())
+        w = w + sum(deltas.values()) / len(deltas) - h / alpha
+        torch.testing.assert_close(w_got, w, **TOL)
+        torch.testing.assert_close(alg.objective.state("h"), h, **TOL)
+        torch.testing.assert_close(alg.objective.state("h_client"), hk, **TOL)
+        if r == 0:
+            assert hk[1].abs().sum() == 0 and (hk[[0, 2]] != 0).all()  # the straggler's h_1 did not move
+    assert (hk != 0).all()  # by round 1 every client counted once

@@ -129,3 +129,76 @@ def test_local_steps_with_local_epochs_is_refused_not_ignored():
     with pytest.raises(ValueError, match="local_epochs: 2 would be ignored, because local_steps: 5"):
         LocalTraining(local_epochs=2, local_steps=5)
     assert LocalTraining(local_steps=5).step_budget(torch.tensor([7])).tolist() == [5]  # the default epochs: no conflict
+
+
+# ---- bmta_local over the counting participants only (issue 67): a 2-class linear softmax model on three clients
+CLS_X = torch.tensor([[1.0, 0.5], [-0.5, 1.0], [0.8, -1.0], [-1.0, -0.3], [0.2, 1.5], [1.2, 0.4], [-0.7, 0.9],
+                      [1.0, -0.2], [-0.6, 0.8], [0.3, 1.1], [-1.2, 0.1], [0.9, 0.9], [0.5, -0.7], [-0.4, -1.0]],
+                     dtype=torch.float64)
+CLS_Y = torch.tensor([0, 1, 0, 1, 1, 0, 1, 0, 1, 1, 1, 0, 0, 1])
+CLS_TRAIN = [[0, 1], [2, 3, 4], [5, 6]]  # rows each client trains on
+CLS_HELD = [[7, 8], [9, 10, 11], [12, 13]]  # each client's own held-out split
+CLS_W0 = torch.tensor([[0.1, 0.6], [0.4, -0.5]], dtype=torch.float64)  # [classes, features]
+
+
+def _cls_data():
+    from lfed.data.federated import FederatedData
+
+    def padded(rows):
+        width = max(map(len, rows))
+        return torch.tensor([r + [r[0]] * (width - len(r)) for r in rows])
+
+    counts = torch.stack([torch.bincount(CLS_Y[r], minlength=2) for r in CLS_TRAIN])
+    return FederatedData(CLS_X, CLS_Y, CLS_X, CLS_Y, padded(CLS_TRAIN), torch.tensor([2, 3, 2]), padded(CLS_HELD),
+                         torch.tensor([2, 3, 2]), counts, 2)
+
+
+def _softmax_local(W, k, steps, lr):
+    """Full-batch cross-entropy steps: ``W <- W - η (softmax(X Wᵀ) - onehot(y))ᵀ X / n_k``."""
+    x, onehot = CLS_X[CLS_TRAIN[k]], nn.functional.one_hot(CLS_Y[CLS_TRAIN[k]], 2).double()
+    for _ in range(steps):
+        W = W - lr * (torch.softmax(x @ W.T, 1) - onehot).T @ x / len(CLS_TRAIN[k])
+    return W
+
+
+def _held_out_accuracy(W, k):
+    x, y = CLS_X[CLS_HELD[k]], CLS_Y[CLS_HELD[k]]
+    return float(((x @ W.T).argmax(1) == y).double().mean())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("partial_work, steps, counting", [("keep", [3, 0, 3], [0, 2]), ("drop", [3, 0, 2], [0])])
+def test_bmta_local_is_the_mean_over_the_counting_participants_not_the_inactive(backend, partial_work, steps, counting):
+    """Issue 67 (docs/algorithms.md §9, lfed/core/synchronous.py): client/local_acc_mean and bmta_local are the mean
+    of each counting participant's w_k_end on its own held-out split. Client 1 is sampled but inactive (0 steps): it
+    is left out (its w_k_end is the global model, which scores 1/3 there; counted, the mean would move). With
+    ``partial_work: drop`` the straggler client 2 (2 of 3 steps, active) is left out too. The round's halves as run_round
+    runs them (prepare_round, the engine), finished by the run's synchronous schedule, on a fixed cohort."""
+    from lfed.core.round import prepare_round, train_prepared
+    from lfed.core.run import FederatedRun
+    from lfed.engine.ranks import Ranks
+
+    net = nn.Linear(2, 2, bias=False).double()
+    with torch.no_grad():
+        net.weight.copy_(CLS_W0)
+    lr, T = 0.5, 3
+    alg = algorithms.build(algorithms.resolve("fedavg", fraction=1.0, partial_work=partial_work))
+    plan = LocalTraining(client_lr=lr, batch_size=None, local_steps=T)
+    run = FederatedRun(alg, plan, lambda p: torch.optim.SGD(p, lr=1.0), net=net, backend=backend)
+    data = _cls_data()
+    run.setup(data)
+    run.start(data, 1)
+    prepared = prepare_round(run.components, run.layout.module_vector(run.net), data, plan, run.engine, round=0,
+                             clients=torch.tensor([0, 1, 2]), steps_done=torch.tensor(steps), sizes=run.layout.sizes)
+    assert prepared.record.cohort.counting.tolist() == [k in counting for k in range(3)]
+    result = train_prepared(run.engine, Ranks(), prepared)
+    metrics, _ = run.finish(prepared, result, torch.optim.SGD(run.net.parameters(), lr=1.0), Ranks())
+
+    # by hand: client 0 (3 steps) scores 1 on its 2 held-out examples; client 2 scores 1 after 3 steps, 1/2 after
+    # 2; client 1 (inactive: the global model) 1/3 of 3
+    acc = {k: _held_out_accuracy(_softmax_local(CLS_W0, k, s, lr), k) for k, s in zip(range(3), steps)}
+    assert acc == {0: 1.0, 1: 1 / 3, 2: 1.0 if steps[2] == T else 0.5}
+    want = sum(acc[k] for k in counting) / len(counting)  # 1 in both cases; with the inactive client 7/9 (keep),
+    assert want == 1.0  # 11/18 (drop); with the dropped straggler but not the inactive client 3/4 (drop)
+    assert metrics["client/local_acc_mean"] == pytest.approx(want, abs=1e-15)
+    assert run.bmta.summary()["final/bmta_local"] == pytest.approx(want, abs=1e-15)
