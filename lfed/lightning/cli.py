@@ -5,8 +5,9 @@ Defaults that make a federated run read well:
 * Every run writes into its own directory, ``<trainer.default_root_dir>/runs/<algorithm>-<dataset>-<config
   id>/version_<n>/`` (the current directory when ``default_root_dir`` is not set; the config id is a
   hash of the ``model``, ``data`` and ``seed_everything`` settings, :mod:`lfed.lightning.reporting`): ``config.yaml``,
-  ``metrics.csv`` (every logged metric, one row per round), ``checkpoints/last.ckpt`` and the
-  Weights & Biases run (``wandb/``). The Trainer's ``default_root_dir`` is that directory.
+  ``metrics.csv`` (every logged metric, one row per round), ``checkpoints/last.ckpt``, ``environment.json`` (what
+  the run's bits depend on: versions, device, CPU capability, threads; one record per start or resume,
+  docs/reproducibility.md) and the Weights & Biases run (``wandb/``). The Trainer's ``default_root_dir`` is that directory.
 * An atomic ``last.ckpt`` every ``checkpoint_every`` rounds (10)
   (:class:`lfed.lightning.checkpoint.RoundCheckpoint` through :class:`lfed.lightning.checkpoint.AtomicCheckpointIO`; a
   ``ModelCheckpoint`` of your own in ``trainer.callbacks`` replaces it). ``--ckpt_path last`` resumes
@@ -405,7 +406,14 @@ class RunConfig(Callback):
         for logger in trainer.loggers:
             logger.log_hyperparams(params)
 
-    on_train_start = on_validation_start = on_test_start = on_predict_start = _log
+    on_validation_start = on_test_start = on_predict_start = _log
+
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        """The settings to the loggers, and what this stretch of the run's bits depend on to ``environment.json``."""
+        self._log(trainer)
+        if trainer.is_global_zero and trainer.default_root_dir:
+            record_environment(Path(trainer.default_root_dir) / "environment.json", trainer.global_step,
+                               trainer.strategy.root_device)
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         checkpoint[CONFIG_KEY] = self.settings
@@ -413,6 +421,23 @@ class RunConfig(Callback):
             run = getattr(logger, "_experiment", None)
             if "Wandb" in type(logger).__name__ and isinstance(getattr(run, "id", None), str):
                 checkpoint[WANDB_ID_KEY] = run.id
+
+
+def record_environment(path: Path, round: int, device: Any = None) -> None:
+    """Add this process's environment (:func:`lfed.state.environment.environment`), from ``round`` on, to the run's
+    ``environment.json``: a list with one record per start or resume, so each stretch of the run says what its
+    bits depend on (docs/reproducibility.md)."""
+    from lfed.state.environment import environment
+
+    records = []
+    if path.is_file():
+        try:
+            records = json.loads(path.read_text())
+        except (OSError, ValueError):
+            records = []
+    records = [r for r in records if isinstance(r, dict) and r.get("from_round", 0) < round]  # a rerun replaces
+    records.append({"from_round": round, **environment(device)})
+    path.write_text(json.dumps(records, indent=1) + "\n")
 
 
 def _plain(value: Any) -> Any:

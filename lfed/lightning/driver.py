@@ -31,6 +31,7 @@ from lfed.engine.precision import release_loss_scaler, round_precision
 from lfed.engine.ranks import Ranks
 from lfed.lightning.ddp import prepare_strategy
 from lfed.lightning.rounds import check_trainer_schedule, request_final_evaluation
+from lfed.state.environment import EnvironmentWarning, environment, environment_note
 from lfed.state.fingerprint import run_fingerprint, verify_fingerprint
 
 __all__ = ["FederatedDriver", "RunOptimizers"]
@@ -339,7 +340,8 @@ class FederatedDriver(LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         total = self._total_rounds()
         checkpoint["lfed"] = {"runs": [{**run.extra_state(), "fingerprint": run_fingerprint(run, total, run.datamodule)}
-                                       for run in self.runs]}
+                                       for run in self.runs],
+                              "environment": environment(self._root_device())}  # what its bits depend on
         if any(run.metric_gate.active for run in self.runs):  # DP: mark what it holds of the clients' data, unnoised
             from lfed.privacy.contents import client_data
 
@@ -361,3 +363,13 @@ class FederatedDriver(LightningModule):
         for run, state in zip(self.runs, states):
             verify_fingerprint(state.get("fingerprint"), run_fingerprint(run, total, run.datamodule))
             run.load_extra_state(state)
+        if self._trainer is not None and self.trainer.state.fn == "fit":  # a resume: what its bits depend on, if changed
+            note = environment_note(checkpoint["lfed"].get("environment"), environment(self._root_device()),
+                                    str(getattr(self.trainer, "ckpt_path", None) or "the checkpoint"))
+            if note is not None:  # one line, rank 0: the continuation is exact in its maths, not in its bits
+                rank_zero_warn(note, category=EnvironmentWarning)
+
+    def _root_device(self) -> torch.device:
+        """The device the run trains on (the strategy's; the module may not be on it yet while a checkpoint loads)."""
+        strategy = getattr(self._trainer, "strategy", None) if self._trainer is not None else None
+        return getattr(strategy, "root_device", None) or self.device
