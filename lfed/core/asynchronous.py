@@ -34,6 +34,13 @@ are the synchronous run's own. One server step ``t`` (one Lightning ``training_s
    Staleness weights ``s(τ)``: ``constant`` 1; ``polynomial`` ``(1 + τ)^{-a}`` (FedBuff uses
    ``a = 1/2``); ``hinge`` 1 for ``τ <= b``, else ``1 / (a (τ - b) + 1)`` (FedAsync).
 
+   A net with BatchNorm running statistics: each dispatched client's buffers wait in its slot with its update
+   (``asynchronous.stats``), and the server step sets the global model's buffers as a synchronous round does
+   (:meth:`lfed.core.run.FederatedRun.aggregate_buffers`, the one function both use): the floating ones to the
+   arrivals' mean with the step's weights ``a_k α s(τ_k)`` normalised, ``num_batches_tracked`` to the arrivals'
+   largest. Like the synchronous round's, this replaces the global statistics whatever the server optimizer or
+   ``α``: statistics are not a gradient.
+
 Synchronous FedAvg is the special case ``C = M = K`` with equal durations (``clock.distribution:
 constant``): every step dispatches the sampler's cohort, all arrive with ``τ = 0``, and the server
 update is the synchronous round's, bit for bit (``tests/core/test_asynchronous.py``).
@@ -45,7 +52,7 @@ buffer fills start later here (at the server step's time) but from the same mode
 
 State (all in the state dict, so a checkpoint resumes exactly): the slot rows (the store), the event
 queue, the model version counter and the simulated time (``asynchronous._extra_state``,
-``asynchronous.clock._extra_state``).
+``asynchronous.clock._extra_state``), and with running statistics each slot's buffers (``asynchronous.stats``).
 """
 
 from __future__ import annotations
@@ -132,6 +139,15 @@ class Asynchronous(Component):
         #: per slot: the accuracy of its client's locally trained model w_k on the client's own held-out split
         #: (docs/algorithms.md §9's local accuracy, scored at dispatch; reported when the result arrives); NaN: none
         self.local_acc: Tensor | None = None
+        #: the net's buffers ``(name, shape, dtype)`` when it has running statistics (:meth:`attach`), else empty
+        self.net_buffers: list[tuple[str, torch.Size, torch.dtype]] = []
+
+    def attach(self, net: torch.nn.Module) -> None:
+        """Learn the net's buffers before the state is allocated (:meth:`lfed.core.run.FederatedRun.setup`): with
+        BatchNorm running statistics every slot keeps its client's buffers until it arrives (module docstring, 3.)."""
+        from lfed.engine.norm import has_running_stats
+
+        self.net_buffers = [(n, b.shape, b.dtype) for n, b in net.named_buffers()] if has_running_stats(net) else []
 
     # ------------------------------------------------------------------ what it is
     def structure(self) -> dict[str, Any]:
@@ -166,7 +182,26 @@ class Asynchronous(Component):
         return list(self.times)
 
     def state_specs(self) -> list[StateSpec]:
-        return [StateSpec("update")]  # one row per slot: FedBuff Δ_k, FedAsync w_k
+        specs = [StateSpec("update")]  # one row per slot: FedBuff Δ_k, FedAsync w_k
+        if self.net_buffers:  # and its client's buffers, every one flattened (float64 holds float32 and the counts exactly)
+            specs.append(StateSpec("stats", shape=(sum(math.prod(shape) for _, shape, _ in self.net_buffers),),
+                                   dtype=torch.float64))
+        return specs
+
+    def _flat_buffers(self, buffers: dict[str, Tensor] | None, K: int) -> Tensor:
+        """``[K, S]`` the engine's per-client buffers, flattened in the net's order (float64)."""
+        if buffers is None:
+            raise RuntimeError("asynchronous: the engine returned no per-client buffers for a net with running statistics")
+        return torch.cat([buffers[n].reshape(K, -1).to(torch.float64) for n, _, _ in self.net_buffers], 1)
+
+    def _unflat_buffers(self, rows: Tensor) -> dict[str, Tensor]:
+        """``{name: [M, *shape]}`` of ``rows [M, S]`` (:meth:`_flat_buffers`' inverse), each in its own dtype."""
+        out, lo = {}, 0
+        for name, shape, dtype in self.net_buffers:
+            n = math.prod(shape)
+            out[name] = rows[:, lo : lo + n].reshape(rows.shape[0], *shape).to(dtype)
+            lo += n
+        return out
 
     def setup_state(self, store, num_examples: Tensor, num_params: int, like: Tensor) -> None:
         """The rows are per slot (``C``), not per client: memory ``C x P`` whatever ``N``."""
@@ -290,6 +325,8 @@ class Asynchronous(Component):
             rows = result.weights - job.w_start if self.mixing is None else result.weights
             device = rows.device
             self.write_rows("update", to_device(slots, device), rows)
+            if self.net_buffers:  # its buffers (BatchNorm statistics) wait with its update
+                self.write_rows("stats", to_device(slots, device), self._flat_buffers(result.buffers, rows.shape[0]))
             if run.round_local_accuracy and is_classification(data.train_y):  # w_k on its own split, known at dispatch
                 if self.local_acc is None:
                     self.local_acc = torch.full((self.concurrency,), math.nan, dtype=torch.float64, device=device)
@@ -333,6 +370,8 @@ class Asynchronous(Component):
             record.check(rows, "client updates", dispatched_clients)
         delta = aggregate(alg, record, updates, weights, prepared.sizes)
         step_server(alg, record, delta, w, run.server_step(optimizer))
+        if self.net_buffers:  # the arrivals' buffers, aggregated as a synchronous round aggregates its cohort's
+            run.aggregate_buffers(self._unflat_buffers(self.rows("stats", popped_slots)), weights)
         metrics: dict[str, Any] = {
             "round/clients": float(len(popped)), "round/dispatched": float(dispatched),
             "round/weight_sum": weights.sum(),

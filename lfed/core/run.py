@@ -199,6 +199,8 @@ class FederatedRun(nn.Module):
                 module.load_pretrained()
         self.layout = ParamLayout.from_module(self.net)
         self.components.attach(self.net, self.layout)  # partial sharing (docs/algorithms.md §13), before state is allocated
+        if self.components.asynchronous is not None:  # its slots keep each client's buffers (BatchNorm statistics) too
+            self.components.asynchronous.attach(self.net)
         check_task(self.net, data, self.loss)  # the net's output against the classes / targets, before round 0
         if self.store.placement == "disk" and self.store.directory is None:
             self.store.directory = Path(default_root_dir or ".") / (f"client_state-{self.name}" if self.name else "client_state")
@@ -351,7 +353,10 @@ class FederatedRun(nn.Module):
                 "into the global model every round",)
 
     def aggregate_buffers(self, buffers: dict[str, Tensor], weights: Tensor) -> None:
-        """Average floating buffers (BatchNorm running stats) with the normalised weights."""
+        """The global model's buffers from the clients' ``{name: [K, ...]}`` (BatchNorm running statistics): the floating
+        ones their mean with the normalised ``weights``, the others (``num_batches_tracked``) their largest. The one
+        aggregation of buffers, whatever steps the server: a synchronous round's cohort (:mod:`lfed.core.synchronous`),
+        an asynchronous server step's arrivals (:mod:`lfed.core.asynchronous`)."""
         own = dict(self.net.named_buffers())
         a = weights / weights.sum()
         for name, stacked in buffers.items():

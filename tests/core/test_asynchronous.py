@@ -376,6 +376,67 @@ def test_sync_fedavg_is_the_case_c_equals_m_equals_k_with_equal_durations(backen
     assert asynchronous.events == [] and asynchronous.times == [float(t) for t in range(1, rounds + 1)]
 
 
+def _bn_net(seed=0):
+    """BatchNorm first (momentum 0.1): a client's running statistics depend on its data alone, not on the weights."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.BatchNorm1d(D), nn.Linear(D, CLASSES)).double()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fedbuff_aggregates_the_arrivals_batchnorm_statistics_by_hand(tmp_path, backend):
+    """Each server step sets the global BatchNorm statistics as a synchronous round does, from the arrivals: the
+    floating ones their mean with FedBuff's weights n_k s(τ_k) normalised, num_batches_tracked their largest. With two
+    full-batch steps at momentum f = 0.1, a client dispatched with the global (r, v, t) brings back
+    ((1 - f)² r + (1 - (1 - f)²) μ_k, (1 - f)² v + (1 - (1 - f)²) σ²_k (unbiased), t + 2), whenever it arrives."""
+    path, durations = _durations_file(tmp_path)
+    C, M, rounds, seed = 3, 2, 4, 4
+    asynchronous = FedBuff(concurrency=C, buffer=M, clock=SimulatedClock("file", durations_file=str(path)))
+    module = FederatedModule(_bn_net(), training=dict(client_lr=0.3, batch_size=None, local_steps=2),
+                             engine=dict(backend=backend), seed=seed, asynchronous=asynchronous)
+    run_rounds(module, _data(), rounds=rounds)
+    data = _data().build()
+    x, index, sizes = data.train_x, data.client_index, data.client_sizes.tolist()
+    r, v, t = torch.zeros(D, dtype=torch.float64), torch.ones(D, dtype=torch.float64), 0  # torch's initial statistics
+    events, seq, now, taus = [], 0, 0.0, []
+    for step in range(rounds):
+        perm = torch.randperm(N, generator=round_generator(seed, step, "sample")).tolist()
+        starts = _hand_dispatch(step, now, events, C, M, perm, durations, lambda c, at: at)
+        for c in sorted(starts):
+            xc = x[index[c, : sizes[c]]]
+            brought = (0.81 * r + 0.19 * xc.mean(0), 0.81 * v + 0.19 * xc.var(0, unbiased=True), t + 2)
+            heapq.heappush(events, (starts[c] + durations[c], seq, c, step, brought))
+            seq += 1
+        popped = [heapq.heappop(events) for _ in range(M)]
+        now = popped[-1][0]
+        taus += [step - e[3] for e in popped]
+        a = [sizes[e[2]] * (1 + step - e[3]) ** -0.5 for e in popped]  # size weights times FedBuff's s(τ)
+        r = sum(w * e[4][0] for w, e in zip(a, popped)) / sum(a)
+        v = sum(w * e[4][1] for w, e in zip(a, popped)) / sum(a)
+        t = max(e[4][2] for e in popped)
+    assert max(taus) >= 1  # a stale arrival brought statistics that started from an older global model's
+    bn = module.runs[0].net[0]
+    torch.testing.assert_close(bn.running_mean, r, atol=1e-14, rtol=0)
+    torch.testing.assert_close(bn.running_var, v, atol=1e-14, rtol=0)
+    assert bn.num_batches_tracked.item() == t == 2 * rounds  # every arrival tracked t + 2 from the global t
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_batchnorm_statistics_are_the_synchronous_rounds_in_the_sync_case(backend):
+    """C = M = K = 3 of 12 clients with equal durations: the global model's every buffer is FedAvg's, bit for bit."""
+    rounds = 3
+    sync = FederatedModule(_bn_net(1), fraction=0.25, training=dict(client_lr=0.2, batch_size=None, local_steps=2),
+                           engine=dict(backend=backend))
+    run_rounds(sync, _data(), rounds=rounds)
+    a = FederatedModule(_bn_net(1), training=dict(client_lr=0.2, batch_size=None, local_steps=2), engine=dict(backend=backend),
+                        asynchronous=FedBuff(concurrency=3, buffer=3, clock=SimulatedClock("constant")))
+    run_rounds(a, _data(), rounds=rounds)
+    assert torch.equal(flat_weights(a), flat_weights(sync))
+    want = dict(sync.runs[0].net.named_buffers())
+    assert want["0.num_batches_tracked"].item() == 2 * rounds
+    for name, b in a.runs[0].net.named_buffers():
+        assert torch.equal(b, want[name]), name
+
+
 def _local_means(module) -> list:
     """The mean local accuracy each step hands to bmta (SPEC §9), recorded."""
     run, seen = module.runs[0], []
@@ -548,6 +609,24 @@ def test_resume_from_a_middle_checkpoint_with_clients_in_flight_is_bit_identical
     assert middle["state_dict"]["asynchronous.clock._extra_state"]["now"] > 0
     got = _async_state(fit(config, "--ckpt_path", str(tmp_path / "ckpts" / "epoch=0-step=3.ckpt")))
     assert got["async"][0] and got["async"] == want["async"]
+    assert_same_state(got, want)
+
+
+def test_resume_with_batchnorm_statistics_in_flight_is_bit_identical(tmp_path):
+    """The slots' BatchNorm statistics (asynchronous.stats) are in the checkpoint: resumed at server step 3 with 4
+    clients in flight, the run ends with the uninterrupted run's weights and every buffer."""
+    from test_checkpoint import assert_same_state, fit, load, write_config
+
+    keep_all = {"callbacks": [{"class_path": "lfed.lightning.checkpoint.RoundCheckpoint",
+                               "init_args": {"dirpath": str(tmp_path / "ckpts"), "every_n_train_steps": 3, "save_top_k": -1}}]}
+    net = {"class_path": "lfed.models.ResNet20", "init_args": {"in_channels": 1, "depth": 8, "width": 2}}
+    config = write_config(tmp_path / "cfg.yaml", "fedavg", trainer=keep_all, asynchronous=ASYNC, engine={"client_state": "host"},
+                          fraction=None, net=net)
+    want = _async_state(fit(config))
+    middle = load(tmp_path / "ckpts" / "epoch=0-step=3.ckpt")
+    assert middle["state_dict"]["asynchronous.stats"].shape[0] == 6  # one row per slot
+    got = _async_state(fit(config, "--ckpt_path", str(tmp_path / "ckpts" / "epoch=0-step=3.ckpt")))
+    assert got["async"] == want["async"] and any(k.endswith("running_mean") for k in want)
     assert_same_state(got, want)
 
 
