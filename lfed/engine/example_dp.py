@@ -3,18 +3,22 @@
 Each local step of client ``k`` is DP-SGD on the client's own examples:
 
 * the batch is a **Poisson sample** of the client's ``n_k`` examples, each taken independently with probability
-  ``q_k = min(1, B / n_k)`` (:func:`poisson_schedule`; the expected batch is ``q_k n_k = B``, and it may be empty);
+  ``q_k = min(1, B / n_k)`` (:func:`poisson_schedule`); its expected size is ``q_k n_k``, which is ``B`` when
+  ``n_k ≥ B`` and ``n_k`` when ``n_k < B`` (every example then in every batch); the realised batch may be empty;
 * every example's gradient is **clipped** to L2 norm ``C`` over all trainable parameters,
   ``ḡ_i = g_i · min(1, C / (‖g_i‖ + 10⁻⁶))`` (Opacus's clip factor, so a noise-free step equals Opacus's exactly);
-* the clipped gradients are **summed**, **noised** with ``N(0, σ² C² I)`` and divided by the **expected** batch
-  ``B`` (not the realised one, which would leak the sample's size): ``g̃ = (Σ_i ḡ_i + σ C ξ) / B``;
+* the clipped gradients are **summed**, **noised** with ``N(0, σ² C² I)`` and divided by the batch size ``B`` (the
+  setting, as Opacus divides by its ``expected_batch_size``; not the realised size, which would leak the sample's size,
+  and also when ``n_k < B``, where the expected size is ``n_k``): ``g̃ = (Σ_i ḡ_i + σ C ξ) / B``;
 * the objective's step rule then uses ``g̃`` as its gradient (post-processing: a rule's decay and shift read only the
   broadcast model and the client's own state).
 
 :class:`ExampleNoise` is what a :class:`~lfed.engine.StepRule` carries to turn this on (``example_dp``); both
 backends read it. The noise of client ``k``'s step ``t`` is the ``t``-th draw of the client's own generator,
 seeded by ``(seed, round, "dp-sgd/<client id>")`` (or the secure source), so the vmapped cohort and the loop over
-clients draw the same noise, whatever the cohort's order, chunks or ranks.
+clients draw the same noise, whatever the cohort's order, chunks or ranks. The Poisson batches are drawn from the round's
+``"batches"`` stream when seeded, and from ``batches`` (a secure generator) under ``noise: secure``: the amplification
+by subsampling assumes nobody can regenerate the sample.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ class ExampleNoise:
     Attributes:
         clip: ``C > 0``, the per-example L2 clip.
         noise_multiplier: ``σ >= 0``; each step adds ``N(0, σ² C² I)`` to the clipped sum.
-        expected_batch: ``B``, the divisor (the Poisson batch's expected size).
+        expected_batch: ``B``, the divisor (the batch size setting: the Poisson batch's expected size when ``n_k ≥ B``).
         generators: One generator per cohort row (in the cohort's order), each the row's own noise stream.
         normal: ``normal(shape, generator, dtype)``: standard normal draws (:meth:`lfed.rng.PrivateStreams.normal`).
         planted: Per row, None or an object whose ``step(P, dtype)`` returns the ``[P]`` sum of that step's sampled
@@ -46,6 +50,8 @@ class ExampleNoise:
         counts: ``[K, T]`` each row's realised Poisson batch size at every step, on the host (set by
             :meth:`lfed.engine.CohortTrainer.train` from the schedule it draws; the vmap backend computes each step up
             to its largest, with no device read).
+        batches: The CPU generator the Poisson batches are drawn from, or None: the training job's (the round's
+            seeded ``"batches"`` stream). DP-SGD under ``noise: secure`` gives a secure one.
     """
 
     clip: float
@@ -55,6 +61,7 @@ class ExampleNoise:
     normal: object = None
     planted: list = field(default_factory=list)
     counts: Tensor | None = None
+    batches: torch.Generator | None = None
 
     @property
     def std(self) -> float:

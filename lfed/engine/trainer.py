@@ -253,6 +253,8 @@ class CohortTrainer(VmapBackend, LoopBackend):
             if generator is None:
                 raise ValueError("generator: needed to draw the batch schedule (or give schedule=(positions, valid))")
             draw = poisson_schedule if rule.example_dp is not None else batch_schedule  # DP-SGD: Poisson batches
+            if rule.example_dp is not None and rule.example_dp.batches is not None:
+                generator = rule.example_dp.batches  # DP-SGD's own (secure) source of its Poisson samples
             positions, valid = draw(num_examples, max(steps.tolist(), default=0), batch_size, generator)
             if rule.example_dp is not None:  # every row's realised batch sizes, kept on the host (the vmap backend's widths)
                 rule = replace(rule, example_dp=replace(rule.example_dp, counts=valid.sum(-1)))

@@ -36,7 +36,14 @@ dp-accounting's ``compute_epsilon`` converts to (ε, δ). **No amplification by 
 server draws and sees the cohort, so the sampling is not hidden from it; every round is counted at ``q = 1`` (an
 upper bound whatever the sampler). **Dropouts and small cohorts are accounted honestly**: a round's noise is that of
 the shares that reached the sum, ``μ_t = k_t · μ/m`` with ``k_t`` the counting clients that did not drop (the server
-knows who survived), so a round with fewer shares than planned is accounted at its smaller variance.
+knows who survived), so a round with fewer shares than planned is accounted at its smaller variance. A round in which
+no client's upload reaches the sum releases nothing that depends on the data and costs nothing (counted apart, as
+``empty``). Under ``target_epsilon`` the server, which learns who survived before it unmasks, does not unmask a sum whose
+surviving noise would take the ledger past the budget: that round releases nothing and costs nothing, and the run stops
+(so the realised ε never exceeds the budget, whatever the dropouts).
+
+**The sampler.** Each share is ``Poisson(μ/(2m)) - Poisson(μ/(2m))`` drawn by torch, which is exact only for rates up to
+:data:`MAX_RATE`: the derived scale keeps the rate below it, and a given scale above it is refused before round 0.
 """
 
 from __future__ import annotations
@@ -62,6 +69,13 @@ __all__ = ["DistributedDP", "SkellamAccountant", "conditional_rounding", "hadama
 ORDERS = tuple(range(2, 129)) + (160, 192, 256, 512, 1024)
 #: The sum's standard deviations kept inside the range when the scale is derived (the authors' ``k = 3``).
 K_STDDEVS = 3.0
+#: The largest Poisson rate a noise share is drawn at (2^32 ≈ 4.3e9). torch's Poisson sampler (numpy's PTRS, Hörmann
+#: 1993, in float64) accepts a draw by comparing ``-λ + k log λ - log Γ(k+1)``, a sum of terms of size ``λ log λ`` whose
+#: true value is O(1): its rounding error is ~``λ log λ · 2^-52`` (2e-5 at 2^32, 0.07 at 1e13, and above 2^53 the draws
+#: are not even integers; above 2^63 torch returns INT64_MIN, so the two draws cancel and a share carries no noise at all).
+#: Below this rate the draws' mean, variance and parity are Poisson's (tests/privacy/test_distributed_dp.py); a derived
+#: scale stays below it, a given one above it is refused. Large ``bits`` then buy room against wrap-around, not resolution.
+MAX_RATE = float(2 ** 32)
 
 
 # ---------------------------------------------------------------------- the rotation
@@ -133,9 +147,13 @@ def conditional_rounding(y: Tensor, bound: float, generator: torch.Generator, tr
 
 
 def skellam_noise(shape: tuple[int, ...], variance: float, generator: torch.Generator) -> Tensor:
-    """``Sk`` of ``variance`` per entry: ``Poisson(variance/2) - Poisson(variance/2)`` (float64 integers)."""
+    """``Sk`` of ``variance`` per entry: ``Poisson(variance/2) - Poisson(variance/2)`` (float64 integers). Refuses a rate
+    ``variance/2`` above :data:`MAX_RATE`, where the sampler is not exact (and above 2^63 returns no noise at all)."""
     if variance <= 0:
         return torch.zeros(shape, dtype=torch.float64)
+    if not variance / 2 <= MAX_RATE:
+        raise ValueError(f"skellam_noise: a Poisson rate of {variance / 2:.4g} is above {MAX_RATE:.4g}, where torch's "
+                         "sampler is not exact (it returns no noise at all above 2^63); use a smaller scale")
     rate = torch.full(shape, variance / 2, dtype=torch.float64)
     return torch.poisson(rate, generator=generator) - torch.poisson(rate, generator=generator)
 
@@ -171,10 +189,12 @@ def skellam_epsilon(events: dict[tuple[float, float, float], int], delta: float)
 
 
 class SkellamAccountant:
-    """The ledger of a distributed-DP run: ``{(μ_t, Δ₂, Δ₁): rounds}`` (no sampling: every round at q = 1)."""
+    """The ledger of a distributed-DP run: ``{(μ_t, Δ₂, Δ₁): rounds}`` (no sampling: every round at q = 1), and the
+    rounds that released nothing data-dependent (no client's upload reached the sum: ``empty``; they cost nothing)."""
 
     def __init__(self) -> None:
         self.events: dict[tuple[float, float, float], int] = {}
+        self.empty = 0
 
     @property
     def rounds(self) -> int:
@@ -188,10 +208,11 @@ class SkellamAccountant:
         return skellam_epsilon(self.events, delta)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"events": [[*key, n] for key, n in sorted(self.events.items())]}
+        return {"events": [[*key, n] for key, n in sorted(self.events.items())], "empty": self.empty}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.events = {(float(a), float(b), float(c)): int(n) for a, b, c, n in state["events"]}
+        self.empty = int(state.get("empty", 0))  # (0.5's checkpoints did not count them)
 
 
 # ---------------------------------------------------------------------- the combination
@@ -207,7 +228,9 @@ class DistributedDP(ServerCombination):
         clip: The L2 clip ``C > 0``.
         bits: ``M = 2^bits`` of the modular sum (2..52, default 20).
         scale: ``s``; None (default): the largest with ``2^bits ≥ 2·3·sqrt(s²(K²C²/d + z²C²) + K/4)`` (three standard
-            deviations of the sum's coordinates inside the range, the authors' choice ``k = 3``; ``K`` the largest cohort).
+            deviations of the sum's coordinates inside the range, the authors' choice ``k = 3``; ``K`` the largest cohort)
+            and each noise share's Poisson rate ``(zCs)²/(2m)`` at most :data:`MAX_RATE` (``m`` the smallest planned
+            cohort), where the sampler is exact; a given scale above that rate is refused before round 0.
         beta: ``β`` in [0, 1) of conditional rounding (default ``e^{-1/2}``; 0: the bound ``sC + √d``, no redraws).
         delta: ``δ`` in (0, 1) (default ``1/N^1.1``).
         dropout: Probability in [0, 1) that a client drops after masking; accounted (module docstring).
@@ -262,6 +285,8 @@ class DistributedDP(ServerCombination):
                        "target_epsilon": target_epsilon}
         self._d: int | None = None  # the padded dimension (the shared coordinates rounded up to a power of two)
         self.k_max: int | None = None
+        self.m_min: float | None = None  # the smallest planned cohort (the noise shares' rate is (zCs)²/(2m))
+        self._halt: str | None = None  # the server refused to unmask a round that would overspend: the run stops
         self.accountant = SkellamAccountant()
         self._report: dict[str, float] = {}
 
@@ -273,7 +298,7 @@ class DistributedDP(ServerCombination):
     def private_metrics(self) -> tuple[str, ...]:
         """ε, the settings, the dropouts (drawn independently of the data) and the decoded noised sum's share of the
         range (post-processing of the release)."""
-        return ("privacy/epsilon", "privacy/noise_multiplier", "privacy/clip", "secagg/dropped",
+        return ("privacy/epsilon", "privacy/noise_multiplier", "privacy/clip", "secagg/dropped", "secagg/unmasked",
                 "secagg/max_abs_fraction_of_range", "final/privacy_*")
 
     def hparams(self) -> dict:
@@ -293,6 +318,7 @@ class DistributedDP(ServerCombination):
             self.delta = 1.0 / context.num_clients ** 1.1
         if context.cohort_sizes:
             self.k_max = max(context.cohort_sizes)
+            self.m_min = float(min(context.cohort_sizes))
             if (self.M / (2 * K_STDDEVS)) ** 2 <= self.k_max / 4:
                 raise ValueError(f"bits: {self.bits} bits cannot hold the rounding noise of {self.k_max} clients "
                                  f"within {K_STDDEVS:g} standard deviations; give more bits")
@@ -307,6 +333,18 @@ class DistributedDP(ServerCombination):
             self.noise_multiplier = self.calibrate(self.target_epsilon, len(context.cohort_sizes))
             if self._given["scale"] is None:
                 self.scale = self.derive_scale(self.k_max, self._d)
+        if self._given["scale"] is not None and self.noise_multiplier is not None:
+            self.check_rate(self._given["scale"], self.m_min or 1.0)
+
+    def check_rate(self, s: float, m: float) -> None:
+        """Refuse a scale at which a noise share's Poisson rate ``(zCs)²/(2m)`` is above :data:`MAX_RATE`."""
+        rate = (self.noise_multiplier * self.clip * s) ** 2 / (2 * m)
+        if not rate <= MAX_RATE:
+            top = math.sqrt(2 * m * MAX_RATE) / (self.noise_multiplier * self.clip)
+            places = 5 - math.floor(math.log10(top))  # six significant digits, rounded down (a value that is allowed)
+            top = math.floor(top * 10 ** places) / 10 ** places
+            raise ValueError(f"scale: {s:.6g} draws each of the {m:g} noise shares at Poisson rate {rate:.4g}, above "
+                             f"{MAX_RATE:.4g} where the sampler is exact; give scale <= {top:.6g} or scale: null")
 
     def event(self, z: float, s: float, arrived: tuple[float, float] | None = None) -> tuple[float, float, float]:
         """``(μ, Δ₂, Δ₁)`` of a round at multiplier ``z`` and scale ``s`` in the padded dimension: ``μ = (z C s)²``, or with
@@ -320,7 +358,8 @@ class DistributedDP(ServerCombination):
         return (mu, l2, min(math.sqrt(d) * l2, l2 * l2))
 
     def scale_for(self, z: float) -> float:
-        """The scale at multiplier ``z``: the setting, or derived for ``z``, the largest cohort and the padded dimension."""
+        """The scale at multiplier ``z``: the setting, or derived for ``z``, the largest and smallest cohorts and the
+        padded dimension."""
         return self._given["scale"] if self._given["scale"] is not None else self.derive_scale(self.k_max or 1, self._d, z)
 
     def calibrate(self, target: float, rounds: int) -> float:
@@ -335,8 +374,10 @@ class DistributedDP(ServerCombination):
         return self._calibrate
 
     def stop_before(self, round: int, cohort_size: int, num_clients: int) -> str | None:
-        """Stop before a round that would spend more than ``target_epsilon`` (planned: every share arriving; a round
-        with dropouts spends more, and the next check sees it)."""
+        """Stop before a round that would spend more than ``target_epsilon`` with every share arriving, or after a round
+        whose surviving shares would have spent more, and which the server therefore did not unmask (:meth:`combine`)."""
+        if self._halt is not None:
+            return self._halt
         if self.target_epsilon is None or self.delta is None or self._d is None:
             return None
         z = self.noise_multiplier
@@ -349,14 +390,16 @@ class DistributedDP(ServerCombination):
         return budget_stop(round, after, self.target_epsilon, self.delta, self.accountant.rounds,
                            self.accountant.epsilon(self.delta))
 
-    def derive_scale(self, k: int, d: int, z: float | None = None) -> float:
-        """``s`` with ``2^bits = 2·k_σ·sqrt(s² (K² C²/d + z² C²) + K/4)`` (the ``scale`` setting's rule)."""
+    def derive_scale(self, k: int, d: int, z: float | None = None, m: float | None = None) -> float:
+        """The largest ``s`` with ``2^bits ≥ 2·k_σ·sqrt(s² (K² C²/d + z² C²) + K/4)`` and ``(zCs)²/(2m) ≤`` :data:`MAX_RATE`
+        (the ``scale`` setting's rule; ``m`` the smallest planned cohort, default :attr:`m_min`, else 1)."""
         room = (self.M / (2 * K_STDDEVS)) ** 2 - k / 4
         if room <= 0:
             raise ValueError(f"bits: {self.bits} bits cannot hold the rounding noise of {k} clients; give more bits")
         C = self.clip
         z = self.noise_multiplier if z is None else z
-        return math.sqrt(room / (k * k * C * C / d + z * z * C * C))
+        m = m if m is not None else (self.m_min or 1.0)
+        return min(math.sqrt(room / (k * k * C * C / d + z * z * C * C)), math.sqrt(2 * m * MAX_RATE * (1 - 1e-9)) / (z * C))  # (a hair below)
 
     def composition_warnings(self, context) -> list[str]:
         return []
@@ -377,7 +420,7 @@ class DistributedDP(ServerCombination):
         m = float(cohort.expected_size)
         d = self._d = 1 << max(0, (P - 1).bit_length())
         if self.scale is None:
-            self.scale = self.derive_scale(self.k_max or max(len(idx), 1), d)
+            self.scale = self.derive_scale(self.k_max or max(len(idx), 1), d, m=min(m, self.m_min or m))
         s, C, z = self.scale, self.clip, self.noise_multiplier
         x = updates.detach().double().cpu()[idx]
         free = (torch.zeros(len(idx), dtype=torch.bool) if unclipped is None else unclipped.bool().cpu()[idx])
@@ -395,16 +438,34 @@ class DistributedDP(ServerCombination):
         if not skip_noise:
             ints = ints + noise * shares[:, None].double()
         survived = self.survivors(len(idx), cohort)
-        rows = torch.remainder(ints.long(), self.M)  # modular clipping: a value outside the range wraps
-        total = modular_sum(rows, self.bits, survived, ids=host.clients[idx], seed=cohort.seed, round=cohort.round,
-                            masks=self.masks)
-        signed = to_signed(total, self.bits).double()
+        # What the round releases is decided on what the server knows before it unmasks (who survived; independent of
+        # the data): no survivor, nothing data-dependent is released (free); a sum whose surviving noise would take the
+        # ledger past target_epsilon is not unmasked (free, and the run stops).
+        event = self.event(z, s, arrived=(float((shares & survived).sum()), m))  # the noise that reached the sum
+        released = bool(survived.any())
+        if released and self.target_epsilon is not None and self.delta is not None:
+            events = dict(self.accountant.events)
+            events[event] = events.get(event, 0) + 1
+            after = skellam_epsilon(events, self.delta)
+            if after > self.target_epsilon:
+                released = False
+                self._halt = (f"privacy budget: round {cohort.round}'s {int((shares & survived).sum())} surviving noise "
+                              f"shares of {m:g} would spend ε = {after:.4g} > target_epsilon = {self.target_epsilon:g} "
+                              f"(δ = {self.delta:.3g}); the server did not unmask it; stopping after "
+                              f"{self.accountant.rounds} rounds at ε = {self.accountant.epsilon(self.delta):.4g}")
+        if released:
+            rows = torch.remainder(ints.long(), self.M)  # modular clipping: a value outside the range wraps
+            total = modular_sum(rows, self.bits, survived, ids=host.clients[idx], seed=cohort.seed, round=cohort.round,
+                                masks=self.masks)
+            signed = to_signed(total, self.bits).double()
+            self.accountant.step(*event)
+        else:
+            signed = torch.zeros(d, dtype=torch.float64)
+            self.accountant.empty += bool(not survived.any())
         delta = unrotate(signed / s, P, cohort.seed, cohort.round) / m
-        # the noise that reached the sum (dropouts: less)
-        self.accountant.step(*self.event(z, s, arrived=(float((shares & survived).sum()), m)))
         eps = self.accountant.epsilon(self.delta) if self.delta is not None else math.inf
         self._report = {"privacy/epsilon": eps, "privacy/noise_multiplier": z, "privacy/clip": C,
-                        "secagg/dropped": float((~survived).sum()),
+                        "secagg/dropped": float((~survived).sum()), "secagg/unmasked": float(released),
                         "secagg/max_abs_fraction_of_range": float(signed.abs().max()) / (self.M / 2) if d else 0.0}
         return delta.to(updates.device, updates.dtype), None
 
@@ -424,9 +485,10 @@ class DistributedDP(ServerCombination):
 
     def get_extra_state(self) -> dict[str, Any]:
         return {"accountant": self.accountant.state_dict(), "delta": self.delta, "scale": self.scale,
-                "noise_multiplier": self.noise_multiplier}
+                "noise_multiplier": self.noise_multiplier, "halt": self._halt}
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
         self.accountant.load_state_dict(state["accountant"])
         self.delta, self.scale = state["delta"], state["scale"]
         self.noise_multiplier = state.get("noise_multiplier", self.noise_multiplier)
+        self._halt = state.get("halt")

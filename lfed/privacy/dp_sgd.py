@@ -142,7 +142,10 @@ class DPSGD(ClientRule):
         clients = values(cohort.host_values().clients)
         # each client's noise stream on the training device: the steps' [n, P] draws are made there, not on the host
         generators = [self.streams.generator(cohort.seed, cohort.round, f"dp-sgd/{c}", w_start.device) for c in clients]
-        dp = ExampleNoise(self.clip, self.noise_multiplier, float(B), generators, self.streams.normal)
+        # the Poisson batches: the round's seeded "batches" stream, or under noise: secure a secure generator, so that
+        # nothing logged regenerates the sample the accountant's amplification assumes secret
+        batches = self.streams.generator(cohort.seed, cohort.round, "dp-sgd-batches") if self.streams.secure else None
+        dp = ExampleNoise(self.clip, self.noise_multiplier, float(B), generators, self.streams.normal, batches=batches)
         if self.mu == 0:
             return StepRule(example_dp=dp)
         return StepRule(decay=self.mu, shift=-self.mu * w_start, example_dp=dp)

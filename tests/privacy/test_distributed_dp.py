@@ -11,10 +11,11 @@ import torch
 from conftest import run_rounds
 from test_dp_fedavg import _cohort, _digits, _module
 
-from lfed.base.component import CompositionContext
+from lfed.base.component import Cohort, CompositionContext
 from lfed.participation.sampling import AttentionSampler
 from lfed.privacy.audit import CanaryDistributedDP
 from lfed.privacy.distributed_dp import (
+    MAX_RATE,
     ORDERS,
     DistributedDP,
     conditional_rounding,
@@ -262,3 +263,132 @@ def test_a_calibrated_run_on_digits_ends_within_its_budget():
     dp = m.combination
     assert dp.accountant.rounds == 3 and 5.5 < dp.accountant.epsilon(dp.delta) <= 6.0
     assert m.last_round.extra["privacy/noise_multiplier"] == dp.noise_multiplier > 0
+
+
+# ---------------------------------------------------------------------- issue 62: the noise, empty rounds, the budget
+def test_the_sampler_is_exact_up_to_its_largest_rate_and_refuses_above_it():
+    """At MAX_RATE (2^32) torch's Poisson draws have Poisson's mean, variance and parity (400,000 draws: the variance's
+    error ~0.2%); a Skellam share of variance 2·MAX_RATE has that variance; above it skellam_noise refuses (0.5 drew
+    at any rate: above 2^63 both draws were INT64_MIN and the share carried no noise)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.poisson(torch.full((400000,), MAX_RATE, dtype=torch.float64), generator=g)
+    assert abs(float(x.mean()) - MAX_RATE) < 5 * math.sqrt(MAX_RATE / 400000)
+    assert abs(float(x.var()) / MAX_RATE - 1) < 0.012
+    assert abs(float((x % 2).mean()) - 0.5) < 0.005
+    noise = skellam_noise((400000,), 2 * MAX_RATE, g)
+    assert torch.equal(noise, torch.round(noise)) and abs(float(noise.var()) / (2 * MAX_RATE) - 1) < 0.012
+    with pytest.raises(ValueError, match="skellam_noise: a Poisson rate of .* is above .*where torch's sampler is not exact"):
+        skellam_noise((4,), 2 * MAX_RATE * 1.001, g)
+
+
+def test_the_release_is_noised_at_every_accepted_bits():
+    """Zero updates of m = 4 clients, P = 4096, z = 1, C = 1: at every ``bits`` distributed DP accepts (2..52; the few
+    too small for 4 clients' rounding noise are refused, naming bits), the release's standard deviation is z·C/m within
+    5%, the scale keeps each share's Poisson rate at most MAX_RATE, and the ledger is finite. (0.5 released the sum
+    with no noise from bits = 36 on, while charging ε.)"""
+    z, C, m, P = 1.0, 1.0, 4, 4096
+    accepted = []
+    for bits in range(2, 53):
+        ddp = _ddp(noise_multiplier=z, clip=C, bits=bits)
+        try:
+            delta, _ = ddp.combine(torch.zeros(m, P, dtype=torch.float64), None, _cohort(0, m, float(m)))
+        except ValueError as e:
+            assert str(e).startswith(f"bits: {bits} bits cannot hold the rounding noise of 4 clients")
+            assert not accepted  # only the smallest are refused
+            continue
+        accepted.append(bits)
+        assert abs(float(delta.std()) / (z * C / m) - 1) < 0.05, bits
+        assert (z * C * ddp.scale) ** 2 / (2 * m) <= MAX_RATE
+        assert math.isfinite(ddp.accountant.epsilon(1e-5))
+    assert accepted[0] <= 4 and accepted[-1] == 52
+
+
+def test_a_given_scale_above_the_samplers_rate_is_refused_before_round_0():
+    """scale = 1e6 with z = 1, C = 1, m = 4: each share's rate 1e12/8 is above MAX_RATE: refused by prepare_run (one
+    line naming scale and the largest allowed, √(2·4·2^32) ≈ 185,363); 1e5 is accepted."""
+    ctx = _context()
+    with pytest.raises(ValueError, match=r"scale: 1e\+06 draws each of the 4 noise shares at Poisson rate 1\.25e\+11, "
+                                         r"above 4\.295e\+09 where the sampler is exact; give scale <= 185363"):
+        DistributedDP(noise_multiplier=1.0, clip=1.0, scale=1e6, delta=1e-5).prepare_run(ctx)
+    DistributedDP(noise_multiplier=1.0, clip=1.0, scale=1e5, delta=1e-5).prepare_run(ctx)
+
+
+def test_the_noise_is_k_shares_of_mu_over_m_when_fewer_than_m_clients_count():
+    """m = 8 expected, 5 rows of which 3 count: the release's variance is 3·(μ/m) in the integer domain, so Δ has
+    standard deviation z·C·√(3/8)/8 (not z·C/8, which shares of μ/K with K the realised cohort would give), within 5%."""
+    z, C, m, P = 1.0, 1.0, 8, 8192
+    ddp = _ddp(noise_multiplier=z, clip=C, bits=24)
+    ddp.k_max = 8
+    cohort = _cohort(0, 5, float(m), counting=[True, False, True, False, True])
+    delta, _ = ddp.combine(torch.zeros(5, P, dtype=torch.float64), None, cohort)
+    assert abs(float(delta.std()) / (z * C * math.sqrt(3 / 8) / 8) - 1) < 0.05
+    ((mu, _, _),) = ddp.accountant.events
+    assert mu == pytest.approx(3 * (z * C * ddp.scale) ** 2 / 8, rel=1e-12)
+
+
+def test_a_round_with_no_survivor_releases_nothing_and_costs_nothing():
+    """A round where no counting client's upload reaches the sum (every row a non-counting straggler; or every
+    counting client dropped) releases 0, independent of the data: ε stays what it was (0.5: ∞ from then on), the
+    round is counted as empty, and the next round is accounted as usual."""
+    ddp = _ddp(noise_multiplier=1.0, clip=1.0)
+    delta, _ = ddp.combine(torch.ones(4, 16, dtype=torch.float64), None, _cohort(0, 4, 4.0, counting=[False] * 4))
+    assert torch.equal(delta, torch.zeros(16, dtype=torch.float64))
+    assert ddp.accountant.epsilon(1e-5) == 0.0 and ddp.accountant.empty == 1 and ddp.accountant.rounds == 0
+    ddp.combine(torch.ones(4, 16, dtype=torch.float64), None, _cohort(1, 4, 4.0))
+    spent = ddp.accountant.epsilon(1e-5)
+    assert 0 < spent < math.inf
+    # dropouts: a round in which all four drop (found from the dropout stream, which is independent of the data)
+    drops = _ddp(noise_multiplier=1.0, clip=1.0, dropout=0.7)
+    r = next(r for r in range(1000) if not bool(drops.survivors(4, _cohort(r, 4, 4.0)).any()))
+    ddp.dropout = 0.7
+    delta, _ = ddp.combine(torch.ones(4, 16, dtype=torch.float64), None, _cohort(r, 4, 4.0))
+    assert torch.equal(delta, torch.zeros(16, dtype=torch.float64)) and ddp.report(None)["secagg/dropped"] == 4.0
+    assert ddp.accountant.epsilon(1e-5) == spent and ddp.accountant.empty == 2 and ddp.accountant.rounds == 1
+    again = type(ddp.accountant)()  # the empty rounds resume
+    again.load_state_dict(ddp.accountant.state_dict())
+    assert again.empty == 2 and again.events == ddp.accountant.events
+
+
+def _seeded_cohort(r: int, K: int, seed: int) -> Cohort:
+    c = Cohort(r, torch.arange(K), torch.ones(K), torch.ones(K), torch.ones(K), 10, expected_size=float(K), seed=seed)
+    c.counting = torch.ones(K, dtype=torch.bool)
+    return c
+
+
+def test_a_budget_is_never_overspent_under_dropouts():
+    """target_epsilon 3 calibrated for 6 rounds, dropout 0.5, m = 4, over 24 seeds: each round checks the budget with
+    every share arriving (stop_before) and, once the survivors are known, the server unmasks the sum only if its
+    surviving noise keeps ε within the budget; the realised ε is never above 3 (0.5 ended at 3.18, 3.52 or ∞). Where a
+    round is not unmasked, Δ is 0, it costs nothing, and the run stops before the next round with one line saying so."""
+    halted = 0
+    for seed in range(24):
+        ddp = DistributedDP(noise_multiplier=None, target_epsilon=3.0, clip=0.5, bits=20, delta=1e-5, dropout=0.5)
+        ddp.prepare_run(CompositionContext(frozenset(), num_clients=10, total_rounds=6, cohort_sizes=[4] * 6,
+                                           components={"combination": ddp}, shared_params=100))
+        for r in range(40):
+            if ddp.stop_before(r, 4, 10):
+                break
+            before = ddp.accountant.epsilon(1e-5)
+            delta, _ = ddp.combine(torch.randn(4, 100, dtype=torch.float64), None, _seeded_cohort(r, 4, seed))
+            assert ddp.accountant.epsilon(1e-5) <= 3.0, (seed, r)
+            if not ddp.report(None)["secagg/unmasked"]:
+                assert ddp.accountant.epsilon(1e-5) == before and torch.equal(delta, torch.zeros(100, dtype=torch.float64))
+        else:
+            raise AssertionError(f"seed {seed}: the run did not stop within 40 rounds")
+        line = ddp.stop_before(r, 4, 10)
+        if "the server did not unmask it" in line:
+            halted += 1
+            assert line.startswith("privacy budget: round ") and "surviving noise shares of 4 would spend ε = " in line
+    assert halted > 0  # the check after the survivors are known is exercised, not only the one before the round
+
+
+def test_a_run_with_dropouts_stops_within_its_budget():
+    """Through the Trainer on digits: target 4, dropout 0.5, z calibrated for 3 rounds, 10 rounds asked: the run stops
+    when the budget is spent, its ε within 4."""
+    m = _module(algorithm="fedavg", weighting="uniform", fraction=0.4,
+                combination=DistributedDP(noise_multiplier=None, target_epsilon=4.0, clip=0.5, bits=20, masks=False,
+                                          dropout=0.5))
+    run_rounds(m, _digits(), 10)
+    dp, run = m.combination, m.runs[0]
+    assert dp.accountant.epsilon(dp.delta) <= 4.0
+    assert run.status == "stopped" and run.error.startswith("privacy budget: round ")

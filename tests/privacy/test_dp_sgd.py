@@ -356,3 +356,21 @@ def test_example_level_and_client_level_dp_compose_each_with_its_own_accountant(
     assert m.combination.accountant.rounds == 3 and 0 < extra["privacy/epsilon"] < math.inf
     assert 0 < extra["privacy/example_epsilon_max"] < math.inf
     assert m.objective.name == "dp_sgd"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_secure_mode_draws_the_poisson_batches_from_a_secure_source(backend):
+    """The accountant's amplification by subsampling assumes nobody can regenerate a step's Poisson sample. With σ = 0
+    the round's update depends on its batches alone: two rounds of one seed, round and cohort through run_round are
+    equal in seeded mode (the batches from (seed, round, "batches")) and differ in secure mode (a fresh secure sample
+    each time; issue 62 item 4: 0.5 drew them from the seeded stream whatever the noise mode)."""
+    data = _digits(4)
+    for noise, same in (("seeded", True), ("secure", False)):
+        m = _digits_module(backend, DPSGD(noise_multiplier=0.0, clip=1.0, noise=noise, delta=1e-5))
+        run_rounds(m, data, 1)
+        run = m.runs[0]
+        w = flat_weights(m)
+        outs = [run_round(run.components, w, run.data, run.training_plan, run.engine, round=3, seed=0,
+                          clients=torch.tensor([0, 1, 2]), steps_done=torch.tensor([3, 3, 3]))[0] for _ in range(2)]
+        assert not torch.equal(outs[0], w)
+        assert torch.equal(outs[0], outs[1]) is same, noise

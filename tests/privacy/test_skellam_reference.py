@@ -32,6 +32,7 @@ from test_dp_fedavg import _cohort
 
 from lfed.privacy.distributed_dp import (
     K_STDDEVS,
+    MAX_RATE,
     ORDERS,
     DistributedDP,
     rounded_l2_bound,
@@ -210,11 +211,13 @@ def test_a_high_noise_setting_where_the_extra_orders_matter():
 def test_the_scale_is_grfs_heuristic_scale_factor_with_k_3(z, C, bits, n, d):
     """lfed's ``derive_scale`` solves 2^b = 2k sqrt(s²(n²C²/d + z²C²) + n/4); [GRF] solves the same with the local
     stddev σ = zC/√n (n σ² = z²C²), ρ = 1 and k = 3 (``skellam_params``' default; [TFF]'s DistributedDpSumFactory
-    instead derives k ≈ 3.89 from modclip_prob = 1e-4)."""
+    instead derives k ≈ 3.89 from modclip_prob = 1e-4). The expected cohort is the n clients (m = n), at which lfed's
+    second bound, each share's Poisson rate (zCs)²/(2m) ≤ MAX_RATE, does not bind in these settings (asserted)."""
     assert K_STDDEVS == 3.0
     ddp = DistributedDP(noise_multiplier=z, clip=C, bits=bits, delta=1e-5)
     ref = grf_heuristic_scale_factor(z * C / math.sqrt(n), C, bits, n, d, 3.0)
-    assert ddp.derive_scale(n, d) == pytest.approx(ref, rel=1e-12)
+    assert (z * C * ref) ** 2 / (2 * n) < MAX_RATE
+    assert ddp.derive_scale(n, d, m=n) == pytest.approx(ref, rel=1e-12)
 
 
 # ---------------------------------------------------------------------- end to end: a round's ledger entry
