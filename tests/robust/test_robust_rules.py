@@ -261,6 +261,27 @@ def test_fltrust_by_hand_from_a_given_server_update(monkeypatch):
     torch.testing.assert_close(combine(rule, X7.abs()), torch.zeros(3, dtype=D64), **TOL)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fltrust_gives_a_zero_update_trust_0_not_nan(monkeypatch, dtype):
+    # g0 = (3, 3): ||g0|| = 3√2 ≈ 4.24, so the old n0 / max(||x_i||, tiny) overflowed to inf and 0 · inf was NaN.
+    # By hand: TS = (0, cos((1,0), g0), cos((0,2), g0)) = (0, 1/√2, 1/√2); x̄_1 = 3√2 (1, 0), x̄_2 = 3√2 (0, 1);
+    # Δ = (1/√2 · 3√2 (1, 0) + 1/√2 · 3√2 (0, 1)) / (2/√2) = (3/√2, 3/√2)
+    rule = FLTrust(root_size=2)
+    monkeypatch.setattr(rule, "server_update", lambda cohort: torch.tensor([3.0, 3.0], dtype=dtype))
+    x = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]], dtype=dtype)
+    out = rule.combine(x, torch.full((3,), 1 / 3, dtype=dtype), cohort_of(3))[0]
+    torch.testing.assert_close(out, torch.full((2,), 3 / 2 ** 0.5, dtype=dtype))
+    assert rule._kept[0].tolist() == [False, True, True]
+    # only zero updates: every TS_i is 0, so Δ = 0; a zero server update trusts no one: Δ = 0
+    zero = torch.zeros(3, 2, dtype=dtype)
+    torch.testing.assert_close(rule.combine(zero, torch.full((3,), 1 / 3, dtype=dtype), cohort_of(3))[0],
+                               torch.zeros(2, dtype=dtype), atol=0, rtol=0)
+    assert rule._kept[0].tolist() == [False, False, False]
+    monkeypatch.setattr(rule, "server_update", lambda cohort: torch.zeros(2, dtype=dtype))
+    torch.testing.assert_close(rule.combine(x, torch.full((3,), 1 / 3, dtype=dtype), cohort_of(3))[0],
+                               torch.zeros(2, dtype=dtype), atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fltrust_trains_its_root_set_with_the_clients_local_training_through_run_round(backend):
     alg, data, engine = toy_setup(backend, combination=FLTrust(root_size=3))

@@ -20,7 +20,8 @@ class FLTrust(RobustCombination):
     """The server trains its own update ``g_0`` on a small clean root set each round, from the round's global model with
     the clients' local training (plain SGD, the same learning rate, batch size and step budget), and trusts each client
     by the direction of its update: ``TS_i = ReLU(cos(x_i, g_0))``, ``x̄_i = (‖g_0‖ / ‖x_i‖) x_i``,
-    ``Δ = Σ_i TS_i x̄_i / Σ_j TS_j`` (``Δ = 0`` when every ``TS_i`` is 0). The aggregation weights are not used.
+    ``Δ = Σ_i TS_i x̄_i / Σ_j TS_j`` (``Δ = 0`` when every ``TS_i`` is 0). An update that is exactly 0 (a client that
+    sent nothing) has no direction: ``TS_i = 0``, so it adds nothing (not ``0 · ∞``). The aggregation weights are not used.
 
     The root set is ``root_size`` examples of the server's validation split (``data.validation_fraction``: examples no
     client holds), drawn once from ``(seed, "fltrust_root")``: the server's "small clean training dataset" of the paper
@@ -85,8 +86,11 @@ class FLTrust(RobustCombination):
                              "model); use it with a shared model")
         tiny = torch.finfo(x.dtype).tiny
         n0, norms = g0.norm(), x.norm(dim=1)
-        trust = torch.relu((x @ g0) / (norms * n0).clamp_min(tiny))
-        scaled = x * (n0 / norms.clamp_min(tiny))[:, None]
+        # unit directions first: n0 / ||x_i|| overflows to inf for a tiny ||x_i||, and 0 * inf is NaN; a zero update
+        # (or a zero g_0) has no direction, so its direction is 0: trust 0 and nothing added
+        units = torch.where((norms > 0)[:, None], x / norms.clamp_min(tiny)[:, None], torch.zeros_like(x))
+        unit0 = torch.where(n0 > 0, g0 / n0.clamp_min(tiny), torch.zeros_like(g0))
+        trust = torch.relu(units @ unit0)
         total = trust.sum()
-        delta = torch.where(total > 0, (trust @ scaled) / total.clamp_min(tiny), torch.zeros_like(g0))
+        delta = torch.where(total > 0, n0 * (trust @ units) / total.clamp_min(tiny), torch.zeros_like(g0))
         return delta, trust > 0
