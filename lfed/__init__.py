@@ -74,7 +74,7 @@ _LAZY = {
 _LIGHTNING = {"FederatedDataModule", "FederatedModule", "RunGroup"}
 
 __all__ = sorted(_LAZY)
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 
 def _lazy_exports(package: str, table: dict[str, str], before: Callable[[str], None] | None = None):
