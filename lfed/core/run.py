@@ -31,6 +31,7 @@ from lfed.core.round import Algorithm, LocalTraining, PreparedRound, RoundRecord
 from lfed.core.synchronous import SYNCHRONOUS
 from lfed.engine import CohortResult, CohortTrainer, as_per_example_loss
 from lfed.engine.loop import has_running_stats
+from lfed.engine.norm import check_batches_of_one
 from lfed.engine.params import ParamLayout
 from lfed.engine.ranks import Ranks
 from lfed.evaluation.communication import CommunicationMeter, check_accuracy_targets
@@ -224,11 +225,18 @@ class FederatedRun(nn.Module):
                              f"{torch.finfo(dtype).max:.3g}); give a learning rate the model's dtype can hold")
         for component in {id(c): c for c in self.components.roles().values()}.values():  # each checks its own needs
             component.check_start(data)
-        return algorithms.validate_composition(self.components, self.explicit, num_clients=data.num_clients,
-                                               total_rounds=total_rounds, net_releases=self.net_releases(),
-                                               run_key=self.stream_key(data), data_notes=data_notes(data),
-                                               training=self.training_plan,
-                                               shared_params=sum(self.components.sharing.shared_sizes_of(self.layout.sizes)))
+        warnings = algorithms.validate_composition(self.components, self.explicit, num_clients=data.num_clients,
+                                                   total_rounds=total_rounds, net_releases=self.net_releases(),
+                                                   run_key=self.stream_key(data), data_notes=data_notes(data),
+                                                   training=self.training_plan,
+                                                   shared_params=sum(self.components.sharing.shared_sizes_of(self.layout.sizes)))
+        # after the composition's refusals (DP-SGD refuses BatchNorm itself): a BatchNorm layer without spatial extent
+        # cannot take a batch of one, refused here on both backends alike (lfed.engine.norm)
+        x = data.train_x[:2]
+        check_batches_of_one(self.net, x.to(dtype) if x.is_floating_point() else x,
+                             data.host("client_sizes") if hasattr(data, "host") else data.client_sizes,
+                             self.training_plan.batch_size)
+        return warnings
 
     def depends_on_total_rounds(self) -> str | None:
         """What of the run depends on its horizon (``trainer.max_steps``): a fraction schedule over the run, a

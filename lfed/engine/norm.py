@@ -23,6 +23,12 @@ binds) and writing the updated ones into a dict instead of the buffers:
 The padding rows are normalised with the valid rows' statistics and weigh nothing in the loss,
 so the gradients of the valid rows are the loop backend's. Every operation is a tensor
 operation (no value read to the host), so the step can be recorded (:mod:`lfed.engine.recorded`).
+
+A batch of one example at a BatchNorm layer without spatial extent (``BatchNorm1d`` on ``[B, C]``, a ``1x1`` map)
+has one value per channel: torch (the loop backend) raises "Expected more than 1 value per channel when training",
+and the formulas above would give ``σ² = 0`` and ``n / (n - 1) = ∞`` (``running_var`` NaN). The step cannot read
+its batch's size without stopping the device, so a run refuses such a batch before round 0, on both backends alike
+(:func:`check_batches_of_one`: a client whose examples leave a last batch of one).
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ from torch import Tensor, nn
 
 from lfed.engine.patching import instance_methods
 
-__all__ = ["batch_norms", "has_batch_norm", "has_running_stats", "running_stat_names"]
+__all__ = ["batch_norms", "check_batches_of_one", "flat_batch_norms", "has_batch_norm", "has_running_stats",
+           "running_stat_names"]
 
 
 def has_running_stats(net: nn.Module) -> bool:
@@ -57,6 +64,69 @@ def running_stat_names(net: nn.Module) -> list[str]:
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
             names += [f"{prefix}.{n}" if prefix else n for n, b in m.named_buffers(recurse=False) if b is not None]
     return names
+
+
+def flat_batch_norms(net: nn.Module, x: Tensor) -> list[str]:
+    """The names of the BatchNorm layers of ``net`` whose input has no spatial extent (one value per channel and
+    example: ``BatchNorm1d`` on ``[B, C]``, a ``1x1`` map), found by one forward of ``x`` (a few examples) in
+    evaluation mode: nothing is written, and every module's mode is put back."""
+    names = {module: name for name, module in net.named_modules() if isinstance(module, nn.modules.batchnorm._BatchNorm)}
+    if not names:
+        return []
+    found: list[str] = []
+
+    def seen(module, args):
+        if args and isinstance(args[0], Tensor) and math.prod(args[0].shape[2:]) == 1 and names[module] not in found:
+            found.append(names[module])
+
+    hooks = [module.register_forward_pre_hook(seen) for module in names]
+    modes = [(m, m.training) for m in net.modules()]
+    net.eval()
+    try:
+        with torch.no_grad():
+            net(x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for m, training in modes:
+            m.training = training
+    return found
+
+
+def check_batches_of_one(net: nn.Module, x: Tensor, num_examples: Tensor, batch_size: int | None) -> None:
+    """Refuse a client whose examples leave a batch of one (module docstring) when a BatchNorm layer of ``net`` has no
+    spatial extent: the loop backend (torch) would raise mid-round, the vmap backend write NaN statistics.
+
+    Each client walks its ``n_k`` examples in batches of ``B``, the last of ``n_k mod B`` (:func:`lfed.engine.batch_schedule`);
+    every local epoch, fine-tuning's and a second training's too, ends with it. So a client with ``n_k mod B = 1`` (every
+    client with ``B = 1``; with full batches, a client of one example) is refused, whatever the step budget.
+
+    Args:
+        net: The net (in any mode; one forward of ``x`` in evaluation mode finds the layers).
+        x: A few inputs (two examples), as the net takes them.
+        num_examples: ``[N]`` the clients' training sizes ``n_k`` (on the host).
+        batch_size: ``B``, or None for full-batch steps.
+
+    Raises:
+        ValueError: One line naming ``batch_size``, the first such client, the layer and what to change.
+    """
+    if not has_batch_norm(net):
+        return
+    n = num_examples.detach().cpu().long()
+    ones = (n == 1) if batch_size is None else (n > 0) & ((n % batch_size == 1) | (batch_size == 1))
+    if not bool(ones.any()):
+        return
+    flat = flat_batch_norms(net, x)
+    if not flat:
+        return
+    k = int(ones.nonzero()[0, 0])
+    given = "full batches (batch_size None)" if batch_size is None else f"batch_size {batch_size}"
+    more = f" ({int(ones.sum()) - 1} more client(s) too)" if int(ones.sum()) > 1 else ""
+    raise ValueError(
+        f"batch_size: with {given} client {k}'s {int(n[k])} examples leave a batch of one{more}, and BatchNorm layer "
+        f"{flat[0]!r} has no spatial extent, so it would normalise one value per channel (torch: 'Expected more than 1 "
+        "value per channel when training'); choose a batch_size that leaves no client a batch of one (n_k mod "
+        "batch_size != 1), or a norm without batch statistics (GroupNorm, LayerNorm)")
 
 
 def _forward(module: nn.modules.batchnorm._BatchNorm, prefix: str, mask: Tensor, out: dict[str, Tensor]):

@@ -114,3 +114,78 @@ def test_auto_picks_vmap_for_a_batchnorm_net():
     X, Y, idx, sizes = _data()
     net = _ConvBN().double()
     assert CohortTrainer(net, backend="auto").resolve_backend(X, Y) == "vmap"
+
+
+# ------------------------------------------------------------------ a batch of one at a BatchNorm without spatial extent (issue 62, item 12)
+
+
+class _FlatBN(nn.Module):
+    """A convolution to a 1x1 map with BatchNorm2d (no spatial extent), then BatchNorm1d over features."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3)  # 3x3 -> 1x1
+        self.bn = nn.BatchNorm2d(2)
+        self.fc = nn.Linear(2, 3)
+
+    def forward(self, x):
+        return self.fc(self.bn(self.conv(x)).flatten(1))
+
+
+def test_a_batch_of_one_is_found_by_hand():
+    from lfed.engine.norm import check_batches_of_one, flat_batch_norms
+
+    mlp = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    x = torch.randn(2, 3)
+    assert flat_batch_norms(mlp, x) == ["1"] and mlp.training and mlp[1].running_mean.abs().sum() == 0
+    assert flat_batch_norms(_ConvBN(), torch.randn(2, 1, 6, 6)) == ["bn1"]  # the 4x4 maps' BatchNorm2d has extent
+    assert flat_batch_norms(_FlatBN(), torch.randn(2, 1, 3, 3)) == ["bn"]  # a 1x1 map has none
+    spatial = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(32, 2))
+    assert flat_batch_norms(spatial, torch.randn(2, 1, 6, 6)) == []
+    sizes = torch.tensor([8, 9, 6, 13])  # with B = 4: last batches of 4, 1, 2, 1
+    with pytest.raises(ValueError, match=r"^batch_size: with batch_size 4 client 1's 9 examples leave a batch of one "
+                                         r"\(1 more client\(s\) too\), and BatchNorm layer '1' has no spatial extent"):
+        check_batches_of_one(mlp, x, sizes, 4)
+    with pytest.raises(ValueError, match=r"with batch_size 5 client 2's 6 examples leave a batch of one, and"):
+        check_batches_of_one(mlp, x, sizes, 5)  # last batches of 3, 4, 1, 3
+    check_batches_of_one(spatial, torch.randn(2, 1, 6, 6), sizes, 4)  # spatial extent: a batch of one is fine
+    check_batches_of_one(mlp, x, torch.tensor([8, 10, 6, 12]), 4)
+    with pytest.raises(ValueError, match="with batch_size 1 client 0's 8 examples"):
+        check_batches_of_one(mlp, x, sizes, 1)
+    with pytest.raises(ValueError, match=r"with full batches \(batch_size None\) client 2's 1 examples"):
+        check_batches_of_one(mlp, x, torch.tensor([8, 9, 1]), None)
+    check_batches_of_one(mlp, x, sizes, None)
+    check_batches_of_one(nn.Linear(3, 2), x, sizes, 4)  # no BatchNorm: nothing to refuse
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("make", [lambda: nn.Sequential(nn.Flatten(), nn.Linear(9, 4), nn.BatchNorm1d(4), nn.Linear(4, 3)),
+                                  _FlatBN], ids=["batchnorm1d", "batchnorm2d-1x1"])
+def test_a_run_refuses_a_batch_of_one_before_round_0_on_both_backends(backend, make):
+    """Clients of 5 and 4 examples with batch_size 4: the first one's last batch is one example. torch (the loop
+    backend) raises mid-round and the vmap backend wrote running_var = NaN; both now refuse it in one line, before
+    round 0, and batch_size 5 runs."""
+    from lfed.core.fit import fit_run
+    from lfed.core.round import LocalTraining
+    from lfed.core.settings import Engine, build_run
+    from lfed.lightning.datamodule import FederatedDataModule
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(9, 1, 3, 3, generator=g), torch.arange(9) % 3
+
+    def data():
+        return FederatedDataModule.from_tensors(x, y, x, y, num_clients=2, partition="iid", holdout_fraction=0.0)
+
+    assert data().build().client_sizes.tolist() == [5, 4]
+    torch.manual_seed(0)
+    run = build_run(net=make(), training=LocalTraining(client_lr=0.1, batch_size=4, local_epochs=1), fraction=1.0,
+                    engine=Engine(backend=backend))
+    with pytest.raises(ValueError, match=r"^batch_size: with batch_size 4 client 0's 5 examples leave a batch of one, "
+                                         r"and BatchNorm layer '.*' has no spatial extent.*GroupNorm, LayerNorm\)$"):
+        fit_run(run, data(), 1)
+    assert run.rounds_done == 0
+    torch.manual_seed(0)
+    ok = build_run(net=make(), training=LocalTraining(client_lr=0.1, batch_size=5, local_epochs=1), fraction=1.0,
+                   engine=Engine(backend=backend))
+    fit_run(ok, data(), 1)
+    assert all(torch.isfinite(b).all() for b in ok.net.buffers())
