@@ -224,7 +224,8 @@ class DistributedDP(ServerCombination):
             each of the expected ``m`` clients adds ``μ/m``); None with ``target_epsilon``: calibrated before round 0.
         target_epsilon: A budget. With ``noise_multiplier: null``, ``z`` is first calibrated (bisection to 0.1%) to the
             smallest whose ε(δ) after the run's rounds (every share arriving) is within it; with a given ``z``, a cap. In
-            both, the run stops before a round that would spend more (dropouts spend faster: the check sees them).
+            both, the realised ε never exceeds it: the run stops before a round that would spend more with every share
+            arriving, and the server does not unmask a round whose surviving shares would (:meth:`combine`).
         clip: The L2 clip ``C > 0``.
         bits: ``M = 2^bits`` of the modular sum (2..52, default 20).
         scale: ``s``; None (default): the largest with ``2^bits ≥ 2·3·sqrt(s²(K²C²/d + z²C²) + K/4)`` (three standard
