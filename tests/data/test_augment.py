@@ -110,3 +110,49 @@ def test_the_setting_is_checked_before_round_0():
         build_augmentation("lfed.data.augment.Sideways")
     with pytest.raises(ValueError, match="augment: 'torch.nn.Linear' is not an lfed.data.augment.Augmentation subclass"):
         build_augmentation("torch.nn.Linear")
+
+
+class _Recorded(Compose):
+    """crop_flip that keeps every draw it makes (in ``log``)."""
+
+    def __init__(self, log):
+        super().__init__([RandomCrop(2), HorizontalFlip()])
+        self.__dict__["_log"] = log
+
+    def draw(self, lead, image, generator):
+        out = super().draw(lead, image, generator)
+        self._log.append({k: v.clone() for k, v in out.items()})
+        return out
+
+
+@pytest.mark.parametrize("backend", ["vmap", "loop"])
+def test_each_round_draws_its_own_augmentations_and_a_seed_draws_them_again(backend):
+    """The draws come from (seed, round, "augment"): two rounds of one run draw differently (the same cohort and
+    schedule shape, so a draw that ignored the round would repeat itself), and a second run of the same seed draws the
+    same ones round for round; another seed draws others."""
+    from lfed.core.fit import fit_run
+    from lfed.core.round import LocalTraining
+    from lfed.core.settings import Engine, build_run
+    from lfed.lightning.datamodule import FederatedDataModule
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(24, 1, 6, 6, generator=g), torch.arange(24) % 3
+
+    def draws(seed):
+        log = []
+        data = FederatedDataModule.from_tensors(x, y, x, y, num_clients=3, partition="iid", holdout_fraction=0.0,
+                                                augment=_Recorded(log))
+        torch.manual_seed(0)
+        run = build_run(net=torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(36, 3)), fraction=1.0,
+                        training=LocalTraining(client_lr=0.05, batch_size=4, local_steps=2), seed=seed,
+                        engine=Engine(backend=backend))
+        fit_run(run, data, 3)
+        return log
+
+    first, again, other = draws(1), draws(1), draws(2)
+    assert len(first) == 3 and all(d["0.crop"].shape == (3, 2, 4, 2) for d in first)  # [K, T, B] every round
+    for a, b in ((first[0], first[1]), (first[1], first[2]), (first[0], first[2])):
+        assert not torch.equal(a["0.crop"], b["0.crop"]) and not torch.equal(a["1.flip"], b["1.flip"])
+    for a, b in zip(first, again):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(first[0]["0.crop"], other[0]["0.crop"])
