@@ -17,6 +17,10 @@ from lfed.models.zoo import count_parameters
     (lambda: ResNet20(), 272_474),
     (lambda: ResNet20(in_channels=1), 272_474 - 2 * 16 * 9),
     (lambda: ResNet20(norm="group"), 272_474),  # GroupNorm: the same affine parameters
+    # option A (He et al.'s CIFAR network): no projection, 16*32 + 2*32 + 32*64 + 2*64 = 2,752 fewer
+    (lambda: ResNet20(shortcut="identity"), 269_722),
+    (lambda: ResNet20(in_channels=1, shortcut="identity"), 269_722 - 2 * 16 * 9),
+    (lambda: ResNet20(norm="group", shortcut="identity"), 269_722),
     (lambda: ResNet18(num_classes=1000, stem="imagenet"), 11_689_512),  # torchvision's count
     (lambda: ResNet18(), 11_173_962),  # 3x3 stem (3*64*9 instead of 3*64*49), 10 classes
     (lambda: ResNet18(norm="group"), 11_173_962),
@@ -34,10 +38,39 @@ def test_bad_settings_name_the_argument():
         ResNet20(norm="group", groups=3)
     with pytest.raises(ValueError, match="stem:"):
         ResNet18(stem="tiny")
+    with pytest.raises(ValueError, match=r"shortcut: 'zero' is not one of \('projection', 'identity'\)"):
+        ResNet20(shortcut="zero")
+
+
+def test_option_a_shortcut_by_hand():
+    """He et al. 2016's option A where a stage halves the map and doubles the channels: the input's every second
+    pixel, then zero channels; identity shortcuts elsewhere; no shortcut parameters."""
+    from lfed.models.resnet import PadShortcut
+
+    net = ResNet20(in_channels=1, depth=8, width=2, shortcut="identity")
+    kinds = [type(b.shortcut).__name__ for b in net.blocks]
+    assert kinds == ["Identity", "PadShortcut", "PadShortcut"]  # one block per stage at depth 8
+    assert not any("shortcut" in n for n, _ in net.named_parameters())
+    x = torch.arange(2 * 2 * 5 * 5, dtype=torch.float64).view(2, 2, 5, 5)
+    got = PadShortcut(2, 4, 2)(x)
+    assert got.shape == (2, 4, 3, 3)  # ceil(5 / 2): the stride-2 convolution's map
+    for b in range(2):
+        for c in range(2):
+            for i in range(3):
+                for j in range(3):
+                    assert got[b, c, i, j] == x[b, c, 2 * i, 2 * j]
+    assert torch.equal(got[:, 2:], torch.zeros(2, 2, 3, 3, dtype=torch.float64))
+    block = net.blocks[1]  # the block's output: relu(bn2(conv2(relu(bn1(conv1 x)))) + shortcut x)
+    h = torch.randn(3, 2, 6, 6)
+    with torch.no_grad():
+        main = block.bn2(block.conv2(block.bn1(block.conv1(h)).relu()))
+        torch.testing.assert_close(block(h), (main + torch.cat([h[..., ::2, ::2], torch.zeros(3, 2, 3, 3)], 1)).relu(),
+                                   rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("make", [lambda: ResNet20(in_channels=1, width=4), lambda: ResNet20(in_channels=1, width=4, norm="group"),
-                                  lambda: ResNet18(in_channels=1)], ids=["resnet20-bn", "resnet20-gn", "resnet18-bn"])
+                                  lambda: ResNet20(in_channels=1, width=4, shortcut="identity"),
+                                  lambda: ResNet18(in_channels=1)], ids=["resnet20-bn", "resnet20-gn", "resnet20-a-bn", "resnet18-bn"])
 def test_vmap_equals_loop_in_float64(make):
     torch.manual_seed(0)
     net = make().double()
