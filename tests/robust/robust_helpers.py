@@ -88,8 +88,8 @@ def ref_bulyan(x, f):
     beta = k - 4 * f
     med = ref_median(s)
     out = []
-    for c in range(len(x[0])):
-        order = sorted(range(len(s)), key=lambda i: (abs(s[i][c] - med[c]), i))[:beta]
+    for c in range(len(x[0])):  # ties in |x - med|: the lower row of the cohort (not the order Krum picked the rows)
+        order = sorted(range(len(s)), key=lambda i: (abs(s[i][c] - med[c]), chosen[i]))[:beta]
         out.append(sum(s[i][c] for i in order) / beta)
     return out, sorted(chosen)
 

@@ -149,6 +149,49 @@ def test_mimic_copies_the_honest_update_farthest_along_the_top_principal_directi
     torch.testing.assert_close(out[5:], U[HONEST][i].expand(2, 3), **TOL)
 
 
+def _flipped_eigh(monkeypatch):
+    """torch.linalg.eigh returning -v for each eigenvector v (as valid a decomposition as +v)."""
+    from types import SimpleNamespace
+
+    eigh = torch.linalg.eigh
+
+    def flipped(a):
+        r = eigh(a)
+        return SimpleNamespace(eigenvalues=r.eigenvalues, eigenvectors=-r.eigenvectors)
+
+    monkeypatch.setattr(torch.linalg, "eigh", flipped)
+
+
+@pytest.mark.parametrize("flip", [False, True], ids=["eigh's sign", "the opposite sign"])
+def test_mimic_copies_the_farthest_honest_update_on_either_side_of_the_mean_whatever_the_eigenvectors_sign(
+        monkeypatch, flip):
+    # honest rows 0-3: (-3, 1), (-3, -1), (0, 0), (6, 0); μ_H = (0, 0). Σ_i (x_i - μ)(x_i - μ)ᵀ = [[54, 0], [0, 2]], so
+    # z = ±(1, 0) and ⟨z, x_i - μ_H⟩ = ±(-3, -3, 0, 6): the farthest along z is row 3, on the side opposite rows 0-1.
+    # With the sign of z taken as it comes (argmax of ⟨z, x_i - μ_H⟩, no absolute value), one of the two signs gives
+    # row 0, (-3, 1).
+    if flip:
+        _flipped_eigh(monkeypatch)
+    x = torch.tensor([[-3.0, 1.0], [-3.0, -1.0], [0.0, 0.0], [6.0, 0.0], [9.0, 9.0], [9.0, 9.0]], dtype=D64)
+    out = poisoned(Mimic(per_round=2), updates=x, byzantine=[False] * 4 + [True] * 2)
+    torch.testing.assert_close(out[4:], torch.tensor([[6.0, 0.0]] * 2, dtype=D64), **TOL)
+    torch.testing.assert_close(out[:4], x[:4], **TOL)
+    # a tie on either side: (-3, 0), (3, 0), (0, 1), (0, -1): ⟨z, x_i - μ_H⟩ = ±(-3, 3, 0, 0); the lower row, 0
+    x = torch.tensor([[-3.0, 0.0], [3.0, 0.0], [0.0, 1.0], [0.0, -1.0], [9.0, 9.0], [9.0, 9.0]], dtype=D64)
+    out = poisoned(Mimic(per_round=2), updates=x, byzantine=[False] * 4 + [True] * 2)
+    torch.testing.assert_close(out[4:], torch.tensor([[-3.0, 0.0]] * 2, dtype=D64), **TOL)
+
+
+@pytest.mark.parametrize("flip", [False, True], ids=["eigh's sign", "the opposite sign"])
+def test_mimic_breaks_a_tie_across_the_mean_by_the_lower_row(monkeypatch, flip):
+    # 1-D, honest 4, 3, -4, -3 (μ_H = 0): rows 0 and 2 are both 4 from the mean, on opposite sides: row 0, 4 (the
+    # eigenvector's two entries differ by rounding; its largest alone picked row 2, -4)
+    if flip:
+        _flipped_eigh(monkeypatch)
+    x = torch.tensor([[4.0], [3.0], [-4.0], [-3.0], [9.0]], dtype=D64)
+    out = poisoned(Mimic(per_round=1), updates=x, byzantine=[False] * 4 + [True])
+    assert out[4].tolist() == [4.0]
+
+
 def test_an_omniscient_attack_with_no_honest_row_uses_the_byzantine_clients_own_updates():
     out = poisoned(IPM(per_round=7, epsilon=1.0), byzantine=[True] * 7)
     torch.testing.assert_close(out[0], -U.mean(0), **TOL)

@@ -44,6 +44,7 @@ from lfed.robust.rules import (
     krum_scores,
     pairwise_sq_distances,
 )
+from lfed.robust.rules.base import UNIT, select_lowest, sq_distances
 from lfed.state.spec import ModuleStateStore
 
 TOL = dict(atol=1e-12, rtol=0)
@@ -110,6 +111,122 @@ def test_krum_breaks_a_tie_to_the_lower_row():
     rule = Krum(f=0)
     torch.testing.assert_close(combine(rule, x), x[0], **TOL)
     assert rule._kept[0].tolist() == [True, False, False, False, False]
+
+
+def test_select_lowest_orders_values_only_beyond_their_bounds_and_ties_go_to_the_lower_index():
+    # with no bounds it is a stable sort's first m: s = (2, 1, 1, 0) keeps 3, then the tie 1, 2 goes to 1
+    s = torch.tensor([2.0, 1.0, 1.0, 0.0], dtype=D64)
+    assert select_lowest(s, torch.zeros(4, dtype=D64), 2).tolist() == [False, True, False, True]
+    assert select_lowest(s, torch.zeros(4, dtype=D64), 1).tolist() == [False, False, False, True]
+    # rows 0 and 1 are 1e-12 apart, within their bounds of 1e-11: tied, so row 0 goes first although it is larger;
+    # row 2 (0.5) is below both beyond any bound, row 3 (3) above
+    s = torch.tensor([1.0 + 1e-12, 1.0, 0.5, 3.0], dtype=D64)
+    b = torch.full((4,), 1e-11, dtype=D64)
+    assert select_lowest(s, b, 1).tolist() == [False, False, True, False]
+    assert select_lowest(s, b, 2).tolist() == [True, False, True, False]
+    assert select_lowest(s, b, 3).tolist() == [True, True, True, False]
+    # bounds that no longer overlap order by value again
+    assert select_lowest(s, torch.full((4,), 1e-13, dtype=D64), 2).tolist() == [False, True, True, False]
+    # row by row ([k, k]), as nearest-neighbour mixing uses it
+    rows2 = torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 1.0]], dtype=D64)
+    assert select_lowest(rows2, torch.zeros_like(rows2), 2).tolist() == [[True, True, False], [True, True, False]]
+
+
+def test_the_distances_bound_covers_their_rounding_and_the_scores_bound_covers_the_scores():
+    # float32 updates close to each other far from 0 (as honest updates are): ||x_i||² ≈ 9e6 in float32 rounds by
+    # about 0.5, more than the distances themselves; in float64 the Gram matrix is exact here (integers below 2^53)
+    x = torch.tensor([[2999.0], [3000.0], [3000.0], [3001.0], [2998.0]])
+    d, e = sq_distances(x)
+    exact = [[(a - b) ** 2 for b in (2999, 3000, 3000, 3001, 2998)] for a in (2999, 3000, 3000, 3001, 2998)]
+    assert d.tolist() == exact and d.dtype == D64
+    sq = [a * a for a in (2999, 3000, 3000, 3001, 2998)]
+    g = 3 * UNIT / (1 - 3 * UNIT)  # γ_{P+2}, P = 1
+    torch.testing.assert_close(e, torch.tensor([[0.0 if i == j else 3 * g * (sq[i] + sq[j]) for j in range(5)]
+                                                for i in range(5)], dtype=D64), atol=0, rtol=1e-15)
+    # random float64 rows with a large common offset: the exact distances (from the differences, in exact rationals)
+    # lie within the bound, and so do the Krum scores
+    from fractions import Fraction
+
+    from lfed.robust.rules.base import krum_bounds
+
+    g = torch.Generator().manual_seed(3)
+    x = 1e3 + torch.randn(6, 40, generator=g, dtype=D64)
+    d, e = sq_distances(x)
+    xs = [[Fraction(v) for v in r] for r in x.tolist()]
+    true = [[sum((a - b) ** 2 for a, b in zip(xs[i], xs[j])) for j in range(6)] for i in range(6)]
+    assert all(abs(Fraction(float(d[i, j])) - true[i][j]) <= Fraction(float(e[i, j])) for i in range(6) for j in range(6))
+    for f in (0, 1):
+        m = 6 - f - 2
+        scores, bounds = krum_scores(d, m), krum_bounds(d, e, m)
+        for i in range(6):
+            s = sum(sorted(true[i][j] for j in range(6) if j != i)[:m])
+            assert abs(Fraction(float(scores[i])) - s) <= Fraction(float(bounds[i]))
+
+
+def test_krum_and_multi_krum_ties_go_to_the_lower_row_where_a_float32_gram_matrix_split_them():
+    # x = 2999, 3000, 3000, 3001, 2998 (float32), f = 0: 3 neighbours each. Squared distances by hand:
+    # row 0: 1, 1, 4, 1 -> 1 + 1 + 1 = 3; rows 1 and 2: 1, 0, 1, 4 -> 0 + 1 + 1 = 2; row 3: 4, 1, 1, 9 -> 6;
+    # row 4: 1, 4, 4, 9 -> 9. Rows 1 and 2 tie at 2: Krum keeps row 1. (The float32 Gram matrix made scores
+    # 0, 0, 0, 4, 8 and kept row 0.)
+    x = torch.tensor([[2999.0], [3000.0], [3000.0], [3001.0], [2998.0]])
+    assert ref_scores(rows(x), 0) == [3, 2, 2, 6, 9]
+    rule = Krum(f=0)
+    assert combine(rule, x).tolist() == [3000.0]
+    assert rule._kept[0].tolist() == [False, True, False, False, False]
+    rule = MultiKrum(f=0, m=1)
+    combine(rule, x)
+    assert rule._kept[0].tolist() == [False, True, False, False, False]
+    # a tie at Multi-Krum's boundary: x = 3000 + (0, 1, -1, 5, -5); row 0: 1, 1, 25, 25 -> 27; rows 1, 2: 1, 4, 16, 36
+    # -> 21; rows 3, 4: 25, 16, 36, 100 -> 77. m = 4 keeps rows 1, 2, 0 and of the tied 3, 4 the lower, 3:
+    # Δ = 3000 + (0 + 1 - 1 + 5) / 4 = 3001.25
+    x = 3000 + torch.tensor([[0.0], [1.0], [-1.0], [5.0], [-5.0]])
+    assert ref_scores(rows(x), 0) == [27, 21, 21, 77, 77]
+    rule = MultiKrum(f=0, m=4)
+    assert combine(rule, x).tolist() == [3001.25]
+    assert rule._kept[0].tolist() == [True, True, True, True, False]
+
+
+def test_krum_keeps_the_lower_of_two_copies_of_the_best_update():
+    # 9 float32 updates near (1, ..., 1), rows 3 and 7 both the honest mean (the lowest score; equal in exact
+    # arithmetic, as Mimic's copies are): Krum and Multi-Krum (m = 1) keep row 3, wherever the copies sit
+    g = torch.Generator().manual_seed(0)
+    x = 1 + 0.01 * torch.randn(9, 500, generator=g)
+    for a, b in [(3, 7), (0, 8), (4, 5)]:
+        y = x.clone()
+        y[a] = y[b] = x.mean(0)
+        for rule in (Krum(f=2), MultiKrum(f=2, m=1)):
+            combine(rule, y)
+            assert rule._kept[0].nonzero().flatten().tolist() == [a]
+
+
+def test_bulyan_breaks_its_coordinate_ties_by_the_lower_row_not_by_krums_order():
+    # x = (-1, 3, -2, 0, -2, -3, 2), f = 1: θ = 5, β = 3. Krum, recursively (squared distances, |R| - 3 neighbours):
+    # R = all: scores 7, 51, 6, 13, 6, 15, 30 -> rows 2 and 4 tie at 6: row 2;
+    # R = {0, 1, 3, 4, 5, 6}: 6, 26, 9, 6, 14, 14 -> row 0;  R = {1, 3, 4, 5, 6}: 10, 8, 5, 10, 5 -> row 4;
+    # R = {1, 3, 5, 6}: 1, 4, 9, 1 -> row 1;  R = {3, 5, 6}, no neighbours: row 3. Selected: rows 0, 1, 2, 3, 4 with
+    # values -1, 3, -2, 0, -2; median -1; |x - med| = 0, 4, 1, 1, 1: the 3 closest are row 0 and, of the tied rows
+    # 2, 3, 4, the lower two: Δ = (-1 - 2 + 0) / 3 = -1 (Krum's pick order 2, 0, 4, 1, 3 gave rows 2, 4: -5/3)
+    x = torch.tensor([[-1.0], [3.0], [-2.0], [0.0], [-2.0], [-3.0], [2.0]], dtype=D64)
+    rule = Bulyan(f=1)
+    torch.testing.assert_close(combine(rule, x), torch.tensor([-1.0], dtype=D64), atol=1e-15, rtol=0)
+    assert rule._kept[0].tolist() == [True, True, True, True, True, False, False]
+    ref, chosen = ref_bulyan(rows(x), 1)
+    assert ref == [-1.0] and chosen == [0, 1, 2, 3, 4]
+
+
+def test_nnm_then_krum_breaks_ties_by_the_lower_row():
+    # x = (1, -3, 1, 3, -2, -3, -1), f = 2: each row mixes its 5 nearest (itself among them; ties: the lower row).
+    # N_0 = N_2 = {0, 2, 3, 6, 4} -> 2/5; N_1 = N_5 = {1, 5, 4, 6, 0} -> -8/5; N_3 = {3, 0, 2, 6, 4} -> 2/5;
+    # N_4 = {4, 1, 5, 6, 0} -> -8/5; N_6 = {6, 4, 0, 1, 2} -> -4/5. y = (0.4, -1.6, 0.4, 0.4, -1.6, -1.6, -0.8).
+    # Krum on y, 3 neighbours: rows 1, 4, 5 score 0 + 0 + 0.64 = 0.64 (rows 0, 2, 3: 1.44; row 6: 1.92): row 1
+    # (from the Gram matrix the rounding of y kept row 4)
+    x = torch.tensor([[1.0], [-3.0], [1.0], [3.0], [-2.0], [-3.0], [-1.0]], dtype=D64)
+    y = ref_nnm_rows(rows(x), 2)
+    torch.testing.assert_close(torch.tensor(y, dtype=D64).flatten(),
+                               torch.tensor([0.4, -1.6, 0.4, 0.4, -1.6, -1.6, -0.8], dtype=D64), atol=1e-15, rtol=0)
+    rule = NearestNeighborMixing("krum", f=2)
+    torch.testing.assert_close(combine(rule, x), torch.tensor([-1.6], dtype=D64), atol=1e-15, rtol=0)
+    assert rule._kept[0].tolist() == [False, True, False, False, False, False, False]
 
 
 @pytest.mark.parametrize("x,f", [(X7, 1), (torch.cat([X7, X7[:4] + 0.25]), 2), (X7[:3], 0)],

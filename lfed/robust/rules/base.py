@@ -21,15 +21,44 @@ from lfed.checks import integer
 from lfed.engine.host import device_rows
 from lfed.server.combination import ServerCombination
 
-__all__ = ["RobustCombination", "expected_byzantine", "krum_scores", "pairwise_sq_distances"]
+__all__ = ["RobustCombination", "expected_byzantine", "first_true", "krum_bounds", "krum_scores", "pairwise_sq_distances",
+           "select_lowest", "sq_distances"]
+
+
+#: The unit roundoff of float64 (the distances below are computed in float64 whatever the updates' dtype).
+UNIT = 2.0 ** -53
+
+
+def _gamma(n: int) -> float:
+    """``γ_n = n u / (1 - n u)``: the relative error bound of a float64 sum or dot product of ``n`` terms, in any order."""
+    return n * UNIT / (1 - n * UNIT)
+
+
+def sq_distances(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``(D [k, k], E [k, k])`` in float64: ``D_ij ≈ ||x_i - x_j||²`` from the Gram matrix (``||x_i||² + ||x_j||² -
+    2⟨x_i, x_j⟩``, the updates upcast to float64, which is exact) and a bound ``E_ij`` on its rounding error:
+    ``|D_ij - ||x_i - x_j||²| ≤ E_ij = 3 γ_{P+2} (ŝ_i + ŝ_j)`` with ``ŝ_i`` the computed ``||x_i||²`` and
+    ``γ_n = n u / (1 - n u)``, ``u = 2⁻⁵³`` (each dot product of ``P`` terms errs by at most ``γ_P`` times the sum of
+    its terms' magnitudes, in any summation order; the two additions add at most ``3u``). ``D_ii = E_ii = 0``; ``D ≥ 0``.
+    ``E`` is what the rules' tie rule compares beyond (:func:`select_lowest`)."""
+    k, p = x.shape
+    sq = torch.zeros(k, dtype=torch.float64, device=x.device)
+    gram = torch.zeros(k, k, dtype=torch.float64, device=x.device)
+    step = max(1, 2 ** 24 // max(k, 1))  # columns at a time: no float64 copy of all of x
+    for c in range(0, p, step):
+        b = x[:, c:c + step].to(torch.float64)
+        sq += (b * b).sum(1)
+        gram += b @ b.T
+    both = sq[:, None] + sq[None, :]
+    d = (both - 2 * gram).clamp_min(0).fill_diagonal_(0)
+    e = (3 * _gamma(p + 2) * both).fill_diagonal_(0)
+    return d, e
 
 
 def pairwise_sq_distances(x: Tensor) -> Tensor:
-    """``D [k, k]``, ``D_ij = ||x_i - x_j||²`` (``x [k, P]``), from the Gram matrix (one ``[k, P] @ [P, k]``); ``≥ 0``."""
-    sq = (x * x).sum(1)
-    d = sq[:, None] + sq[None, :] - 2 * (x @ x.T)
-    d = d.clamp_min(0)
-    return d.fill_diagonal_(0)
+    """``D [k, k]``, ``D_ij = ||x_i - x_j||²`` (``x [k, P]``), from the Gram matrix in float64 (:func:`sq_distances`),
+    in ``x``'s dtype; ``≥ 0``."""
+    return sq_distances(x)[0].to(x.dtype)
 
 
 def krum_scores(d: Tensor, neighbours: int) -> Tensor:
@@ -40,6 +69,44 @@ def krum_scores(d: Tensor, neighbours: int) -> Tensor:
         return d.new_zeros(k)
     others = d + torch.diag(d.new_full((k,), math.inf))
     return torch.topk(others, neighbours, dim=1, largest=False).values.sum(1)
+
+
+def krum_bounds(d: Tensor, e: Tensor, neighbours: int) -> Tensor:
+    """``β [k]``: ``|krum_scores(d) - s| ≤ β`` with ``s`` the scores of the exact distances, given ``|d - D| ≤ e``
+    entrywise (:func:`sq_distances`; ``d`` may hold ``+∞`` for rows that left the set, ``e`` finite). The sum of the
+    ``m`` smallest entries moves by at most the sum of the ``m`` largest errors among the entries that can be among the
+    ``m`` smallest, exact or computed: those with ``d_ij - e_ij`` at most the ``m``-th smallest ``d_ij + e_ij``; plus
+    the rounding of the sum of ``m`` terms."""
+    k = d.shape[0]
+    if neighbours <= 0:
+        return d.new_zeros(k)
+    self_inf = torch.diag(d.new_full((k,), math.inf))
+    t = torch.topk(d + e + self_inf, neighbours, dim=1, largest=False).values[:, -1:]
+    near = (d - e + self_inf) <= t
+    worst = torch.where(near, e, torch.zeros_like(e)).max(1).values
+    return neighbours * worst + 2 * _gamma(neighbours) * (krum_scores(d, neighbours) + neighbours * worst)
+
+
+def select_lowest(s: Tensor, b: Tensor, m: int) -> Tensor:
+    """``[..., k]`` bool: the ``m`` entries of lowest ``s`` along the last dimension (``0 < m ≤ k``), each ``s_i``
+    known to ``± b_i`` (its rounding bound), ties to the lower index. Two entries are ordered by ``s`` only when their
+    intervals ``[s_i - b_i, s_i + b_i]`` are apart; otherwise they count as tied. Entry ``i`` is surely kept when fewer
+    than ``m`` others can be at or below it (``s_j - b_j ≤ s_i + b_i``), surely left out when ``m`` or more are surely
+    below it (``s_j + b_j < s_i - b_i``); the rest fill the remaining places lowest index first. Exact ties (equal exact
+    values) thus always go to the lower index, and with ``b = 0`` this is a stable sort's first ``m``. No device read."""
+    lo, hi = s - b, s + b
+    lo_sorted, hi_sorted = lo.sort(-1).values.contiguous(), hi.sort(-1).values.contiguous()
+    could_below = torch.searchsorted(lo_sorted, hi.contiguous(), right=True) - 1  # the others with lo_j <= hi_i
+    surely_below = torch.searchsorted(hi_sorted, lo.contiguous(), right=False)  # those with hi_j < lo_i
+    kept = could_below < m
+    tied = ~kept & (surely_below < m)
+    room = m - kept.sum(-1, keepdim=True)
+    return kept | (tied & (tied.cumsum(-1) <= room))
+
+
+def first_true(mask: Tensor) -> Tensor:
+    """The index of the first True of a ``[k]`` bool mask (0-dim; no device read)."""
+    return torch.argmax(mask.to(torch.uint8))
 
 
 def expected_byzantine(attack: Any, cohort_size: int) -> int:

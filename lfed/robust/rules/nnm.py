@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from lfed.base.component import Cohort
-from lfed.robust.rules.base import pairwise_sq_distances
+from lfed.robust.rules.base import select_lowest, sq_distances
 from lfed.robust.rules.preaggregation import PreAggregator
 
 __all__ = ["NearestNeighborMixing"]
 
 
 class NearestNeighborMixing(PreAggregator):
-    """``y_i = 1/(k - f) Σ_{j ∈ N_i} x_j``, ``N_i`` the ``k - f`` counting updates nearest to ``x_i`` (itself included;
-    ties: the lower row first); ``Δ = rule(y_1, ..., y_k)`` with the rows' own weights. Needs ``K > 2f`` and the rule's.
+    """``y_i = 1/(k - f) Σ_{j ∈ N_i} x_j``, ``N_i`` the ``k - f`` counting updates nearest to ``x_i`` (itself always
+    among them; ties: the lower row first, distances within their rounding bounds tying, as Krum's scores do:
+    :func:`~lfed.robust.rules.base.select_lowest`); ``Δ = rule(y_1, ..., y_k)`` with the rows' own weights. Needs
+    ``K > 2f`` and the rule's.
 
     Args:
         rule: The rule fed the mixed rows (a name or a ``RobustCombination``).
@@ -36,8 +38,9 @@ class NearestNeighborMixing(PreAggregator):
 
     def aggregate(self, x: Tensor, a: Tensor, f: int, cohort: Cohort) -> tuple[Tensor, Tensor | None]:
         k = x.shape[0]
-        d = pairwise_sq_distances(x)
-        nearest = torch.sort(d, dim=1, stable=True).indices[:, :k - f]  # [k, k - f]: row i among them (distance 0)
-        mixing = x.new_zeros(k, k).scatter_(1, nearest, 1.0 / (k - f))  # y = M x: no [k, k - f, P] gather
+        d, e = sq_distances(x)
+        d = d.fill_diagonal_(-math.inf)  # row i is always its own neighbour
+        nearest = select_lowest(d, e, k - f)  # [k, k] bool, k - f per row
+        mixing = nearest.to(x.dtype) / (k - f)  # y = M x: no [k, k - f, P] gather
         y = mixing @ x
         return self.rule.aggregate(y, a, f, cohort)
