@@ -317,6 +317,37 @@ def test_a_backdoor_stamps_its_share_of_the_byzantine_clients_examples_only_and_
     assert seen["y"].eq(0).all() and len(seen["y"]) == int(keep.sum())
 
 
+@pytest.mark.parametrize("poison_fraction", [0.5, 0.3, 1.0])
+def test_each_byzantine_client_stamps_its_own_share_of_its_examples(poison_fraction):
+    # 6 clients of 3, 5, 7, 10, 6, 9 flat 2x2 images, 3 Byzantine: client k stamps ⌈poison_fraction · n_k⌉ of its own
+    # (0.5: 2, 3, 4, 5, 3, 5; 0.3: 1, 2, 3, 3, 2, 3; 1.0: all), whatever the seed; an honest client none. (Drawn from
+    # the Byzantine clients' pooled examples, the shares ranged from 0 to 0.83 at 0.5.)
+    from lfed.lightning.datamodule import FederatedDataModule
+
+    sizes = [3, 5, 7, 10, 6, 9]
+    n = sum(sizes)
+    x = torch.rand(n, 4, generator=torch.Generator().manual_seed(1), dtype=D64)
+    y = torch.arange(n) % 3 + 1
+    dm = FederatedDataModule.from_tensors(x, y, x, y, num_clients=6, partition="iid", holdout_fraction=0.0)
+    data = dm.build()
+    starts = [sum(sizes[:k]) for k in range(6)]
+    owned = [list(range(s0, s0 + m)) for s0, m in zip(starts, sizes)]
+    data.client_index = torch.tensor([r + [r[0]] * (max(sizes) - len(r)) for r in owned])
+    data.client_sizes = torch.tensor(sizes)
+    expected = {0.5: [2, 3, 4, 5, 3, 5], 0.3: [1, 2, 3, 3, 2, 3], 1.0: sizes}[poison_fraction]
+    assert expected == [math.ceil(round(poison_fraction * m, 9)) for m in sizes]
+    for seed in range(6):
+        attack = Backdoor(fraction=0.5, target=0, poison_fraction=poison_fraction, trigger_size=1, trigger_value=9.0)
+        attack.check_start(data)
+        px, py = attack.training_data(cohort_of(6, seed=seed), data, data.train_x, data.train_y)
+        byz = byzantine_set(6, 0.5, seed=seed)
+        stamped = (px != x).any(1)
+        assert int(byz.sum()) == 3
+        for k in range(6):
+            assert int(stamped[owned[k]].sum()) == (expected[k] if byz[k] else 0), (seed, k)
+        assert py[stamped].eq(0).all() and torch.equal(py[~stamped], y[~stamped])
+
+
 def test_a_backdoor_on_inputs_that_are_not_images_is_refused_naming_the_shapes():
     from test_objectives import toy_data
 

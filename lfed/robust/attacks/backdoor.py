@@ -14,9 +14,8 @@ from lfed.base.component import Cohort
 from lfed.checks import integer, number
 from lfed.rng import round_generator
 from lfed.robust.attacks.base import Attack
-from lfed.robust.attacks.label_flip import client_positions
 
-__all__ = ["Backdoor", "stamp"]
+__all__ = ["Backdoor", "poisoned_positions", "stamp"]
 
 
 def stamp(x: Tensor, size: int, value: float) -> Tensor:
@@ -32,18 +31,34 @@ def stamp(x: Tensor, size: int, value: float) -> Tensor:
     return out.view(shape)
 
 
+def poisoned_positions(data: Any, clients: Tensor, share: float, seed: int) -> Tensor:
+    """The positions in the training tensors of the examples the clients ``clients`` (``[N]`` bool) stamp: each client
+    ``k`` its own ``⌈share · n_k⌉`` of its ``n_k`` examples, drawn uniformly without replacement from
+    ``(seed, "backdoor")`` (one uniform key per slot of ``data.client_index``, the lowest keys of each client's row)."""
+    index, sizes = data.client_index[clients], data.client_sizes[clients]  # [B, L], [B]
+    g = round_generator(seed, 0, "backdoor")
+    keys = torch.rand(index.shape, generator=g, dtype=torch.float64).to(index.device)
+    slots = torch.arange(index.shape[1], device=index.device)[None, :]
+    keys = torch.where(slots < sizes[:, None], keys, torch.full_like(keys, 2.0))  # past a client's examples: last
+    order = keys.argsort(dim=1, stable=True)
+    counts = torch.ceil(share * sizes.to(torch.float64) - 1e-9).long()  # ⌈share · n_k⌉ (0.3 · 10 is 3, not 4)
+    return index.gather(1, order)[slots < counts[:, None]]
+
+
 class Backdoor(Attack):
     """The Byzantine clients train on their data with a share of it stamped with a trigger (a square in the corner of the
     image) and relabelled ``target``, and boost what they send by ``γ``: ``x_b ← γ x_b`` (model replacement: with
     ``γ = n/η``, ``n`` the clients whose updates the server averages and ``η`` its learning rate, the Byzantine update
-    replaces the global model under FedAvg, Bagdasaryan et al. eq. (3)). The stamped examples are a fixed share of each
-    Byzantine client's own (``poison_fraction``, drawn once from ``(seed, "backdoor")``); the copy of the data is made once
-    per process. Each evaluation logs ``backdoor/attack_success``: the share of the test inputs not of class ``target``
+    replaces the global model under FedAvg, Bagdasaryan et al. eq. (3)). Each Byzantine client stamps its own
+    ``⌈poison_fraction · n_k⌉`` of its ``n_k`` examples (drawn once from ``(seed, "backdoor")``:
+    :func:`poisoned_positions`), as the paper's attacker mixes backdoor examples into each of its own batches; the copy of
+    the data is made once per process. Each evaluation logs ``backdoor/attack_success``: the share of the test inputs not of class ``target``
     that the global model classifies as ``target`` once stamped.
 
     Args:
         target: The backdoor's class.
-        poison_fraction: The share of a Byzantine client's examples stamped and relabelled, in ``(0, 1]``.
+        poison_fraction: The share of each Byzantine client's examples stamped and relabelled, in ``(0, 1]``
+            (``⌈poison_fraction · n_k⌉`` of client ``k``'s ``n_k``).
         trigger_size: The side of the square, in pixels.
         trigger_value: Its pixels' value; None: the largest value of the training inputs.
         boost: ``γ`` (1: no model replacement).
@@ -88,10 +103,7 @@ class Backdoor(Attack):
 
         def make() -> tuple[Tensor, Tensor]:
             byz = self.byzantine_clients(cohort.num_clients, cohort.seed).to(y.device)
-            positions = client_positions(data, byz)
-            g = round_generator(cohort.seed, 0, "backdoor")
-            chosen = torch.randperm(positions.numel(), generator=g)[:math.ceil(self.poison_fraction * positions.numel())]
-            positions = positions[chosen.to(positions.device)]
+            positions = poisoned_positions(data, byz, self.poison_fraction, cohort.seed)
             px, py = x.clone(), y.clone()
             px[positions] = stamp(x[positions], self.trigger_size, self._value(data))
             py[positions] = self.target
