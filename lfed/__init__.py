@@ -71,7 +71,6 @@ _LAZY = {
     "HookError": "lfed.checks",
     "CompositionWarning": "lfed.core.registry",
 }
-_LIGHTNING = {"FederatedDataModule", "FederatedModule", "RunGroup"}
 
 __all__ = sorted(_LAZY)
 __version__ = "0.5.0"
@@ -100,14 +99,9 @@ def _lazy_exports(package: str, table: dict[str, str], before: Callable[[str], N
     return __getattr__, __dir__
 
 
-def _silence(name: str) -> None:
-    if name in _LIGHTNING:  # narrow filters for Lightning-internal messages (lfed.lightning.reporting), once Lightning is used
-        from lfed.lightning.reporting import silence_library_noise
-
-        silence_library_noise()
-
-
-__getattr__, __dir__ = _lazy_exports(__name__, _LAZY, _silence)
+# (the narrow filters for Lightning-internal messages are installed by lfed.lightning's own __init__, once Lightning is
+# used: the root imports no package above it)
+__getattr__, __dir__ = _lazy_exports(__name__, _LAZY)
 
 # ---------------------------------------------------------------------- 0.4's module paths (docs/architecture.md)
 #: Modules that moved in 0.5: ``0.4 path -> 0.5 path``. An old path still imports (a config's ``class_path``, a

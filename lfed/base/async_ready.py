@@ -1,4 +1,4 @@
-"""What a component declares for the asynchronous schedule (:mod:`lfed.core.asynchronous`), read here and nowhere else:
+"""What a component declares for the asynchronous schedule (:mod:`lfed.core.asynchronous`), read there and nowhere else:
 not base-class flags, since only that schedule reads them. No imports: every component may import it.
 
 A component says whether it is defined asynchronously (updates computed on older models, a server step per buffer of

@@ -65,9 +65,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from lfed.base.async_ready import asynchronous_refusal, declared_refusal
 from lfed.base.component import Component, CompositionContext
 from lfed.checks import integer, number, one_of
-from lfed.core.async_ready import asynchronous_refusal, declared_refusal
 from lfed.engine.host import to_device
 from lfed.evaluation.scores import is_classification, local_accuracy
 from lfed.participation.clock import SimulatedClock, read_durations

@@ -8,11 +8,13 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from lfed.base.component import Cohort
+if TYPE_CHECKING:  # evaluation is below the component contract (docs/architecture.md): the type only
+    from lfed.base.component import Cohort
 
 __all__ = ["gradient_displacement", "server_amplification"]
 

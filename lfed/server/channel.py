@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from lfed.base.async_ready import declared_refusal
 from lfed.base.component import Cohort, Component
-from lfed.core.async_ready import declared_refusal
 from lfed.engine.host import device_rows
 from lfed.server import compression as c
 from lfed.state.spec import StateSpec

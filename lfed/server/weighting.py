@@ -14,9 +14,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from lfed.base.async_ready import declared_refusal
 from lfed.base.component import Cohort, Component
 from lfed.checks import one_of
-from lfed.core.async_ready import declared_refusal
 from lfed.server.weights import PARTIAL_WORK, aggregation_weights, counting_mask
 
 __all__ = ["AggregationWeights", "DWFedWeights", "PartialWork", "SizeWeights", "UniformWeights"]

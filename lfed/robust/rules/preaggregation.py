@@ -9,6 +9,32 @@ from lfed.robust.rules.base import RobustCombination
 __all__ = ["PreAggregator"]
 
 
+def _subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out += [sub, *_subclasses(sub)]
+    return out
+
+
+def _robust_rule(rule: Any) -> Any:
+    """``rule`` as a component: given as one, or built with its defaults from a robust rule's name (each rule's own
+    ``name``, as the ``combination`` table names it) or a dotted class path; anything else is returned as it is, for
+    the caller to refuse. Resolved here, not through :mod:`lfed.core.registry`: the methods sit below the core."""
+    if not isinstance(rule, str):
+        return rule
+    if "." in rule:
+        import importlib
+
+        module, _, name = rule.rpartition(".")
+        try:
+            return getattr(importlib.import_module(module), name)()
+        except (ImportError, AttributeError):
+            return rule
+    # (every rule is defined: importing this module imported its package, lfed.robust.rules, which imports each rule)
+    found = [c for c in _subclasses(RobustCombination) if c.__dict__.get("name") == rule]
+    return found[0]() if found else rule
+
+
 class PreAggregator(RobustCombination):
     """A robust rule run on rows this component makes from the counting updates (bucket means, neighbour means).
 
@@ -19,9 +45,7 @@ class PreAggregator(RobustCombination):
 
     def __init__(self, rule: Any = "median", f: int | None = None) -> None:
         super().__init__(f)
-        from lfed.core.registry import build_component
-
-        inner = build_component("combination", rule)
+        inner = _robust_rule(rule)
         if not isinstance(inner, RobustCombination) or isinstance(inner, PreAggregator):
             given = repr(rule) if isinstance(rule, str) else f"{type(rule).__name__} ({getattr(rule, 'name', '')})"
             raise ValueError(f"rule: {given} is not a robust rule to feed (median, trimmed_mean, krum, multi_krum, "
