@@ -249,12 +249,33 @@ class Run:
         return max(vals, default=float("nan"))
 
 
+#: A config's fingerprint is its parsed settings' (:func:`settings_fingerprint`); a bare hex digest is a file's bytes'.
+SETTINGS = "settings-sha256:"
+
+
+def settings_fingerprint(text: str) -> str:
+    """What determines a run in a config file: the sha256 of the canonical JSON (sorted keys, no spaces) of its parsed
+    YAML, so a comment, the layout, the order of keys or the quoting of a value leave it unchanged; prefixed
+    :data:`SETTINGS`. A file that is no YAML: the sha256 of its bytes (unprefixed)."""
+    import hashlib
+
+    import yaml
+
+    try:
+        parsed = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return hashlib.sha256(text.encode()).hexdigest()
+    canonical = json.dumps(parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return SETTINGS + hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def inputs_fingerprint(args: list[str]) -> dict[str, str]:
-    """The sha256 of every file a run reads besides its data: each ``--config`` file, and every file that a value in
-    those configs or in an override names (a string that is the path of an existing file, relative to the current
-    directory as the run reads it: a ``base_checkpoint``, say). Keyed by the path as written (under the repository:
-    relative to it). The cache key holds paths, not contents: this is how a cached run whose config or any file it
-    names has changed since (or is gone) is told apart."""
+    """What a run reads besides its data: each ``--config`` file's parsed settings (:func:`settings_fingerprint`), and
+    the sha256 of every file that a value in those configs or in an override names (a string that is the path of an
+    existing file, relative to the current directory as the run reads it: a ``base_checkpoint``, say). Keyed by the
+    path as written (under the repository: relative to it); ``"missing"`` for a file that is not there. The cache key
+    holds paths, not contents: this is how a cached run whose settings or any file it names have changed since (or is
+    gone) is told apart, while a comment edited in a config leaves its runs current."""
     import hashlib
 
     import yaml
@@ -276,15 +297,65 @@ def inputs_fingerprint(args: list[str]) -> dict[str, str]:
     named = [x for c in configs if is_file(c) for x in strings(yaml.safe_load(Path(c).read_text()))]
     named += [a.split("=", 1)[1] for a in args if a.startswith("--") and "=" in a]
     files = list(dict.fromkeys([*configs, *filter(is_file, named)]))
-    return {rel: hashlib.sha256(Path(f).read_bytes()).hexdigest() if is_file(f) else "missing"
-            for rel, f in zip(_relative(files), files)}
+
+    def fingerprint(f: str) -> str:
+        if not is_file(f):
+            return "missing"
+        return settings_fingerprint(Path(f).read_text()) if f in configs else hashlib.sha256(Path(f).read_bytes()).hexdigest()
+
+    return {rel: fingerprint(f) for rel, f in zip(_relative(files), files)}
+
+
+def _committed_settings(rel: str) -> dict[str, str]:
+    """``{sha256 of the bytes: settings fingerprint}`` of every version of the repository file ``rel`` that git's
+    history holds (empty outside a git checkout or for a file git does not track): what lets an entry recorded before
+    configs were fingerprinted by their settings (by their bytes) be checked against the settings of today."""
+    import hashlib
+    import subprocess
+
+    if rel in _COMMITTED:
+        return _COMMITTED[rel]
+    found: dict[str, str] = {}
+    if not Path(rel).is_absolute():
+        try:
+            commits = subprocess.run(["git", "log", "--format=%H", "--", rel], cwd=REPO, capture_output=True, text=True,
+                                     check=True).stdout.split()
+            for c in commits:
+                shown = subprocess.run(["git", "show", f"{c}:{rel}"], cwd=REPO, capture_output=True, check=True).stdout
+                found.setdefault(hashlib.sha256(shown).hexdigest(), settings_fingerprint(shown.decode()))
+        except (OSError, subprocess.CalledProcessError, UnicodeDecodeError):
+            pass
+    _COMMITTED[rel] = found
+    return found
+
+
+_COMMITTED: dict[str, dict[str, str]] = {}
+
+
+def same_inputs(recorded: dict[str, str], now: dict[str, str]) -> bool:
+    """Whether a cache entry's recorded :func:`inputs_fingerprint` is today's. An entry written before configs were
+    fingerprinted by their settings recorded a config's bytes' sha256: it is current when that digest is the bytes
+    of a version of the config in git's history whose settings are today's (a comment edited since, say); a digest
+    no committed version has (an uncommitted edit that was never committed) cannot be read back: such an entry is stale."""
+    if recorded.keys() != now.keys():
+        return False
+    for path, was in recorded.items():
+        is_ = now[path]
+        if was == is_:
+            continue
+        if not (is_.startswith(SETTINGS) and not was.startswith(SETTINGS) and was != "missing"
+                and _committed_settings(path).get(was) == is_):
+            return False
+    return True
 
 
 class Runner:
     """Runs one config through LfedCLI and records it; finished runs are cached in ``cache``
     (one JSON per run, keyed by its name and argument list) unless ``fresh``. A cache entry also records
-    :func:`inputs_fingerprint`; an entry whose config files or a file they name (a base checkpoint) have changed
-    since is stale and trains again (an entry written before fingerprints were recorded is read as before)."""
+    :func:`inputs_fingerprint`; an entry whose configs' settings or a file they name (a base checkpoint) have changed
+    since is stale and trains again (:func:`same_inputs`: an entry that recorded a config's bytes is read when a
+    committed version with those bytes has today's settings; an entry written before fingerprints were recorded is
+    read as before)."""
 
     def __init__(self, data_dir: Path, workdir: Path, log, cache: Path | None = None, fresh: bool = False) -> None:
         self.data_dir = data_dir
@@ -352,7 +423,7 @@ class Runner:
         if cached is None or self.fresh or not cached.is_file():
             return None
         d = json.loads(cached.read_text())
-        if "inputs" in d and d["inputs"] != inputs_fingerprint(args):
+        if "inputs" in d and not same_inputs(d["inputs"], inputs_fingerprint(args)):
             return None
         return d
 
@@ -368,7 +439,7 @@ class Runner:
         cached, found = self._cache_file(name, args), self._find(name, args)
         d = self._entry(found, args)
         if d is None and found is not None and found.is_file() and not self.fresh:
-            self.log(f"  {name}: cached run is stale (a config or a file it names changed since); training it again")
+            self.log(f"  {name}: cached run is stale (a config's settings or a file it names changed since); training it again")
         if d is not None:
             run = Run(d["name"], d["history"], d["summary"], d["seconds"], d["args"], d.get("attention"), d.get("extra", {}))
             self.log(f"  {name:<28} (cached) last10% {run.last10:.4f}")
