@@ -22,6 +22,7 @@ writes its state only through :meth:`Component.state`, :meth:`Component.rows` an
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,7 +31,13 @@ from torch import Tensor, nn
 
 from lfed.state.spec import GLOBAL, ModuleStateStore, StateSpec, StateStore, reading_read_only
 
-__all__ = ["Cohort", "Component", "HostCohort", "CompositionContext", "LocalWork"]
+__all__ = ["Cohort", "Component", "HostCohort", "CompositionContext", "LocalWork", "each_once"]
+
+
+def each_once(components: Iterable[Any]) -> list[Any]:
+    """Every component of ``components`` once, in order of first appearance (one component may hold two roles: FedDyn
+    is the objective and the combination): the one spelling of "each component once" for a run's roles."""
+    return list({id(c): c for c in components}.values())
 
 
 _NOT_COMPUTED_MESSAGE = ("cohort.start_loss: the round did not compute it; set needs_start_loss = True (a class attribute) "

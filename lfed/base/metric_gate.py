@@ -29,6 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from lfed.base.component import each_once
+
 __all__ = ["MODES", "RENAMED", "UNACCOUNTED", "MetricGate", "canonical_name", "matches"]
 
 #: The marker of a metric logged although no accountant covers it (``log_unaccounted: true``).
@@ -75,7 +77,7 @@ class MetricGate:
     def of(cls, components: Iterable[Any], declared: Iterable[str] = ()) -> MetricGate:
         """The gate of a run: the strictest policy of its ``components`` and every private metric they and the run
         (``declared``) declare."""
-        components = list({id(c): c for c in components}.values())
+        components = each_once(components)
         policies = [getattr(c, "metric_policy", None) or "all" for c in components]
         mode = max(policies, key=MODES.index, default="all")
         private = tuple(declared) + tuple(p for c in components for p in getattr(c, "private_metrics", ()))

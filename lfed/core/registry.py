@@ -1,4 +1,4 @@
-"""Named algorithms as compositions of lfed's pieces (DESIGN.md: algorithms are compositions).
+"""Named algorithms as compositions of lfed's pieces (docs/algorithms.md §0: presets).
 
 A preset fills the :class:`~lfed.lightning.module.FederatedModule` arguments that a config leaves
 unset (``None``); anything set explicitly wins, so ``algorithm: scaffold`` with
@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 import torch
+
+from lfed.base.component import each_once
 
 #: Every built-in name of every role, listed once: role -> name -> the component's class path (and the keyword
 #: arguments the name implies). ``--help``, the settings' ``Literal`` types, :func:`build`, the presets and every
@@ -399,7 +401,7 @@ def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozen
     """Every component's own preparation and check of the run's composition (:meth:`lfed.base.component.Component.prepare_run`,
     :meth:`~lfed.base.component.Component.composition_warnings`).
 
-    Every piece composes with every other (DESIGN.md), but some combinations silently do
+    Every piece composes with every other (docs/algorithms.md §0), but some combinations silently do
     nothing or something else than their names say; each component knows its own (a component
     of the user's too), so no list here names them.
 
@@ -425,7 +427,7 @@ def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozen
     context = CompositionContext(frozenset(explicit), participation.stragglers.p_inactive,
                                  participation.stragglers.p_incomplete, num_clients, total_rounds, sizes, roles,
                                  tuple(net_releases), run_key, frozenset(data_notes), training, shared_params)
-    unique = list({id(c): c for c in roles.values()}.values())
+    unique = each_once(roles.values())
     for component in unique:  # before round 0: refuse what cannot run, derive settings
         component.prepare_run(context)
     return [message for component in unique for message in component.composition_warnings(context)]

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from lfed.base.attack import NoAttack
-from lfed.base.component import Cohort, Component, HostCohort, LocalWork
+from lfed.base.component import Cohort, Component, HostCohort, LocalWork, each_once
 from lfed.base.sharing import SHARE_ALL, resolve_sharing
 from lfed.client.objectives import ClientRule
 from lfed.engine import CohortResult, CohortTrainer, steps_per_epoch
@@ -128,6 +128,10 @@ class Algorithm:
         one (``make_sharing`` returns None) it is :data:`~lfed.base.sharing.SHARE_ALL`.
         """
         self.sharing = resolve_sharing(self.objective, net, layout)
+
+    def each(self) -> list[Component]:
+        """Every component once (one component may hold two roles: FedDyn), in the order of :meth:`roles`."""
+        return each_once(self.roles().values())
 
     def roles(self) -> dict[str, Component]:
         """``{role: component}`` of every component (the history too when there is one)."""
@@ -375,7 +379,7 @@ def prepare_round(
         record.skipped = True
         return PreparedRound(record, w, None, seed, sizes, training)
 
-    for component in _each(algorithm):  # what components add to the cohort (the update history)
+    for component in algorithm.each():  # what components add to the cohort (the update history)
         component.start_round(cohort)
     lr = training.client_lr
     rule = algorithm.objective.step_rule(cohort, w, lr)
@@ -446,10 +450,10 @@ def finish_round(
         record.extra["round/amplification"] = amplification
     w_new = step_server(algorithm, record, delta, w, server_step)
     w_new_up = sharing.shared(w_new)
-    for component in _each(algorithm):  # what components keep of the round (the update history)
+    for component in algorithm.each():  # what components keep of the round (the update history)
         component.end_round(cohort, updates, w_up, w_new_up)
     algorithm.sampler.observe(cohort, ends, w_new_up)
-    for component in _each(algorithm):  # what the components report
+    for component in algorithm.each():  # what the components report
         record.extra.update(component.report(cohort))
     return w_new, record
 
@@ -485,11 +489,6 @@ def train_prepared(engine: CohortTrainer, ranks: Ranks, prepared: PreparedRound)
     that trains alone."""
     with seeded_global_rng(prepared.seed, prepared.record.round, "dropout", prepared.w.device):
         return train_cohort(engine, ranks, prepared.job)
-
-
-def _each(algorithm: Algorithm) -> list[Component]:
-    """Every component of ``algorithm`` once (one component may hold two roles: FedDyn), in the order of its roles."""
-    return list({id(c): c for c in algorithm.roles().values()}.values())
 
 
 def _combined(out: Any, combination: ServerCombination) -> tuple[Tensor, AttentionResult | None]:

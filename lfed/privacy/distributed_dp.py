@@ -55,6 +55,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lfed.base.component import each_once
 from lfed.checks import integer, number
 from lfed.privacy.accountant import budget_stop, smallest_multiplier
 from lfed.privacy.dp_fedavg import check_neighbours
@@ -311,7 +312,7 @@ class DistributedDP(ServerCombination):
         check_neighbours(context, "distributed DP", poisson=False)
         roles = context.components or {}
         self.streams = PrivateStreams(self.noise, getattr(context, "run_key", ""))
-        for c in {id(c): c for c in roles.values()}.values():
+        for c in each_once(roles.values()):
             if getattr(c, "dp_shares", ()):
                 raise ValueError(f"{getattr(c, 'name', c)}: its own noised releases (dp_shares) are accounted by "
                                  "DP-FedAvg's Gaussian accountant only; use combination: dp_fedavg with it")

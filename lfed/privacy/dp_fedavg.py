@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lfed.base.component import each_once
 from lfed.checks import number
 from lfed.engine.host import values
 from lfed.privacy.accountant import ACCOUNTANTS, PrivacyAccountant, budget_stop, calibrate_noise, epsilon
@@ -196,10 +197,10 @@ class DPFedAvg(ServerCombination):
         # the private draws (noise, the Poisson cohort, DP-SCAFFOLD's control noise) from one source, keyed by the
         # run's settings unless common random numbers are asked for; the components that draw them share it
         self.streams = PrivateStreams(self.noise, "" if self.common_noise else getattr(context, "run_key", ""))
-        for c in {id(c): c for c in roles.values()}.values():
+        for c in each_once(roles.values()):
             if hasattr(c, "private_streams"):
                 c.private_streams = self.streams
-        self.shares = tuple(float(z) for c in {id(c): c for c in roles.values()}.values()
+        self.shares = tuple(float(z) for c in each_once(roles.values())
                             for z in getattr(c, "dp_shares", ()))  # DP-SCAFFOLD's control updates
         if self.shares and self.local_noise > 0:
             raise ValueError("local_noise: a component's own noised release (DP-SCAFFOLD's control updates) is noised "
