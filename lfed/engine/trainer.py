@@ -22,7 +22,7 @@ from lfed.engine.example_dp import expected_batch_check, poisson_schedule
 from lfed.engine.host import to_device
 from lfed.engine.loop import LoopBackend
 from lfed.engine.losses import LossFn, as_per_example_loss
-from lfed.engine.norm import has_batch_norm, running_stat_names
+from lfed.engine.norm import flat_batch_norms, has_batch_norm, running_stat_names
 from lfed.engine.params import ParamLayout
 from lfed.engine.recorded import _rng_state, _set_rng_state
 from lfed.engine.result import CohortResult
@@ -130,6 +130,7 @@ class CohortTrainer(VmapBackend, LoopBackend):
         # a net with BatchNorm (lfed.engine.norm): every row its own buffers (in_dims 0), the updated running
         # statistics returned beside the loss (has_aux), the batch statistics over the valid examples only
         self.batch_norm = has_batch_norm(net)
+        self._flat: list[str] | None = None  # its BatchNorm layers without spatial extent (found on first need)
         self._vmapped_stats = vmap(grad_and_value(self._client_loss_stats, has_aux=True), in_dims=(0, 0, 0, 0, 0),
                                    randomness="different")
         self._vmapped_term_stats = vmap(grad_and_value(self._client_loss_with_term_stats, has_aux=True),
@@ -148,6 +149,33 @@ class CohortTrainer(VmapBackend, LoopBackend):
     def backend(self) -> str:
         """The backend in use (``auto`` is resolved on the first round)."""
         return self._backend or "undecided"
+
+    def _refuse_batches_of_one(self, valid: Tensor, steps: Tensor, data_x: Tensor, index: Tensor,
+                               rows: Tensor | None) -> None:
+        """Raise where a trained step has one valid example and a BatchNorm layer has no spatial extent: torch (the loop
+        backend) raises "Expected more than 1 value per channel when training", and the vmap backend would write
+        ``running_var = NaN`` (its unbiased variance divides by ``n - 1``). A run refuses such settings before round 0
+        (:func:`lfed.engine.norm.check_batches_of_one`); this is the engine's own guard, from the host schedule."""
+        v = valid.detach().cpu() if valid.device.type != "cpu" else valid
+        if v.dim() != 3 or v.shape[1] == 0:
+            return
+        taken = torch.arange(v.shape[1])[None, :] < steps[:, None]
+        if rows is not None:
+            keep = torch.zeros(v.shape[0], dtype=torch.bool)
+            keep[rows.detach().cpu().long()] = True
+            taken = taken & keep[:, None]
+        ones = (v.sum(-1) == 1) & taken
+        if not bool(ones.any()):
+            return
+        if self._flat is None:
+            first = index.detach().reshape(-1)[:2].to(data_x.device)
+            self._flat = flat_batch_norms(self.net, data_x[first])
+        if self._flat:
+            k, t = (int(i) for i in ones.nonzero()[0])
+            raise ValueError(f"batch_size: row {k}'s step {t} has a batch of one example, and BatchNorm layer "
+                             f"{self._flat[0]!r} has no spatial extent, so it cannot normalise it (torch: 'Expected more "
+                             "than 1 value per channel when training'); choose a batch_size that leaves no client a batch "
+                             "of one, or a norm without batch statistics (GroupNorm, LayerNorm)")
 
     def resolve_backend(self, x: Tensor, y: Tensor) -> str:
         """Pick the backend for ``auto``: vmap if a two-client probe step works, else loop."""
@@ -263,6 +291,8 @@ class CohortTrainer(VmapBackend, LoopBackend):
             if positions.shape[0] != K or positions.shape != valid.shape or positions.shape[1] < max(steps.tolist(), default=0):
                 raise ValueError(f"schedule: positions/valid must be [K={K}, T >= max steps, B'], got "
                                  f"{tuple(positions.shape)} and {tuple(valid.shape)}")
+        if self.batch_norm:  # a step of one example at a BatchNorm without spatial extent: refused on both backends
+            self._refuse_batches_of_one(valid, steps, data_x, index, rows)
         positions, valid = to_device(positions, index.device), to_device(valid, index.device)  # drawn on the host
         if augment is not None:  # the parameters of every (row, step, example), drawn once for all rows and chunks
             aug, source = augment

@@ -189,3 +189,25 @@ def test_a_run_refuses_a_batch_of_one_before_round_0_on_both_backends(backend, m
                    engine=Engine(backend=backend))
     fit_run(ok, data(), 1)
     assert all(torch.isfinite(b).all() for b in ok.net.buffers())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_engine_itself_refuses_a_step_of_one_example_at_a_flat_batchnorm_on_both_backends(backend):
+    """CohortTrainer.train called directly (no run, so no check before round 0): clients of 5 and 4 examples, B = 4,
+    one epoch: client 0's second step has one example. torch's BatchNorm1d raises on the loop backend; the vmap
+    backend wrote running_var = NaN (n/(n-1) with n = 1). The engine now refuses on both, naming the row and the step;
+    with 2 steps of client 0 only its first (4 examples) is taken and both train; a net whose BatchNorm has spatial
+    extent trains a batch of one."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)).double()
+    X, Y = torch.randn(9, 3, dtype=torch.float64), torch.randint(0, 2, (9,))
+    idx, sizes = _clients([5, 4], 9)
+    with pytest.raises(ValueError, match=r"^batch_size: row 0's step 1 has a batch of one example, and BatchNorm layer "
+                                         r"'1' has no spatial extent"):
+        _train(net, backend, X, Y, idx, sizes, torch.tensor([2, 1]))
+    res = _train(net, backend, X, Y, idx, sizes, torch.tensor([1, 1]))
+    assert all(bool(torch.isfinite(b).all()) for b in res.buffers.values())
+    conv = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(8, 2)).double()
+    Xc = torch.randn(9, 1, 4, 4, dtype=torch.float64)
+    res = _train(conv, backend, Xc, Y, idx, sizes, torch.tensor([2, 1]))
+    assert all(bool(torch.isfinite(b).all()) for b in res.buffers.values())
