@@ -119,8 +119,8 @@ def ref_cc(x, v, tau, iterations):
 def ref_nnm_rows(x, f):
     k = len(x)
     out = []
-    for i in range(k):
-        near = sorted(range(k), key=lambda j: (sqdist(x[i], x[j]), j))[:k - f]
+    for i in range(k):  # itself always, then the k - f - 1 nearest others (ties: the lower row)
+        near = [i] + sorted((j for j in range(k) if j != i), key=lambda j: (sqdist(x[i], x[j]), j))[:k - f - 1]
         out.append([sum(x[j][c] for j in near) / (k - f) for c in range(len(x[0]))])
     return out
 

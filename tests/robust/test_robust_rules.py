@@ -4,6 +4,8 @@ paper says of clean data; and through ``run_round`` on a fixed cohort, on both e
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 from robust_helpers import (
@@ -227,6 +229,41 @@ def test_nnm_then_krum_breaks_ties_by_the_lower_row():
     rule = NearestNeighborMixing("krum", f=2)
     torch.testing.assert_close(combine(rule, x), torch.tensor([-1.6], dtype=D64), atol=1e-15, rtol=0)
     assert rule._kept[0].tolist() == [False, True, False, False, False, False, False]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_selecting_rules_equal_the_references_on_updates_with_ties_and_copies(dtype):
+    # updates offset + small integers (0, 1000 or 3000.5: exact in float32, so the references' float64 arithmetic is
+    # exact), with copies of rows: ties everywhere, each of them to the lower row
+    rng = random.Random(0)
+    for _ in range(25):
+        k, p = rng.choice([5, 7, 9, 11]), rng.choice([1, 2, 4])
+        offset = rng.choice([0.0, 1000.0, 3000.5])
+        x = [[offset + rng.randint(-2, 2) for _ in range(p)] for _ in range(k)]
+        for _ in range(rng.randint(0, 3)):
+            a, b = rng.sample(range(k), 2)
+            x[b] = list(x[a])
+        xt = torch.tensor(x, dtype=dtype)
+        for f in sorted({0, rng.randint(1, (k - 3) // 2)}):
+            for m in (1, 3, k - f):
+                rule = MultiKrum(f=f, m=m)
+                out = combine(rule, xt)
+                ref, chosen = ref_multi_krum(x, f, m)
+                assert rule._kept[0].nonzero().flatten().tolist() == chosen, (x, f, m)
+                torch.testing.assert_close(out, torch.tensor(ref, dtype=dtype))
+            rule = Krum(f=f)
+            torch.testing.assert_close(combine(rule, xt), xt[ref_krum(x, f)], atol=0, rtol=0)
+            assert rule._kept[0].nonzero().flatten().tolist() == [ref_krum(x, f)]
+            if k >= 4 * f + 3:
+                rule = Bulyan(f=f)
+                out = combine(rule, xt)
+                ref, chosen = ref_bulyan(x, f)
+                assert rule._kept[0].nonzero().flatten().tolist() == chosen, (x, f)
+                torch.testing.assert_close(out, torch.tensor(ref, dtype=dtype))
+            if k > 2 * f:
+                y = ref_nnm_rows(x, f)
+                torch.testing.assert_close(combine(NearestNeighborMixing("median", f=f), xt),
+                                           torch.tensor(ref_median(y), dtype=dtype))
 
 
 @pytest.mark.parametrize("x,f", [(X7, 1), (torch.cat([X7, X7[:4] + 0.25]), 2), (X7[:3], 0)],
