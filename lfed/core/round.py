@@ -367,7 +367,8 @@ def prepare_round(
     counts = data.host("label_counts")  # host values: no device read (lfed.engine.host)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DegenerateWeightsWarning)
-        weights = to_device(algorithm.weighting.weights(cohort, counts[host.clients], counts.sum(0)), device)
+        weights = to_device(algorithm.weighting.weights(cohort, counts[host.clients], data.population_label_counts()),
+                            device)
     counting = algorithm.weighting.counting(cohort)
     host.counting = counting.detach().cpu()  # the built-in rules' mask is on the host already
     cohort.counting = to_device(counting, device)

@@ -106,6 +106,14 @@ class FederatedData:
             cache[name] = None if value is None else value.detach().cpu()
         return cache[name]
 
+    def population_label_counts(self) -> Tensor:
+        """``[C]`` the whole population's training label counts on the host (DWFed's reference distribution), summed
+        once and kept: a round reads it in O(C), not O(N C) (it never changes during a run)."""
+        cache = self.__dict__.setdefault("_host", {})
+        if "population_label_counts" not in cache:
+            cache["population_label_counts"] = self.host("label_counts").sum(0)
+        return cache["population_label_counts"]
+
     def own_split(self, split: str = "test") -> tuple[Tensor, Tensor]:
         """``(index [N, max], sizes [N])`` of each client's own ``test`` (held-out) or ``val`` (validation) split.
 
@@ -156,7 +164,8 @@ class FederatedData:
                 v = converted[key]
             out[f.name] = v
         moved = FederatedData(**out)
-        moved.__dict__["_host"] = {name: self.host(name) for name in HOST_FIELDS}  # the host copies travel along
+        moved.__dict__["_host"] = {**self.__dict__.get("_host", {}),  # the host copies travel along
+                                   **{name: self.host(name) for name in HOST_FIELDS}}
         return moved
 
 

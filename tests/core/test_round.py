@@ -202,3 +202,51 @@ def test_bmta_local_is_the_mean_over_the_counting_participants_not_the_inactive(
     assert want == 1.0  # 11/18 (drop); with the dropped straggler but not the inactive client 3/4 (drop)
     assert metrics["client/local_acc_mean"] == pytest.approx(want, abs=1e-15)
     assert run.bmta.summary()["final/bmta_local"] == pytest.approx(want, abs=1e-15)
+
+
+class _CountingSums(torch.Tensor):
+    """A tensor that counts the sums taken over all of its ``rows`` rows (the population's table; a cohort's rows,
+    indexed from it, have fewer)."""
+
+    sums, rows = 0, 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.Tensor.sum, torch.sum) and args and args[0].dim() == 2 and args[0].shape[0] == cls.rows:
+            cls.sums += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_populations_label_counts_are_summed_once_not_every_round(backend):
+    """DWFed reads the population's label counts Σ_k c_k ([C]); they never change during a run, so a round reads them
+    in O(C) from FederatedData.population_label_counts (summed once), not O(N C) from the [N, C] table (0.5 summed them
+    every round, ~60% of a round at N = 10^7, issue 65). Three rounds through run_round sum the table once, and the
+    weights are DWFed's of those counts."""
+    from lfed.data.datasets import load_dataset
+    from lfed.lightning.datamodule import FederatedDataModule
+    from lfed.server.weights import aggregation_weights
+
+    ds = load_dataset("digits")
+    data = FederatedDataModule.from_tensors(ds.train_x, ds.train_y, ds.test_x, ds.test_y, num_clients=8,
+                                            partition="dirichlet", rho=0.5, seed=0).build()
+    counts = data.host("label_counts")
+    data.__dict__["_host"]["label_counts"] = counts.as_subclass(_CountingSums)
+    _CountingSums.sums, _CountingSums.rows = 0, 8
+    net = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    alg = algorithms.build(algorithms.resolve("fedavg", weighting="dwfed"))
+    engine = CohortTrainer(net, backend=backend)
+    w = engine.layout.module_vector(net)
+    setup_state(alg, ModuleStateStore(), data.client_sizes, w.numel(), w)
+    plan = LocalTraining(client_lr=0.1, batch_size=16, local_steps=1)
+    for r in range(3):
+        w, rec = run_round(alg, w, data, plan, engine, round=r, clients=torch.tensor([1, 4, 6]),
+                           steps_done=torch.tensor([1, 1, 1]))
+    assert _CountingSums.sums == 1
+    population = data.population_label_counts()
+    assert population is data.population_label_counts() and torch.equal(population, counts.sum(0))
+    host = rec.cohort.host
+    want = aggregation_weights("dwfed", num_examples=host.num_examples, steps_done=host.steps_done,
+                               step_budget=host.step_budget, client_label_counts=counts[[1, 4, 6]],
+                               population_label_counts=counts.sum(0))
+    torch.testing.assert_close(rec.weights.cpu().double(), want.double(), atol=0, rtol=1e-6)  # (the round's in float32)
