@@ -223,7 +223,7 @@ class FederatedRun(nn.Module):
         if dtype.is_floating_point and lr > torch.finfo(dtype).max:  # the local step casts it to the model's dtype
             raise ValueError(f"client_lr: {lr:g} is beyond the range of the model's {dtype} (at most "
                              f"{torch.finfo(dtype).max:.3g}); give a learning rate the model's dtype can hold")
-        for component in {id(c): c for c in self.components.roles().values()}.values():  # each checks its own needs
+        for component in self.components.each():  # each checks its own needs
             component.check_start(data)
         warnings = algorithms.validate_composition(self.components, self.explicit, num_clients=data.num_clients,
                                                    total_rounds=total_rounds, net_releases=self.net_releases(),
@@ -248,7 +248,7 @@ class FederatedRun(nn.Module):
     def notices(self) -> list[str]:
         """Lines to print at start-up (after :meth:`start`): where DP's noise comes from (a component's
         ``start_notice``), and which evaluation splits a DP run treats as client data."""
-        out = [c.start_notice() for c in {id(c): c for c in self.components.roles().values()}.values()
+        out = [c.start_notice() for c in self.components.each()
                if callable(getattr(c, "start_notice", None))]
         notes, gate = data_notes(self.data), self.metric_gate
         if gate.active and notes:
@@ -281,7 +281,7 @@ class FederatedRun(nn.Module):
         """Why the run must not train round ``round`` (a component's :meth:`~lfed.base.component.Component.stop_before`:
         DP's privacy budget), or None."""
         k = self.participation.cohort_size(round, total_rounds, self.data.num_clients)
-        for component in {id(c): c for c in self.components.roles().values()}.values():
+        for component in self.components.each():
             reason = component.stop_before(round, k, self.data.num_clients)
             if reason:
                 return reason
@@ -557,7 +557,7 @@ class FederatedRun(nn.Module):
             if hit is not None and 0 < hit[0] <= len(clock):
                 out[f"final/time_to_{target:g}"] = clock[hit[0] - 1]
         out.update(self.bmta.summary())
-        for component in {id(c): c for c in self.components.roles().values()}.values():  # DP: ε, δ, z
+        for component in self.components.each():  # DP: ε, δ, z
             out.update(component.summary())
         out = self.metric_gate(out)
         self.final_summary = out
