@@ -2,20 +2,25 @@
 run's 10 rows and a group's 180 rows can go per FLOP on this machine (BENCHMARKS.md, "Many runs").
 
     python benchmarks/bmm_peak.py
+
+Each shape: after waiting for a quiet machine, 3 warm-up calls, then the median of 20 timed calls (the load is
+printed beside it).
 """
 
-import time
-
+import harness
 import torch
 
-for R, B in [(10, 100), (180, 100), (10, 10), (180, 10)]:
-    x = torch.randn(R, B, 784)
-    w = torch.randn(R, 784, 200)
-    for _ in range(3):
-        torch.bmm(x, w)
-    t = time.perf_counter()
-    n = 20
-    for _ in range(n):
-        torch.bmm(x, w)
-    dt = (time.perf_counter() - t) / n
-    print(f"bmm R={R} B={B}: {dt * 1e3:.2f} ms, {2 * R * B * 784 * 200 / dt / 1e9:.1f} GFLOPS")
+
+def main() -> None:
+    a = harness.parser(__doc__).parse_args()
+    for R, B in [(10, 100), (180, 100), (10, 10), (180, 10)]:
+        x = torch.randn(R, B, 784)
+        w = torch.randn(R, 784, 200)
+        harness.wait_quiet()
+        t = harness.measure(lambda x=x, w=w: torch.bmm(x, w), repeats=2 if a.quick else 20, warmup=3, quiet=False)
+        dt = t.median
+        print(f"bmm R={R} B={B}: {dt * 1e3:.2f} ms, {2 * R * B * 784 * 200 / dt / 1e9:.1f} GFLOPS (load {t.load_range()})")
+
+
+if __name__ == "__main__":
+    main()

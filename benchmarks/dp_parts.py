@@ -8,37 +8,32 @@ Prints the load average before and after.
 
 from __future__ import annotations
 
-import os
-import statistics
-import time
-
+import harness
 import torch
 
 from lfed.privacy.accountant import _rdp_of_one_round, epsilon
 from lfed.privacy.clipping import clip_factors
 
 
-def median_seconds(f, n: int = 7) -> float:
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def main() -> None:
-    print(f"load before {os.getloadavg()[0]:.2f}")
+    a = harness.parser(__doc__, repeats=7).parse_args()
+    n = 1 if a.quick else a.repeats
+    print(f"load before {harness.loadavg():.2f}")
     u = torch.randn(100, 199210)
     g = torch.Generator().manual_seed(0)
-    a = torch.full((100,), 0.01, dtype=torch.float64)
+    w = torch.full((100,), 0.01, dtype=torch.float64)
+    harness.wait_quiet()
+
+    def median_seconds(f, repeats: int = n) -> float:
+        return harness.measure(f, repeats=repeats, quiet=False).median
+
     print("norm pass + clip factors:", median_seconds(lambda: clip_factors(torch.linalg.vector_norm(u, dim=1).double(), 0.5)))
-    print("weighted sum (FedAvg's too):", median_seconds(lambda: a.float() @ u))
+    print("weighted sum (FedAvg's too):", median_seconds(lambda: w.float() @ u))
     print("randn(P):", median_seconds(lambda: torch.randn(199210, generator=g)))
     print("epsilon, cached RDP:", median_seconds(lambda: epsilon({(0.1, 1.0): 50}, 1e-5)))
     print("RDP of a round from scratch:",
-          median_seconds(lambda: (_rdp_of_one_round.cache_clear(), epsilon({(0.1, 1.0): 50}, 1e-5)), n=3))
-    print(f"load after {os.getloadavg()[0]:.2f}")
+          median_seconds(lambda: (_rdp_of_one_round.cache_clear(), epsilon({(0.1, 1.0): 50}, 1e-5)), min(n, 3)))
+    print(f"load after {harness.loadavg():.2f}")
 
 
 if __name__ == "__main__":

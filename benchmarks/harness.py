@@ -161,10 +161,11 @@ def order_of(names: Sequence[str], repeat: int, order: str = "same") -> list[str
 
 def interleave(variants: Mapping[str, Callable[[], Any]], *, repeats: int, warmup: int = 0,
                figure: Callable[[Any], float] | None = None, order: str = "same", quiet: bool = True,
-               sync: Callable[[], None] | None = None,
+               max_wait: float | None = None, sync: Callable[[], None] | None = None,
                log: Callable[[str, int, float, float, Any], None] | None = None) -> dict[str, Timing]:
     """Time every variant ``repeats`` times, interleaved (``order``), each after ``warmup`` untimed calls; before every
-    timed run wait for a quiet machine (``quiet``; else only read the load). ``figure``: the sample is
+    timed run wait for a quiet machine (``quiet``, at most ``max_wait`` s, default ``$QUIET_WAIT``; else only read
+    the load). ``figure``: the sample is
     ``figure(result)`` of the call's return (it timed itself), not the harness's seconds. ``log(name, repeat,
     sample, load, result)`` after every timed run (e.g. :func:`print_run`)."""
     order_of((), 0, order)  # refuses an unknown order before any work
@@ -174,7 +175,7 @@ def interleave(variants: Mapping[str, Callable[[], Any]], *, repeats: int, warmu
     timings = {name: Timing() for name in variants}
     for rep in range(repeats):
         for name in order_of(list(variants), rep, order):
-            load = wait_quiet()[0] if quiet else loadavg()
+            load = wait_quiet(max_wait=max_wait)[0] if quiet else loadavg()
             with stopwatch(sync) as sw:
                 result = variants[name]()
             sample = sw.seconds if figure is None else float(figure(result))
@@ -185,9 +186,9 @@ def interleave(variants: Mapping[str, Callable[[], Any]], *, repeats: int, warmu
 
 
 def measure(fn: Callable[[], Any], *, repeats: int = 1, warmup: int = 0, figure: Callable[[Any], float] | None = None,
-            quiet: bool = True, sync: Callable[[], None] | None = None) -> Timing:
+            quiet: bool = True, max_wait: float | None = None, sync: Callable[[], None] | None = None) -> Timing:
     """One variant's :func:`interleave`."""
-    return interleave({"": fn}, repeats=repeats, warmup=warmup, figure=figure, quiet=quiet, sync=sync)[""]
+    return interleave({"": fn}, repeats=repeats, warmup=warmup, figure=figure, quiet=quiet, max_wait=max_wait, sync=sync)[""]
 
 
 def print_run(name: str, repeat: int, sample: float, load: float, result: Any = None) -> None:
