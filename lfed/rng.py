@@ -5,7 +5,7 @@ them straggle, which mini-batches they draw, which examples estimate the Fisher
 diagonal) comes from a generator seeded by ``(seed, round, stream)`` alone. No
 RNG state is carried from one round to the next, so a run resumed from a
 checkpoint at round ``r`` draws exactly what the uninterrupted run drew in round
-``r`` (DESIGN.md, "All state is module state"), and the streams do not interfere
+``r`` (docs/reproducibility.md), and the streams do not interfere
 with each other: turning on stragglers does not change which clients are
 sampled.
 

@@ -1,8 +1,8 @@
 """Benchmark datasets as in-memory tensors (docs/algorithms.md §8).
 
 Every loader returns a :class:`~lfed.data.tensors.DatasetTensors`: the whole train and test split
-as tensors, ready to be moved to the device once (DESIGN.md, "The cohort trains
-at once, on the device"). Pixel values are ``float32`` scaled to ``[0, 1]``
+as tensors, ready to be moved to the device once (docs/architecture.md:
+the cohort trains at once, on the device). Pixel values are ``float32`` scaled to ``[0, 1]``
 (``x / 255``; ``x / 16`` for the 8x8 digits) with no mean/std standardisation,
 so the same tensors serve every model; a model that wants standardised inputs
 does it itself. Images are ``[n, C, H, W]``.

@@ -10,7 +10,7 @@ FedAvg has none of them, FedProx ``decay = mu, shift = -mu * w_start``, SCAFFOLD
 ``decay = lam * U, shift = -lam * V``. The trainer therefore knows nothing about algorithms
 (EFL's Fisher reports are :mod:`lfed.client.fisher`'s).
 
-Two backends with the same maths (DESIGN.md):
+Two backends with the same maths (docs/architecture.md; how close their results are: docs/reproducibility.md):
 
 * ``vmap``: the K clients' parameters are one ``[K, P]`` tensor; each local step is one call of
   ``vmap(grad(loss))`` over the stacked parameters and a gathered ``[K, B, ...]`` batch.

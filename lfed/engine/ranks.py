@@ -1,4 +1,4 @@
-"""Several processes, GPUs and nodes through Lightning's DDP (DESIGN.md, "Scale out"; docs/distributed.md).
+"""Several processes, GPUs and nodes through Lightning's DDP (docs/distributed.md).
 
 lfed runs on Lightning's distributed strategies (``--trainer.strategy ddp --trainer.devices N
 --trainer.num_nodes M``); it has no transport of its own. The collectives below run on the

@@ -1,4 +1,4 @@
-"""Lightning callbacks for what a federated run shows beyond scalars (DESIGN.md: callbacks).
+"""Lightning callbacks for what a federated run shows beyond scalars (docs/architecture.md: lightning/).
 
 * :class:`AttentionHeatmap`: the IGFL-S attention matrix as a heatmap every N rounds, the last
   round's and the running mean over all rounds so far (000 Fig. 2 averages 1,000 rounds), with

@@ -23,7 +23,7 @@ Three pieces:
   values, and warns about changed hyperparameters (the run then resumes, but is no longer an
   exact continuation).
 
-What a checkpoint holds (DESIGN.md "All state is module state"): the global model and every
+What a checkpoint holds (docs/state.md; docs/reproducibility.md): the global model and every
 per-client tensor are in the state dict of :class:`~lfed.lightning.module.FederatedModule`, its objective and
 its sampler (SCAFFOLD ``c``/``c_k``, IGFL previous updates and last global change, EFL Fisher reports
 and their sums, compression residuals, AdaFL scores; per-client rows of ``P`` numbers as sparse

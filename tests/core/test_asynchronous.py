@@ -589,6 +589,7 @@ def _async_state(cli) -> dict:
     return state
 
 
+@pytest.mark.bitlevel
 @pytest.mark.parametrize("placement, clock", [("device", ASYNC), ("host", ASYNC), ("disk", ASYNC), ("host", WINDOWS)],
                          ids=["device", "host", "disk", "host-windows"])
 def test_resume_from_a_middle_checkpoint_with_clients_in_flight_is_bit_identical(tmp_path, placement, clock):

@@ -214,6 +214,7 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_pat
 # ----------------------------------------------------------------------------- exact resume in process
 
 
+@pytest.mark.bitlevel
 @pytest.mark.parametrize(
     "algorithm, extra",
     [

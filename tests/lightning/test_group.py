@@ -72,6 +72,7 @@ def assert_members_equal_alone(configs, parameters, overrides, tmp_path, merged_
 ROUNDS = ["--trainer.max_steps=4", "--trainer.val_check_interval=2", *F64]
 
 
+@pytest.mark.bitlevel
 @pytest.mark.parametrize("backend", ["vmap", "loop"])
 def test_fedavg_lr_and_seed_grid_equals_each_run_alone(backend, tmp_path):
     assert_members_equal_alone([config("quickstart.yaml")], {"model.training.client_lr": [0.05, 0.1], "model.seed": [0, 1]},
@@ -148,6 +149,7 @@ def test_a_diverging_member_stops_alone(tmp_path):
     assert "run/diverged" in (directory / bad.name / "metrics.csv").read_text()
 
 
+@pytest.mark.bitlevel
 def test_group_killed_mid_run_resumes_from_its_ckpt_exactly(tmp_path):
     """A grid killed in round 3 (after the checkpoint of round 2) resumes with --ckpt_path last to the
     uninterrupted grid's results, per member, bit for bit."""
