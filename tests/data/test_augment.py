@@ -10,7 +10,7 @@ from lfed.core.lockstep import merge_jobs
 from lfed.data.augment import Compose, HorizontalFlip, RandomCrop, build_augmentation
 from lfed.data.federated import FederatedDataset
 from lfed.engine import CohortTrainer, StepRule
-from lfed.engine.ranks import TrainJob
+from lfed.engine.job import TrainJob
 from lfed.models import ResNet20
 
 
@@ -59,7 +59,7 @@ def _cohort():
     return X, Y, idx, sizes
 
 
-def test_both_backends_and_any_chunking_see_the_same_draws():
+def test_both_backends_and_any_chunking_see_the_same_draws(one_thread):  # chunks bit for bit: one thread (docs/reproducibility.md)
     X, Y, idx, sizes = _cohort()
     net = ResNet20(in_channels=1, width=4).double()
     aug = Compose([RandomCrop(2), HorizontalFlip()])

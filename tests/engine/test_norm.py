@@ -85,7 +85,7 @@ def test_vmap_equals_loop_in_float64_weights_and_every_buffer(net_args):
     assert not torch.equal(a.buffers["bn.running_mean"][0], a.buffers["bn.running_mean"][1])
 
 
-def test_each_rows_start_buffers_chunks_and_the_recorded_step():
+def test_each_rows_start_buffers_chunks_and_the_recorded_step(one_thread):  # chunks bit for bit: one thread (docs/reproducibility.md)
     X, Y, idx, sizes = _data()
     steps = torch.tensor([3, 3, 2, 1])
     torch.manual_seed(3)
