@@ -104,7 +104,7 @@ def _lazy_exports(package: str, table: dict[str, str], before: Callable[[str], N
 __getattr__, __dir__ = _lazy_exports(__name__, _LAZY)
 
 # ---------------------------------------------------------------------- 0.4's module paths (docs/architecture.md)
-#: Modules that moved in 0.5: ``0.4 path -> 0.5 path``. An old path still imports (a config's ``class_path``, a
+#: Modules that moved in 0.5 and 0.6: ``old path -> new path``. An old path still imports (a config's ``class_path``, a
 #: checkpoint's pickled class, a user's ``import``), says once where the module is now, and gives the same objects.
 MOVED = {
     "lfed.round": "lfed.core.round",
@@ -143,7 +143,20 @@ MOVED = {
     "lfed.atomic": "lfed.state.atomic",
     "lfed.validation": "lfed.checks",
     "lfed.privacy.metrics": "lfed.base.metric_gate",
+    # moved in 0.6 (names that say what the file holds, the layers; issue 64): MOVED_IN says so
+    "lfed.server.weights": "lfed.server.weight_formulas",
+    "lfed.participation.cohorts": "lfed.participation.participation",
+    "lfed.core.async_ready": "lfed.base.async_ready",
 }
+#: The release each old path of :data:`MOVED` moved in (0.5 unless listed); it works until the next one.
+MOVED_IN = {"lfed.server.weights": "0.6", "lfed.participation.cohorts": "0.6", "lfed.core.async_ready": "0.6"}
+
+
+def moved_message(old: str) -> str:
+    """The one line an old module path says when imported."""
+    release = MOVED_IN.get(old, "0.5")
+    until = f"0.{int(release.split('.')[1]) + 1}"
+    return f"{old} moved to {MOVED[old]} in lfed {release}; the old path works until {until}"
 
 
 class MovedModule(type(importlib)):
@@ -173,8 +186,7 @@ class _MovedFinder:
     def create_module(spec: Any) -> MovedModule:
         import warnings
 
-        warnings.warn(f"{spec.name} moved to {MOVED[spec.name]} in lfed 0.5; the old path works until 0.6",
-                      FutureWarning, stacklevel=2)
+        warnings.warn(moved_message(spec.name), FutureWarning, stacklevel=2)
         return MovedModule(spec.name)
 
     @staticmethod

@@ -10,7 +10,7 @@ weights         :class:`lfed.server.weighting.AggregationWeights`  §3 weights, 
 combination     :class:`lfed.server.combination.ServerCombination` §4 mean, IGFL-S attention, ...
 channel         :class:`lfed.server.channel.Channel`         §7 dense, ternary top-k with residuals
 sampler         :class:`lfed.participation.sampling.ClientSampler`         §5 uniform, AdaFL
-participation   :class:`lfed.participation.cohorts.Participation`    §5-§6 fraction schedule, stragglers
+participation   :class:`lfed.participation.participation.Participation`    §5-§6 fraction schedule, stragglers
 ==============  ===========================================  =====================================
 
 Each is an ``nn.Module`` (so YAML configs build it with ``class_path``/``init_args``) that
@@ -256,7 +256,8 @@ class LocalWork:
             The :class:`~lfed.engine.CohortResult` of every cohort client (the same on every rank).
         """
         from lfed.engine import StepRule
-        from lfed.engine.ranks import TrainJob, train_cohort
+        from lfed.engine.job import TrainJob
+        from lfed.engine.ranks import train_cohort
         from lfed.rng import round_generator
 
         host_n = self.host_num_examples  # a component that changed num_examples (APFL's doubled rows) without it: not used

@@ -21,7 +21,8 @@ from torch import Tensor, nn
 from lfed.core.round import train_prepared
 from lfed.engine import CohortResult, StepRule, batch_schedule, has_running_stats
 from lfed.engine.host import values
-from lfed.engine.ranks import Ranks, TrainJob, train_cohort
+from lfed.engine.job import TrainJob
+from lfed.engine.ranks import Ranks, train_cohort
 
 __all__ = ["concat_rules", "engine_key", "merge_jobs", "rule_signature", "stack_schedules", "train_together"]
 

@@ -296,7 +296,7 @@ def build(cfg: dict[str, Any], stragglers=None):
     another, which is refused.
     """
     from lfed.core.round import Algorithm
-    from lfed.participation.cohorts import Participation
+    from lfed.participation.participation import Participation
     from lfed.participation.stragglers import Stragglers
     from lfed.server.channel import Channel
 

@@ -50,17 +50,18 @@ from lfed.base.sharing import SHARE_ALL, resolve_sharing
 from lfed.client.objectives import ClientRule
 from lfed.engine import CohortResult, CohortTrainer, steps_per_epoch
 from lfed.engine.host import device_rows, read_metrics, to_device, values
-from lfed.engine.ranks import Ranks, TrainJob, train_cohort
+from lfed.engine.job import TrainJob
+from lfed.engine.ranks import Ranks, train_cohort
 from lfed.evaluation.amplification import gradient_displacement, server_amplification  # noqa: F401 (lfed.core.round's names since 0.3)
 from lfed.evaluation.scores import client_losses
-from lfed.participation.cohorts import Participation
+from lfed.participation.participation import Participation
 from lfed.participation.sampling import ClientSampler
 from lfed.rng import round_generator, seeded_global_rng
 from lfed.server.attention import AttentionResult
 from lfed.server.channel import Channel
 from lfed.server.combination import ServerCombination
+from lfed.server.weight_formulas import DegenerateWeightsWarning
 from lfed.server.weighting import AggregationWeights
-from lfed.server.weights import DegenerateWeightsWarning
 from lfed.state.spec import StateSpec
 
 __all__ = ["Algorithm", "LocalTraining", "PreparedRound", "RoundRecord", "UpdateHistory", "finish_round", "prepare_round",
@@ -306,13 +307,13 @@ class PreparedRound:
     """A round up to its local training (:func:`prepare_round`), ready for the engine.
 
     :func:`run_round` is :func:`prepare_round`, the engine, then :func:`finish_round`;
-    :mod:`lfed.lightning.group` prepares the rounds of several runs, trains all their cohorts in one
-    engine call, and finishes each run's round with its own rows of the result.
+    a group (:mod:`lfed.core.lockstep`, for :class:`lfed.lightning.group.RunGroup`) prepares the rounds of several
+    runs, trains all their cohorts in one engine call, and finishes each run's round with its own rows of the result.
 
     Attributes:
         record: The round's record so far (cohort, weights, warnings, bits down, extra metrics).
         w: ``[P]`` the global weights the round started from.
-        job: The cohort's local training (:class:`~lfed.engine.ranks.TrainJob`); None when the
+        job: The cohort's local training (:class:`~lfed.engine.job.TrainJob`); None when the
             round is skipped (``record.skipped``: no client's work counts).
         seed: The run's seed (every draw of the round is seeded by ``(seed, round)``).
         sizes: Numbers of entries of the model's tensors (the channel compresses per tensor).

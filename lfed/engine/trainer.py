@@ -234,10 +234,10 @@ class CohortTrainer(VmapBackend, LoopBackend):
     ) -> CohortResult:
         """Local training of K clients from the broadcast weights ``w_start``.
 
-        The rows need not belong to one run: :mod:`lfed.lightning.group` trains the cohorts of several
+        The rows need not belong to one run: :mod:`lfed.core.lockstep` trains the cohorts of several
         runs in one call, each row with its own start weights (``w_start [K, P]``), learning
         rate (``lr [K]``) and batches (``schedule``), and their rules concatenated
-        (:func:`lfed.lightning.group.concat_rules`). Each row's result is the one it gets trained alone.
+        (:func:`lfed.core.lockstep.concat_rules`). Each row's result is the one it gets trained alone.
 
         Args:
             w_start: ``[P]`` broadcast global weights, or ``[K, P]`` start weights per row.

@@ -1,5 +1,5 @@
 """Participation: who takes part in a step and how much work each does: cohort sizes and stragglers
-(:mod:`~lfed.participation.cohorts`), fraction schedules and samplers (:mod:`~lfed.participation.sampling`), the
+(:mod:`~lfed.participation.participation`), fraction schedules and samplers (:mod:`~lfed.participation.sampling`), the
 straggler model (:mod:`~lfed.participation.stragglers`), the simulated clock and availability
 (:mod:`~lfed.participation.clock`). The names of 0.4's ``lfed.participation`` are exported here (imported on first use)."""
 
@@ -7,7 +7,7 @@ from lfed import _lazy_exports
 
 #: 0.4's ``lfed.participation`` names, from their module now (imported on first use).
 _LAZY = {
-    "Participation": "lfed.participation.cohorts",
+    "Participation": "lfed.participation.participation",
 }
 
 __getattr__, __dir__ = _lazy_exports(__name__, _LAZY)

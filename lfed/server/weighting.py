@@ -2,7 +2,7 @@
 
 :class:`AggregationWeights` turns a cohort into its ``[K]`` weights and its counting mask
 (the clients whose work counts); the maths is in the pure functions of
-:mod:`lfed.server.weights`. Three rules: :class:`SizeWeights` (FedAvg), :class:`UniformWeights`
+:mod:`lfed.server.weight_formulas`. Three rules: :class:`SizeWeights` (FedAvg), :class:`UniformWeights`
 and :class:`DWFedWeights`; each takes ``partial_work``: ``keep`` (FedProx), ``drop`` (FedAvg) or
 ``scale`` (EFL's ``T/s``, not renormalised).
 """
@@ -17,7 +17,7 @@ from torch import Tensor
 from lfed.base.async_ready import declared_refusal
 from lfed.base.component import Cohort, Component
 from lfed.checks import one_of
-from lfed.server.weights import PARTIAL_WORK, aggregation_weights, counting_mask
+from lfed.server.weight_formulas import PARTIAL_WORK, aggregation_weights, counting_mask
 
 __all__ = ["AggregationWeights", "DWFedWeights", "PartialWork", "SizeWeights", "UniformWeights"]
 
@@ -67,7 +67,7 @@ class AggregationWeights(Component):
         counts on the host too), so the round's input checks read no device value (:mod:`lfed.engine.host`); the
         round moves the weights to the device. A subclass may return them on either.
 
-        Warns :class:`~lfed.server.weights.DegenerateWeightsWarning` where a rule falls back.
+        Warns :class:`~lfed.server.weight_formulas.DegenerateWeightsWarning` where a rule falls back.
         """
         host = cohort.host_values()
         return aggregation_weights(

@@ -225,7 +225,7 @@ def test_the_populations_label_counts_are_summed_once_not_every_round(backend):
     weights are DWFed's of those counts."""
     from lfed.data.datasets import load_dataset
     from lfed.lightning.datamodule import FederatedDataModule
-    from lfed.server.weights import aggregation_weights
+    from lfed.server.weight_formulas import aggregation_weights
 
     ds = load_dataset("digits")
     data = FederatedDataModule.from_tensors(ds.train_x, ds.train_y, ds.test_x, ds.test_y, num_clients=8,

@@ -26,7 +26,7 @@ MODULES = _modules_with_examples()
 
 
 def test_the_examples_are_found():
-    assert {"lfed.server.attention", "lfed.server.weights", "lfed.engine.ranks"} <= set(MODULES)
+    assert {"lfed.server.attention", "lfed.server.weight_formulas", "lfed.engine.ranks"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -1,4 +1,4 @@
-"""Hand-checked tests for lfed.server.weights (SPEC §3)."""
+"""Hand-checked tests for lfed.server.weight_formulas (SPEC §3)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from lfed.server.weights import (
+from lfed.server.weight_formulas import (
     PARTIAL_WORK,
     WEIGHT_RULES,
     DegenerateWeightsWarning,
