@@ -6,36 +6,18 @@ MNIST, 100 clients (shards), the 2NN MLP, E = 1, B = 10, CPU. Synchronous FedAvg
 with M = 10 and C = 100 (in steady state each server step dispatches and trains 10 clients, like the round,
 and pops 10 stored results from the host store). The time of each training step (round or server step) is
 taken between Lightning's batch hooks; the figure of a run is the median over steps 5.., the figure reported
-the median of ``repeats`` runs, the two kinds taken in turn (sync, fedbuff, sync, ...). Also: the bytes of C = 1,000 in-flight results in host placement
-(``ClientStateStore.nbytes``). Prints the load average before and after; quote it only at load < 1.
+the median of ``repeats`` runs, the two kinds taken in turn (sync, fedbuff, sync, ...), each started on a quiet
+machine (:mod:`harness`). Also: the bytes of C = 1,000 in-flight results in host placement
+(``ClientStateStore.nbytes``). Prints the load average before each run and after; quote it only at load < 1.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import statistics
-import time
 
+import harness
 import torch
-from lightning.pytorch.callbacks import Callback
-
-
-class StepTimes(Callback):
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self._t = 0.0
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self._t = time.perf_counter()
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self.times.append(time.perf_counter() - self._t)
 
 
 def one(kind: str, steps: int, accelerator: str = "cpu") -> float:
@@ -58,12 +40,12 @@ def one(kind: str, steps: int, accelerator: str = "cpu") -> float:
             concurrency=100, buffer=10, clock=SimulatedClock("lognormal")), **common)
     dm = FederatedDataModule(dataset="mnist", num_clients=100, partition="shards", shards_per_client=2,
                              holdout_fraction=0.0)
-    timer = StepTimes()
+    timer = harness.step_clock(torch.cuda.synchronize if torch.cuda.is_available() else None)
     trainer = Trainer(max_steps=steps, accelerator=accelerator, devices=1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                       limit_val_batches=0, callbacks=[timer])
     trainer.fit(module, datamodule=dm)
-    return statistics.median(timer.times[5:])
+    return timer.steady(min(5, steps - 1))
 
 
 def host_bytes(concurrency: int, num_params: int) -> int:
@@ -79,26 +61,20 @@ def host_bytes(concurrency: int, num_params: int) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = harness.parser(__doc__, repeats=3)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--accelerator", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
+    steps, repeats = (3, 1) if args.quick else (args.steps, args.repeats)
     os.environ.setdefault("WANDB_MODE", "disabled")
-    from quiet import wait_quiet
-
     out = {"threads": torch.get_num_threads(), "accelerator": args.accelerator}
-    runs: dict[str, list[float]] = {"sync": [], "fedbuff": []}
-    loads: dict[str, list[float]] = {"sync": [], "fedbuff": []}  # the 1-minute load before each run (after waiting)
-    for _ in range(args.repeats):
-        for kind in runs:
-            loads[kind].append(round(wait_quiet()[0], 2))
-            runs[kind].append(one(kind, args.steps, args.accelerator))
-    for kind, times in runs.items():
-        out[kind] = {"medians_s": times, "median_s": statistics.median(times), "load_1min_before": loads[kind]}
+    runs = harness.interleave({kind: (lambda kind=kind: one(kind, steps, args.accelerator)) for kind in ("sync", "fedbuff")},
+                              repeats=repeats, figure=float)
+    for kind, t in runs.items():  # the 1-minute load before each run (after waiting)
+        out[kind] = {"medians_s": t.samples, "median_s": t.median, "load_1min_before": [round(x, 2) for x in t.loads]}
     out["ratio"] = out["fedbuff"]["median_s"] / out["sync"]["median_s"]
     out["host_bytes_C1000_P199210"] = host_bytes(1000, 199_210)
-    out["load_1min_after"] = round(os.getloadavg()[0], 2)
+    out["load_1min_after"] = round(harness.loadavg(), 2)
     print(json.dumps(out, indent=1))
 
 

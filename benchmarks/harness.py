@@ -72,16 +72,19 @@ def wait_quiet(limit: float | None = None, max_wait: float | None = None, poll: 
 
 @dataclass
 class Timing:
-    """The figures of one variant: one sample per timed run, the load before it, and what the call returned."""
+    """The figures of one variant: one sample per timed run, the load before it, what the call returned, and the
+    seconds waited for a quiet machine before it."""
 
     samples: list[float] = field(default_factory=list)
     loads: list[float] = field(default_factory=list)
     results: list[Any] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)
 
-    def add(self, sample: float, load: float, result: Any = None) -> None:
+    def add(self, sample: float, load: float, result: Any = None, waited: float = 0.0) -> None:
         self.samples.append(sample)
         self.loads.append(load)
         self.results.append(result)
+        self.waits.append(waited)
 
     @property
     def median(self) -> float:
@@ -175,11 +178,11 @@ def interleave(variants: Mapping[str, Callable[[], Any]], *, repeats: int, warmu
     timings = {name: Timing() for name in variants}
     for rep in range(repeats):
         for name in order_of(list(variants), rep, order):
-            load = wait_quiet(max_wait=max_wait)[0] if quiet else loadavg()
+            load, waited = wait_quiet(max_wait=max_wait) if quiet else (loadavg(), 0.0)
             with stopwatch(sync) as sw:
                 result = variants[name]()
             sample = sw.seconds if figure is None else float(figure(result))
-            timings[name].add(sample, load, result)
+            timings[name].add(sample, load, result, waited)
             if log is not None:
                 log(name, rep, sample, load, result)
     return timings

@@ -9,7 +9,8 @@ round. This script
    set) and MNIST as lfed loads it (float32 in [0, 1]) to ``--work`` as ``.npy`` files; the peer
    jobs read these, so all three train the same clients on the same examples;
 2. runs each framework's job script (``benchmarks/peers/*_job.py``) as a fresh process, each in
-   its own Python environment, ``--repeats`` times in rotating order (``pfl_2proc``: pfl's job as
+   its own Python environment, ``--repeats`` times in rotating order, each started on a quiet machine
+   (:mod:`harness`; the process's wall time is its figure) (``pfl_2proc``: pfl's job as
    2 worker processes under ``torchrun --standalone``, pfl's own distributed simulation; torchrun
    gives each worker 1 thread);
 3. reports per framework the median over repeats of: total wall-clock of the process (start-up
@@ -29,14 +30,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
-import time
-from datetime import datetime, timezone
 
-from quiet import wait_quiet  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOBS = {"lfed": "lfed_job.py", "lfed_loop": "lfed_job.py", "flower": "flower_job.py", "pfl": "pfl_job.py", "pfl_2proc": "pfl_job.py",
@@ -68,6 +66,7 @@ def export(work: str, data_dir: str | None, clients: int, seed: int) -> None:
 
 
 def run_job(framework: str, python: str, args: argparse.Namespace) -> dict:
+    """One run of ``framework``'s job: its ``RESULT`` (or the error); the harness times the process."""
     cmd = [python, os.path.join(HERE, "peers", JOBS[framework]), "--rounds", str(args.rounds), "--seed", str(args.seed)]
     if framework == "pfl_2proc":  # pfl's own multi-worker simulation: 2 processes under torchrun (1 thread each)
         cmd = [os.path.join(os.path.dirname(python), "torchrun"), "--standalone", "--nproc_per_node=2", *cmd[1:]]
@@ -97,20 +96,17 @@ def run_job(framework: str, python: str, args: argparse.Namespace) -> dict:
         env[key] = value
     if framework.startswith("lfed"):
         env["PYTHONPATH"] = os.path.dirname(HERE)
-    t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
-    wall = time.perf_counter() - t0
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(harness.RESULT)]
     if proc.returncode != 0 or not lines:
         return {"framework": framework, "error": (proc.stderr or proc.stdout)[-3000:], "cmd": " ".join(cmd)}
-    res = json.loads(lines[-1][len("RESULT "):])
-    res["process_wall_s"] = wall
+    res = harness.result_line(proc.stdout)
     res["steady_round_s"] = statistics.median(res["round_s"][1:]) if len(res["round_s"]) > 1 else res["round_s"][0]
     return res
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, repeats=3, out=None, out_flags=("--json",), out_help="also write every run's result here")
     p.add_argument("--work", default="/tmp/lfed_peers", help="where the exported data go")
     p.add_argument("--data-dir", default=None, help="MNIST folder for lfed (default $LFED_DATA_DIR)")
     p.add_argument("--rounds", type=int, default=50)
@@ -120,7 +116,6 @@ def main() -> None:
     p.add_argument("--dp-clip", type=float, default=0.5, help="clip C of the *_dp jobs")
     p.add_argument("--dp-delta", type=float, default=None, help="delta of the *_dp jobs (default 1/N^1.1)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--frameworks", default="lfed,lfed_loop,flower,pfl,plain_vmap,plain_loop")
     p.add_argument("--lfed-python", default=sys.executable)
     p.add_argument("--flower-python", default=None)
@@ -130,41 +125,42 @@ def main() -> None:
                    help="set for every framework's process (e.g. OMP_NUM_THREADS=1, OMP_WAIT_POLICY=PASSIVE); repeatable")
     p.add_argument("--flower-cpus", type=float, default=1.0, help="Flower client_resources num_cpus per ClientApp")
     p.add_argument("--timeout", type=float, default=1800)
-    p.add_argument("--json", default=None, help="also write every run's result here")
     args = p.parse_args()
+    if args.quick:
+        args.rounds, args.repeats = 2, 1
 
     export(args.work, args.data_dir, args.clients, args.seed)
     pythons = {"lfed": args.lfed_python, "lfed_loop": args.lfed_python, "flower": args.flower_python, "pfl": args.pfl_python,
                "pfl_2proc": args.pfl_python, "lfed_dp": args.lfed_python, "pfl_dp": args.pfl_python,
                "plain_vmap": sys.executable, "plain_loop": sys.executable}
     frameworks = [f for f in args.frameworks.split(",") if f]
-    missing = {f: "no interpreter given (--%s-python)" % f for f in frameworks if not pythons.get(f)}
+    missing = {f: f"no interpreter given (--{f}-python)" for f in frameworks if not pythons.get(f)}
     active = [f for f in frameworks if f not in missing]
-    print(f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()}, {os.cpu_count()} cores, "
-          f"load {os.getloadavg()[0]:.1f}; {args.rounds} rounds, {args.repeats} repeats; env {args.env or 'defaults'}; "
+    print(f"{harness.machine_line()}; {args.rounds} rounds, {args.repeats} repeats; env {args.env or 'defaults'}; "
           f"Flower num_cpus per client {args.flower_cpus}", flush=True)
-    runs: dict[str, list[dict]] = {f: [] for f in active}
-    for r in range(args.repeats):
-        order = active[r % len(active):] + active[: r % len(active)] if active else []
-        for f in order:
-            load, waited = wait_quiet()
-            res = run_job(f, pythons[f], args)
-            res["load_before"], res["waited_s"] = load, waited
-            runs[f].append(res)
-            if "error" in res:
-                print(f"{f}: FAILED\n{res['error']}", flush=True)
-            else:
-                eps = f" epsilon {res['epsilon']:.4f} (delta {res['delta']:.3g})" if "epsilon" in res else ""
-                print(f"repeat {r} load {load:.2f}: {f:6s} total {res['total_s']:.2f}s (process {res['process_wall_s']:.2f}s) "
-                      f"start-up {res['startup_s']:.2f}s steady {res['steady_round_s']:.3f}s/round "
-                      f"acc {res['test_acc']:.4f}{eps}", flush=True)
+
+    def log(f, r, wall, load, res) -> None:
+        if "error" in res:
+            print(f"{f}: FAILED\n{res['error']}", flush=True)
+            return
+        eps = f" epsilon {res['epsilon']:.4f} (delta {res['delta']:.3g})" if "epsilon" in res else ""
+        print(f"repeat {r} load {load:.2f}: {f:6s} total {res['total_s']:.2f}s (process {wall:.2f}s) "
+              f"start-up {res['startup_s']:.2f}s steady {res['steady_round_s']:.3f}s/round "
+              f"acc {res['test_acc']:.4f}{eps}", flush=True)
+
+    timings = harness.interleave({f: (lambda f=f: run_job(f, pythons[f], args)) for f in active}, repeats=args.repeats,
+                                 order="rotate", log=log)
+    runs: dict[str, list[dict]] = {}
+    for f, t in timings.items():
+        runs[f] = [{**res, "process_wall_s": wall, "load_before": load, "waited_s": waited}
+                   for res, wall, load, waited in zip(t.results, t.samples, t.loads, t.waits)]
     summary = {}
     for f, rs in runs.items():
         ok = [x for x in rs if "error" not in x]
         if not ok:
             missing[f] = rs[0]["error"] if rs else "not run"
             continue
-        med = lambda key: statistics.median(x[key] for x in ok)  # noqa: E731
+        med = lambda key, ok=ok: statistics.median(x[key] for x in ok)  # noqa: E731
         summary[f] = {"process_wall_s": med("process_wall_s"), "total_s": med("total_s"), "startup_s": med("startup_s"),
                       "steady_round_s": med("steady_round_s"), "test_acc": med("test_acc"), "runs": len(ok),
                       "version": ok[0].get("version"), "threads": ok[0].get("threads"), "torch": ok[0].get("torch"),
@@ -180,8 +176,8 @@ def main() -> None:
               f"{s['test_acc']:.4f} | {ratio[0]} | {ratio[1]} |")
     for f, why in missing.items():
         print(f"| {f} | missing: {why.strip().splitlines()[-1] if why.strip() else why} | | | | | |")
-    if args.json:
-        with open(args.json, "w") as fh:
+    if args.out:
+        with open(args.out, "w") as fh:
             json.dump({"summary": summary, "missing": missing, "runs": runs}, fh, indent=1)
 
 

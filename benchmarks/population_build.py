@@ -2,7 +2,7 @@
 
 Synthetic labels (10 classes), ``--examples`` examples per client, each partition scheme and the
 data module's build (partition, held-out split, packing, label counts), each in a fresh process,
-repeats interleaved, medians shown. Compare two versions of lfed by running it with each on
+repeats interleaved, each started on a quiet machine (:mod:`harness`), medians shown. Compare two versions of lfed by running it with each on
 ``PYTHONPATH``:
 
     python benchmarks/population_build.py --clients 10000,100000 --repeats 3
@@ -14,10 +14,8 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
-import time
-from datetime import datetime, timezone
+
+import harness
 
 
 def one(N: int, n: int) -> dict:
@@ -31,46 +29,41 @@ def one(N: int, n: int) -> dict:
     y = torch.randint(0, 10, (N * n + 100,), generator=g)
     out = {}
     for scheme, kw in [("iid", {}), ("shards", {}), ("dirichlet", {"rho": 0.5}), ("classes", {})]:
-        t = time.perf_counter()
-        P.partition(y[100:], N, scheme, seed=0, **kw)
-        out[scheme] = time.perf_counter() - t
+        with harness.stopwatch() as sw:
+            P.partition(y[100:], N, scheme, seed=0, **kw)
+        out[scheme] = sw.seconds
     for holdout in (0.0, 0.2):
         dm = FederatedDataModule.from_tensors(x[100:], y[100:], x[:100], y[:100], num_clients=N, partition="iid",
                                               holdout_fraction=holdout, num_classes=10)
-        t = time.perf_counter()
-        dm.build()
-        out[f"build (holdout {holdout})"] = time.perf_counter() - t
+        with harness.stopwatch() as sw:
+            dm.build()
+        out[f"build (holdout {holdout})"] = sw.seconds
     return out
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, repeats=3)
     p.add_argument("--clients", default="10000,100000")
     p.add_argument("--examples", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
         N, n = json.loads(args.one)
-        print("RESULT " + json.dumps(one(N, n)), flush=True)
+        harness.print_result(one(N, n))
         return
-    print(f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, load {os.getloadavg()[0]:.2f}, {args.examples} examples/client, "
-          f"{args.repeats} repeats, seconds (median)", flush=True)
+    if args.quick:
+        args.clients, args.repeats = "1000", 1
+    print(f"{harness.machine_line()}, {args.examples} examples/client, {args.repeats} repeats, seconds (median)", flush=True)
     Ns = [int(v) for v in args.clients.split(",")]
-    runs: dict[int, list[dict]] = {N: [] for N in Ns}
-    for _ in range(args.repeats):
-        for N in Ns:
-            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", json.dumps([N, args.examples])],
-                                  capture_output=True, text=True)
-            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            if not line:
-                sys.exit(proc.stderr)
-            runs[N].append(json.loads(line[0][7:]))
-    keys = list(runs[Ns[0]][0])
+    runs = harness.interleave({N: harness.python([os.path.abspath(__file__), "--one", json.dumps([N, args.examples])])
+                               for N in Ns}, repeats=args.repeats)
+    keys = list(harness.result_line(runs[Ns[0]].results[0]))
     print("| N | " + " | ".join(keys) + " |")
     print("|---|" + "---|" * len(keys))
     for N in Ns:
-        print(f"| {N:,} | " + " | ".join(f"{statistics.median(r[k] for r in runs[N]):.2f}" for k in keys) + " |")
+        parts = [harness.result_line(out) for out in runs[N].results]
+        print(f"| {N:,} | " + " | ".join(f"{statistics.median(r[k] for r in parts):.2f}" for k in keys) + " |")
+    print(f"load before each run: {harness.load_range(harness.all_loads(runs.values()))}")
 
 
 if __name__ == "__main__":

@@ -7,31 +7,24 @@ MNIST, ``K`` clients all in the round (N = K), the MLP 2NN (784-200-200-10, P = 
 ``lfed.core.round.run_round`` on a fixed cohort: ``mean`` (FedAvg), every rule with ``f = ⌈0.1 K⌉`` and no attack, and
 FedAvg's mean under every omniscient attack with 10% of the clients Byzantine. Every repeat times every variant
 once, in turn (interleaved), after a warm-up round of each, waiting for a quiet machine before each
-(``benchmarks/quiet.py``); the table gives the median over the repeats, the ratio to FedAvg's median, and the load
+(:mod:`harness`); the table gives the median over the repeats, the ratio to FedAvg's median, and the load
 averages seen before the timed rounds. Not part of the test suite.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
-import statistics
-import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness
+import torch
 
-import torch  # noqa: E402
-from quiet import wait_quiet  # noqa: E402
-
-from lfed.core import registry as algorithms  # noqa: E402
-from lfed.core.round import LocalTraining, run_round, setup_state  # noqa: E402
-from lfed.engine import CohortTrainer  # noqa: E402
-from lfed.lightning.datamodule import FederatedDataModule  # noqa: E402
-from lfed.models.zoo import MLP  # noqa: E402
-from lfed.state.spec import ModuleStateStore  # noqa: E402
+from lfed.core import registry as algorithms
+from lfed.core.round import LocalTraining, run_round, setup_state
+from lfed.engine import CohortTrainer
+from lfed.lightning.datamodule import FederatedDataModule
+from lfed.models.zoo import MLP
+from lfed.state.spec import ModuleStateStore
 
 RULES = ["median", "trimmed_mean", "krum", "multi_krum", "bulyan", "geometric_median", "centered_clipping", "norm_bound",
          "bucketing", "nnm"]
@@ -52,11 +45,12 @@ def variants(k: int) -> dict[str, dict]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = harness.parser(__doc__, repeats=3, description=__doc__.split("\n")[0])
     p.add_argument("--cohorts", type=int, nargs="+", default=[10, 100, 1000])
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--data_dir", default=os.environ.get("LFED_DATA_DIR", "../shared/data"))
     a = p.parse_args()
+    if a.quick:
+        a.cohorts, a.repeats = [10], 1
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; MLP 2NN, one local step of batch 10")
     for k in a.cohorts:
@@ -72,29 +66,22 @@ def main() -> None:
             setup_state(alg, ModuleStateStore(), data.client_sizes, w0.numel(), w0)
             runs[name] = alg
         clients, steps = torch.arange(k), torch.ones(k, dtype=torch.long)
+        rounds = dict.fromkeys(runs, 0)  # each variant's round number (0: its warm-up)
 
-        def one(alg, r, w0=w0, data=data, plan=plan, engine=engine, clients=clients, steps=steps):
-            t = time.perf_counter()
-            run_round(alg, w0, data, plan, engine, round=r, clients=clients, steps_done=steps)
-            return time.perf_counter() - t
+        def one(name, w0=w0, data=data, plan=plan, engine=engine, clients=clients, steps=steps, runs=runs, rounds=rounds):
+            run_round(runs[name], w0, data, plan, engine, round=rounds[name], clients=clients, steps_done=steps)
+            rounds[name] += 1
 
-        for alg in runs.values():  # warm-up: graphs, allocations
-            one(alg, 0)
-        times = {n: [] for n in runs}
-        loads = []
-        for rep in range(a.repeats):
-            for name, alg in runs.items():
-                load, _ = wait_quiet()
-                loads.append(load)
-                times[name].append(one(alg, rep + 1))
-        base = statistics.median(times["FedAvg (mean)"])
+        # warm-up (graphs, allocations), then every variant once per repeat, in turn
+        times = harness.interleave({name: (lambda name=name: one(name)) for name in runs}, repeats=a.repeats, warmup=1)
+        loads = harness.all_loads(times.values())
+        base = times["FedAvg (mean)"].median
         print(f"\nK = {k} (f = {math.ceil(0.1 * k)}), P = {w0.numel():,}; load before each timed round "
               f"{min(loads):.2f}-{max(loads):.2f}")
         print(f"| round | s (median of {a.repeats}) | × FedAvg's |")
         print("|---|---|---|")
-        for name, ts in times.items():
-            m = statistics.median(ts)
-            print(f"| {name} | {m:.3f} | {m / base:.2f} |")
+        for name, t in times.items():
+            print(f"| {name} | {t.median:.3f} | {t.median / base:.2f} |")
 
 
 if __name__ == "__main__":

@@ -13,16 +13,16 @@ Settings:
   default 300,000, before they sleep: a middle way).
 
 ``--compete`` adds one CPU-bound process (a Python busy loop) for the whole of each run: a shared
-machine. Settings, backends and models are interleaved; each cell is the median over ``--repeats``
-of the steady seconds per round (median of rounds 2..R within a run). The 1-minute load average
-is printed before every run (a quiet machine has load < 1 before the competing process starts).
+machine. Settings, backends and models are interleaved (rotating, :mod:`harness`); each cell is the median over
+``--repeats`` of the steady seconds per round (median of rounds 2..R within a run). Every run starts on a quiet
+machine, and its 1-minute load average is printed (a quiet machine has load < 1 before the competing process
+starts).
 
     LFED_DATA_DIR=../shared/data python benchmarks/thread_policy.py --repeats 3
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 
-from quiet import wait_quiet  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SETTINGS = {
@@ -50,18 +50,27 @@ def run(model: str, backend: str, setting: str, rounds: int, data_dir: str | Non
            "--model", model, "--backend", backend]
     if data_dir:
         cmd += ["--data-dir", data_dir]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{cmd} failed:\n{proc.stderr[-3000:]}")
-    res = json.loads(lines[-1][len("RESULT "):])
+    res = harness.result_line(harness.command(cmd, env=env)())
     res["steady_round_s"] = statistics.median(res["round_s"][1:])
     return res
 
 
+def cell(cond: str, model: str, backend: str, setting: str, rounds: int, data_dir: str | None) -> dict:
+    """One run of ``run``; under ``compete`` with one busy process beside it for the whole run."""
+    busy = None
+    if cond == "compete":
+        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        time.sleep(1.0)
+    try:
+        return run(model, backend, setting, rounds, data_dir)
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+
+
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=3)
+    p = harness.parser(__doc__, repeats=3, out=None, out_flags=("--json",), out_help="also write every run's figure here")
     p.add_argument("--models", default="mlp,cnn")
     p.add_argument("--backends", default="vmap,loop")
     p.add_argument("--settings", default="default,PASSIVE,ACTIVE,1 thread,spin 10k")
@@ -69,39 +78,31 @@ def main() -> None:
     p.add_argument("--rounds-mlp", type=int, default=12)
     p.add_argument("--rounds-cnn", type=int, default=5)
     p.add_argument("--data-dir", default=None)
-    p.add_argument("--json", default=None)
     a = p.parse_args()
+    if a.quick:
+        a.models, a.backends, a.settings, a.conditions, a.rounds_mlp, a.repeats = "mlp", "vmap", "default", "quiet", 2, 1
     cells = list(itertools.product(a.conditions.split(","), a.models.split(","), a.backends.split(","),
                                    a.settings.split(",")))
-    results: dict[tuple, list[float]] = {c: [] for c in cells}
-    for r in range(a.repeats):
-        order = cells[r % len(cells):] + cells[: r % len(cells)]  # rotate: interleaved, no fixed order
-        for cond, model, backend, setting in order:
-            busy = None
-            load, _ = wait_quiet()  # quiet before every run; the competing process starts after
-            if cond == "compete":
-                busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                time.sleep(1.0)
-            try:
-                res = run(model, backend, setting, a.rounds_mlp if model == "mlp" else a.rounds_cnn, a.data_dir)
-            finally:
-                if busy is not None:
-                    busy.kill()
-                    busy.wait()
-            results[(cond, model, backend, setting)].append(res["steady_round_s"])
-            print(f"repeat {r} load {load:.2f} | {cond:7s} {model} {backend:4s} {setting:8s} "
-                  f"steady {res['steady_round_s']:.3f} s/round (threads {res['threads']}, acc {res['test_acc']:.3f})",
-                  flush=True)
+
+    def log(c, r, steady, load, res) -> None:
+        cond, model, backend, setting = c
+        print(f"repeat {r} load {load:.2f} | {cond:7s} {model} {backend:4s} {setting:8s} "
+              f"steady {steady:.3f} s/round (threads {res['threads']}, acc {res['test_acc']:.3f})", flush=True)
+
+    # quiet before every run (the competing process starts after); the cells rotate: no fixed order
+    runs = harness.interleave({c: (lambda c=c: cell(*c, a.rounds_mlp if c[1] == "mlp" else a.rounds_cnn, a.data_dir))
+                               for c in cells}, repeats=a.repeats, order="rotate", figure=lambda res: res["steady_round_s"], log=log)
     print("\n| condition | model | backend | " + " | ".join(a.settings.split(",")) + " |")
     print("|---|---|---|" + "---|" * len(a.settings.split(",")))
     for cond, model, backend in itertools.product(a.conditions.split(","), a.models.split(","), a.backends.split(",")):
-        row = [statistics.median(results[(cond, model, backend, s)]) for s in a.settings.split(",")]
+        row = [runs[(cond, model, backend, s)].median for s in a.settings.split(",")]
         best = min(row)
         cells_txt = [f"**{v:.3f}**" if v == best else f"{v:.3f}" for v in row]
         print(f"| {cond} | {model} | {backend} | " + " | ".join(cells_txt) + " |")
-    if a.json:
-        with open(a.json, "w") as fh:
-            json.dump({" / ".join(k): v for k, v in results.items()}, fh, indent=1)
+    print(f"load before each run: {harness.load_range(harness.all_loads(runs.values()))}")
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump({" / ".join(k): t.samples for k, t in runs.items()}, fh, indent=1)
 
 
 if __name__ == "__main__":

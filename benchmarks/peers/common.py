@@ -9,21 +9,21 @@ the same clients on the same examples.
 
 from __future__ import annotations
 
-import json
 import os
-import time
+import sys
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness  # noqa: E402  (benchmarks/harness.py: the standard library only, as these environments have)
+
 
 def plain_job_args(doc: str):
     """Arguments of the hand-written reference jobs (``plain_loop_job.py``, ``plain_vmap_job.py``)."""
-    import argparse
-
-    p = argparse.ArgumentParser(description=doc)
+    p = harness.parser(doc, quick=False)
     p.add_argument("--data", required=True)
     p.add_argument("--rounds", type=int, default=50)
     p.add_argument("--per-round", type=int, default=10)
@@ -76,11 +76,12 @@ def test_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def report(framework: str, t_start: float, marks: list[float], test_acc: float, **extra) -> None:
-    """Print the job's ``RESULT`` line: ``marks[0]`` is the start of round 1, ``marks[r]`` the end of round r."""
-    t_end = time.perf_counter()
+    """Print the job's ``RESULT`` line (:func:`harness.print_result`): ``marks[0]`` is the start of round 1, ``marks[r]``
+    the end of round r (:data:`harness.clock` readings; ``t_start``, the same clock's, read before the job's imports)."""
+    t_end = harness.clock()
     rounds = [b - a for a, b in zip(marks[:-1], marks[1:])]
-    print("RESULT " + json.dumps({
+    harness.print_result({
         "framework": framework, "total_s": t_end - t_start, "startup_s": marks[0] - t_start,
         "round_s": rounds, "eval_s": t_end - marks[-1], "test_acc": test_acc,
         "threads": torch.get_num_threads(), "torch": torch.__version__, **extra,
-    }), flush=True)
+    })

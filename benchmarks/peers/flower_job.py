@@ -19,7 +19,6 @@ import time
 
 T_START = time.perf_counter()
 
-import argparse  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 
@@ -27,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from common import MLP, load_arrays, local_sgd, report, test_accuracy  # noqa: E402
+from common import MLP, harness, load_arrays, local_sgd, report, test_accuracy  # noqa: E402
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
@@ -78,7 +77,7 @@ def main_server(grid: Grid, context: Context) -> None:
     num_clients = arrays["partition"].shape[0]
 
     def evaluate_fn(server_round: int, rec: ArrayRecord) -> MetricRecord | None:
-        RUN["marks"].append(time.perf_counter())  # round 0: before round 1; r: after round r
+        RUN["marks"].append(harness.clock())  # round 0: before round 1; r: after round r
         if server_round < args.rounds:
             return None
         model.load_state_dict(rec.to_torch_state_dict())
@@ -98,7 +97,7 @@ def main_server(grid: Grid, context: Context) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = harness.parser(__doc__, quick=False)
     p.add_argument("--data", required=True, help="folder written by peers_mnist.py")
     p.add_argument("--rounds", type=int, default=50)
     p.add_argument("--fraction", type=float, default=0.1)

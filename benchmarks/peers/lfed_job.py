@@ -14,15 +14,17 @@ import time
 
 T_START = time.perf_counter()
 
-import argparse  # noqa: E402
-import json  # noqa: E402
 import os  # noqa: E402
+import sys  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness  # noqa: E402
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = harness.parser(__doc__, quick=False)
     p.add_argument("--rounds", type=int, default=50)
     p.add_argument("--clients", type=int, default=100)
     p.add_argument("--fraction", type=float, default=0.1)
@@ -47,7 +49,7 @@ def main() -> None:
     from lfed import FederatedDataModule, FederatedModule
     from lfed.models.zoo import MLP, McMahanMNISTCNN
 
-    t_import = time.perf_counter()
+    t_import = harness.clock()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -72,10 +74,10 @@ def main() -> None:
 
     class Clock(Callback):
         def on_train_start(self, *a, **k) -> None:
-            marks["train_start"] = time.perf_counter()
+            marks["train_start"] = harness.clock()
 
         def on_train_batch_end(self, trainer, *a, **k) -> None:
-            ends.append(time.perf_counter())
+            ends.append(harness.clock())
             if dp:
                 clients.append(float(trainer.callback_metrics["privacy/clients"]))
 
@@ -94,7 +96,7 @@ def main() -> None:
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(args.profile)
-    t_end = time.perf_counter()
+    t_end = harness.clock()
     acc = float(trainer.callback_metrics["test/acc"])
     matches = None
     if args.partition:
@@ -104,14 +106,14 @@ def main() -> None:
         d = dm.build()
         matches = bool(np.array_equal(part, d.client_index.numpy()))
     rounds = [b - a for a, b in zip([marks["train_start"]] + ends[:-1], ends)]
-    print("RESULT " + json.dumps({
+    harness.print_result({
         "framework": "lfed_dp" if dp else "lfed", "total_s": t_end - T_START, "import_s": t_import - T_START,
         "startup_s": marks["train_start"] - T_START, "eval_s": t_end - ends[-1],
         "round_s": rounds, "test_acc": acc, "backend": module.engine.backend, "partition_matches": matches,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
         **({"epsilon": float(trainer.callback_metrics["privacy/epsilon"]), "delta": dp["combination"].delta,
             "clients_per_round": [int(c) for c in clients]} if dp else {}),
-    }))
+    })
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ import time
 
 T_START = time.perf_counter()
 
-import argparse  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 
@@ -29,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from common import MLP, load_arrays, report, test_accuracy  # noqa: E402
+from common import MLP, harness, load_arrays, report, test_accuracy  # noqa: E402
 from pfl.aggregate.simulate import SimulatedBackend  # noqa: E402
 from pfl.aggregate.weighting import WeightByDatapoints  # noqa: E402
 from pfl.algorithm import FederatedAveraging, NNAlgorithmParams  # noqa: E402
@@ -63,16 +62,16 @@ class Clock(TrainingProcessCallback):
         self.marks: list[float] = []
 
     def on_train_begin(self, *, model):
-        self.marks.append(time.perf_counter())
+        self.marks.append(harness.clock())
         return super().on_train_begin(model=model)
 
     def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
-        self.marks.append(time.perf_counter())
+        self.marks.append(harness.clock())
         return False, type(aggregate_metrics)()
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = harness.parser(__doc__, quick=False)
     p.add_argument("--data", required=True, help="folder written by peers_mnist.py")
     p.add_argument("--rounds", type=int, default=50)
     p.add_argument("--cohort", type=int, default=10)

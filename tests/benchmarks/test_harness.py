@@ -99,7 +99,7 @@ def test_interleave_waits_for_a_quiet_machine_before_every_timed_run_not_inside_
     runs = harness.interleave({"A": machine.work(2.0), "B": machine.work(4.0)}, repeats=1)
     assert runs["A"].samples == [2.0] and runs["B"].samples == [4.0]  # the waits are not in the figures
     assert runs["A"].loads == [0.5] and runs["B"].loads == [0.4]
-    assert machine.slept == [5.0, 5.0]
+    assert runs["A"].waits == [5.0] and runs["B"].waits == [5.0] and machine.slept == [5.0, 5.0]
     machine.loads = [3.0]
     runs = harness.interleave({"A": machine.work(1.0)}, repeats=2, quiet=False)  # no waiting: the load is only read
     assert runs["A"].loads == [3.0, 3.0] and machine.slept == [5.0, 5.0]
