@@ -43,6 +43,7 @@ from lfed.evaluation.scores import (
     evaluate_split,
     is_classification,
     perplexity_summary,
+    sample_mean_se,
     worst_share_mean,
 )
 from lfed.server.optimizers import apply_pseudo_gradient
@@ -82,6 +83,8 @@ class FederatedRun(nn.Module):
         personal_clients: Clients whose personalized and global models each evaluation scores on their own
             held-out splits (docs/algorithms.md §13): None, all clients with a held-out split; a number, a seeded sample of
             that many of them (the same sample at every evaluation).
+        client_sample: Clients whose held-out splits score the global model at each evaluation: None, every client
+            with one; a number, a seeded sample of that many (fixed for the run; :meth:`client_sample_ids`).
         personal_chunk: Clients evaluated (and fine-tuned, FedAvg-FT) per vmapped call; bounds the memory
             of the ``[chunk, P]`` personalized models.
         round_local_accuracy: After every round, score the cohort's locally trained models on their own
@@ -94,13 +97,16 @@ class FederatedRun(nn.Module):
                  chunk_size: int | None = None, seed: int = 0, accuracy_targets: list[float] | None = None,
                  store: ClientStateStore | None = None, algorithm: str = "fedavg", explicit: frozenset = frozenset(),
                  name: str = "", personal_clients: int | None = None, personal_chunk: int = 256,
-                 round_local_accuracy: bool = True) -> None:
+                 round_local_accuracy: bool = True, client_sample: int | None = 10_000) -> None:
         super().__init__()
         from lfed.checks import integer
 
         if personal_clients is not None:
             integer("personal_clients", personal_clients, at_least=1, detail=" or None (every client)")
         integer("personal_chunk", personal_chunk, at_least=1)
+        if client_sample is not None:
+            integer("client_sample", client_sample, at_least=1, detail=" or None (every client)")
+        self.client_sample = client_sample
         if not isinstance(round_local_accuracy, bool):
             raise ValueError(f"round_local_accuracy: must be true or false, got {round_local_accuracy!r}")
         self.round_local_accuracy = round_local_accuracy
@@ -394,7 +400,9 @@ class FederatedRun(nn.Module):
                                  reduce_sum, batch_size, classification)
             metrics.update({k.replace("test/", "val/"): v for k, v in val.items()})
         tokens = not (d.train_x.dtype.is_floating_point or d.train_x.dtype.is_complex)  # a language model: perplexity too
-        evaluated = client_evaluation(self.net, d, ranks.rank, ranks.world_size, reduce_sum, batch_size, nll=tokens)
+        sample = self.client_sample_ids()  # None: every client with a held-out split
+        evaluated = client_evaluation(self.net, d, ranks.rank, ranks.world_size, reduce_sum, batch_size, nll=tokens,
+                                      clients=sample)
         per_client = None if evaluated is None else evaluated[0]
         metrics.update(self.schedule.evaluation_metrics())  # against simulated time too (lfed.core.synchronous)
         metrics.update(self.components.attack.evaluation_metrics(  # a backdoor's success rate (docs/robustness.md §1.7)
@@ -403,19 +411,46 @@ class FederatedRun(nn.Module):
             client = per_client[~torch.isnan(per_client)]
             metrics["client/acc_mean"] = float(client.mean())
             metrics["client/acc_worst10pct"] = worst_share_mean(client, 0.1)  # (0.4's client/acc_worst10: the gate's alias)
+            if sample is not None:  # a sample of the population: the mean's standard error (without replacement)
+                metrics["client/evaluated"] = float(client.numel())
+                metrics["client/acc_mean_se"] = sample_mean_se(client, int((d.holdout_sizes > 0).sum()))
             metrics.update(self.personal_evaluation(evaluated, ranks, reduce_sum, tokens, batch_size))
         if evaluated is not None and evaluated[1] is not None:  # docs/algorithms.md §12: each client's perplexity exp(mean NLL)
             ppl = perplexity_summary(evaluated[1], "client")  # the one formula of personal/* and global/* too
             metrics.update(ppl)  # client/perplexity_mean, client/perplexity_worst10pct (the gate logs 0.4's name beside it)
         return metrics, per_client
 
+    def client_sample_ids(self) -> Tensor | None:
+        """``[n]`` the clients whose held-out splits score the global model (sorted), or None: every client with one.
+        A seeded sample of ``client_sample`` of them when there are more (fixed for the run: ``(seed, "client_sample")``),
+        kept after its first draw."""
+        from lfed.rng import round_generator
+
+        if self.client_sample is None:
+            return None
+        cached = self.__dict__.get("_client_sample_ids", False)
+        if cached is not False:
+            return cached
+        d = self.data
+        has = d.host("holdout_sizes") > 0
+        count = int(has.sum())
+        out = None
+        if count > self.client_sample:
+            clients = has.nonzero().squeeze(1)
+            pick = torch.randperm(count, generator=round_generator(self.seed, 0, "client_sample"))
+            out = clients[pick[: self.client_sample].sort().values].to(d.holdout_sizes.device)
+        self.__dict__["_client_sample_ids"] = out
+        return out
+
     def personal_sample(self) -> Tensor:
-        """The clients of the personalized evaluation: every client with a held-out split, or a seeded sample
-        of ``personal_clients`` of them (fixed for the run: drawn from ``(seed, "personal_sample")``)."""
+        """The clients of the personalized evaluation: every client with a held-out split (those of the client sample,
+        :meth:`client_sample_ids`, when there is one), or a seeded sample of ``personal_clients`` of them (fixed for the
+        run: drawn from ``(seed, "personal_sample")``)."""
         from lfed.rng import round_generator
 
         d = self.data
-        clients = (d.holdout_sizes > 0).nonzero().squeeze(1)
+        sampled = self.client_sample_ids()
+        clients = (d.holdout_sizes > 0).nonzero().squeeze(1) if sampled is None else sampled
         if self.personal_clients is not None and self.personal_clients < clients.numel():
             pick = torch.randperm(clients.numel(), generator=round_generator(self.seed, 0, "personal_sample"))
             clients = clients[pick[: self.personal_clients].sort().values.to(clients.device)]
@@ -457,7 +492,8 @@ class FederatedRun(nn.Module):
         splits: tuple[str, ...] = ("test",)
         if d.has_client_validation:
             splits = ("test", "val")
-            val = client_evaluation(self.net, d, ranks.rank, ranks.world_size, reduce_sum, batch_size, nll=tokens, split="val")
+            val = client_evaluation(self.net, d, ranks.rank, ranks.world_size, reduce_sum, batch_size, nll=tokens, split="val",
+                                    clients=self.client_sample_ids())
             if val is not None:
                 metrics.update(summaries(val[0][at], None if val[1] is None else val[1][at], "global_val"))
         with torch.inference_mode(False), torch.enable_grad():  # FedAvg-FT trains in the validation loop

@@ -64,12 +64,17 @@ class Evaluation:
     Attributes:
         personal_clients: Clients scored on their own held-out splits (``global/*``, ``personal/*``;
             docs/personalization.md): None, all; a number, a seeded sample of that many.
+        client_sample: Clients whose held-out splits score the global model at every evaluation (``client/acc_*``):
+            a seeded sample of this many of the clients with a held-out split, the same at every evaluation (default
+            10,000, so an evaluation's cost is bounded whatever the population; its standard error is logged as
+            ``client/acc_mean_se``); None, every one (chunked).
         personal_chunk: Clients whose personal models are scored per vmapped call (bounds memory).
         round_local_accuracy: Score the trained models on their held-out splits each round (``bmta_local``).
         accuracy_targets: Test accuracies for the "rounds (uploads) to reach" report.
     """
 
     personal_clients: int | None = None
+    client_sample: int | None = 10_000
     personal_chunk: int = 256
     round_local_accuracy: bool = True
     accuracy_targets: list[float] | None = None
@@ -78,6 +83,8 @@ class Evaluation:
         if self.personal_clients is not None:
             integer("evaluation.personal_clients", self.personal_clients, at_least=1, detail=" or None (every client)")
         integer("evaluation.personal_chunk", self.personal_chunk, at_least=1)
+        if self.client_sample is not None:
+            integer("evaluation.client_sample", self.client_sample, at_least=1, detail=" or None (every client)")
 
 
 class SettingDeprecation(FutureWarning):
@@ -375,6 +382,7 @@ def run_of(s: dict[str, Any]):
         store=ClientStateStore(engine.client_state, engine.client_state_dir), algorithm=s["algorithm"],
         explicit=frozenset(k for k, v in roles.items() if v is not None),
         personal_clients=evaluation.personal_clients, personal_chunk=evaluation.personal_chunk,
+        client_sample=evaluation.client_sample,
         round_local_accuracy=evaluation.round_local_accuracy,
     )
 

@@ -144,7 +144,8 @@ def client_accuracies(net: nn.Module, data, rank: int, world_size: int, reduce_s
 
 @torch.no_grad()
 def client_evaluation(net: nn.Module, data, rank: int, world_size: int, reduce_sum: Callable[[Tensor], Tensor],
-                      chunk: int = 4096, nll: bool = True, split: str = "test") -> tuple[Tensor, Tensor | None] | None:
+                      chunk: int = 4096, nll: bool = True, split: str = "test",
+                      clients: Tensor | None = None) -> tuple[Tensor, Tensor | None] | None:
     """Accuracy and mean negative log-likelihood of the global model on each client's held-out split
     (``split='val'``: on each client's own validation split instead).
 
@@ -153,6 +154,9 @@ def client_evaluation(net: nn.Module, data, rank: int, world_size: int, reduce_s
     the cross-entropy of the logits (``exp`` of it is the client's perplexity, docs/algorithms.md §12), whatever
     loss the clients train with (``nll=False``: not computed, None; the net's outputs must then be
     logits over the classes only for the accuracy).
+
+    ``clients``: only these clients' splits are scored (a sample, :meth:`lfed.core.run.FederatedRun.client_sample_ids`):
+    the work is theirs, not the population's; every other client reads NaN.
 
     Returns:
         ``([N] accuracies, [N] mean NLL)``, NaN for a client without a held-out split; None when no
@@ -165,9 +169,18 @@ def client_evaluation(net: nn.Module, data, rank: int, world_size: int, reduce_s
     if not bool(has.any()):
         return None
     device = index.device
+    rows = torch.arange(data.num_clients, device=device)
+    if clients is not None:
+        rows = clients.to(device)
+        index, picked = index[rows], split_sizes[rows]
+        split_sizes = torch.zeros_like(split_sizes)
+        split_sizes[rows] = picked
+        has = split_sizes > 0
+        if not bool(has.any()):
+            return None
     h = index.shape[1]
-    valid = torch.arange(h, device=device)[None, :] < split_sizes[:, None]
-    owner = torch.arange(data.num_clients, device=device)[:, None].expand_as(valid)[valid]
+    valid = torch.arange(h, device=device)[None, :] < split_sizes[rows][:, None]
+    owner = rows[:, None].expand_as(valid)[valid]
     idx = index[valid]
     correct = torch.zeros(data.num_clients, device=device, dtype=torch.float64)
     nll_sum = torch.zeros(data.num_clients, device=device, dtype=torch.float64) if nll else None
@@ -197,6 +210,19 @@ def _split(data, split: str) -> tuple[Tensor, Tensor]:
     """``(index, sizes)`` of the clients' own ``split`` (:meth:`~lfed.lightning.datamodule.FederatedData.own_split`);
     ``test`` is read as the held-out fields, so any object with them will do."""
     return (data.holdout_index, data.holdout_sizes) if split == "test" else data.own_split(split)
+
+
+def sample_mean_se(values: Tensor, population: int) -> float:
+    """The standard error of the mean of ``values``, a simple random sample without replacement of ``population``
+    values: ``s/√n · √(1 − n/N)`` (``s`` the sample's standard deviation with ``n − 1``); 0 for the whole population,
+    NaN for one value."""
+    n = values.numel()
+    if n >= population:
+        return 0.0
+    if n < 2:
+        return math.nan
+    s = float(values.double().std(unbiased=True))
+    return s / math.sqrt(n) * math.sqrt(1 - n / population)
 
 
 def worst_share_mean(values: Tensor, share: float = 0.1) -> float:

@@ -427,3 +427,78 @@ def test_fit_run_and_the_lightning_module_report_the_same_evaluation_of_a_batchn
     again, _ = run.evaluate(Ranks(), lambda t: t)  # evaluating again: the same numbers, no buffer moved
     assert again["test/acc"] == history[-1]["test/acc"] and again["test/loss"] == history[-1]["test/loss"]
     assert all(torch.equal(before[k], v) for k, v in run.net.named_buffers()) and run.net.training
+
+
+# ------------------------------------------------------------------ evaluation that scales (issue 65)
+def test_client_evaluation_of_a_sample_scores_those_clients_only_by_hand():
+    """The hand example of test_client_evaluation_gives_each_clients_accuracy_and_mean_nll_by_hand with
+    clients=[1]: client 1's accuracy 0 and NLL ln 2, as in the whole; client 0 (not in the sample) reads NaN; an empty
+    sample of held-out splits gives None."""
+    from types import SimpleNamespace
+
+    from lfed.evaluation.scores import client_evaluation
+
+    table = torch.tensor([[0.0, 0.0], [math.log(3), 0.0], [0.0, math.log(3)]], dtype=torch.float64)
+    net = type("N", (torch.nn.Module,), {"forward": lambda self, x: table[x[:, -1]]})()
+    data = SimpleNamespace(
+        train_x=torch.tensor([[0, 1], [2, 2], [1, 0], [0, 0]]), train_y=torch.tensor([0, 0, 1, 1]), num_clients=3,
+        holdout_index=torch.tensor([[0, 1], [2, 0], [0, 0]]), holdout_sizes=torch.tensor([2, 1, 0]))
+    acc, nll = client_evaluation(net, data, 0, 1, lambda t: t, clients=torch.tensor([1]))
+    assert acc[1].item() == 0.0 and nll[1].item() == pytest.approx(math.log(2), abs=1e-15)
+    assert torch.isnan(acc[0]) and torch.isnan(acc[2]) and torch.isnan(nll[0])
+    assert client_evaluation(net, data, 0, 1, lambda t: t, clients=torch.tensor([2])) is None
+
+
+def test_the_sample_means_standard_error_by_hand():
+    """Values (1, 2, 3, 6) of a population of 10: s = √(14/3), se = s/2 · √(1 - 4/10); the whole population: 0."""
+    from lfed.evaluation.scores import sample_mean_se
+
+    values = torch.tensor([1.0, 2.0, 3.0, 6.0], dtype=torch.float64)
+    assert sample_mean_se(values, 10) == pytest.approx(math.sqrt(14 / 3) / 2 * math.sqrt(0.6), rel=1e-14)
+    assert sample_mean_se(values, 4) == 0.0
+    assert math.isnan(sample_mean_se(values[:1], 10))
+
+
+@pytest.mark.parametrize("backend", ["vmap", "loop"])
+def test_a_run_scores_a_fixed_seeded_sample_of_its_clients_and_logs_the_standard_error(backend):
+    """8 clients with held-out splits, client_sample 3: every evaluation scores the same 3 clients (drawn from the
+    seed), client/acc_mean is their mean accuracy (each equal to the full evaluation's for that client),
+    client/acc_mean_se the sample's standard error (population 8), client/evaluated 3; with client_sample None (or at
+    least 8) every client is scored and neither is logged."""
+    from lfed.core.fit import fit_run
+    from lfed.core.round import LocalTraining
+    from lfed.core.settings import Engine, Evaluation, build_run
+    from lfed.data.datasets import load_dataset
+    from lfed.engine.ranks import Ranks
+    from lfed.evaluation.scores import client_evaluation, sample_mean_se
+
+    ds = load_dataset("digits")
+
+    def data():
+        return FederatedDataModule.from_tensors(ds.train_x, ds.train_y, ds.test_x, ds.test_y, num_clients=8,
+                                                partition="dirichlet", rho=0.5, seed=0, holdout_fraction=0.2)
+
+    def run(sample):
+        torch.manual_seed(0)
+        r = build_run(net=nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), fraction=0.5, engine=Engine(backend=backend),
+                      training=LocalTraining(client_lr=0.1, batch_size=16, local_steps=2),
+                      evaluation=Evaluation(client_sample=sample, round_local_accuracy=False))
+        fit_run(r, data(), 2)
+        return r
+
+    sampled = run(3)
+    ids = sampled.client_sample_ids()
+    assert ids.numel() == 3 and ids is sampled.client_sample_ids() and torch.equal(ids, ids.sort().values)
+    metrics, per_client = sampled.evaluate(Ranks(), lambda t: t)
+    full = client_evaluation(sampled.net, sampled.data, 0, 1, lambda t: t, nll=False)[0]
+    torch.testing.assert_close(per_client[ids], full[ids], atol=0, rtol=0)
+    assert int((~torch.isnan(per_client)).sum()) == 3
+    assert metrics["client/acc_mean"] == pytest.approx(float(full[ids].mean()), abs=1e-12)
+    assert metrics["client/acc_mean_se"] == sample_mean_se(full[ids], 8) and metrics["client/evaluated"] == 3.0
+    again = run(3)
+    assert torch.equal(again.client_sample_ids(), ids)  # seeded: the same clients
+    for everyone in (None, 8):
+        metrics, per_client = run(everyone).evaluate(Ranks(), lambda t: t)
+        assert int((~torch.isnan(per_client)).sum()) == 8 and "client/acc_mean_se" not in metrics
+    with pytest.raises(ValueError, match=r"^evaluation.client_sample: need an integer >= 1 or None \(every client\), got 0$"):
+        Evaluation(client_sample=0)
