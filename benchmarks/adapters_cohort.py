@@ -16,7 +16,7 @@ Both compute the same updates (``--check`` compares the clients' trained adapter
 (``ru_maxrss``, the warm-up round included: lfed records its step there; also less the RSS once the
 model and data are built), peak allocated CUDA memory on a GPU. ``--repeats`` (3) processes per
 (K, method), interleaved (every (K, method) once per repeat), each after waiting for the 1-minute load
-to fall below 1.0 (``benchmarks/quiet.py``; the load is printed with each measurement). Prints one JSON
+to fall below 1.0 (:mod:`harness`; the load is printed with each measurement). Prints one JSON
 line per measurement (lfed's with the chunk its engine chose and one client's saved-tensor MB it chose
 it from), then a table of medians with the ratio loop / variant (the speed-up). ``--chunks`` also times
 lfed with fixed ``chunk_size`` values beside ``auto`` (the engine's choice, the headline): how the CPU
@@ -39,13 +39,11 @@ import os
 import re
 import resource
 import statistics
-import subprocess
-import sys
 import time
 
+import harness
 import torch
 import torch.nn.functional as F
-from quiet import wait_quiet  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 TARGET = ["blocks.*.attn.qkv", "blocks.*.attn.proj", "blocks.*.mlp.fc1", "blocks.*.mlp.fc2"]
 
@@ -132,19 +130,15 @@ def measure(args) -> dict:
     device = torch.device(args.device)
     fn = {"lfed": run_lfed, "peft_loop": run_peft_loop}[args.method]
     round_, P = fn(args, device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
     built = rss_mb()  # the model (base and adapters) and the data built: the rounds' memory is on top of this
-    result = round_()  # warm-up (lfed records its step here)
-    sync()
+    with harness.stopwatch(sync):
+        round_()  # warm-up (lfed records its step here)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times = []
-    for _ in range(args.rounds):
-        t = time.perf_counter()
-        result = round_()
-        sync()
-        times.append(time.perf_counter() - t)
-    out = {"method": args.method, "K": args.k, "P": P, "seconds_per_round": sum(times) / len(times),
+    times = harness.measure(round_, repeats=args.rounds, quiet=False, sync=sync)  # the caller waited for quiet
+    result = times.results[-1]
+    out = {"method": args.method, "K": args.k, "P": P, "seconds_per_round": sum(times.samples) / args.rounds,
            "rounds": args.rounds, "device": args.device, "threads": torch.get_num_threads(),
            "peak_rss_mb": round(peak_rss_mb(), 1), "peak_rss_over_built_mb": round(peak_rss_mb() - built, 1)}
     if hasattr(round_, "chunk"):
@@ -164,7 +158,7 @@ def first_client(result, method) -> dict[str, list[float]]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__doc__, repeats=3, description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[10, 50, 200], help="cohort sizes K")
     p.add_argument("--methods", nargs="+", default=["lfed", "peft_loop"])
     p.add_argument("--d-model", type=int, default=128)
@@ -177,7 +171,6 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="timed rounds (after one warm-up round)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--check", action="store_true", help="compare client 0's trained adapters of the two methods")
-    p.add_argument("--repeats", type=int, default=3, help="processes per (K, method), interleaved; the table shows medians")
     p.add_argument("--chunks", nargs="+", default=["auto"],
                    help="lfed's chunk_size: 'auto' (the engine's choice, the headline) and/or fixed sizes (to calibrate)")
     p.add_argument("--chunk", default="auto", help=argparse.SUPPRESS)
@@ -185,28 +178,31 @@ def main() -> None:
     p.add_argument("--k", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.method is not None:  # a child process: one measurement
-        print(json.dumps(measure(args)))
+        harness.print_result(measure(args))
         return
+    if args.quick:
+        args.sizes, args.d_model, args.layers, args.heads, args.steps, args.rounds, args.repeats = [2], 16, 1, 2, 1, 1, 1
     variants = [(m, c) for m in args.methods for c in (args.chunks if m == "lfed" else ["-"])]
+
+    def child(method: str, chunk: str, k: int):
+        cmd = [__file__, "--method", method, "--k", str(k)] + [
+            a for name in ("d_model", "layers", "heads", "rank", "batch", "steps", "lr", "rounds", "device")
+            for a in (f"--{name.replace('_', '-')}", str(getattr(args, name)))] + (["--check"] if args.check else [])
+        return harness.python(cmd + (["--chunk", chunk] if method == "lfed" else []))
+
     rows = []
-    for r in range(args.repeats):  # interleaved: every (K, method) once per repeat
-        for k in args.sizes:
-            for method, chunk in variants:
-                cmd = [sys.executable, __file__, "--method", method, "--k", str(k)] + [
-                    a for name in ("d_model", "layers", "heads", "rank", "batch", "steps", "lr", "rounds", "device")
-                    for a in (f"--{name.replace('_', '-')}", str(getattr(args, name)))] + (["--check"] if args.check else [])
-                if method == "lfed":
-                    cmd += ["--chunk", chunk]
-                load, waited = wait_quiet()
-                done = subprocess.run(cmd, capture_output=True, text=True)
-                if done.returncode:
-                    sys.exit(f"{method} K={k} failed:\n{done.stderr[-3000:]}")
-                row = json.loads(done.stdout.strip().splitlines()[-1])
-                row.update(repeat=r, variant=method if method != "lfed" or chunk == "auto" else f"lfed/chunk={chunk}",
-                           load_before=round(load, 2), load_after=round(os.getloadavg()[0], 2),
-                           utc=time.strftime("%H:%M:%S", time.gmtime()))
-                rows.append(row)
-                print(json.dumps({k_: v for k_, v in row.items() if k_ != "check"}), flush=True)
+
+    def log(key, r, _seconds, load, stdout) -> None:
+        k, method, chunk = key
+        row = harness.result_line(stdout)
+        row.update(repeat=r, variant=method if method != "lfed" or chunk == "auto" else f"lfed/chunk={chunk}",
+                   load_before=round(load, 2), load_after=round(harness.loadavg(), 2),
+                   utc=time.strftime("%H:%M:%S", time.gmtime()))
+        rows.append(row)
+        print(json.dumps({k_: v for k_, v in row.items() if k_ != "check"}), flush=True)
+
+    # interleaved: every (K, method) once per repeat, each process started on a quiet machine
+    harness.interleave({(k, m, c): child(m, c, k) for k in args.sizes for m, c in variants}, repeats=args.repeats, log=log)
     loads = [r["load_before"] for r in rows]
     print(f"\n{len(rows)} measurements, medians of {args.repeats}; load before each: {min(loads):.2f}-{max(loads):.2f}")
     mem = "peak_cuda_mb" if "peak_cuda_mb" in rows[0] else "peak_rss_mb"

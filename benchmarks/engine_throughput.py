@@ -10,8 +10,9 @@ excluded) three ways, interleaved in one process and repeated:
 
 All three draw the same batches (lfed's :func:`lfed.engine.batch_schedule`, computed inside the
 timed region by each), so they do the same arithmetic: the script checks once per setting that
-the three give the same client weights. Throughput is client examples per second; the figure is
-the ratio ``lfed / plain`` per repeat, reported as the median over repeats.
+the three give the same client weights. The runners rotate their order every repeat (:mod:`harness`), each
+timed run started on a quiet machine. Throughput is client examples per second; the figure is the ratio
+``lfed / plain`` per repeat, reported as the median over repeats.
 
     python benchmarks/engine_throughput.py                      # MLP 2NN (MNIST) and CIFAR CNN, K = 10, 50, 100
     python benchmarks/engine_throughput.py --models mlp --cohorts 10 --repeats 3
@@ -24,17 +25,13 @@ engine, as lfed's was before ``lfed/engine/`` became a package) and times its Co
 
 from __future__ import annotations
 
-import argparse
 import copy
 import importlib.util
 import json
-import os
-import platform
 import statistics
 import sys
-import time
-from datetime import datetime, timezone
 
+import harness
 import torch
 import torch.nn.functional as F
 
@@ -114,12 +111,26 @@ def load_engine(path: str):
     return mod
 
 
+def runners_of(net, x, y, index, n, steps, args, old) -> dict:
+    """``{name: seed -> [K, P] weights}``: the plain loop, each of lfed's backends (and ``old``'s)."""
+    w0 = ParamLayout.from_module(net).module_vector(net)
+
+    def with_engine(tr):
+        return lambda seed: lfed_round(tr, w0, x, y, index, n, steps, args.lr, args.batch_size, seed)
+
+    runners = {"plain": lambda seed: plain_loop(net, w0, x, y, index, n, steps, args.lr, args.batch_size, seed)}
+    for b in args.backends.split(","):
+        runners[b] = with_engine(CohortTrainer(net, backend=b))
+        if old is not None:
+            runners[f"old-{b}"] = with_engine(old.CohortTrainer(net, backend=b))
+    return runners
+
+
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, repeats=5, out=None, out_flags=("--json",), out_help="also write the results here")
     p.add_argument("--models", default="mlp,cnn")
     p.add_argument("--cohorts", default="10,50,100")
     p.add_argument("--backends", default="vmap,loop")
-    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--mlp-examples", type=int, default=600, help="examples per client for the MLP (job 2: 600)")
     p.add_argument("--cnn-examples", type=int, default=50, help="examples per client for the CNN")
     p.add_argument("--batch-size", type=int, default=10)
@@ -127,40 +138,32 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--compare-engine", default=None, help="another engine.py to time beside this one")
-    p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
+    if args.quick:
+        args.models, args.cohorts, args.mlp_examples, args.repeats = "mlp", "2", 20, 1
     if args.threads:
         torch.set_num_threads(args.threads)
     old = load_engine(args.compare_engine) if args.compare_engine else None
     rows = []
-    print(f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"load {os.getloadavg()[0]:.1f}")
+    print(harness.machine_line())
     for model in args.models.split(","):
         n = args.mlp_examples if model == "mlp" else args.cnn_examples
         steps = -(-n // args.batch_size)
         for K in [int(k) for k in args.cohorts.split(",")]:
             net, x, y, index, source = make_setting(model, K, n, args.data_dir)
-            layout = ParamLayout.from_module(net)
-            w0 = layout.module_vector(net)
-            runners = {"plain": lambda seed: plain_loop(net, w0, x, y, index, n, steps, args.lr, args.batch_size, seed)}
-            for b in args.backends.split(","):
-                tr = CohortTrainer(net, backend=b)
-                runners[b] = lambda seed, tr=tr: lfed_round(tr, w0, x, y, index, n, steps, args.lr, args.batch_size, seed)
-                if old is not None:
-                    otr = old.CohortTrainer(net, backend=b)
-                    runners[f"old-{b}"] = lambda seed, tr=otr: lfed_round(tr, w0, x, y, index, n, steps, args.lr, args.batch_size, seed)
+            runners = runners_of(net, x, y, index, n, steps, args, old)
             # same arithmetic: every runner gives the plain loop's weights (float32 round-off)
             ref = runners["plain"](0)
             check = {name: float((run(0) - ref).abs().max()) for name, run in runners.items() if name != "plain"}
-            times: dict[str, list[float]] = {name: [] for name in runners}
-            for r in range(args.repeats):
-                names = list(runners)
-                names = names[r % len(names):] + names[: r % len(names)]  # rotate the order
-                for name in names:
-                    t0 = time.perf_counter()
-                    runners[name](r + 1)
-                    times[name].append(time.perf_counter() - t0)
+            seeds = dict.fromkeys(runners, 0)  # each timed run its own seed: 1, 2, ...
+
+            def timed(name, seeds=seeds, runners=runners):
+                seeds[name] += 1
+                return runners[name](seeds[name])
+
+            runs = harness.interleave({name: (lambda name=name: timed(name)) for name in runners}, repeats=args.repeats,
+                                      order="rotate")
+            times = {name: t.samples for name, t in runs.items()}
             examples = K * n
             row = {"model": model, "K": K, "examples_per_client": n, "steps": steps, "data": source,
                    "max_abs_diff_vs_plain": check}
@@ -173,9 +176,10 @@ def main() -> None:
                 f"{name}={row[f'{name}_examples_per_s']:,.0f}/s" + (f" (x{row[f'{name}_ratio']:.2f})" if name != "plain" else "")
                 for name in times
             )
-            print(f"{model} K={K} n={n}: {cols}; max|w - w_plain| {max(check.values()):.1e}", flush=True)
-    if args.json:
-        with open(args.json, "w") as fh:
+            print(f"{model} K={K} n={n}: {cols}; max|w - w_plain| {max(check.values()):.1e} "
+                  f"(load {harness.load_range(harness.all_loads(runs.values()))})", flush=True)
+    if args.out:
+        with open(args.out, "w") as fh:
             json.dump({"threads": torch.get_num_threads(), "torch": torch.__version__, "rows": rows}, fh, indent=1)
 
 

@@ -14,17 +14,12 @@ about ``max(compute, copy)``; with none, ``compute + copy``. Prints one JSON lin
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import sys
-import time
 from pathlib import Path
 
+import harness
+import personal_eval as pe
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import personal_eval as pe  # noqa: E402
 
 
 def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -55,14 +50,15 @@ def intersection(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, repeats=3, out=None, out_help="also write the JSON row here")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     ap.add_argument("--clients", type=int, default=10000)
     ap.add_argument("--features", type=int, default=784)
     ap.add_argument("--hidden", type=int, nargs="+", default=[200, 200])
     ap.add_argument("--chunk", type=int, default=256)
-    ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    if a.quick:
+        a.device, a.clients, a.features, a.hidden, a.repeats = "cpu", 20, 8, [8], 1
     from torch.profiler import ProfilerActivity, profile
 
     from lfed.engine.ranks import Ranks
@@ -86,21 +82,12 @@ def main() -> None:
         return run.personal_evaluation(evaluated, Ranks(), lambda t: t, False, 2048)
 
     cuda = a.device == "cuda"
-
-    def timed() -> float:
-        if cuda:
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        evaluate()
-        if cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter() - t
-
-    timed()  # warm-up
-    plain = [timed() for _ in range(3)]
+    sync = torch.cuda.synchronize if cuda else None
+    plain = harness.measure(evaluate, repeats=a.repeats, warmup=1, sync=sync)  # on a quiet machine, after a warm-up
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        wall = timed()
+    with profile(activities=activities) as prof, harness.stopwatch(sync) as sw:
+        evaluate()
+    wall = sw.seconds
     kernels, copies = [], []
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CUDA:
@@ -115,9 +102,9 @@ def main() -> None:
     k, c = union(kernels), union(copies)
     row = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__, "clients": a.clients,
            "params": int(w.numel()), "chunk": a.chunk, "row_bytes_total": a.clients * int(w.numel()) * 4,
-           "plain_s": sorted(plain), "profiled_wall_s": wall, "kernel_busy_s": length(k) / 1e6, "h2d_copy_busy_s": length(c) / 1e6,
+           "plain_s": sorted(plain.samples), "profiled_wall_s": wall, "kernel_busy_s": length(k) / 1e6, "h2d_copy_busy_s": length(c) / 1e6,
            "overlap_s": intersection(k, c) / 1e6, "kernel_events": len(kernels), "copy_events": len(copies),
-           "load": os.getloadavg()}
+           "load": plain.loads}
     if row["h2d_copy_busy_s"] > 0:
         row["h2d_GBps"] = row["row_bytes_total"] / row["h2d_copy_busy_s"] / 1e9
         row["overlap_of_copy"] = row["overlap_s"] / row["h2d_copy_busy_s"]

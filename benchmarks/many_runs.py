@@ -7,7 +7,7 @@ The grid is IGFL's client learning rates {1e-3, 3e-3, ..., 3e-1} x 3 seeds (``mo
 cohorts, stragglers, batches) of ``--algorithm`` (IGFL by default) on the IGFL cross-device
 config (``configs/paper/igfl/cross_device_mnist.yaml``: 100 clients, C = 0.1, B = 100, E = 1),
 18 runs. Every repeat builds the 18 runs afresh (``lfed grid``'s own parsing) and times, in
-turn (interleaved):
+turn (interleaved, each started on a quiet machine: :mod:`harness`):
 
 * ``group``: one :class:`lfed.lightning.group.RunGroup` of all 18 runs under one Trainer (one engine call per round);
 * ``one by one``: the same 18 runs one after another in this process, each a group of one
@@ -26,17 +26,12 @@ Runs per hour are from ``total s``. Evaluation: once, after the last round.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import resource
-import statistics
-import subprocess
-import sys
-import time
 
+import harness
 import torch
-from quiet import wait_quiet  # benchmarks/ is on sys.path when run as a script
 
 from lfed.lightning.grid import build_members, train_group
 from lfed.lightning.sweep import Sweep
@@ -60,13 +55,12 @@ def sweep(a) -> Sweep:
 
 
 def run_group(a) -> tuple[float, float]:
-    t0 = time.perf_counter()
-    members, trainer = build_members([a.config], sweep(a), overrides(a))
-    t1 = time.perf_counter()
-    group, _ = train_group(members, **fit_args(trainer))  # set-up (data on the device, state) included
-    t2 = time.perf_counter()
+    with harness.stopwatch() as total:
+        members, trainer = build_members([a.config], sweep(a), overrides(a))
+        with harness.stopwatch() as train:
+            group, _ = train_group(members, **fit_args(trainer))  # set-up (data on the device, state) included
     assert all(m.status == "done" and m.round == a.rounds for m in group.members), [(m.name, m.error) for m in group.members]
-    return t2 - t1, t2 - t0
+    return train.seconds, total.seconds
 
 
 def fit_args(trainer: dict) -> dict:
@@ -76,14 +70,14 @@ def fit_args(trainer: dict) -> dict:
 
 def run_one_by_one(a) -> tuple[float, float]:
     train = 0.0
-    t0 = time.perf_counter()
-    members, trainer = build_members([a.config], sweep(a), overrides(a))
-    for m in members:
-        t = time.perf_counter()
-        train_group([m], **fit_args(trainer))
-        train += time.perf_counter() - t
-        assert m.status == "done" and m.round == a.rounds, m.error
-    return train, time.perf_counter() - t0
+    with harness.stopwatch() as total:
+        members, trainer = build_members([a.config], sweep(a), overrides(a))
+        for m in members:
+            with harness.stopwatch() as sw:
+                train_group([m], **fit_args(trainer))
+            train += sw.seconds
+            assert m.status == "done" and m.round == a.rounds, m.error
+    return train, total.seconds
 
 
 def run_lfed_fit(a) -> tuple[float, float]:
@@ -92,40 +86,34 @@ def run_lfed_fit(a) -> tuple[float, float]:
     from lfed.lightning.module import FederatedModule
 
     train = 0.0
-    t0 = time.perf_counter()
-    for point in sweep(a).points():
-        args = ["--config", a.config, *Sweep.args_of(point), *overrides(a), "--trainer.logger=false",
-                "--trainer.enable_progress_bar=false", "--checkpoint_every=0", "--trainer.default_root_dir=/tmp/lfed-many-runs"]
-        cli = LfedCLI(FederatedModule, FederatedDataModule, run=False, args=args, save_config_callback=None)
-        cli.datamodule.build()
-        t = time.perf_counter()
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-        train += time.perf_counter() - t
-    return train, time.perf_counter() - t0
+    with harness.stopwatch() as total:
+        for point in sweep(a).points():
+            args = ["--config", a.config, *Sweep.args_of(point), *overrides(a), "--trainer.logger=false",
+                    "--trainer.enable_progress_bar=false", "--checkpoint_every=0", "--trainer.default_root_dir=/tmp/lfed-many-runs"]
+            cli = LfedCLI(FederatedModule, FederatedDataModule, run=False, args=args, save_config_callback=None)
+            cli.datamodule.build()
+            with harness.stopwatch() as sw:
+                cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+            train += sw.seconds
+    return train, total.seconds
 
 
 def run_processes(a) -> tuple[float, float]:
     env = dict(os.environ, WANDB_MODE="disabled")
-    t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import lfed.lightning.cli"], check=True, env=env)
-    startup = time.perf_counter() - t
-    t0 = time.perf_counter()
-    for point in sweep(a).points():
-        args = [sys.executable, "-m", "lfed.lightning.cli", "fit", "--config", a.config, *Sweep.args_of(point), *overrides(a),
-                "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--checkpoint_every=0",
-                "--trainer.default_root_dir=/tmp/lfed-many-runs"]
-        proc = subprocess.run(args, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"lfed fit failed: {' '.join(args)}\n{proc.stderr[-3000:]}")
-    total = time.perf_counter() - t0
-    return total - len(sweep(a).points()) * startup, total
+    startup = harness.measure(harness.python(["-c", "import lfed.lightning.cli"], env=env), quiet=False).median
+    with harness.stopwatch() as sw:
+        for point in sweep(a).points():
+            harness.python(["-m", "lfed.lightning.cli", "fit", "--config", a.config, *Sweep.args_of(point), *overrides(a),
+                            "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--checkpoint_every=0",
+                            "--trainer.default_root_dir=/tmp/lfed-many-runs"], env=env)()
+    return sw.seconds - len(sweep(a).points()) * startup, sw.seconds
 
 
 MODES = {"group": run_group, "one by one": run_one_by_one, "lfed fit": run_lfed_fit, "processes": run_processes}
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, repeats=3)
     p.add_argument("--config", default="configs/paper/igfl/cross_device_mnist.yaml")
     p.add_argument("--algorithm", default="igfl")
     p.add_argument("--dataset", default="mnist")
@@ -135,31 +123,35 @@ def main() -> None:
     p.add_argument("--lrs", type=int, default=6)
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--batch_size", type=int, default=None, help="Client batch size (default: the config's, 100)")
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     a = p.parse_args()
+    if a.quick:
+        a.rounds, a.lrs, a.seeds, a.repeats, a.modes = 1, 1, 2, 1, ["group", "one by one"]
     runs = a.lrs * a.seeds
     print(f"{runs} runs ({a.algorithm}, {a.dataset}, {a.net}, B={a.batch_size or 'config'}), {a.rounds} rounds, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.2f}")
-    times: dict[str, list[tuple[float, float]]] = {m: [] for m in a.modes}
-    for r in range(a.repeats):
-        for mode in a.modes:  # interleaved
-            load, _ = wait_quiet()  # every mode starts below load 1.0
-            times[mode].append(MODES[mode](a))
-            gc.collect()  # a group's members hold reference cycles: free them before the next mode builds its own
-            train, total = times[mode][-1]
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux -> GiB, peak so far
-            print(f"  repeat {r}: {mode}: train {train:.1f} s, total {total:.1f} s (load before {load:.2f}; "
-                  f"this process's peak RSS so far {peak:.1f} GiB)", flush=True)
+          f"{torch.get_num_threads()} threads, load {harness.loadavg():.2f}")
+
+    def mode(name):
+        out = MODES[name](a)
+        gc.collect()  # a group's members hold reference cycles: free them before the next mode builds its own
+        return out
+
+    def log(name, r, train, load, out) -> None:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux -> GiB, peak so far
+        print(f"  repeat {r}: {name}: train {train:.1f} s, total {out[1]:.1f} s (load before {load:.2f}; "
+              f"this process's peak RSS so far {peak:.1f} GiB)", flush=True)
+
+    # every mode starts below load 1.0, the modes interleaved; a run's figure is its train s, its result (train, total)
+    times = harness.interleave({m: (lambda m=m: mode(m)) for m in a.modes}, repeats=a.repeats, figure=lambda out: out[0], log=log)
     print(f"| mode | train s (median of {a.repeats}) | total s | runs / hour | speed-up (train) | speed-up (total) |")
     print("|---|---|---|---|---|---|")
-    base = {k: statistics.median(v) for k, v in ((m, [t[0] for t in times[m]]) for m in a.modes)}
-    tot = {k: statistics.median(v) for k, v in ((m, [t[1] for t in times[m]]) for m in a.modes)}
+    base = {m: t.median for m, t in times.items()}
+    tot = {m: harness.Timing([out[1] for out in t.results]).median for m, t in times.items()}
     ref = "one by one" if "one by one" in a.modes else a.modes[-1]
-    for mode in a.modes:
-        print(f"| {mode} | {base[mode]:.1f} | {tot[mode]:.1f} | {3600 * runs / tot[mode]:.0f} | "
-              f"{base[ref] / base[mode]:.2f}x | {tot[ref] / tot[mode]:.2f}x |")
-    print(f"load after: {os.getloadavg()[0]:.2f}")
+    for m in a.modes:
+        print(f"| {m} | {base[m]:.1f} | {tot[m]:.1f} | {3600 * runs / tot[m]:.0f} | "
+              f"{base[ref] / base[m]:.2f}x | {tot[ref] / tot[m]:.2f}x |")
+    print(f"load after: {harness.loadavg():.2f}")
 
 
 if __name__ == "__main__":

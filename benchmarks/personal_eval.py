@@ -14,32 +14,24 @@
 2. A Ditto round against a FedAvg round (same data, cohort, batches): the time per round from two
    fits of ``--rounds`` ``R1 < R2`` rounds, ``(t(R2) - t(R1)) / (R2 - R1)`` (set-up cancels).
 
-Medians of ``--repeat`` timings, the vmapped and the one-by-one evaluation taken in turn; prints the device, torch's threads and the load average before and
-after. Nothing is written.
+Medians of ``--repeat`` timings (:mod:`harness`), the vmapped and the one-by-one evaluation taken in turn, each turn
+started on a quiet machine; prints the device, torch's threads and the load average before and after. Nothing is
+written.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
-import time
-
+import harness
 import torch
 from torch.func import functional_call
 
+#: Timings synchronize the device first and last.
+SYNC = torch.cuda.synchronize if torch.cuda.is_available() else None
+
 
 def median_seconds(f, n: int) -> float:
-    times = []
-    for _ in range(n):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        f()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    """The median of ``n`` timings of ``f`` (no waiting: a caller's turn waited)."""
+    return harness.measure(f, repeats=n, quiet=False, sync=SYNC).median
 
 
 def _status_kb(field: str) -> int | None:
@@ -77,17 +69,14 @@ def peak_growth_mb(f) -> float | None:
 
 def interleaved(fs, n: int) -> list[float]:
     """Medians of ``n`` timings of each of ``fs``, taken in turn (f0, f1, f0, f1, ...), so a change of load
-    hits both. Each turn waits for the 1-minute load to fall below 1.0 (:func:`quiet.wait_quiet`, the benchmark's own
-    threads heat it) and prints it."""
-    from quiet import wait_quiet
+    hits both. Each timing waits for the 1-minute load to fall below 1.0 (:func:`harness.wait_quiet`, the benchmark's
+    own threads heat it) and prints it."""
 
-    times = [[] for _ in fs]
-    for i in range(n):
-        load, waited = wait_quiet()
-        print(f"  turn {i}: load {load:.2f} (waited {waited:.0f} s)", flush=True)
-        for f, t in zip(fs, times):
-            t.append(median_seconds(f, 1))
-    return [statistics.median(t) for t in times]
+    def log(i, turn, seconds, load, _) -> None:
+        print(f"  turn {turn}: {i}: {seconds:.3f} s, load {load:.2f}", flush=True)
+
+    runs = harness.interleave(dict(enumerate(fs)), repeats=n, sync=SYNC, log=log)
+    return [runs[i].median for i in range(len(fs))]
 
 
 def synthetic(num_clients: int, train: int, held: int, features: int, seed: int = 0):
@@ -118,9 +107,9 @@ def fit(m, dm, rounds: int, device: str):
     trainer = Trainer(max_steps=rounds, accelerator=device, devices=1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                       check_val_every_n_epoch=None, val_check_interval=rounds, limit_val_batches=0)
-    t = time.perf_counter()
-    trainer.fit(m, datamodule=dm)
-    elapsed = time.perf_counter() - t
+    with harness.stopwatch() as sw:
+        trainer.fit(m, datamodule=dm)
+    elapsed = sw.seconds
     if device == "gpu":  # Lightning's teardown puts the module back on the CPU; the run's data stays on the device
         m.to("cuda")
     return elapsed
@@ -209,7 +198,7 @@ def evaluation(args, N: int, device: str) -> None:
         return m.objective.rows("personal", torch.tensor([k], device=clients.device), first=w)[0]
 
     # both read their rows from the client state: the vmapped one a chunk at a time, the loop one row at a time
-    t_vmap, t_loop = interleaved([lambda: personal_evaluation(run), lambda: one_by_one(run, clients, row_of)], args.repeat)
+    t_vmap, t_loop = interleaved([lambda: personal_evaluation(run), lambda: one_by_one(run, clients, row_of)], args.repeats)
     vmapped = run.last_personal["personal"]
     agree = agreement(run, clients, row_of, one_by_one(run, clients, row_of), vmapped)
     mem_vmap = peak_growth_mb(lambda: personal_evaluation(run))
@@ -219,9 +208,11 @@ def evaluation(args, N: int, device: str) -> None:
     fit(ft, dm, 1, device)
     ft_run = ft.runs[0]
     ft_evaluated = (ft_run.client_accuracy(), None)
-    t_ft = median_seconds(lambda: ft_run.personal_evaluation(ft_evaluated, Ranks(), lambda t: t, False, 2048), args.repeat)
+    t_ft = median_seconds(lambda: ft_run.personal_evaluation(ft_evaluated, Ranks(), lambda t: t, False, 2048), args.repeats)
+    same = "equal" if agree["equal"] else f"{agree['clients_differing']} clients differ (near ties)"
     print(f"N={N:>6}  P={run.layout.num_params:,}  client_state={placement}  vmapped {t_vmap:8.3f} s  one by one {t_loop:8.3f} s  "
-          f"({t_loop / t_vmap:5.1f}x)  memory growth vmapped {mem_vmap:.0f} MB, one by one {mem_loop:.0f} MB  accuracies {'equal' if agree['equal'] else str(agree['clients_differing']) + ' clients differ (near ties)'}  FedAvg-FT (fine-tuning included) {t_ft:8.3f} s", flush=True)
+          f"({t_loop / t_vmap:5.1f}x)  memory growth vmapped {mem_vmap:.0f} MB, one by one {mem_loop:.0f} MB  accuracies {same}  "
+          f"FedAvg-FT (fine-tuning included) {t_ft:8.3f} s", flush=True)
 
 
 def param_count(args) -> int:
@@ -237,14 +228,14 @@ def round_time(args, device: str) -> None:
     out = {}
     for name, objective in (("fedavg", None), ("ditto", Ditto(lam=0.1))):
         t = [median_seconds(lambda r=r, o=objective: fit(module(o, args.features, args.hidden, device), dm, r, device),
-                            args.repeat) for r in (r1, r2)]
+                            args.repeats) for r in (r1, r2)]
         out[name] = (t[1] - t[0]) / (r2 - r1)
     print(f"round time, {args.round_clients} clients, C = 0.1: FedAvg {out['fedavg']:.4f} s, Ditto {out['ditto']:.4f} s "
           f"({out['ditto'] / out['fedavg']:.2f}x)", flush=True)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = harness.parser(__doc__, repeats=3, description=__doc__.splitlines()[0])
     p.add_argument("--clients", type=int, nargs="+", default=[100, 1000, 10000])
     p.add_argument("--train", type=int, default=20, help="training examples per client")
     p.add_argument("--held", type=int, default=5, help="held-out examples per client")
@@ -254,19 +245,21 @@ def main() -> None:
     p.add_argument("--rounds", type=int, nargs=2, default=[5, 25], help="R1 R2 of the round-time fits")
     p.add_argument("--round-clients", type=int, default=1000)
     p.add_argument("--no-round-time", action="store_true", help="skip part 2 (the Ditto round against a FedAvg round)")
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", dest="repeats", type=int, help="--repeats' older spelling")
     p.add_argument("--client-state", default="auto", choices=["auto", "device", "host", "disk"],
                    help="where Ditto's personal models live (auto: host when a dense [N, P] state passes 2 GB)")
     p.add_argument("--state-dir", default="/tmp/lfed_personal_eval_state", help="the disk placement's folder")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
+    if args.quick:
+        args.clients, args.features, args.hidden, args.rounds, args.round_clients, args.repeats = [20], 16, [16], [1, 2], 20, 1
     device = "gpu" if args.device == "cuda" else args.device
-    print(f"device {args.device}, torch threads {torch.get_num_threads()}, load before {os.getloadavg()[0]:.2f}")
+    print(f"device {args.device}, torch threads {torch.get_num_threads()}, load before {harness.loadavg():.2f}")
     for N in args.clients:
         evaluation(args, N, device)
     if not args.no_round_time:
         round_time(args, device)
-    print(f"load after {os.getloadavg()[0]:.2f}")
+    print(f"load after {harness.loadavg():.2f}")
 
 
 if __name__ == "__main__":

@@ -9,28 +9,21 @@ with and without ``crop_flip`` augmentation. One timed call of :meth:`lfed.engin
 variant, after a warm-up call of each; "centralized" is one ResNet-20 taking the same 5 steps over the cohort's
 ``K x 32`` examples at once (plain autograd, torch's BatchNorm: the same examples and FLOPs in one batch). Every
 repeat times every variant once, in turn (interleaved), waiting for a quiet machine before each
-(``benchmarks/quiet.py``); the table gives medians, the ratio to the centralized step, and the loads seen.
+(:mod:`harness`); the table gives medians, the ratio to the centralized step, and the loads seen.
 Not part of the test suite.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
-import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness
+import torch
 
-import torch  # noqa: E402
-from quiet import wait_quiet  # noqa: E402
-
-from lfed.data.augment import build_augmentation  # noqa: E402
-from lfed.data.datasets import load_dataset  # noqa: E402
-from lfed.engine import CohortTrainer, StepRule  # noqa: E402
-from lfed.models import ResNet20  # noqa: E402
+from lfed.data.augment import build_augmentation
+from lfed.data.datasets import load_dataset
+from lfed.engine import CohortTrainer, StepRule
+from lfed.models import ResNet20
 
 STEPS, BATCH, PER_CLIENT = 5, 32, 64
 
@@ -71,11 +64,12 @@ def centralized_call(net, x, y, index, steps: int = STEPS, batch: int = BATCH):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = harness.parser(__doc__, repeats=3, description=__doc__.splitlines()[0])
     p.add_argument("--cohorts", type=int, nargs="+", default=[5, 10])
     p.add_argument("--width", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
+    if args.quick:
+        args.cohorts, args.width, args.repeats = [1], 2, 1
     data = load_dataset("cifar_synthetic")
     x, y = data.train_x, data.train_y
     rows = []
@@ -91,18 +85,10 @@ def main() -> None:
             variants[f"lfed loop, {norm}"] = lfed_call(net, "loop", x, y, index, sizes)
             variants[f"centralized, {norm}"] = centralized_call(make(), x, y, index)
         variants["lfed vmap, batch, crop_flip"] = lfed_call(ResNet20(width=args.width), "vmap", x, y, index, sizes, augment=True)
-        for call in variants.values():  # warm-up (recording the step, allocator)
-            call()
-        times = {name: [] for name in variants}
-        loads = []
-        for _ in range(args.repeats):
-            for name, call in variants.items():
-                load, _ = wait_quiet()
-                loads.append(load)
-                t = time.perf_counter()
-                call()
-                times[name].append(time.perf_counter() - t)
-        med = {name: statistics.median(v) for name, v in times.items()}
+        # warm-up (recording the step, allocator), then every variant once per repeat, in turn
+        times = harness.interleave(variants, repeats=args.repeats, warmup=1)
+        loads = harness.all_loads(times.values())
+        med = {name: t.median for name, t in times.items()}
         for name, m in med.items():
             ref = med["centralized, " + ("group" if "group" in name else "batch")]
             rows.append((k, name, m, m / ref, min(loads), max(loads)))

@@ -4,7 +4,8 @@ Synthetic data (Gaussian inputs of 64 features, labels from a random linear teac
 examples per client (IID split), an MLP 64-200-200-10 (55,210 parameters), B = 10, E = 1, for
 ``fedavg`` and ``scaffold`` (whose control variates ``c_k`` are ``N x P`` numbers). Every setting
 runs in a fresh process through the public API (FederatedDataModule.from_tensors,
-FederatedModule, a quiet Lightning Trainer) and reports:
+FederatedModule, a quiet Lightning Trainer), started on a quiet machine (:mod:`harness`; ``--repeats``: the
+settings interleaved, medians shown), and reports:
 
 * set-up: process start to the first round (imports, data, partition, state allocation);
 * s/round: median wall-clock of rounds 2..R;
@@ -24,12 +25,12 @@ T_START = time.perf_counter()
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import resource  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-from datetime import datetime, timezone  # noqa: E402
+
+import harness  # noqa: E402
 
 
 def one(cfg: dict) -> dict:
@@ -57,10 +58,10 @@ def one(cfg: dict) -> dict:
 
     class Clock(Callback):
         def on_train_start(self, *a, **k) -> None:
-            marks["start"] = time.perf_counter()
+            marks["start"] = harness.clock()
 
         def on_train_batch_end(self, *a, **k) -> None:
-            ends.append(time.perf_counter())
+            ends.append(harness.clock())
 
     trainer = Trainer(max_steps=cfg["rounds"], accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
@@ -76,8 +77,17 @@ def one(cfg: dict) -> dict:
     }
 
 
+def run(cfg: dict) -> dict | str:
+    """``one(cfg)`` in a fresh process: its result, or the reason it failed."""
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", json.dumps(cfg)],
+                          capture_output=True, text=True, env=dict(os.environ, WANDB_MODE="disabled"))
+    if proc.returncode != 0 or harness.RESULT not in proc.stdout:
+        return "failed: " + ((proc.stderr or proc.stdout).strip().splitlines() or ["?"])[-1]
+    return harness.result_line(proc.stdout)
+
+
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, repeats=1, out=None, out_flags=("--json",))
     p.add_argument("--clients", default="100,1000,10000", help="N values (at --k)")
     p.add_argument("--k", type=int, default=10, help="cohort size of the N sweep")
     p.add_argument("--cohorts", default="10,100,1000", help="K values (at --n-for-k clients)")
@@ -86,35 +96,36 @@ def main() -> None:
     p.add_argument("--algorithms", default="fedavg,scaffold")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--json", default=None)
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print("RESULT " + json.dumps(one(json.loads(args.one))), flush=True)
+        harness.print_result(one(json.loads(args.one)))
         return
+    if args.quick:
+        args.clients, args.cohorts, args.n_for_k, args.algorithms, args.rounds = "100", "10", 100, "fedavg", 2
     settings = [(a, int(N), args.k) for a in args.algorithms.split(",") for N in args.clients.split(",") if N]
     settings += [(a, args.n_for_k, int(K)) for a in args.algorithms.split(",") for K in args.cohorts.split(",") if K
                  and (a, args.n_for_k, int(K)) not in settings]
-    print(f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()}, {os.cpu_count()} cores, "
-          f"load {os.getloadavg()[0]:.1f}; {args.examples} examples/client, {args.rounds} rounds", flush=True)
+    print(f"{harness.machine_line()}; {args.examples} examples/client, {args.rounds} rounds", flush=True)
+    runs = harness.interleave(
+        {(algo, N, K): (lambda algo=algo, N=N, K=K: run({"algo": algo, "N": N, "K": K, "n": args.examples, "rounds": args.rounds,
+                                                        "threads": args.threads})) for algo, N, K in settings},
+        repeats=args.repeats)
     print("| algorithm | N | K | set-up (s) | s/round | peak RSS (MB) | per-client state (MB) |")
     print("|---|---|---|---|---|---|---|")
     results = []
-    for algo, N, K in settings:
-        cfg = {"algo": algo, "N": N, "K": K, "n": args.examples, "rounds": args.rounds, "threads": args.threads}
-        env = dict(os.environ, WANDB_MODE="disabled")
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", json.dumps(cfg)],
-                              capture_output=True, text=True, env=env)
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        if proc.returncode != 0 or not line:
-            print(f"| {algo} | {N:,} | {K:,} | failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1]} | | | |")
+    for (algo, N, K), t in runs.items():
+        ok = [r for r in t.results if isinstance(r, dict)]
+        if not ok:
+            print(f"| {algo} | {N:,} | {K:,} | {t.results[0]} | | | |")
             continue
-        r = json.loads(line[0][7:])
-        results.append(r)
-        print(f"| {algo} | {N:,} | {K:,} | {r['setup_s']:.2f} | {r['round_s']:.4f} | {r['peak_rss_mb']:,.0f} | "
-              f"{r['client_state_mb']:,.1f} |", flush=True)
-    if args.json:
-        with open(args.json, "w") as fh:
+        results += ok
+        med = {k: statistics.median(r[k] for r in ok) for k in ("setup_s", "round_s", "peak_rss_mb", "client_state_mb")}
+        print(f"| {algo} | {N:,} | {K:,} | {med['setup_s']:.2f} | {med['round_s']:.4f} | {med['peak_rss_mb']:,.0f} | "
+              f"{med['client_state_mb']:,.1f} |", flush=True)
+    print(f"load before each run: {harness.load_range(harness.all_loads(runs.values()))}")
+    if args.out:
+        with open(args.out, "w") as fh:
             json.dump(results, fh, indent=1)
 
 

@@ -15,7 +15,8 @@ FederatedModule with ``client_state=...``, a quiet Lightning Trainer) and report
   ``disk``, whose rows are in the file, paged in as needed).
 
 A ``device`` setting whose dense state would pass ``--dense-limit-gb`` is not run (reported as
-skipped with its size). CPU only (``accelerator="cpu"``).
+skipped with its size). CPU only (``accelerator="cpu"``). Every run starts on a quiet machine
+(:mod:`harness`; its load is in the table); ``--repeats`` interleaves the settings.
 
     python benchmarks/state_scaling.py                                   # the table (1 repeat)
     python benchmarks/state_scaling.py --clients 10000 --cohorts 100 --repeats 3   # round-time ratios
@@ -31,15 +32,13 @@ T_START = time.perf_counter()
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import resource  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
-from datetime import datetime, timezone  # noqa: E402
 
-from quiet import wait_quiet  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+import harness  # noqa: E402
 
 #: Per-client tensors of P numbers each algorithm keeps.
 LAZY_TENSORS = {"scaffold": 1, "efl": 3}
@@ -74,10 +73,10 @@ def one(cfg: dict) -> dict:
 
     class Clock(Callback):
         def on_train_start(self, *a, **k) -> None:
-            marks["start"] = time.perf_counter()
+            marks["start"] = harness.clock()
 
         def on_train_batch_end(self, *a, **k) -> None:
-            ends.append(time.perf_counter())
+            ends.append(harness.clock())
 
     trainer = Trainer(max_steps=cfg["rounds"], accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
@@ -100,14 +99,13 @@ def run(cfg: dict) -> dict | str:
     with tempfile.TemporaryDirectory(prefix="lfed-state-") as d:
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", json.dumps({**cfg, "dir": d})],
                               capture_output=True, text=True, env=env)
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not line:
+    if proc.returncode != 0 or harness.RESULT not in proc.stdout:
         return "failed: " + ((proc.stderr or proc.stdout).strip().splitlines() or ["?"])[-1]
-    return json.loads(line[0][7:])
+    return harness.result_line(proc.stdout)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, repeats=1, out=None, out_flags=("--json",))
     p.add_argument("--clients", default="1000,10000,100000")
     p.add_argument("--cohorts", default="10,100")
     p.add_argument("--algorithms", default="scaffold,efl")
@@ -115,34 +113,32 @@ def main() -> None:
     p.add_argument("--placements", default="device,host,disk")
     p.add_argument("--examples", type=int, default=5, help="examples per client")
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=1, help="repeats (settings interleaved); medians are shown")
     p.add_argument("--dense-limit-gb", type=float, default=6.0, help="skip device settings whose dense state is larger")
     p.add_argument("--headline", action="store_true", help="SCAFFOLD, N = 100,000, MLP, K = 10, 20 rounds, host")
-    p.add_argument("--json", default=None)
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print("RESULT " + json.dumps(one(json.loads(args.one))), flush=True)
+        harness.print_result(one(json.loads(args.one)))
         return
+    if args.quick:
+        args.clients, args.cohorts, args.algorithms, args.placements, args.rounds = "100", "10", "scaffold", "device,host", 2
     if args.headline:
         args.clients, args.cohorts, args.algorithms, args.models, args.placements, args.rounds = "100000", "10", "scaffold", "mlp", "host", 20
     settings = [dict(algo=a, model=m, N=int(N), K=int(K), placement=pl, n=args.examples, rounds=args.rounds)
                 for m in args.models.split(",") for a in args.algorithms.split(",") for N in args.clients.split(",")
                 for K in args.cohorts.split(",") for pl in args.placements.split(",")]
-    print(f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()}, {os.cpu_count()} cores, CPU only, "
-          f"load {os.getloadavg()[0]:.2f}; {args.examples} examples/client, {args.rounds} rounds, {args.repeats} repeat(s)", flush=True)
-    results: dict[int, list] = {i: [] for i in range(len(settings))}
-    for _ in range(args.repeats):
-        for i, cfg in enumerate(settings):
-            dense_gb = LAZY_TENSORS[cfg["algo"]] * cfg["N"] * PARAMS[cfg["model"]] * 4 / 2**30
-            if cfg["placement"] == "device" and dense_gb > args.dense_limit_gb:
-                results[i].append(f"skipped: dense state {dense_gb:,.1f} GB")
-                continue
-            load, _ = wait_quiet()
-            r = run(cfg)
-            if isinstance(r, dict):
-                r["load"] = load
-            results[i].append(r)
+    print(f"{harness.machine_line()}, CPU only; {args.examples} examples/client, {args.rounds} rounds, "
+          f"{args.repeats} repeat(s)", flush=True)
+    results: dict[int, list] = {}
+    torun = {}
+    for i, cfg in enumerate(settings):
+        dense_gb = LAZY_TENSORS[cfg["algo"]] * cfg["N"] * PARAMS[cfg["model"]] * 4 / 2**30
+        if cfg["placement"] == "device" and dense_gb > args.dense_limit_gb:
+            results[i] = [f"skipped: dense state {dense_gb:,.1f} GB"]
+        else:
+            torun[i] = lambda cfg=cfg: run(cfg)
+    for i, t in harness.interleave(torun, repeats=args.repeats).items():
+        results[i] = [r if isinstance(r, str) else {**r, "load": load} for r, load in zip(t.results, t.loads)]
     print("| algorithm | model | N | K | placement | set-up (s) | s/round | peak RSS (MB) | state (MB) | load |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     out = []
@@ -166,8 +162,8 @@ def main() -> None:
         if a and b:
             print(f"# {cfg['algo']} {cfg['model']} N={cfg['N']:,} K={cfg['K']}: {cfg['placement']}/device s/round = "
                   f"{statistics.median(a) / statistics.median(b):.2f}")
-    if args.json:
-        with open(args.json, "w") as fh:
+    if args.out:
+        with open(args.out, "w") as fh:
             json.dump(out, fh, indent=1)
 
 
