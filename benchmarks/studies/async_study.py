@@ -87,7 +87,7 @@ def table(out: Path) -> None:
 
 
 LRS = (0.03, 0.1, 0.3, 1.0)  # 1.0 added after every seed-0 run chose 0.3, the top of (0.03, 0.1, 0.3)
-PROTOCOL_OUT = Path(__file__).parent / "results" / "async_protocol"
+PROTOCOL_OUT = Path(__file__).resolve().parents[1] / "results" / "async_protocol"
 PROTOCOL_RUNS = ("fedavg_sync", "fedbuff_c20", "fedbuff_c50", "fedbuff_c100", "fedasync_c10")
 
 
@@ -195,12 +195,12 @@ def main() -> None:
         protocol_table()
         return
     if sys.argv[1:2] == ["--table"]:
-        table(Path(sys.argv[2]) if len(sys.argv) > 2 else Path(__file__).parent / "results" / "async_study")
+        table(Path(sys.argv[2]) if len(sys.argv) > 2 else Path(__file__).resolve().parents[1] / "results" / "async_study")
         return
     parser = argparse.ArgumentParser()
     parser.add_argument("run", choices=sorted(RUNS))
     parser.add_argument("seed", type=int)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "async_study"))
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "async_study"))
     parser.add_argument("--steps", type=int, default=None, help="server steps (default: 1,000 uploads)")
     parser.add_argument("--lr", type=float, default=None, help="client learning rate (default 0.05; in the file name when given)")
     parser.add_argument("--validation", type=float, default=0.0, help="data.validation_fraction (the protocol: 0.1)")

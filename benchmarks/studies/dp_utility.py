@@ -16,8 +16,8 @@ import math
 import statistics
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "protocol" / "dp_utility_mnist.json"
+BENCH = Path(__file__).resolve().parents[1]
+RESULTS = BENCH / "results" / "protocol" / "dp_utility_mnist.json"
 
 
 def main() -> None:
@@ -62,7 +62,7 @@ def main() -> None:
     fig.tight_layout()
     out = RESULTS.with_name("dp_utility_mnist_eps.png")
     fig.savefig(out, dpi=120)
-    print(f"\n![accuracy against ε]({out.relative_to(HERE.parent)})")
+    print(f"\n![accuracy against ε]({out.relative_to(BENCH.parent)})")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from lfed import FederatedDataset, LocalTraining, build_run, fit_run  # noqa: E402
 from lfed.models import ResNet20  # noqa: E402
 
-OUT = Path(__file__).resolve().parent / "results" / "vision"
+OUT = Path(__file__).resolve().parents[1] / "results" / "vision"
 ARMS = [(a, g) for a in ("fedavg", "fedbn") for g in ("none", "crop_flip")]
 KEYS = ("test/acc", "client/acc_mean", "personal/acc_mean")
 

@@ -49,7 +49,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 import torch  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAPER = REPO / "configs" / "paper"
 IGFL = PAPER / "igfl"
 PLOTS = REPO / "benchmarks" / "results" / "paper"

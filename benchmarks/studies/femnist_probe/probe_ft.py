@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch.func import functional_call
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
 from conftest import run_rounds  # noqa: E402
 
 from lfed.engine import batch_schedule  # noqa: E402

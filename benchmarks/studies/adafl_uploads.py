@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "paper" / "adafl_mnist.yaml"
 
 #: The paper's MNIST numbers (003, Table "rounds (uploads)" to 90% and 91%).
