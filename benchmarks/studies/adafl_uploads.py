@@ -18,7 +18,7 @@ prints a table of rounds and uploads to each target (and the best accuracy of ea
 
 Example (the command behind benchmarks/results/adafl_uploads.md)::
 
-    python benchmarks/adafl_uploads.py --data-dir ../shared/data --rounds 100 --eval-every 2
+    python benchmarks/studies/adafl_uploads.py --data-dir ../shared/data --rounds 100 --eval-every 2
 
 This is a benchmark, not a test: a full run takes tens of minutes on a CPU.
 """
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     os.environ.setdefault("WANDB_MODE", "disabled")
 
-    command = "python benchmarks/adafl_uploads.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = "python benchmarks/studies/adafl_uploads.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     results = {}

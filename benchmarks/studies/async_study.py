@@ -2,12 +2,12 @@
 
 One run per call (the shared machine's lock is taken per run by the caller):
 
-    python benchmarks/async_study.py RUN SEED [--steps S] [--out DIR]
-    python benchmarks/async_study.py --table [DIR]      # the RESULTS.md table from the runs' files
-    python benchmarks/async_study.py --protocol [--lock FILE]   # the fair protocol (below): runs what is missing
-    python benchmarks/async_study.py --protocol-table   # its RESULTS.md tables
+    python benchmarks/studies/async_study.py RUN SEED [--steps S] [--out DIR]
+    python benchmarks/studies/async_study.py --table [DIR]      # the RESULTS.md table from the runs' files
+    python benchmarks/studies/async_study.py --protocol [--lock FILE]   # the fair protocol (below): runs what is missing
+    python benchmarks/studies/async_study.py --protocol-table   # its RESULTS.md tables
 
-The fair protocol (``--protocol``, the repository's ``benchmarks/paper_protocol.py`` rule): 10% of the training
+The fair protocol (``--protocol``, the repository's ``benchmarks/studies/paper_protocol.py`` rule): 10% of the training
 set is a server-side validation split no client trains on (``data.validation_fraction=0.1``); for every run the
 client learning rate is chosen in :data:`LRS` on seed 0 by ``final/val_acc_last10pct`` (the validation accuracy
 of the last 10% of evaluations), never the test set; the chosen rate then runs on seeds 1 and 2. Files go to

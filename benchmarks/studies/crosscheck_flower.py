@@ -29,9 +29,9 @@ Run (Flower in its own environment; torch and lfed on the path)::
 
     python -m venv /tmp/flwrvenv && /tmp/flwrvenv/bin/pip install flwr numpy
     PYTHONPATH=/path/to/lfed:/path/to/venv-with-torch/site-packages \\
-        /tmp/flwrvenv/bin/python benchmarks/crosscheck_flower.py
+        /tmp/flwrvenv/bin/python benchmarks/studies/crosscheck_flower.py
 
-or ``pip install -e .[bench]`` and ``python benchmarks/crosscheck_flower.py``.
+or ``pip install -e .[bench]`` and ``python benchmarks/studies/crosscheck_flower.py``.
 """
 
 from __future__ import annotations

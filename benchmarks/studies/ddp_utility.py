@@ -1,6 +1,6 @@
 """Distributed DP (Skellam over secure aggregation) against central DP-FedAvg at matched ε on RESULTS.md's MNIST job.
 
-    LFED_DATA_DIR=../shared/data python benchmarks/ddp_utility.py --epsilons 8 2 --seeds 0 1
+    LFED_DATA_DIR=../shared/data python benchmarks/studies/ddp_utility.py --epsilons 8 2 --seeds 0 1
 
 The job of ``configs/paper/dp/mnist_utility.yaml`` (MNIST, 6,000 IID clients with the server's 10% validation split,
 a cohort of 120, 3 local steps of batch 3 at lr 0.3, MLP 784-100-10, 100 rounds, δ = 1/N) with one fixed clip ``C``

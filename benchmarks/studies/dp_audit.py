@@ -1,8 +1,8 @@
 """A one-run privacy audit of DP-FedAvg (lfed.privacy.audit; Steinke, Nasr, Jagielski 2023) on the MNIST DP job.
 
-    LFED_DATA_DIR=../shared/data python benchmarks/dp_audit.py --epsilon 4
-    LFED_DATA_DIR=../shared/data python benchmarks/dp_audit.py --epsilon 1 --leak no_noise
-    LFED_DATA_DIR=../shared/data python benchmarks/dp_audit.py --epsilon 4 --no_canaries   # the same run, unaudited
+    LFED_DATA_DIR=../shared/data python benchmarks/studies/dp_audit.py --epsilon 4
+    LFED_DATA_DIR=../shared/data python benchmarks/studies/dp_audit.py --epsilon 1 --leak no_noise
+    LFED_DATA_DIR=../shared/data python benchmarks/studies/dp_audit.py --epsilon 4 --no_canaries   # the same run, unaudited
 
 The job of ``configs/dp_mnist.yaml`` (MNIST, 1,000 IID clients with 10% held out, Poisson q = 0.1, MLP 784-200-200-10,
 one local epoch of batch 10, client lr 0.1, C = 0.5, 200 rounds) with ``z`` calibrated for ``--epsilon`` at

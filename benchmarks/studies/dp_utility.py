@@ -1,12 +1,12 @@
 """DP-FedAvg's privacy-utility curve from the protocol study ``configs/paper/grids/dp_utility_mnist.yaml``.
 
 Reads the study's results (``benchmarks/results/protocol/dp_utility_mnist.json``, written by
-``benchmarks/paper_protocol.py``), draws test accuracy against ε (mean ± std over seeds; ε = ∞, the same
+``benchmarks/studies/paper_protocol.py``), draws test accuracy against ε (mean ± std over seeds; ε = ∞, the same
 clipping with no noise, at the right) to ``benchmarks/results/protocol/dp_utility_mnist_eps.png`` and prints
 the table of RESULTS.md: per ε the calibrated noise multiplier z, the ε spent after the last round (the
 largest over seeds), the chosen client lr and the test accuracy.
 
-    python benchmarks/dp_utility.py
+    python benchmarks/studies/dp_utility.py
 """
 
 from __future__ import annotations

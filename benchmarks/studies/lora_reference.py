@@ -8,7 +8,7 @@
   (``comm/bits_up``: what the clients' uploads cost, as lfed counts them for every run) and divided by the
   round's uploads: bits per client per round, and per round.
 
-    LFED_DATA_DIR=../shared/data python benchmarks/lora_reference.py configs/paper/grids/lora_shakespeare.yaml
+    LFED_DATA_DIR=../shared/data python benchmarks/studies/lora_reference.py configs/paper/grids/lora_shakespeare.yaml
 
 Prints a markdown table (RESULTS.md, under the study's section) and writes
 ``benchmarks/results/protocol/<study>_reference.json``.

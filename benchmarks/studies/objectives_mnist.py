@@ -19,7 +19,7 @@ sensible magnitude.
 
 Run (the defaults; about 16 minutes on a shared, busy 2-core CPU, one torch thread)::
 
-    LFED_DATA_DIR=../shared/data python benchmarks/objectives_mnist.py \\
+    LFED_DATA_DIR=../shared/data python benchmarks/studies/objectives_mnist.py \\
         --rounds 150 --batch-size 50 --client-lr 0.05
 
 Result of that command (lfed 8cc0fff, CPU, float32; accuracy = mean over the 15 evaluations

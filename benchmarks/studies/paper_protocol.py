@@ -36,8 +36,8 @@ or a file it names (a base checkpoint) has changed since (``paper_results.inputs
 
 Usage (from the repository root)::
 
-    python benchmarks/paper_protocol.py configs/paper/grids/igfl_device_rho1.yaml
-    python benchmarks/paper_protocol.py configs/paper/grids/igfl_device_rho1.yaml --quick   # smoke test
+    python benchmarks/studies/paper_protocol.py configs/paper/grids/igfl_device_rho1.yaml
+    python benchmarks/studies/paper_protocol.py configs/paper/grids/igfl_device_rho1.yaml --quick   # smoke test
 
 ``--lock FILE`` takes an exclusive ``flock`` on FILE around each run (to share a small machine with
 other CPU-heavy jobs one at a time). Not part of the test suite.
@@ -672,7 +672,7 @@ def main(argv: list[str] | None = None) -> None:
             res = run_study(study, runner, args.lock, args.quick, log, together=args.together)
         seconds = sum(x.seconds for r in res.values() for x in [*(g[2] for g in r["grid"]), *r["runs"][1:], *r.get("longer", [])])
         path = REPO / "configs" / "paper" / "grids" / f"{study.name}.yaml"
-        cmd = f"python benchmarks/paper_protocol.py {path.relative_to(REPO)}" + (" --together" if args.together else "")
+        cmd = f"python benchmarks/studies/paper_protocol.py {path.relative_to(REPO)}" + (" --together" if args.together else "")
         lines = section(study, res, cmd, seconds, (load0, os.getloadavg()[0]) if runner.trained else None, args.quick)
         print("\n".join(lines))
         if args.quick:

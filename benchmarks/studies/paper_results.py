@@ -23,8 +23,8 @@ RESULTS.md next to the numbers. Experiments:
 
 Usage (from the repository root)::
 
-    python benchmarks/paper_results.py            # the full run, about 25 min on 2 busy CPU cores
-    python benchmarks/paper_results.py --quick    # a few rounds of everything (smoke test)
+    python benchmarks/studies/paper_results.py            # the full run, about 25 min on 2 busy CPU cores
+    python benchmarks/studies/paper_results.py --quick    # a few rounds of everything (smoke test)
 
 Not part of the test suite. Torch runs on one thread by default (``--threads``): on a
 shared 2-core machine two intra-op threads spin against other processes and cost several
@@ -848,7 +848,7 @@ def winner(runs: dict[str, Run]) -> str:
 
 def write_results(res: dict, args, started: float, scale: Scale, threads: int) -> str:
     rel = lambda p: str(Path(p).relative_to(REPO))  # noqa: E731
-    cmd = "python benchmarks/paper_results.py" + (" --quick" if args.quick else "")
+    cmd = "python benchmarks/studies/paper_results.py" + (" --quick" if args.quick else "")
     L: list[str] = [
         "# Results: the seed papers' experiments, scaled down to this machine",
         "",

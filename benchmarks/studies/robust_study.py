@@ -1,7 +1,7 @@
 """Byzantine robustness under a fair protocol (issue 52): every rule against every attack, the worst case per rule.
 
-    LFED_DATA_DIR=/work/shared/data nice -n 19 python benchmarks/robust_study.py           # the study (cached)
-    LFED_DATA_DIR=/work/shared/data python benchmarks/robust_study.py --quick               # a smoke test
+    LFED_DATA_DIR=/work/shared/data nice -n 19 python benchmarks/studies/robust_study.py           # the study (cached)
+    LFED_DATA_DIR=/work/shared/data python benchmarks/studies/robust_study.py --quick               # a smoke test
 
 The setting is ``configs/paper/robust/mnist.yaml`` (MNIST, 15 clients all every round, 2 local steps of batch 32,
 MLP 784-64-10, 30 rounds: small, so that its 2,376 runs fit a 2-core CPU in about an hour). The protocol, ByzFL's
@@ -199,7 +199,7 @@ def report(table, chosen, rules, attacks, hets, seeds, rounds, minutes, trained)
               f"the rule with its f and the Byzantine clients sending their honest updates, at that lr (the price of "
               f"robustness); clean, f = 0: no Byzantine client and f = 0 (trimmed mean, Multi-Krum, Bulyan and NNM are then "
               f"the mean), at its own best lr. {trained} runs trained by this invocation in {minutes:.0f} "
-              f"minutes (lfed {git_head()}); `python benchmarks/robust_study.py`."]
+              f"minutes (lfed {git_head()}); `python benchmarks/studies/robust_study.py`."]
     return "\n".join(lines)
 
 

@@ -1,7 +1,7 @@
 """FedAvg and FedBN with a BatchNorm ResNet on non-IID FashionMNIST, with and without augmentation (issue 53).
 
-    LFED_DATA_DIR=../shared/data nice -n 19 python benchmarks/vision_study.py           # the study (cached)
-    LFED_DATA_DIR=../shared/data python benchmarks/vision_study.py --quick               # a smoke test
+    LFED_DATA_DIR=../shared/data nice -n 19 python benchmarks/studies/vision_study.py           # the study (cached)
+    LFED_DATA_DIR=../shared/data python benchmarks/studies/vision_study.py --quick               # a smoke test
 
 A CPU stand-in for the CIFAR tables of FL papers, stated as one: FashionMNIST (28x28, one channel), 20 clients
 with a Dirichlet(0.3) label skew, 5 a round, 5 local steps of batch 32 at client lr 0.05, 30 rounds, the CIFAR

@@ -1,4 +1,4 @@
-"""The protocol's run cache (benchmarks/paper_results.Runner) tells a stale entry from a current one: it records
+"""The protocol's run cache (benchmarks/studies/paper_results.Runner) tells a stale entry from a current one: it records
 the sha256 of the run's configs' parsed settings and of its base checkpoint's bytes, and an entry whose inputs changed
 since trains again; a comment edited in a config does not make its runs stale (issue 62), and an entry that recorded a
 config's bytes (before settings were fingerprinted) is read when a committed version with those bytes has today's
@@ -10,7 +10,7 @@ import sys
 
 from conftest import REPO
 
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks" / "studies"))
 import paper_results  # noqa: E402
 
 

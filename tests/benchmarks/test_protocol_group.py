@@ -1,4 +1,4 @@
-"""benchmarks/paper_protocol.py --group: runs trained together (lfed.lightning.group) record what the same runs
+"""benchmarks/studies/paper_protocol.py --group: runs trained together (lfed.lightning.group) record what the same runs
 trained alone through Lightning record: evaluations (test, validation, client accuracy, uploads),
 the final summary, the round diagnostics, divergence."""
 
@@ -7,7 +7,7 @@ import sys
 import pytest
 from conftest import REPO
 
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks" / "studies"))
 import paper_results  # noqa: E402
 
 QUICK = REPO / "configs" / "quickstart.yaml"

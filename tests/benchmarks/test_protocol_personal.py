@@ -1,4 +1,4 @@
-"""benchmarks/paper_protocol.py with ``metric: personal`` (SPEC §11): the choice on each client's own validation
+"""benchmarks/studies/paper_protocol.py with ``metric: personal`` (SPEC §11): the choice on each client's own validation
 split, the reported per-client figures, the fallback to the global model's for FedAvg, the missing-key error,
 on hand-made run histories; and the Recorder's per-client keys (old cached runs without them still load)."""
 
@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import REPO
 
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks" / "studies"))
 import paper_protocol as pp  # noqa: E402
 import paper_results  # noqa: E402
 from paper_results import Run  # noqa: E402

@@ -135,7 +135,7 @@ STUDIES = sorted((PAPER / "grids").glob("*.yaml"))
 def _protocol():
     import sys
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
+    sys.path.insert(0, str(REPO / "benchmarks" / "studies"))
     import paper_protocol
 
     return paper_protocol
@@ -164,7 +164,7 @@ class _Points:
 
 @pytest.mark.parametrize("path", STUDIES, ids=_rel)
 def test_every_study_file_reads_and_each_method_instantiates_at_its_grid_points(path):
-    """configs/paper/grids/ (benchmarks/paper_protocol.py): every method with every grid value parses."""
+    """configs/paper/grids/ (benchmarks/studies/paper_protocol.py): every method with every grid value parses."""
     study = _protocol().load_study(path)
     assert len(study.seeds) >= 3 and study.methods and study.rounds > 0
     point = _Points()

@@ -5,7 +5,7 @@ participation of every writer: the round, the global model w^r it received, its 
 and after, and checks the update by hand in float64 (v ← v − η(∇F_k(v) + λ(v − w^r)) on lfed's own
 "personal" batches), then the held-out accuracy and the training loss of v_k and of w^r.
 
-    PYTHONPATH=. python benchmarks/femnist_probe/probe_ditto.py --rounds 160 --lr 0.03
+    PYTHONPATH=. python benchmarks/studies/femnist_probe/probe_ditto.py --rounds 160 --lr 0.03
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Trains FedAvg on the study's setting (configs/paper/personal/femnist.yaml) for R
 writers: the global model's accuracy on the writer's held-out split, then after each fine-tuning step
 (plain SGD on the writer's TRAIN split, the lfed batches), and lfed's own personal row for the writer.
 
-    PYTHONPATH=. python benchmarks/femnist_probe/probe_ft.py --rounds 160 --lr 0.03
+    PYTHONPATH=. python benchmarks/studies/femnist_probe/probe_ft.py --rounds 160 --lr 0.03
 """
 
 from __future__ import annotations
