@@ -32,6 +32,9 @@ Datasets (:data:`DATASETS`):
   offline. Each class is a smooth random colour pattern, and every image is its class's pattern at
   a random shift of up to 4 pixels, mirrored with probability 1/2, plus noise: crops and flips are
   the invariances that help, as on CIFAR. It is not a benchmark.
+- ``synthetic``: FedProx's Synthetic(α, β) (Li et al. 2020, §5.1): ``num_clients`` devices, each generated from
+  ``(seed, k)`` alone, 60 features, 10 classes, power-law sizes; the test set is every device's test share
+  (:mod:`lfed.data.synthetic`, docs/algorithms.md §8.1). Generated, nothing to fetch.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from pathlib import Path
 import torch
 
 from lfed.data import leaf
+from lfed.data.synthetic import Synthetic, population
 from lfed.data.tensors import DatasetTensors, resolve_cache_dir, source_key
 
 __all__ = [
@@ -55,12 +59,13 @@ __all__ = [
 #: Names accepted by :func:`load_dataset`.
 DATASETS: tuple[str, ...] = (
     "digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist", "shakespeare", "cifar_synthetic",
+    "synthetic",
 )
 
 #: Number of classes of each dataset (``emnist`` with its default split ``byclass``).
 NUM_CLASSES: dict[str, int] = {
     "digits": 10, "mnist": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100,
-    "emnist": 62, "femnist": 62, "shakespeare": 80, "cifar_synthetic": 10,
+    "emnist": 62, "femnist": 62, "shakespeare": 80, "cifar_synthetic": 10, "synthetic": 10,
 }
 
 _EMNIST_CLASSES = {"byclass": 62, "bymerge": 47, "balanced": 47, "letters": 27, "digits": 10, "mnist": 10}
@@ -85,7 +90,8 @@ def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path:
 
 
 def load_dataset(
-    name: str, data_dir: str | os.PathLike | None = None, download: bool = False, *, emnist_split: str = "byclass"
+    name: str, data_dir: str | os.PathLike | None = None, download: bool = False, *, emnist_split: str = "byclass",
+    synthetic: Synthetic | None = None, num_clients: int | None = None,
 ) -> DatasetTensors:
     """Load a benchmark dataset as tensors.
 
@@ -96,6 +102,9 @@ def load_dataset(
             LEAF data and the embedded digits are never downloaded.
         emnist_split: torchvision EMNIST split for ``name="emnist"``: ``byclass``
             (default, 62 classes), ``bymerge``, ``balanced``, ``letters``, ``digits``, ``mnist``.
+        synthetic: For ``name="synthetic"``: its α, β and seed (:class:`lfed.data.synthetic.Synthetic`; default
+            Synthetic(1, 1), seed 0).
+        num_clients: For ``name="synthetic"``: the number of devices (required).
 
     Returns:
         The train and test tensors (see :class:`DatasetTensors`).
@@ -113,6 +122,10 @@ def load_dataset(
         return _load_digits()
     if name == "cifar_synthetic":
         return _synthetic_cifar()
+    if name == "synthetic":
+        if num_clients is None:
+            raise ValueError("synthetic: num_clients (the number of devices to generate) is required")
+        return population(Synthetic() if synthetic is None else synthetic, num_clients)
     if name in _IDX_DATASETS:
         return _load_idx_dataset(name, root, download)
     if name in ("cifar10", "cifar100"):

@@ -23,6 +23,7 @@ from torch.utils.data import Dataset, TensorDataset
 from lfed.data.augment import Augmentation, build_augmentation
 from lfed.data.datasets import DATASETS, load_dataset
 from lfed.data.partition import PARTITIONS, _flatten, holdout_split_flat, label_counts_flat, pack_flat, partition, validation_split
+from lfed.data.synthetic import Synthetic
 from lfed.data.tensors import DatasetTensors, validate_labels
 
 __all__ = ["FederatedData", "FederatedDataset", "HOST_FIELDS", "UnusedSettingWarning", "client_validation_seed", "share_datasets"]
@@ -290,7 +291,7 @@ class FederatedDataset:
 
     Args:
         dataset: A built-in dataset name (``digits``, ``mnist``, ``fashion_mnist``,
-            ``cifar10``, ``cifar100``, ``emnist``, ``femnist``, ``shakespeare``).
+            ``cifar10``, ``cifar100``, ``emnist``, ``femnist``, ``shakespeare``, ``cifar_synthetic``, ``synthetic``).
         data_dir: Where dataset files live (default ``$LFED_DATA_DIR`` or ``~/.cache/lfed``).
         download: Let torchvision download missing files (needs network).
         num_clients: ``N``.
@@ -320,6 +321,11 @@ class FederatedDataset:
             ``crop_flip`` (random crop with padding 4, then a horizontal flip with probability 1/2), ``crop``,
             ``flip``, or an :class:`~lfed.data.augment.Augmentation` (``class_path``); None: none. Each client,
             step and example draws its own parameters from the round's seed; evaluation never augments.
+        synthetic_alpha, synthetic_beta: α and β of ``dataset='synthetic'``, FedProx's Synthetic(α, β)
+            (:mod:`lfed.data.synthetic`, docs/algorithms.md §8.1): ``num_clients`` devices generated from
+            ``(seed, k)``, one client each (``partition='natural'``); the test set is every device's test share.
+        synthetic_iid: ``dataset='synthetic'``: the reference's Synthetic-IID (one model for every device, centred
+            inputs; α and β unread).
     """
 
     def __init__(
@@ -342,6 +348,9 @@ class FederatedDataset:
         test: tuple[Tensor, Tensor] | Dataset | None = None,
         num_classes: int | None = None,
         augment: str | Augmentation | None = None,
+        synthetic_alpha: float = 1.0,
+        synthetic_beta: float = 1.0,
+        synthetic_iid: bool = False,
     ) -> None:
         self.augment = build_augmentation(augment)
         if num_clients < 1:
@@ -389,12 +398,30 @@ class FederatedDataset:
         self.data: FederatedData | None = None
         if train is None and dataset not in DATASETS:
             raise ValueError(f"dataset: {dataset!r} is not one of {DATASETS}")
+        self.synthetic = self._synthetic_spec(synthetic_alpha, synthetic_beta, synthetic_iid)
         read_by = {"rho": (rho, 1.0, "dirichlet"), "shards_per_client": (shards_per_client, 2, "shards"),
                    "classes_per_client": (classes_per_client, 2, "classes")}
         for name, (value, default, reader) in read_by.items():  # a setting the partition ignores, said before round 0
             if value != default and partition != reader:
                 warnings.warn(f"{name}: {value} does nothing with partition: {partition!r} (only partition: {reader!r} "
                               "reads it)", UnusedSettingWarning, stacklevel=2)
+
+    def _synthetic_spec(self, alpha: float, beta: float, iid: bool) -> Synthetic | None:
+        """The Synthetic(α, β) settings when ``dataset='synthetic'`` (checked); else None, warning of set ones."""
+        if self._user_train is not None or self.dataset != "synthetic":
+            given = [f"synthetic_{k}: {v}" for k, v, d in (("alpha", alpha, 1.0), ("beta", beta, 1.0),
+                                                         ("iid", iid, False)) if v != d]
+            if given:
+                warnings.warn(f"{', '.join(given)} does nothing with dataset: {self.dataset!r} (only dataset: "
+                              "'synthetic' reads it)", UnusedSettingWarning, stacklevel=3)
+            return None
+        if self.partition != "natural":
+            raise ValueError(f"partition: dataset 'synthetic' generates num_clients devices, one client each; set "
+                             f"partition: natural (got {self.partition!r})")
+        try:
+            return Synthetic(alpha=alpha, beta=beta, iid=iid, seed=self.seed)
+        except ValueError as err:
+            raise ValueError(f"synthetic_{err}") from None
 
     @classmethod
     def from_tensors(
@@ -406,8 +433,10 @@ class FederatedDataset:
     # ------------------------------------------------------------------ building
     def dataset_key(self) -> tuple | None:
         """What identifies the loaded dataset (None for tensors of the user's): modules with one key share a load."""
-        return None if self._user_train is not None else (self.dataset, str(self.data_dir), self.download,
-                                                          self.invert_pixels)
+        if self._user_train is not None:
+            return None
+        key = (self.dataset, str(self.data_dir), self.download, self.invert_pixels)
+        return key if self.synthetic is None else (*key, self.synthetic, self.num_clients)
 
     def use_dataset(self, loaded: DatasetTensors) -> None:
         """Partition ``loaded`` (the dataset another module of the same :meth:`dataset_key` loaded) instead of loading it."""
@@ -421,7 +450,8 @@ class FederatedDataset:
 
     def _load_as_stored(self) -> DatasetTensors:
         if self._user_train is None:
-            return load_dataset(self.dataset, self.data_dir, self.download)
+            return load_dataset(self.dataset, self.data_dir, self.download, synthetic=self.synthetic,
+                                num_clients=self.num_clients)
         tx, ty = _as_tensors(self._user_train, "train")
         vx, vy = _as_tensors(self._user_test, "test")
         if tx.shape[1:] != vx.shape[1:] or tx.dtype != vx.dtype:

@@ -69,7 +69,7 @@ def test_unknown_name_lists_datasets() -> None:
     with pytest.raises(ValueError, match="digits.*mnist.*fashion_mnist.*cifar10.*femnist.*shakespeare"):
         load_dataset("imagenet")
     assert DATASETS == ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist",
-                        "shakespeare", "cifar_synthetic")
+                        "shakespeare", "cifar_synthetic", "synthetic")
 
 
 def test_cifar_synthetic_is_cifar_shaped_and_the_same_every_time() -> None:
