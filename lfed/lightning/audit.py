@@ -146,9 +146,11 @@ def report(result: Any, run_dir: Any, leak: str, mode: Mode = MODES["dp_fedavg"]
 
 def main(argv: list[str] | None = None) -> None:
     """``lfed audit`` (dispatched by :mod:`lfed.entry`): one line and exit 2 for a mistake, as ``lfed fit``."""
-    from lfed.lightning.cli import DEBUG_ENV, ConfigError, LfedCLI, silence_library_noise
+    from lfed.lightning.cli import LfedCLI
+    from lfed.lightning.cli_errors import DEBUG_ENV, ConfigError
     from lfed.lightning.datamodule import FederatedDataModule
     from lfed.lightning.module import FederatedModule
+    from lfed.lightning.reporting import silence_library_noise
 
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, rest = parser().parse_known_args(argv)

@@ -24,12 +24,14 @@ from typing import Any
 from lightning.pytorch import Trainer
 
 from lfed.core.settings import build_run
-from lfed.lightning.cli import LfedCLI, settings_of, wandb_logged_in
+from lfed.lightning.cli import LfedCLI
+from lfed.lightning.cli_loggers import wandb_logged_in
 from lfed.lightning.datamodule import FederatedDataModule
 from lfed.lightning.group import GroupMember, RunGroup, format_table
 from lfed.lightning.member_logs import MemberLoggers
 from lfed.lightning.module import FederatedModule
 from lfed.lightning.reporting import MetricsCSV, config_id, silence_library_noise
+from lfed.lightning.run_dirs import settings_of
 from lfed.lightning.sweep import Sweep, load_sweep, member_name
 from lfed.state.atomic import write_atomically
 

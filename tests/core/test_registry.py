@@ -133,7 +133,7 @@ def test_every_name_builds_its_class_with_the_settings_it_implies(role):
 def test_the_table_is_the_only_list_the_settings_and_help_read():
     import typing
 
-    from lfed.lightning.cli import _LISTED
+    from lfed.lightning.cli_help import _LISTED
     from lfed.lightning.module import FederatedModule
 
     hints = typing.get_type_hints(FederatedModule.__init__)

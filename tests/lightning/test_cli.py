@@ -63,7 +63,7 @@ def test_unknown_algorithm_is_refused_with_the_allowed_names(capsys):
 
 
 def test_default_logger_is_wandb_offline_without_an_account(monkeypatch, tmp_path):
-    from lfed.lightning.cli import default_logger, wandb_logged_in
+    from lfed.lightning.cli_loggers import default_logger, wandb_logged_in
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)

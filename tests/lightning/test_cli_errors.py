@@ -17,7 +17,8 @@ import pytest
 from conftest import REPO
 from lightning.pytorch import Callback
 
-from lfed.lightning.cli import ConfigError, FirstStep, main, one_line, run_cli
+from lfed.lightning.cli import main, run_cli
+from lfed.lightning.cli_errors import ConfigError, FirstStep, one_line
 
 QUICK = REPO / "configs" / "quickstart.yaml"
 

@@ -19,7 +19,10 @@ import yaml
 from conftest import REPO
 
 from lfed.lightning.checkpoint import AtomicCheckpointIO, NotACheckpointError, read_checkpoint, verify_fingerprint
-from lfed.lightning.cli import default_logger, resolve_short_names, run_cli, shorten_subclass_list
+from lfed.lightning.cli import run_cli
+from lfed.lightning.cli_args import resolve_short_names
+from lfed.lightning.cli_help import shorten_subclass_list
+from lfed.lightning.cli_loggers import default_logger
 from lfed.lightning.reporting import MetricsCSV, RoundTable, config_id, latest_checkpoint
 
 QUICK = REPO / "configs" / "quickstart.yaml"
@@ -272,7 +275,8 @@ def test_help_is_readable(tmp_path):
 
 
 def test_help_all_lists_every_trainer_setting(monkeypatch, capsys):
-    from lfed.lightning.cli import LfedHelpFormatter, main
+    from lfed.lightning.cli import main
+    from lfed.lightning.cli_help import LfedHelpFormatter
 
     monkeypatch.setattr(sys, "argv", ["lfed", "fit", "--help-all"])
     monkeypatch.setattr(LfedHelpFormatter, "full", False)
@@ -405,7 +409,8 @@ def test_a_resume_continues_its_wandb_run(tmp_path):
     ``resume="allow"`` (every resume made a new W&B run before)."""
     from types import SimpleNamespace
 
-    from lfed.lightning.cli import WANDB_ID_KEY, RunConfig
+    from lfed.lightning.cli_loggers import WANDB_ID_KEY
+    from lfed.lightning.run_dirs import RunConfig
 
     class FakeWandbLogger:
         _experiment = SimpleNamespace(id="abc123")

@@ -150,7 +150,7 @@ class _Points:
         self.cli: LfedCLI | None = None
 
     def __call__(self, *configs: Path, extra: list[str]):
-        from lfed.lightning.cli import resolve_short_names
+        from lfed.lightning.cli_args import resolve_short_names
 
         if self.cli is None:
             self.cli = instantiate(*configs, extra=extra)
