@@ -49,6 +49,10 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 import torch  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run_cache import RunCache  # noqa: E402  (benchmarks/studies/run_cache.py)
+
 REPO = Path(__file__).resolve().parents[2]
 PAPER = REPO / "configs" / "paper"
 IGFL = PAPER / "igfl"
@@ -350,8 +354,9 @@ def same_inputs(recorded: dict[str, str], now: dict[str, str]) -> bool:
 
 
 class Runner:
-    """Runs one config through LfedCLI and records it; finished runs are cached in ``cache``
-    (one JSON per run, keyed by its name and argument list) unless ``fresh``. A cache entry also records
+    """Runs one config through LfedCLI and records it; finished runs are cached in ``cache`` (a :class:`run_cache.RunCache`:
+    the lines of ``<cache>.jsonl``, one a run, keyed by its name and argument list; a folder ``cache`` of one JSON a
+    run, the layout before, is migrated into them when the Runner opens it) unless ``fresh``. A cache entry also records
     :func:`inputs_fingerprint`; an entry whose configs' settings or a file they name (a base checkpoint) have changed
     since is stale and trains again (:func:`same_inputs`: an entry that recorded a config's bytes is read when a
     committed version with those bytes has today's settings; an entry written before fingerprints were recorded is
@@ -362,6 +367,9 @@ class Runner:
         self.workdir = workdir
         self.log = log
         self.cache = cache
+        self.store = None if cache is None else RunCache(cache)
+        if self.store is not None and (moved := self.store.migrate()):
+            log(f"run cache: {moved} runs moved from {cache}/ into {self.store.path.name}")
         self.fresh = fresh
         self._datamodules: dict[str, object] = {}
         self._memo: dict[str, Run] = {}  # runs trained together in this process (also without a cache)
@@ -376,7 +384,8 @@ class Runner:
         return json.dumps([name, [a for a in args if not a.startswith("--trainer.default_root_dir=")]])
 
     def _cache_file(self, name: str, args: list[str], relative: bool = True) -> Path | None:
-        """Where this run's entry is written (and, ``relative=False``, where an older entry may lie)."""
+        """This run's entry: its key is the path's stem (the file it was in the folder layout, and may still be in);
+        ``relative=False``: the key an older entry may have."""
         if self.cache is None:
             return None
         import hashlib
@@ -389,19 +398,19 @@ class Runner:
         absolute-path key, by this checkout or (matched on the name and the arguments it recorded) by a checkout
         elsewhere."""
         cached = self._cache_file(name, args)
-        if cached is None or cached.is_file():
+        if cached is None or self.store.has(cached.stem):
             return cached
         legacy = self._cache_file(name, args, relative=False)
-        if legacy.is_file():
+        if self.store.has(legacy.stem):
             return legacy
         want = self._key(name, args)
-        for other in sorted(cached.parent.glob(f"{cached.name.rsplit('-', 1)[0]}-*.json")):
+        for other in self.store.keys(f"{cached.stem.rsplit('-', 1)[0]}-"):
             try:
-                d = json.loads(other.read_text())
+                d = self.store.get(other)
             except (OSError, ValueError):
                 continue
-            if self._key(d.get("name"), d.get("args") or []) == want:
-                return other
+            if d is not None and self._key(d.get("name"), d.get("args") or []) == want:
+                return cached.with_name(f"{other}.json")
         return cached
 
     def _args(self, configs: list[Path], overrides: list[str]) -> list[str]:
@@ -420,9 +429,9 @@ class Runner:
 
     def _entry(self, cached: Path | None, args: list[str]) -> dict | None:
         """The cache entry of ``args`` (None: no cache, ``fresh``, no entry, or a stale one: see the class)."""
-        if cached is None or self.fresh or not cached.is_file():
+        if cached is None or self.fresh or not self.store.has(cached.stem):
             return None
-        d = json.loads(cached.read_text())
+        d = self.store.get(cached.stem)
         if "inputs" in d and not same_inputs(d["inputs"], inputs_fingerprint(args)):
             return None
         return d
@@ -438,7 +447,7 @@ class Runner:
             return self._memo[self._key(name, args)]
         cached, found = self._cache_file(name, args), self._find(name, args)
         d = self._entry(found, args)
-        if d is None and found is not None and found.is_file() and not self.fresh:
+        if d is None and found is not None and self.store.has(found.stem) and not self.fresh:
             self.log(f"  {name}: cached run is stale (a config's settings or a file it names changed since); training it again")
         if d is not None:
             run = Run(d["name"], d["history"], d["summary"], d["seconds"], d["args"], d.get("attention"), d.get("extra", {}))
@@ -469,10 +478,7 @@ class Runner:
     def _store(self, run: Run, cached: Path | None, args: list[str]) -> Run:
         self.trained += 1
         if cached is not None:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_suffix(".tmp")
-            tmp.write_text(json.dumps({**to_json(run), "inputs": inputs_fingerprint(args)}))
-            tmp.replace(cached)  # never a half-written cache entry
+            self.store.put(cached.stem, {**to_json(run), "inputs": inputs_fingerprint(args)})  # one line, appended
         self.log(f"  {run.name:<28} acc {run.history[-1]['acc'] if run.history else float('nan'):.4f}  "
                  f"last10% {run.last10:.4f}  {run.seconds:6.1f} s")
         return run
@@ -858,7 +864,7 @@ def write_results(res: dict, args, started: float, scale: Scale, threads: int) -
         f"torch on {threads} thread(s), load average at the end {os.getloadavg()[0]:.1f}. "
         "Every run is a `configs/paper/` base config + an algorithm config + overrides, parsed by lfed's CLI; "
         "the exact argument list of every run is in `benchmarks/results/paper/results.json`. Finished runs are "
-        "cached in `benchmarks/results/paper/run_cache/` (one JSON per run, keyed by its name and arguments); a rerun "
+        "cached in `benchmarks/results/paper/run_cache.jsonl` (one line per run, keyed by its name and arguments); a rerun "
         "reuses them and `--fresh` recomputes everything. The seeds are fixed, so a rerun gives the same numbers.",
         "",
         "**What is scaled down, and why the numbers are not the papers'.** CIFAR-10 and EMNIST are not on this "
@@ -1021,7 +1027,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--out", default=str(RESULTS), help="where to write the Markdown report")
     p.add_argument("--plots", default=str(PLOTS), help="folder for PNG plots, results.json and the run cache")
-    p.add_argument("--fresh", action="store_true", help="recompute runs found in the cache (<plots>/run_cache/)")
+    p.add_argument("--fresh", action="store_true", help="recompute runs found in the cache (<plots>/run_cache.jsonl)")
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
