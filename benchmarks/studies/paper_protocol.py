@@ -31,7 +31,7 @@ figure, the settled check, the paired differences and the plot are the last-10% 
 
 and writes its section of RESULTS.md (between ``<!-- protocol:NAME -->`` markers) and a plot of
 mean ± band over seeds. Runs go through lfed's own CLI parser (``paper_results.Runner``) and are
-cached per argument list in ``benchmarks/results/protocol/run_cache/``: a rerun reuses them, unless a config file
+cached per argument list in ``benchmarks/results/protocol/run_cache.jsonl`` (one line a run): a rerun reuses them, unless a config file
 or a file it names (a base checkpoint) has changed since (``paper_results.inputs_fingerprint``): that run trains again.
 
 Usage (from the repository root)::

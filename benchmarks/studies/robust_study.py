@@ -18,7 +18,7 @@ MLP 784-64-10, 30 rounds: small, so that its 2,376 runs fit a 2-core CPU in abou
    rule (the minimum over attacks of the seed means); and the clean run (no attack, the rule's own best learning rate).
 
 Runs train together as groups (``lfed grid``'s engine, ``paper_results.Runner.train_together``), one group per
-heterogeneity, ``f`` and seed, and are cached in ``benchmarks/results/robust/run_cache/``: a rerun reads them unless
+heterogeneity, ``f`` and seed, and are cached in ``benchmarks/results/robust/run_cache.jsonl`` (one line a run): a rerun reads them unless
 the config's parsed settings changed (a comment edited does not count: ``paper_results.inputs_fingerprint``). The
 cache does not fingerprint lfed's code: after a change to a rule or an attack, move the cache aside to retrain. The
 tables go into RESULTS.md between ``<!-- robust:mnist -->`` markers. Not part of the test suite.
