@@ -242,24 +242,33 @@ def print_result(value: Any) -> None:
 
 def step_clock(sync: Callable[[], None] | None = None, *, cap_s: float | None = None, skip: int = 0):
     """A Lightning callback timing every training step (a round, a server step) from ``on_train_batch_start`` to
-    ``on_train_batch_end``: ``.seconds``; ``.steady()`` = the median after the first ``skip``. ``cap_s``: stop the
-    run once at least 3 steps after ``skip`` have spent that many seconds."""
+    ``on_train_batch_end``: ``.seconds``; ``.steady()`` = the median after the first ``skip``; and every evaluation
+    (``on_validation_start`` to ``on_validation_end``): ``.evals``. ``cap_s``: stop the run once at least 3 steps
+    after ``skip`` have spent that many seconds."""
     from lightning.pytorch import Callback
 
     class StepClock(Callback):
         def __init__(self) -> None:
             self.seconds: list[float] = []
-            self._sw = Stopwatch(sync)
+            self.evals: list[float] = []
+            self._step, self._eval = Stopwatch(sync), Stopwatch(sync)
 
         def on_train_batch_start(self, *args, **kwargs) -> None:
-            self._sw.__enter__()
+            self._step.__enter__()
 
         def on_train_batch_end(self, trainer, *args, **kwargs) -> None:
-            self._sw.__exit__()
-            self.seconds.append(self._sw.seconds)
+            self._step.__exit__()
+            self.seconds.append(self._step.seconds)
             timed = self.seconds[skip:]
             if cap_s is not None and len(timed) >= 3 and sum(timed) > cap_s:
                 trainer.should_stop = True
+
+        def on_validation_start(self, *args, **kwargs) -> None:
+            self._eval.__enter__()
+
+        def on_validation_end(self, *args, **kwargs) -> None:
+            self._eval.__exit__()
+            self.evals.append(self._eval.seconds)
 
         def steady(self, skip_: int | None = None) -> float:
             return statistics.median(self.seconds[skip if skip_ is None else skip_:])
@@ -303,6 +312,7 @@ def machine_line() -> str:
 
 def parser(doc: str | None = None, *, repeats: int | None = None, quick: bool = True, out: str | None | bool = False,
            out_flags: Sequence[str] = ("--out",), out_help: str = "also write the results to this file",
+           quick_help: str = "the smallest sizes: a smoke test, not a figure",
            description: str | None = None) -> argparse.ArgumentParser:
     """An argument parser with the flags every benchmark shares: ``--repeats`` (when ``repeats`` is given: its
     default), ``--quick`` (the smallest sizes: a smoke test of a few seconds) and ``--out`` (when ``out`` is not
@@ -313,7 +323,7 @@ def parser(doc: str | None = None, *, repeats: int | None = None, quick: bool = 
     if repeats is not None:
         p.add_argument("--repeats", type=int, default=repeats, help=f"timed runs of each variant (default {repeats})")
     if quick:
-        p.add_argument("--quick", action="store_true", help="the smallest sizes: a smoke test, not a figure")
+        p.add_argument("--quick", action="store_true", help=quick_help)
     if out is not False:
         p.add_argument(*out_flags, dest="out", default=out, help=out_help)
     return p

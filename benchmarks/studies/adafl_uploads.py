@@ -31,10 +31,11 @@ import json
 import os
 import shlex
 import sys
-import time
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
+import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "paper" / "adafl_mnist.yaml"
@@ -86,9 +87,9 @@ def run(name: str, args: argparse.Namespace) -> tuple[list[tuple[int, int, float
     """One run; returns the evaluations ``(rounds, uploads, acc)`` and seconds per round."""
     from lfed.lightning.cli import run_cli
 
-    start = time.perf_counter()
-    cli = run_cli(cli_args(name, args))
-    seconds = time.perf_counter() - start
+    with harness.stopwatch() as sw:
+        cli = run_cli(cli_args(name, args))
+    seconds = sw.seconds
     rounds = max(int(cli.trainer.global_step), 1)
     return list(cli.model.comm.history), seconds / rounds
 
@@ -100,7 +101,7 @@ def first_reach(history: list[tuple[int, int, float]], target: float) -> tuple[i
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = harness.parser(__doc__, quick=False, description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", default=os.environ.get("LFED_DATA_DIR", str(REPO.parent / "shared" / "data")))
     parser.add_argument("--rounds", type=int, default=100, help="round budget per run (and AdaFL's schedule length)")
     parser.add_argument("--eval-every", type=int, default=2, help="rounds between test evaluations")

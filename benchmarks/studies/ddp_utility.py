@@ -21,20 +21,22 @@ For each (mechanism, ε, seed): ``z``, the ε the run's accountant reports at th
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import time
+import sys
+from pathlib import Path
 
-import torch
-from lightning.pytorch import Trainer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
+import torch  # noqa: E402
+from lightning.pytorch import Trainer  # noqa: E402
 
-from lfed import FederatedDataModule, FederatedModule
-from lfed.models.zoo import MLP
-from lfed.privacy import DPFedAvg
-from lfed.privacy.accountant import calibrate_noise
-from lfed.privacy.distributed_dp import DistributedDP, rounded_l2_bound, skellam_epsilon
+from lfed import FederatedDataModule, FederatedModule  # noqa: E402
+from lfed.models.zoo import MLP  # noqa: E402
+from lfed.privacy import DPFedAvg  # noqa: E402
+from lfed.privacy.accountant import calibrate_noise  # noqa: E402
+from lfed.privacy.distributed_dp import DistributedDP, rounded_l2_bound, skellam_epsilon  # noqa: E402
 
 N, ROUNDS, COHORT, P = 6000, 100, 120, 79510
 
@@ -74,24 +76,24 @@ def run(mechanism: str, epsilon: float, seed: int, clip: float, bits: int, data_
         setting = dict(algorithm="fedavg", weighting="uniform", sampler="uniform")
     module = FederatedModule(MLP(784, [100], 10), combination=combination, fraction=COHORT / N,
                              training=dict(client_lr=0.3, batch_size=3, local_steps=3), seed=seed, **setting)
-    load_before = os.getloadavg()[0]
-    start = time.perf_counter()
-    trainer = Trainer(max_steps=ROUNDS, accelerator="cpu", logger=False, enable_progress_bar=False,
-                      enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
-                      check_val_every_n_epoch=None, val_check_interval=min(5, ROUNDS))
-    trainer.fit(module, datamodule=data)
-    seconds = time.perf_counter() - start
+    load_before = harness.loadavg()
+    with harness.stopwatch() as sw:
+        trainer = Trainer(max_steps=ROUNDS, accelerator="cpu", logger=False, enable_progress_bar=False,
+                          enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
+                          check_val_every_n_epoch=None, val_check_interval=min(5, ROUNDS))
+        trainer.fit(module, datamodule=data)
+    seconds = sw.seconds
     acc = module.runs[0].last_rounds_accuracy(0.1, "test")  # final/test_acc_last10pct (evaluations every 5 rounds)
     return {"mechanism": mechanism, "target_epsilon": epsilon, "seed": seed, "clip": clip,
             "noise_multiplier": float(combination.noise_multiplier),
             "epsilon": float(combination.accountant.epsilon(combination.delta)),
             "test_acc_last10pct": acc, "seconds": round(seconds, 1),
-            "load_before": load_before, "load_after": os.getloadavg()[0]}
+            "load_before": load_before, "load_after": harness.loadavg()}
 
 
 def main() -> None:
     global ROUNDS
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = harness.parser(__doc__, quick=False, description=__doc__.splitlines()[0])
     p.add_argument("--epsilons", type=float, nargs="+", default=[8.0, 2.0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--clip", type=float, default=1.5, help="C for both (the adaptive clip's end value in RESULTS.md: 1.4-1.7)")

@@ -14,22 +14,24 @@ and after, as a row of RESULTS.md's table and as JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import time
+import sys
+from pathlib import Path
 
-import torch
-from lightning.pytorch import Trainer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
+import torch  # noqa: E402
+from lightning.pytorch import Trainer  # noqa: E402
 
-from lfed import FederatedDataModule, FederatedModule
-from lfed.models.zoo import MLP
-from lfed.privacy import DPFedAvg
-from lfed.privacy.audit import CanaryDPFedAvg
+from lfed import FederatedDataModule, FederatedModule  # noqa: E402
+from lfed.models.zoo import MLP  # noqa: E402
+from lfed.privacy import DPFedAvg  # noqa: E402
+from lfed.privacy.audit import CanaryDPFedAvg  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = harness.parser(__doc__, quick=False, description=__doc__.splitlines()[0])
     p.add_argument("--epsilon", type=float, required=True, help="the budget z is calibrated for")
     p.add_argument("--delta", type=float, default=1e-6)
     p.add_argument("--leak", choices=["no_noise", "no_clip"], default=None, help="a planted leak")
@@ -54,17 +56,16 @@ def main() -> None:
     net = MLP(784 if mnist else 64, [200, 200], 10)
     module = FederatedModule(net, algorithm="dp_fedavg", combination=dp, fraction=0.1,
                              training=dict(client_lr=0.1, batch_size=10, local_epochs=1), seed=a.seed)
-    load_before = os.getloadavg()[0]
-    start = time.perf_counter()
+    load_before = harness.loadavg()
     trainer = Trainer(max_steps=a.rounds, accelerator="cpu", logger=False, enable_progress_bar=False,
                       enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
                       check_val_every_n_epoch=None, val_check_interval=a.rounds)
-    trainer.fit(module, datamodule=data)
-    seconds = time.perf_counter() - start
-    audit_start = time.perf_counter()
-    result = None if a.no_canaries else dp.audit()
-    audit_seconds = time.perf_counter() - audit_start
-    load_after = os.getloadavg()[0]
+    with harness.stopwatch() as fit:
+        trainer.fit(module, datamodule=data)
+    with harness.stopwatch() as audit:
+        result = None if a.no_canaries else dp.audit()
+    seconds, audit_seconds = fit.seconds, audit.seconds
+    load_after = harness.loadavg()
     out = {"dataset": a.dataset, "rounds": a.rounds, "target_epsilon": a.epsilon, "delta": a.delta, "leak": a.leak,
            "noise_multiplier": dp.noise_multiplier, "epsilon": dp.accountant.epsilon(dp.delta),
            "test_acc": float(trainer.callback_metrics["test/acc"]), "fit_seconds": round(seconds, 1),

@@ -34,7 +34,7 @@ def main() -> None:
     print("| target ε (δ = 1/N) | noise multiplier z | ε spent after the last round | chosen client lr | clip C, last 10% | "
           "test acc, last 10% (%) mean ± std | seeds |")
     print("|---|---|---|---|---|---|---|")
-    for target, name, point, accs, spent, z, clip in rows:
+    for target, _name, point, accs, spent, z, clip in rows:
         sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
         lr = ", ".join(f"{v:g}" for v in point.values()) if isinstance(point, dict) else str(point)
         print(f"| {'∞' if math.isinf(target) else f'{target:g}'} | {z:.3f} | {'∞' if math.isinf(spent) else f'{spent:.3f}'} | "

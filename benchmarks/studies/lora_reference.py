@@ -16,15 +16,14 @@ Prints a markdown table (RESULTS.md, under the study's section) and writes
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # studies/, the harness
+import harness  # noqa: E402
 from paper_protocol import OUT, load_study  # noqa: E402
 from paper_results import REPO, Runner  # noqa: E402
 
@@ -60,14 +59,14 @@ def bits_per_round(study, method, data_dir: str, workdir: str) -> dict[str, floa
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__doc__, quick=False, description=__doc__.split("\n\n")[0])
     p.add_argument("study", type=Path, help="the study file (configs/paper/grids/lora_shakespeare*.yaml)")
     p.add_argument("--data-dir", default=os.environ.get("LFED_DATA_DIR"), help="dataset folder (default $LFED_DATA_DIR)")
     args = p.parse_args(argv)
     if args.data_dir is None:
         p.error("--data-dir: give the dataset folder (or set LFED_DATA_DIR)")
     study = load_study(args.study)
-    start, load0 = time.time(), os.getloadavg()[0]
+    start, load0 = harness.clock(), harness.loadavg()
     with tempfile.TemporaryDirectory() as work:
         base = {seed: base_alone(study, seed, args.data_dir, work) for seed in study.seeds}
         bits = {m.name: bits_per_round(study, m, args.data_dir, work) for m in study.methods}
@@ -86,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name, b in bits.items():
         table.append(f"| {name} | {b['trained_parameters']:,} | {b['bits_per_upload']:,.0f} | {b['bits_up']:,.0f} |")
     print("\n".join(table))
-    print(f"({time.time() - start:.0f} s, load {load0:.2f} at the start, {os.getloadavg()[0]:.2f} at the end)")
+    print(f"({harness.clock() - start:.0f} s, load {load0:.2f} at the start, {harness.loadavg():.2f} at the end)")
     result = {"base_alone": base, "bits": bits, "table": table}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{study.name}_reference.json").write_text(json.dumps(result, indent=1))

@@ -42,15 +42,18 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import time
+import sys
 import warnings
+from pathlib import Path
 
-import torch
-from lightning.pytorch import Callback, Trainer, seed_everything
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
+import torch  # noqa: E402
+from lightning.pytorch import Callback, Trainer, seed_everything  # noqa: E402
 
-from lfed.lightning.datamodule import FederatedDataModule
-from lfed.lightning.module import FederatedModule
-from lfed.models.zoo import MLP
+from lfed.lightning.datamodule import FederatedDataModule  # noqa: E402
+from lfed.lightning.module import FederatedModule  # noqa: E402
+from lfed.models.zoo import MLP  # noqa: E402
 
 ALGORITHMS = ("fedavg", "scaffold", "igfl_c")
 
@@ -91,7 +94,6 @@ def run(algorithm: str, args: argparse.Namespace) -> dict:
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
         precision="32-true", callbacks=[EvalSchedule(args.rounds, args.eval_every)],
     )
-    start = time.perf_counter()
     losses: list[float] = []
 
     class LossLog(Callback):
@@ -101,10 +103,10 @@ def run(algorithm: str, args: argparse.Namespace) -> dict:
                 losses.append(float(loss))
 
     trainer.callbacks.append(LossLog())
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), harness.stopwatch() as sw:
         warnings.simplefilter("ignore")
         trainer.fit(module, datamodule=dm)
-    seconds = time.perf_counter() - start
+    seconds = sw.seconds
     accs = [a for _, a in module.eval_history]
     out = {
         "algorithm": algorithm,
@@ -131,7 +133,7 @@ def run(algorithm: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, quick=False)
     p.add_argument("--rounds", type=int, default=150)
     p.add_argument("--batch-size", type=int, default=50)
     p.add_argument("--epochs", type=int, default=1)

@@ -45,7 +45,6 @@ other CPU-heavy jobs one at a time). Not part of the test suite.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import itertools
@@ -61,8 +60,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ.setdefault("WANDB_MODE", "disabled")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # studies/, the harness
 
+import harness  # noqa: E402
 import yaml  # noqa: E402
 from paper_results import REPO, Run, Runner, git_head  # noqa: E402
 
@@ -635,10 +635,9 @@ def to_json(res: dict, targets: list[float] = (), metric: str = "global") -> dic
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, quick_help="6 rounds, 2 seeds: a smoke test (not written to RESULTS.md)")
     p.add_argument("study", type=Path, nargs="+", help="study files (configs/paper/grids/*.yaml)")
     p.add_argument("--data-dir", default=os.environ.get("LFED_DATA_DIR"), help="dataset folder (default $LFED_DATA_DIR)")
-    p.add_argument("--quick", action="store_true", help="6 rounds, 2 seeds: a smoke test (not written to RESULTS.md)")
     p.add_argument("--fresh", action="store_true", help="ignore cached runs")
     p.add_argument("--lock", default=None, help="flock this file around each run (share the CPU one job at a time)")
     p.add_argument("--together", action="store_true",
@@ -652,7 +651,7 @@ def main(argv: list[str] | None = None) -> None:
     import tempfile
 
     def log(msg: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.2f}] {msg}", flush=True)
+        print(f"[{time.strftime('%H:%M:%S')} load {harness.loadavg():.2f}] {msg}", flush=True)
 
     studies = [load_study(s) for s in args.study]  # every file checked before any run
     if args.methods:
@@ -665,7 +664,7 @@ def main(argv: list[str] | None = None) -> None:
             keep = wanted | {study.reference} | {o for m in study.methods if m.name in wanted for o in m.fixed_from.values()}
             study.methods = [m for m in study.methods if m.name in keep]
     for study in studies:
-        started, load0 = time.time(), os.getloadavg()[0]
+        started, load0 = harness.clock(), harness.loadavg()
         with tempfile.TemporaryDirectory() as work:
             cache = None if args.quick else OUT / "run_cache"
             runner = Runner(Path(args.data_dir), Path(work), log, cache=cache, fresh=args.fresh)
@@ -673,7 +672,7 @@ def main(argv: list[str] | None = None) -> None:
         seconds = sum(x.seconds for r in res.values() for x in [*(g[2] for g in r["grid"]), *r["runs"][1:], *r.get("longer", [])])
         path = REPO / "configs" / "paper" / "grids" / f"{study.name}.yaml"
         cmd = f"python benchmarks/studies/paper_protocol.py {path.relative_to(REPO)}" + (" --together" if args.together else "")
-        lines = section(study, res, cmd, seconds, (load0, os.getloadavg()[0]) if runner.trained else None, args.quick)
+        lines = section(study, res, cmd, seconds, (load0, harness.loadavg()) if runner.trained else None, args.quick)
         print("\n".join(lines))
         if args.quick:
             continue
@@ -681,7 +680,7 @@ def main(argv: list[str] | None = None) -> None:
         (OUT / f"{study.name}.json").write_text(json.dumps(to_json(res, study.targets, study.metric), indent=1, default=str))
         plot(study, res, OUT / f"{study.name}.png")
         write_section(study, lines)
-        log(f"{study.name}: written to RESULTS.md ({(time.time() - started) / 60:.1f} min wall)")
+        log(f"{study.name}: written to RESULTS.md ({(harness.clock() - started) / 60:.1f} min wall)")
 
 
 if __name__ == "__main__":

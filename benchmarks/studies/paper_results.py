@@ -33,7 +33,6 @@ times the CPU of one for these small models.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -49,9 +48,11 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 import torch  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 
-if str(Path(__file__).resolve().parent) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_cache import RunCache  # noqa: E402  (benchmarks/studies/run_cache.py)
+for _path in (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1]):  # studies/ (run_cache), the harness
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+import harness  # noqa: E402
+from run_cache import RunCache  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PAPER = REPO / "configs" / "paper"
@@ -453,7 +454,7 @@ class Runner:
             run = Run(d["name"], d["history"], d["summary"], d["seconds"], d["args"], d.get("attention"), d.get("extra", {}))
             self.log(f"  {name:<28} (cached) last10% {run.last10:.4f}")
             return run
-        start = time.time()
+        start = harness.clock()
         cli = LfedCLI(FederatedModule, FederatedDataModule, run=False, args=args, save_config_callback=None)
         if datamodule is None:  # reuse a built partition across algorithms of the same setting
             key = json.dumps({k: str(v) for k, v in cli.datamodule.hparams.items()}, sort_keys=True)
@@ -467,7 +468,7 @@ class Runner:
             extra["diverged_at_round"] = int(cli.trainer.global_step)
             extra["error"] = str(err).split(";")[0]
             self.log(f"  {name}: {extra['error']}")
-        seconds = time.time() - start
+        seconds = harness.clock() - start
         extra.update(rec.extra())
         att = None
         if rec.attention_sum is not None:
@@ -498,7 +499,7 @@ class Runner:
         todo = [(n, c, o) for n, c, o in jobs if not self.is_cached(n, c, o)]
         if not todo:
             return 0
-        start = time.time()
+        start = harness.clock()
         members, recorders, trainers = [], [], []
         for i, (name, configs, overrides) in enumerate(todo):
             (member,), trainer = build_members([], Sweep(name, {}, base_args=self._args(configs, overrides)))
@@ -513,7 +514,7 @@ class Runner:
         self.log(f"  training {len(members)} runs together (lfed.lightning.group.RunGroup)")
         train_group(members, rounds=t["max_steps"], evaluate_every=t["val_check_interval"],
                     precision=t.get("precision") or "32-true", default_root_dir=str(self.workdir))  # not the cwd
-        seconds = (time.time() - start) / len(members)
+        seconds = (harness.clock() - start) / len(members)
         for (name, configs, overrides), member, rec in zip(todo, members, recorders):
             extra: dict = {"group_size": len(members)}
             if member.status == "diverged":  # lfed stops a run on NaN/Inf; that is a result too
@@ -853,15 +854,14 @@ def winner(runs: dict[str, Run]) -> str:
 
 
 def write_results(res: dict, args, started: float, scale: Scale, threads: int) -> str:
-    rel = lambda p: str(Path(p).relative_to(REPO))  # noqa: E731
     cmd = "python benchmarks/studies/paper_results.py" + (" --quick" if args.quick else "")
     L: list[str] = [
         "# Results: the seed papers' experiments, scaled down to this machine",
         "",
         f"Produced by `{cmd}` (lfed {git_head()}), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
         f"{sum(r.seconds for _, runs in iter_runs(res) for r in runs) / 60:.1f} min of runs (this invocation "
-        f"{(time.time() - started) / 60:.1f} min wall, cached runs reused) on {os.cpu_count()} CPU cores shared with other jobs, "
-        f"torch on {threads} thread(s), load average at the end {os.getloadavg()[0]:.1f}. "
+        f"{(harness.clock() - started) / 60:.1f} min wall, cached runs reused) on {os.cpu_count()} CPU cores shared with other jobs, "
+        f"torch on {threads} thread(s), load average at the end {harness.loadavg():.1f}. "
         "Every run is a `configs/paper/` base config + an algorithm config + overrides, parsed by lfed's CLI; "
         "the exact argument list of every run is in `benchmarks/results/paper/results.json`. Finished runs are "
         "cached in `benchmarks/results/paper/run_cache.jsonl` (one line per run, keyed by its name and arguments); a rerun "
@@ -872,7 +872,8 @@ def write_results(res: dict, args, started: float, scale: Scale, threads: int) -
         "McMahan et al.'s MLP 2NN (199,210 parameters; 784-200-200-62 on FEMNIST) instead of the papers' CNNs; "
         f"runs are {scale.device_rounds} rounds cross-device, {scale.silo_rounds} cross-silo, "
         f"{scale.femnist_rounds} on FEMNIST instead of 1,500-10,000; one seed per cell; and the client learning "
-        "rate is one fixed value per setting (0.1 for the IGFL runs on FashionMNIST, 0.03 on FEMNIST, 0.05 for AdaFL, EFL and DWFed), not the paper's per-method grid search over "
+        "rate is one fixed value per setting (0.1 for the IGFL runs on FashionMNIST, 0.03 on FEMNIST, 0.05 for AdaFL, EFL and DWFed), "
+        "not the paper's per-method grid search over "
         "{1e-3, ..., 3e-1} (`sweeps/igfl_client_lr.yaml` runs that grid). The papers' numbers are quoted beside "
         "ours for the *ordering* of methods, not for the level.",
         "",
@@ -942,7 +943,7 @@ def write_results(res: dict, args, started: float, scale: Scale, threads: int) -
               f"| algorithm | average (%) | best (%) | rounds (uploads) to {100 * t1:g}% | to {100 * t2:g}% "
               "| paper average / best (%) | paper rounds (uploads) to 90% / 91% |", "|---|---|---|---|---|---|---|"]
         for name, run in a["runs"].items():
-            hit = lambda t: (f"{first_reach(run.history, t)[0]} ({first_reach(run.history, t)[1]})"  # noqa: E731
+            hit = lambda t, run=run: (f"{first_reach(run.history, t)[0]} ({first_reach(run.history, t)[1]})"  # noqa: E731
                              if first_reach(run.history, t) else "not reached")
             p = ADAFL_MNIST[name]
             L.append(f"| {name} | {pct(run.last10)} | {pct(run.best)} | {hit(t1)} | {hit(t2)} | {p[0]} / {p[1]} | {p[2]} / {p[3]} |")
@@ -953,7 +954,8 @@ def write_results(res: dict, args, started: float, scale: Scale, threads: int) -
               f"MNIST, 100 clients each holding exactly 2 classes, C = 0.1, B = 50, E = 1, MLP 2NN, lr 0.05, "
               f"{scale.efl_rounds} rounds; EFL = Fisher-elastic objective (λ = 0.1) + T/s weights + ternary "
               "compression q = 0.1 with residuals; the Fisher diagonal from "
-              f"{scale.fisher_samples} examples per client (the config's 64 is the slowest part of a round here). BMTA (Table 2's metric) = best over evaluations of the mean, over "
+              f"{scale.fisher_samples} examples per client (the config's 64 is the slowest part of a round here). "
+              "BMTA (Table 2's metric) = best over evaluations of the mean, over "
               "clients, of the global model's accuracy on each client's held-out 10%.", "",
               "| method | BMTA (%) | test acc, last 10% (%) | paper Table 2, MNIST BMTA (%) |", "|---|---|---|---|"]
         for name, run in e["noniid"].items():
@@ -1020,8 +1022,7 @@ EXPERIMENTS = ("device", "silo", "femnist", "attention", "adafl", "efl", "dwfed"
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="a few rounds of everything (smoke test, ~minutes)")
+    p = harness.parser(__doc__, quick_help="a few rounds of everything (smoke test, ~minutes)", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", nargs="*", choices=EXPERIMENTS, help="run only these experiments")
     p.add_argument("--data-dir", default=os.environ.get("LFED_DATA_DIR", str(REPO.parent / "shared" / "data")))
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
@@ -1038,10 +1039,10 @@ def main(argv: list[str] | None = None) -> None:
     scale = QUICK if args.quick else FULL
     plots = Path(args.plots)
     plots.mkdir(parents=True, exist_ok=True)
-    started = time.time()
+    started = harness.clock()
 
     def log(msg: str) -> None:
-        print(f"[{time.time() - started:7.1f}s] {msg}", flush=True)
+        print(f"[{harness.clock() - started:7.1f}s] {msg}", flush=True)
 
     res: dict = {}
     with tempfile.TemporaryDirectory() as work:

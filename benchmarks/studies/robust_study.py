@@ -26,18 +26,16 @@ tables go into RESULTS.md between ``<!-- robust:mnist -->`` markers. Not part of
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("WANDB_MODE", "disabled")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # studies/, the harness
+import harness  # noqa: E402
 from paper_results import REPO, Runner, git_head  # noqa: E402
 
 OUT = REPO / "benchmarks" / "results" / "robust"
@@ -111,8 +109,8 @@ def test_acc(run) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="2 rules, 2 attacks, IID, 4 rounds, 2 seeds; no RESULTS.md")
+    p = harness.parser(__doc__, quick_help="2 rules, 2 attacks, IID, 4 rounds, 2 seeds; no RESULTS.md",
+                       description=__doc__.split("\n")[0])
     p.add_argument("--data_dir", default=os.environ.get("LFED_DATA_DIR", str(REPO.parent / "shared" / "data")))
     a = p.parse_args()
     rules = ["mean", "Krum"] if a.quick else list(RULES)
@@ -120,7 +118,7 @@ def main() -> None:
     hets = ["IID"] if a.quick else list(HETEROGENEITY)
     seeds = SEEDS[:2] if a.quick else SEEDS
     rounds, every = (4, 2) if a.quick else (30, 5)
-    start = time.time()
+    start = harness.clock()
     log = print
     runner = Runner(Path(a.data_dir), OUT / "work", log, cache=None if a.quick else OUT / "run_cache")
 
@@ -157,7 +155,7 @@ def main() -> None:
                         continue
                     accs = [test_acc(run(r, het, f, t, chosen[(r, het, f)], s)) for s in seeds]
                     table[(het, f, r, t)] = accs
-    minutes = (time.time() - start) / 60
+    minutes = (harness.clock() - start) / 60
     text = report(table, chosen, rules, attacks, hets, seeds, rounds, minutes, runner.trained)
     print(text)
     if not a.quick:

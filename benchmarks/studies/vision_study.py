@@ -16,15 +16,15 @@ the seeds. Each run is cached in ``benchmarks/results/vision/``; a rerun reads t
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("WANDB_MODE", "disabled")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
 import torch  # noqa: E402
 
 from lfed import FederatedDataset, LocalTraining, build_run, fit_run  # noqa: E402
@@ -41,16 +41,16 @@ def one_run(algorithm: str, augment: str, seed: int, rounds: int, quick: bool) -
     torch.manual_seed(seed)
     run = build_run(net=ResNet20(in_channels=1, width=4 if quick else 8), algorithm=algorithm, fraction=0.25, seed=seed,
                     training=LocalTraining(client_lr=0.05, batch_size=32, local_steps=2 if quick else 5))
-    t = time.perf_counter()
-    history = fit_run(run, data, rounds, evaluate_every=max(rounds // 2, 1))
+    with harness.stopwatch() as sw:
+        history = fit_run(run, data, rounds, evaluate_every=max(rounds // 2, 1))
     final = history[-1]
     return {"algorithm": algorithm, "augment": augment, "seed": seed, "rounds": rounds, "backend": run.engine.backend,
-            "seconds": time.perf_counter() - t, **{k: final[k] for k in KEYS if k in final}}
+            "seconds": sw.seconds, **{k: final[k] for k in KEYS if k in final}}
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="2 rounds, one seed, a narrower net (a smoke test; no cache)")
+    p = harness.parser(__doc__, quick_help="2 rounds, one seed, a narrower net (a smoke test; no cache)",
+                       description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=30)
     args = p.parse_args()
@@ -68,12 +68,12 @@ def main() -> None:
                     path.write_text(json.dumps(r, indent=1))
             print(json.dumps(r), flush=True)
             results.append(r)
-    print(f"\n| method | augmentation | test acc | clients' held-out acc (global model) | personalized acc | s per run |")
+    print("\n| method | augmentation | test acc | clients' held-out acc (global model) | personalized acc | s per run |")
     print("|---|---|---|---|---|---|")
     for algorithm, augment in ARMS:
         rs = [r for r in results if r["algorithm"] == algorithm and r["augment"] == augment]
 
-        def cell(key):
+        def cell(key, rs=rs):
             vals = [100 * r[key] for r in rs if key in r]
             if not vals:
                 return "–"

@@ -204,3 +204,7 @@ def test_the_step_clock_times_each_training_step_and_stops_at_its_cap(machine):
         c.on_train_batch_end(trainer, None, None, None, 0)
         assert trainer.should_stop == (seconds == 6.0)  # 2 + 3 + 6 > 10 after 3 timed steps; the first is not counted
     assert c.seconds == [9.0, 2.0, 3.0, 6.0] and c.steady() == 3.0
+    c.on_validation_start(trainer, None)
+    machine.now += 1.5
+    c.on_validation_end(trainer, None)
+    assert c.evals == [1.5] and c.seconds == [9.0, 2.0, 3.0, 6.0]  # an evaluation is not a step
