@@ -24,12 +24,14 @@ server step, the uploads so far, the simulated time and the test accuracy.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
 
 CLOCK = {"class_path": "lfed.participation.clock.SimulatedClock",
          "init_args": {"distribution": "lognormal", "time_per_step": 1.0, "speed_sigma": 1.0, "jitter_sigma": 0.1}}
@@ -197,7 +199,7 @@ def main() -> None:
     if sys.argv[1:2] == ["--table"]:
         table(Path(sys.argv[2]) if len(sys.argv) > 2 else Path(__file__).resolve().parents[1] / "results" / "async_study")
         return
-    parser = argparse.ArgumentParser()
+    parser = harness.parser(__doc__, quick=False)
     parser.add_argument("run", choices=sorted(RUNS))
     parser.add_argument("seed", type=int)
     parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "async_study"))
@@ -238,16 +240,16 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / (f"{args.run}_s{args.seed}.json" if args.lr is None else f"{args.run}_lr{args.lr:g}_s{args.seed}.json")
-    t0 = time.perf_counter()
+    t0 = harness.clock()
     try:
         cli = run_cli(cli_args)
     except FloatingPointError as e:  # diverged (NaN or Inf): a grid point that scores -inf, recorded as such
         path.write_text(json.dumps({"run": args.run, "seed": args.seed, "lr": args.lr or 0.05, "steps": steps,
-                                    "wall_s": time.perf_counter() - t0, "load_end": os.getloadavg(), "diverged": str(e),
+                                    "wall_s": harness.clock() - t0, "load_end": os.getloadavg(), "diverged": str(e),
                                     "points": [], "val": [], "val_acc_last10pct": None}, indent=1))
         print(f"{args.run} seed {args.seed}: diverged ({e}) -> {path}", file=sys.stderr)
         return
-    wall = time.perf_counter() - t0
+    wall = harness.clock() - t0
     run = cli.model.runs[0]
     a = run.components.asynchronous
     uploads = {r: u for r, u, _ in run.comm.history}
