@@ -71,6 +71,7 @@ from lfed.checks import integer, number, one_of
 from lfed.engine.host import to_device
 from lfed.evaluation.scores import is_classification, local_accuracy
 from lfed.participation.clock import SimulatedClock, read_durations
+from lfed.participation.sampling import uniform_draw
 from lfed.state.spec import StateSpec
 
 __all__ = ["STALENESS", "Asynchronous", "FedAsync", "FedBuff", "asynchronous_refusal", "declared_refusal", "staleness_weight"]
@@ -107,6 +108,9 @@ class Asynchronous(Component):
     """
 
     name = "async"
+    #: How idle clients are drawn without availability windows (lfed.participation.sampling.DRAWS): "rejection" (O(k)),
+    #: or "permutation" for a run lfed 0.5 made (set when its checkpoint is loaded)
+    draws = "rejection"
 
     def __init__(self, concurrency: int = 10, buffer: int = 10,
                  staleness: Literal["constant", "polynomial", "hinge"] = "polynomial", staleness_exponent: float = 0.5,
@@ -256,9 +260,13 @@ class Asynchronous(Component):
         N = data.num_clients
         busy, _ = self._in_flight()
         k = self.concurrency - len(self.events)
-        perm = torch.randperm(N, generator=round_generator(run.seed, step, "sample"))
-        if busy:
-            perm = perm[~torch.isin(perm, torch.tensor(sorted(busy), dtype=perm.dtype))]
+        g = round_generator(run.seed, step, "sample")
+        if not clock.windows and self.draws != "permutation":  # k of the idle clients in O(k), as the uniform sampler
+            perm = uniform_draw(N, k, g, exclude=torch.tensor(sorted(busy), dtype=torch.long))
+        else:  # availability windows order every idle client by its next window (and lfed 0.5's draws: randperm)
+            perm = torch.randperm(N, generator=g)
+            if busy:
+                perm = perm[~torch.isin(perm, torch.tensor(sorted(busy), dtype=perm.dtype))]
         sizes = data.host("client_sizes")
 
         def batch(clients: Tensor, t: float, generator: torch.Generator | None) -> list[tuple[int, float, float, int]]:

@@ -46,6 +46,7 @@ from lfed.evaluation.scores import (
     sample_mean_se,
     worst_share_mean,
 )
+from lfed.participation.sampling import DRAWS
 from lfed.server.optimizers import apply_pseudo_gradient
 from lfed.state.stores import ClientStateStore
 
@@ -602,12 +603,27 @@ class FederatedRun(nn.Module):
     # ------------------------------------------------------------------ checkpoint state
     def extra_state(self) -> dict[str, Any]:
         """What a checkpoint carries beside the tensors: counters, histories, status."""
-        return {"comm": self.comm.state_dict(), "eval_history": list(self.eval_history),
+        return {"draws": self.draws, "comm": self.comm.state_dict(), "eval_history": list(self.eval_history),
                 "val_history": list(self.val_history), "bmta": self.bmta.state_dict(),
                 "status": self.status, "error": self.error, "name": self.name, "rounds_done": self.rounds_done}
 
+    @property
+    def draws(self) -> str:
+        """How the run's cohorts are drawn (:data:`lfed.participation.sampling.DRAWS`): its components' setting."""
+        return next((c.draws for c in self.components.each() if hasattr(c, "draws")), DRAWS[0])
+
+    def set_draws(self, draws: str) -> None:
+        """Draw cohorts as ``draws`` (:data:`lfed.participation.sampling.DRAWS`): every component that draws them."""
+        if draws not in DRAWS:
+            raise ValueError(f"draws: one of {DRAWS}, got {draws!r}")
+        for c in self.components.each():
+            if hasattr(c, "draws"):
+                c.draws = draws
+
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`extra_state`."""
+        """Restore :meth:`extra_state`. A checkpoint of lfed 0.5 or earlier (no ``draws``) goes on drawing its cohorts
+        as it was made (``randperm``, :data:`lfed.participation.sampling.DRAWS`), so it resumes exactly."""
+        self.set_draws(state.get("draws", "permutation"))
         self.comm.load_state_dict(state["comm"])
         self.eval_history = [tuple(x) for x in state["eval_history"]]
         self.val_history = [tuple(x) for x in state.get("val_history", [])]

@@ -25,9 +25,9 @@ from lfed.participation.stragglers import Stragglers
 from lfed.state.spec import StateSpec
 
 __all__ = [
-    "AttentionSampler", "PoissonSampler", "ClientSampler", "CommunicationMeter", "ConstantFraction",
+    "DRAWS", "AttentionSampler", "PoissonSampler", "ClientSampler", "CommunicationMeter", "ConstantFraction",
     "ExplicitFraction", "FractionSchedule", "StepwiseFraction", "Stragglers", "UniformSampler",
-    "as_schedule", "cohort_size", "round_half_up", "rounds_to_reach",
+    "as_schedule", "cohort_size", "round_half_up", "rounds_to_reach", "uniform_draw",
 ]  # fmt: skip
 
 # Relative tolerance for round_half_up: a product such as 0.29 * 100 carries float
@@ -349,17 +349,62 @@ class ClientSampler(Component):
         """
 
 
+#: How a cohort is drawn: ``"rejection"`` (0.6 on: O(K), :func:`uniform_draw`) or ``"permutation"`` (lfed 0.5 and
+#: earlier: the first ``k`` of ``randperm(N)``, O(N)). A run keeps the draws it was made with: a checkpoint of 0.5 resumes
+#: with ``"permutation"`` (:meth:`lfed.core.run.FederatedRun.load_extra_state`).
+DRAWS = ("rejection", "permutation")
+
+
+def uniform_draw(num_clients: int, k: int, generator: torch.Generator, exclude: Tensor | None = None) -> Tensor:
+    """``[k]`` distinct clients of ``range(num_clients)`` not in ``exclude``, uniformly without replacement, in draw order.
+
+    With ``k + |exclude| ≤ N/2``, in O(k) expected time and memory whatever ``N``: batches of ``max(2 m, 16)`` integers
+    uniform in ``[0, N)`` (``m`` the clients still missing) from ``generator``, each kept at its first appearance unless
+    excluded, until ``k`` are kept (every ``k``-subset of the allowed clients equally likely: the first ``k`` distinct
+    values of an i.i.d. uniform sequence, rejection keeping uniformity). Otherwise (a large share of the population)
+    the first ``k`` allowed clients of ``randperm(N)``, O(N). Drawn on the generator's device.
+    """
+    N = int(num_clients)
+    device = generator.device
+    banned = set() if exclude is None else set(exclude.detach().cpu().long().tolist())
+    if k + len(banned) > N / 2:
+        perm = torch.randperm(N, generator=generator, device=device)
+        if banned:
+            perm = perm[~torch.isin(perm, torch.tensor(sorted(banned), dtype=perm.dtype, device=device))]
+        return perm[:k]
+    kept: list[int] = []
+    seen = set(banned)
+    while len(kept) < k:
+        draws = torch.randint(0, N, (max(2 * (k - len(kept)), 16),), generator=generator, device=device)
+        for c in draws.tolist():
+            if c not in seen:
+                seen.add(c)
+                kept.append(c)
+                if len(kept) == k:
+                    break
+    return torch.tensor(kept, dtype=torch.long, device=device)
+
+
+def _constant(num_clients: int, value: float, device) -> Tensor:
+    """``[N]`` float64 all ``value``, as a broadcast view of one number (no O(N) allocation)."""
+    return torch.tensor(value, dtype=torch.float64, device=device).expand(num_clients)
+
+
 class UniformSampler(ClientSampler):
-    """``k`` clients without replacement, uniformly (FedAvg; docs/algorithms.md §5)."""
+    """``k`` clients without replacement, uniformly (FedAvg; docs/algorithms.md §5), in O(k) (:func:`uniform_draw`;
+    ``draws = "permutation"``: lfed 0.5's ``randperm(N)[:k]``, kept for the runs it made)."""
 
     asynchronous_ready = True
+    draws = "rejection"
 
     def sample(self, round: int, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         self._check_k(k)
         device = generator.device
-        ids = torch.randperm(self.num_clients, generator=generator, device=device)[:k]
-        p = torch.full((self.num_clients,), 1.0 / self.num_clients, dtype=torch.float64, device=device)
-        return ids.sort().values, p
+        if self.draws == "permutation":
+            ids = torch.randperm(self.num_clients, generator=generator, device=device)[:k]
+        else:
+            ids = uniform_draw(self.num_clients, k, generator)
+        return ids.sort().values, _constant(self.num_clients, 1.0 / self.num_clients, device)
 
 
 class PoissonSampler(ClientSampler):
@@ -376,12 +421,23 @@ class PoissonSampler(ClientSampler):
     #: is part of the mechanism (its subsampling amplification assumes nobody can reproduce it)
     private_streams = None
 
+    draws = "rejection"
+
     def sample(self, round: int, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Each client independently with probability ``q``: in O(K) as the number of clients ``Binomial(N, q)``, then
+        that many uniformly without replacement (:func:`uniform_draw`; the same distribution of cohorts); with
+        ``draws = "permutation"``, lfed 0.5's ``N`` uniforms compared with ``q``, O(N)."""
         self._check_k(k)
-        q = k / self.num_clients
-        draws = torch.rand(self.num_clients, generator=generator, device=generator.device, dtype=torch.float64)
-        ids = torch.nonzero(draws < q).flatten()
-        return ids, torch.full((self.num_clients,), q, dtype=torch.float64, device=generator.device)
+        N, device = self.num_clients, generator.device
+        q = k / N
+        if self.draws == "permutation":
+            draws = torch.rand(N, generator=generator, device=device, dtype=torch.float64)
+            ids = torch.nonzero(draws < q).flatten()
+        else:
+            count = torch.binomial(torch.tensor(float(N), dtype=torch.float64, device=device),
+                                   torch.tensor(q, dtype=torch.float64, device=device), generator=generator)
+            ids = uniform_draw(N, int(count), generator).sort().values
+        return ids, _constant(N, q, device)
 
 
 class AttentionSampler(ClientSampler):

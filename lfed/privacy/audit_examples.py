@@ -105,6 +105,15 @@ class CanaryDPSGD(Canaries, DPSGD):
         if self.canary_client in clients:
             self.record(-updates[clients.index(self.canary_client)])
 
+    def scores(self) -> Tensor:
+        """:meth:`lfed.privacy.audit.Canaries.scores`; a run in which the canary client never took part is refused in one
+        line (the auditor saw nothing of it)."""
+        if self.released is None:
+            raise RuntimeError(f"canary_client: client {self.canary_client} took part in no round of this run, so the "
+                               "auditor saw none of its uploads; choose a canary_client that takes part, or run more "
+                               "rounds or a larger fraction")
+        return super().scores()
+
     def claimed_epsilon(self) -> float:
         """The canary client's ε(δ) (its own accountant's)."""
         if self.eps is None or self.canary_client >= self.eps.numel():

@@ -61,6 +61,9 @@ CONTENTS: tuple[tuple[str, str, str], ...] = (
     ("lfed.runs.*.fingerprint", "client", "the run's fingerprint: settings and the data's hashes (labels, indices)"),
     ("lfed.runs.*.status", "public", "running / done / stopped"), ("lfed.runs.*.error", "public", "why it stopped"),
     ("lfed.runs.*.name", "setting", "the run's name"), ("lfed.runs.*.rounds_done", "public", "rounds done"),
+    ("lfed.runs.*.draws", "setting", "how the run draws its cohorts (lfed.participation.sampling.DRAWS)"),
+    ("lfed.environment*", "public", "what the run's bits depend on: lfed and torch versions, device, CPU, "
+                                           "threads, deterministic setting, commit (docs/reproducibility.md)"),
     ("state_dict.*net.*", "noised", "the global model: the noised aggregates, post-processed"),
     ("state_dict.*", "noised", "server state of a component DP accepts (built from noised releases; a component with "
                                "un-noised releases is refused before round 0, lfed.privacy.releases)"),

@@ -2,9 +2,10 @@
 
 The exactness tests run lfed's FedBuff and FedAsync for 20 server steps through the Trainer and
 compare the server model with a hand-written float64 event simulation: a heap over arrival times,
-plain torch, no lfed code but the documented seeding of the dispatch draw
-(``randperm(N)`` from :func:`lfed.rng.round_generator` ``(seed, step, "sample")``, the clients in
-flight skipped). Synchronous FedAvg is the special case ``C = M = K`` with equal durations, bit for bit.
+plain torch, no lfed code but the documented seeding of the dispatch draw (:func:`_hand_draw`: from
+:func:`lfed.rng.round_generator` ``(seed, step, "sample")``, uniform integers kept at their first appearance, the
+clients in flight skipped; ``randperm(N)`` with availability windows or a large share of the population).
+Synchronous FedAvg is the special case ``C = M = K`` with equal durations, bit for bit.
 """
 
 from __future__ import annotations
@@ -190,6 +191,27 @@ def _hand_st(x, q):
     return torch.cat(out)
 
 
+def _hand_draw(N, C, events, seed, t, windows):
+    """The order in which step t offers idle clients (lfed.participation.sampling.uniform_draw, written out): with
+    availability windows, or when the C - in flight clients to draw and the busy ones are more than N/2, the whole
+    randperm(N) of (seed, t, "sample"); else batches of max(2m, 16) integers uniform in [0, N) from that generator (m
+    still missing), each kept at its first appearance unless busy, until C - in flight are kept."""
+    g = round_generator(seed, t, "sample")
+    busy = {e[2] for e in events}
+    k = C - len(events)
+    if windows is not None or k + len(busy) > N / 2:
+        return torch.randperm(N, generator=g).tolist()
+    kept, seen = [], set(busy)
+    while len(kept) < k:
+        for c in torch.randint(0, N, (max(2 * (k - len(kept)), 16),), generator=g).tolist():
+            if c not in seen:
+                seen.add(c)
+                kept.append(c)
+                if len(kept) == k:
+                    break
+    return kept
+
+
 def _hand_dispatch(t, now, events, C, M, perm, durations, opens):
     """Who starts when at server step t: the clients available at a time (perm order) fill the free slots; while
     slots are free and fewer than M arrivals are due before it, wait for the next window opening (FedScale's rule)."""
@@ -232,7 +254,7 @@ def _hand_simulation(data, w0, durations, *, C, M, steps, lr, rounds, seed, serv
         def opens(c, t):
             return t
     for t in range(rounds):
-        perm = torch.randperm(N, generator=round_generator(seed, t, "sample")).tolist()
+        perm = _hand_draw(N, C, events, seed, t, windows)
         starts = _hand_dispatch(t, now, events, C, M, perm, durations, opens)
         delayed += sum(v > now for v in starts.values())
         idle += not starts
@@ -399,7 +421,7 @@ def test_fedbuff_aggregates_the_arrivals_batchnorm_statistics_by_hand(tmp_path, 
     r, v, t = torch.zeros(D, dtype=torch.float64), torch.ones(D, dtype=torch.float64), 0  # torch's initial statistics
     events, seq, now, taus = [], 0, 0.0, []
     for step in range(rounds):
-        perm = torch.randperm(N, generator=round_generator(seed, step, "sample")).tolist()
+        perm = _hand_draw(N, C, events, seed, step, None)
         starts = _hand_dispatch(step, now, events, C, M, perm, durations, lambda c, at: at)
         for c in sorted(starts):
             xc = x[index[c, : sizes[c]]]

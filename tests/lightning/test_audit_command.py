@@ -92,8 +92,9 @@ def test_the_command_catches_a_planted_leak_and_passes_the_mechanism(leak, code,
 
 def test_the_audit_of_example_level_dp_sgd_uses_canary_examples(monkeypatch, capsys, tmp_path):
     """objective: dp_sgd: the command swaps in CanaryDPSGD with the config's settings and reports the canary client's ε."""
+    # every client every round, so that the canary client (client 0) takes part whatever the cohorts' draw
     code, out, err = _audit(monkeypatch, capsys, tmp_path, *_quiet_run(tmp_path, "dp_sgd_digits.yaml", 3), "--canaries",
-                            "40", "--model.objective.init_args.noise_multiplier", "1.7")
+                            "40", "--model.objective.init_args.noise_multiplier", "1.7", "--model.fraction", "1.0")
     assert code == 0, err
     screen = out[out.index("lfed audit: one-run privacy audit"):].splitlines()
     assert "(40 canaries, " in screen[2] and screen[2].endswith("canary examples of client 0)")

@@ -12,6 +12,7 @@ from lfed.participation.sampling import (
     ConstantFraction,
     ExplicitFraction,
     FractionSchedule,
+    PoissonSampler,
     StepwiseFraction,
     Stragglers,
     UniformSampler,
@@ -203,6 +204,82 @@ def test_uniform_sampler_frequencies():
     for _ in range(4000):
         counts[u.sample(0, 3, g)[0]] += 1
     assert torch.allclose(counts / 4000, torch.full((6,), 0.5), atol=0.03)
+
+
+@pytest.mark.parametrize("N, k, banned", [(40, 4, []), (40, 6, [3, 7, 11, 19]), (10, 6, [])],
+                         ids=["rejection", "rejection-excluding", "permutation"])
+def test_uniform_draw_gives_every_allowed_client_the_same_inclusion_and_every_pair_alike(N, k, banned):
+    """uniform_draw (issue 65: O(k) whatever N): k distinct clients, never a banned one; over 6,000 draws every allowed
+    client is in with probability k/(N - |banned|) and every pair of them together with k(k-1)/((N-b)(N-b-1)) (a
+    uniform k-subset), within 4.5 standard errors. (N, k) = (10, 6) takes the randperm path (k > N/2): both paths are
+    uniform."""
+    from lfed.participation.sampling import uniform_draw
+
+    allowed = N - len(banned)
+    g = torch.Generator().manual_seed(1)
+    counts = torch.zeros(N)
+    pairs = torch.zeros(N, N)
+    exclude = torch.tensor(banned, dtype=torch.long)
+    for _ in range(6000):
+        ids = uniform_draw(N, k, g, exclude=exclude)
+        assert ids.numel() == k and ids.unique().numel() == k and not bool(torch.isin(ids, exclude).any())
+        counts[ids] += 1
+        pairs[ids[:, None], ids[None, :]] += 1
+    p1 = k / allowed
+    mask = torch.ones(N, dtype=torch.bool)
+    mask[banned] = False
+    assert float((counts[mask] / 6000 - p1).abs().max()) < 4.5 * math.sqrt(p1 * (1 - p1) / 6000)
+    assert float(counts[~mask].sum()) == 0
+    p2 = k * (k - 1) / (allowed * (allowed - 1))
+    off = mask[:, None] & mask[None, :] & ~torch.eye(N, dtype=torch.bool)
+    assert float((pairs[off] / 6000 - p2).abs().max()) < 4.5 * math.sqrt(p2 * (1 - p2) / 6000)
+
+
+def test_uniform_draw_takes_k_draws_not_n_and_falls_back_to_the_permutation_for_a_large_share():
+    """At N = 10^9 (no [N] tensor could be made here) uniform_draw(k = 100) returns at once; with k + |banned| > N/2
+    it is randperm(N)'s first allowed k, exactly."""
+    from lfed.participation.sampling import uniform_draw
+
+    ids = uniform_draw(10**9, 100, torch.Generator().manual_seed(0))
+    assert ids.numel() == 100 and ids.unique().numel() == 100 and int(ids.max()) < 10**9
+    want = torch.randperm(10, generator=torch.Generator().manual_seed(3))
+    want = want[~torch.isin(want, torch.tensor([2]))][:5]
+    assert torch.equal(uniform_draw(10, 5, torch.Generator().manual_seed(3), exclude=torch.tensor([2])), want)
+
+
+def test_the_poisson_sampler_draws_a_binomial_count_then_that_many_uniformly():
+    """q = 6/40: over 6,000 rounds each client is in with probability q and the cohort's size has mean Nq and variance
+    Nq(1-q) (each client independently, as the accountant assumes), within 4.5 standard errors; lfed 0.5's draws
+    (draws = "permutation") are N uniforms compared with q, kept for its runs."""
+    N, k = 40, 6
+    s = PoissonSampler()
+    s.setup(torch.ones(N))
+    g = torch.Generator().manual_seed(2)
+    counts, sizes = torch.zeros(N), []
+    for r in range(6000):
+        ids, p = s.sample(r, k, g)
+        assert torch.equal(ids, ids.sort().values) and ids.unique().numel() == ids.numel()
+        counts[ids] += 1
+        sizes.append(ids.numel())
+    q = k / N
+    assert float((counts / 6000 - q).abs().max()) < 4.5 * math.sqrt(q * (1 - q) / 6000)
+    sz = torch.tensor(sizes, dtype=F64)
+    assert abs(float(sz.mean()) - N * q) < 4.5 * math.sqrt(N * q * (1 - q) / 6000)
+    assert abs(float(sz.var()) / (N * q * (1 - q)) - 1) < 0.08
+    assert torch.equal(p, torch.full((N,), q, dtype=F64))
+    s.draws = "permutation"
+    g = torch.Generator().manual_seed(5)
+    want = torch.nonzero(torch.rand(N, generator=torch.Generator().manual_seed(5), dtype=F64) < q).flatten()
+    assert torch.equal(s.sample(0, k, g)[0], want)
+
+
+def test_uniform_sampler_keeps_lfed_0_5s_draws_for_its_runs():
+    """draws = "permutation": the first k of randperm(N), sorted (what a run made by 0.5 drew, and resumes drawing)."""
+    u = UniformSampler()
+    u.setup(torch.ones(30))
+    u.draws = "permutation"
+    want = torch.randperm(30, generator=round_generator(4, 2, "sample"))[:5].sort().values
+    assert torch.equal(u.sample(2, 5, round_generator(4, 2, "sample"))[0], want)
 
 
 def test_sampler_arguments_are_checked():

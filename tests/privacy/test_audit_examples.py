@@ -53,3 +53,14 @@ def test_bad_audit_settings_are_refused_naming_the_argument():
         CanaryDPSGD(canaries=10, guesses=[6])
     with pytest.raises(ValueError, match="canaries"):
         CanaryDPSGD(canaries=1)
+
+
+def test_an_audit_whose_canary_client_never_took_part_says_so_in_one_line():
+    """The auditor sees the canary client's uploads only: if it was never sampled there is nothing to score, and the
+    refusal names canary_client and what to change (it read "no round has run" before)."""
+    from lfed.privacy.audit_examples import CanaryDPSGD
+
+    dp = CanaryDPSGD(canaries=10, canary_client=3, noise_multiplier=1.0, clip=1.0)
+    with pytest.raises(RuntimeError, match=r"^canary_client: client 3 took part in no round of this run, so the auditor "
+                                           r"saw none of its uploads; choose a canary_client that takes part"):
+        dp.scores()
