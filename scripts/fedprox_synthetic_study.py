@@ -8,7 +8,8 @@ mean over the pooled training set), and the accuracy on all devices' test shares
 
     OMP_NUM_THREADS=1 python scripts/fedprox_synthetic_study.py --rounds 50 --every 5 --seeds 0
 
-Prints one line per evaluation, then a Markdown table; ``--json PATH`` also writes every curve.
+Prints one line per evaluation, then a Markdown table; ``--json PATH`` also writes every curve, and
+``--table A.json B.json`` prints the table of several such files together (seeds run in separate processes).
 """
 
 from __future__ import annotations
@@ -75,7 +76,18 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
     parser.add_argument("--json", default=None)
+    parser.add_argument("--table", nargs="+", default=None, metavar="JSON",
+                        help="print the table of these --json files together (runs nothing)")
     args = parser.parse_args()
+    if args.table:
+        merged: dict[str, dict[str, list[dict]]] = {}
+        for path in args.table:
+            with open(path) as fh:
+                saved = json.load(fh)
+            for name, by_seed in saved["results"].items():
+                merged.setdefault(name, {}).update({int(s): c for s, c in by_seed.items()})
+        print(table(merged, saved["args"]["rounds"], saved["args"]["every"]))
+        return
     dataset = FederatedDataset("synthetic", num_clients=30, partition="natural", holdout_fraction=0.0,
                                synthetic_alpha=1.0, synthetic_beta=1.0, seed=0)
     d = dataset.build()
@@ -91,20 +103,26 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"args": vars(args), "results": results}, fh, indent=1)
-    last = max(1, round(0.1 * (args.rounds // args.every)))
-    print(f"\n| method | train loss, last {last} evaluations | worst train loss after round {args.rounds // 2} | "
-          f"test acc, last {last} | rounds skipped |")
-    print("|---|---|---|---|---|")
-    for name, by_seed in results.items():
-        def cell(values: list[float]) -> str:
-            t = torch.tensor(values, dtype=torch.float64)
-            return f"{float(t.mean()):.3f}" + (f" ± {float(t.std()):.3f}" if t.numel() > 1 else "")
-        loss = [sum(c["train_loss"] for c in curve[-last:]) / last for curve in by_seed.values()]
-        worst = [max(c["train_loss"] for c in curve if c["round"] > args.rounds // 2) for curve in by_seed.values()]
-        acc = [sum(c["test_acc"] for c in curve[-last:]) / last for curve in by_seed.values()]
-        skipped = [sum(c["skipped"] for c in curve) for curve in by_seed.values()]
-        print(f"| {name} | {cell(loss)} | {cell(worst)} | {cell(acc)} | {cell(skipped)} |")
+    print(table(results, args.rounds, args.every))
 
+
+def table(results: dict, rounds: int, every: int) -> str:
+    """The Markdown table: mean ± std over the seeds of the last evaluation, of the worst training loss in the second
+    half, and of the rounds in which no client counted (``round/skipped``)."""
+    def cell(values: list[float], digits: int = 3) -> str:
+        t = torch.tensor(values, dtype=torch.float64)
+        return f"{float(t.mean()):.{digits}f}" + (f" ± {float(t.std()):.{digits}f}" if t.numel() > 1 else "")
+
+    seeds = sorted({s for by_seed in results.values() for s in by_seed})
+    lines = [f"| method | train loss, round {rounds} | worst train loss, rounds {rounds // 2 + every}-{rounds} | "
+             f"test acc, round {rounds} | rounds skipped (of {rounds}) |", "|---|---|---|---|---|"]
+    for name, by_seed in results.items():
+        curves = [by_seed[s] for s in seeds if s in by_seed]
+        lines.append(f"| {name} | {cell([c[-1]['train_loss'] for c in curves])} | "
+                     f"{cell([max(e['train_loss'] for e in c if e['round'] > rounds // 2) for c in curves])} | "
+                     f"{cell([c[-1]['test_acc'] for c in curves])} | "
+                     f"{cell([sum(e['skipped'] for e in c) for c in curves], 1)} |")
+    return f"{len(seeds)} seed(s): {seeds}\n" + "\n".join(lines)
 
 if __name__ == "__main__":
     main()
