@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import statistics
-import time
 import traceback
 
+import harness
 import torch
 
 from .common import PflCNN, _f, diff, sync
@@ -33,14 +32,7 @@ def run(suite, c: dict) -> None:
         return torch.cat([v.reshape(K, -1) for v in gr.values()] + [loss.reshape(K, 1)], 1)
 
     def timeit(fn, args):
-        ts = []
-        for _ in range(s.step_reps):
-            sync(dev)
-            t0 = time.perf_counter()
-            fn(*args)
-            sync(dev)
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts)
+        return harness.measure(lambda: fn(*args), repeats=s.step_reps, quiet=False, sync=lambda: sync(dev)).median
 
     args = inputs(2)
     ref = leaves(tr._vmapped(*args))
@@ -62,11 +54,10 @@ def run(suite, c: dict) -> None:
     def attempt(name, build):
         row = {"variant": name}
         try:
-            t0 = time.perf_counter()
-            fn = build()
-            out = leaves(fn(*args))  # compiles / captures
-            sync(dev)
-            row["build_s"] = time.perf_counter() - t0
+            with harness.stopwatch(lambda: sync(dev)) as sw:
+                fn = build()
+                out = leaves(fn(*args))  # compiles / captures
+            row["build_s"] = sw.seconds
             row["ms"] = timeit(fn, args) * 1e3
             row["max_diff"], row["relative"] = diff(out, ref)
             row["exact"] = bool(torch.equal(out, ref))

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import statistics
-import sys
-
+import harness
 import torch
 
-from .common import BENCH, _f, peak_memory
+from .common import _f, peak_memory
 
 
 def run(suite, r: dict) -> None:
@@ -15,9 +13,6 @@ def run(suite, r: dict) -> None:
     cohort's vmap) against Opacus's ``GradSampleModule`` + ``DPOptimizer`` client after client on the same Poisson
     batches (benchmarks/dp_sgd_opacus.py: 60 examples, 6 steps of expected batch 10 per client); medians of
     ``repeats`` after a warm-up, interleaved. Checked first: without noise, client 0's weights equal Opacus's."""
-    bench = str(BENCH)
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
     try:
         import opacus  # noqa: F401
     except ImportError:
@@ -46,11 +41,10 @@ def run(suite, r: dict) -> None:
         Y = torch.randint(0, 10, (K * dps.N_EXAMPLES,), generator=g).to(dev)
         dps.lfed_round(net, X, Y, K)  # warm-up
         dps.opacus_round(net, X, Y, min(K, 2))
-        times = {"lfed": [], "opacus": []}
-        for _ in range(cfg["repeats"]):
-            times["lfed"].append(dps.lfed_round(net, X, Y, K))
-            times["opacus"].append(dps.opacus_round(net, X, Y, K))
-        med = {n: statistics.median(v) for n, v in times.items()}
+        # each call times itself (synchronized, its set-up outside the clock); interleaved, no waiting for a quiet CPU
+        rounds = {"lfed": lambda X=X, Y=Y, K=K: dps.lfed_round(net, X, Y, K), "opacus": lambda X=X, Y=Y, K=K: dps.opacus_round(net, X, Y, K)}
+        times = harness.interleave(rounds, repeats=cfg["repeats"], figure=float, quiet=False)
+        med = {n: t.median for n, t in times.items()}
         r["cases"].append({"clients": K, "lfed_s": med["lfed"], "opacus_s": med["opacus"],
                            "opacus_over_lfed": med["opacus"] / med["lfed"]})
     r.update(peak_memory(dev))

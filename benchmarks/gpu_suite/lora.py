@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import math
-import sys
 
 import torch
 
-from .common import BENCH, Skipped, _cap, _f, _status, reset_peak
+from .common import Skipped, _cap, _f, _status, reset_peak
 
 
 def run(suite, e: dict) -> None:
@@ -19,9 +18,6 @@ def run(suite, e: dict) -> None:
                 f"{cfg['batch']} random 80-character windows, rank-{cfg['rank']} LoRA on every linear layer of a "
                 f"CharTransformer (d {cfg['d_model']}, {cfg['layers']} layers): lfed's engine (vmap) against one peft "
                 f"model trained client after client; 1 warm-up round, {cfg['rounds']} timed")
-    bench = str(BENCH)
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
     try:
         import peft  # noqa: F401
         reason = None

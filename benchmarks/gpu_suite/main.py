@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+import harness
 import torch
 
 from . import __doc__ as DOC
@@ -15,10 +15,8 @@ SECTIONS = tuple(name for name in ALL if name != "environment")  # environment a
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(DOC, out=None, out_help="output folder (gpu_suite.json, gpu_suite.md); required")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
-    ap.add_argument("--quick", action="store_true", help="tiny sizes (CPU CI)")
-    ap.add_argument("--out", required=True, help="output folder (gpu_suite.json, gpu_suite.md)")
     ap.add_argument("--budget-s", type=float, default=None, help="whole-run time budget (default 480 s; --quick 120 s)")
     ap.add_argument("--case-cap-s", type=float, default=None, help="stop timing a case after this many timed seconds "
                     "(at least 3 timed rounds; default 20 s)")
@@ -28,6 +26,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cohorts", type=lambda v: [int(x) for x in v.split(",")], default=None,
                     help="the timing section's cohorts, comma-separated (default 50,200,1000; --quick 2,4)")
     args = ap.parse_args(argv)
+    if not args.out:
+        ap.error("--out is required")
     unknown = sorted(set(args.sections or []) - set(SECTIONS))
     if unknown:
         ap.error(f"--sections: {', '.join(unknown)} not among {', '.join(SECTIONS)}")

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-
 import torch
 
-from .common import BENCH, _cap, _f, _status, peak_memory
+from .common import _cap, _f, _status, peak_memory
 
 
 def run(suite, e: dict) -> None:
-    bench = str(BENCH)
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
     import personal_eval as pe
 
     cfg = suite.s.personal

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import time
 import traceback
+
+import harness
 
 from .common import _cap, _f, _mem, _status, train_flops_per_example, trainer_for
 
@@ -40,11 +41,10 @@ def run(suite, p: dict) -> None:
 
                     m = suite.quickstart("auto", seed=seed)
                     seed_everything(seed, verbose=False)
-                    start = time.perf_counter()
-                    trainer_for(suite.device, s.precision_rounds, precision, evaluate_every=min(10, s.precision_rounds)).fit(
-                        m, datamodule=suite.digits())
-                    row.update(status="ok", test_acc=m.eval_history[-1][1], rounds=m.eval_history[-1][0],
-                               wall_s=time.perf_counter() - start)
+                    with harness.stopwatch() as sw:
+                        trainer_for(suite.device, s.precision_rounds, precision, evaluate_every=min(10, s.precision_rounds)).fit(
+                            m, datamodule=suite.digits())
+                    row.update(status="ok", test_acc=m.eval_history[-1][1], rounds=m.eval_history[-1][0], wall_s=sw.seconds)
                 except Exception:  # noqa: BLE001
                     row.update(status="error", error=traceback.format_exc())
             acc.append(row)

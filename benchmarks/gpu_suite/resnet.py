@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import statistics
-import sys
-import time
-
+import harness
 import torch
 
-from .common import BENCH, _f, peak_memory, sync
+from .common import _f, peak_memory, sync
 
 
 def run(suite, r: dict) -> None:
@@ -16,9 +13,6 @@ def run(suite, r: dict) -> None:
     ``batch``, the BatchNorm ResNet on the vmap backend (each client's running statistics its own row) against the
     loop backend and the centralized step (one net, the same steps over the cohort's K x batch examples at once),
     and vmap with ``crop_flip`` redrawn every step; medians of ``repeats`` after a warm-up call of each."""
-    bench = str(BENCH)
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
     import resnet_round as rr  # its cohort and centralized calls (benchmarks/resnet_round.py, the CPU table)
 
     from lfed.models import ResNet18, ResNet20
@@ -42,17 +36,9 @@ def run(suite, r: dict) -> None:
                 "lfed loop": rr.lfed_call(make(), "loop", x, y, index, sizes, steps, batch),
                 "centralized": rr.centralized_call(make(), x, y, index, steps, batch),
                 "lfed vmap, crop_flip": rr.lfed_call(make(), "vmap", x, y, index, sizes, steps, batch, augment=True)}
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for call in variants.values():  # warm-up
-        call()
-    for _ in range(cfg["repeats"]):  # interleaved
-        for name, call in variants.items():
-            sync(dev)
-            start = time.perf_counter()
-            call()
-            sync(dev)
-            times[name].append(time.perf_counter() - start)
-    med = {name: statistics.median(v) for name, v in times.items()}
+    # a warm-up call of each, then interleaved; no waiting for a quiet CPU (the device's figures, the suite's budget)
+    times = harness.interleave(variants, repeats=cfg["repeats"], warmup=1, quiet=False, sync=lambda: sync(dev))
+    med = {name: t.median for name, t in times.items()}
     r["cases"] = [{"name": name, "s_per_call": med[name], "vs_centralized": med[name] / med["centralized"],
                    "vs_loop": med[name] / med["lfed loop"]} for name in variants]
     r.update(peak_memory(dev))

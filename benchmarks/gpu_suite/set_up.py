@@ -7,6 +7,8 @@ import os
 import statistics
 import sys
 
+import harness
+
 from .common import BENCH, REPO, _cap, _f, _status
 
 SETUP_CHILD = r"""
@@ -85,7 +87,7 @@ def run(suite, e: dict) -> None:
         row = json.loads(done.stdout.strip().splitlines()[-1])
         row["lfed_own_s"] = row["build_s"] + row["fit_to_first_round_s"] + row["first_round_s"]
         row["lfed_own_under_1s"] = row["lfed_own_s"] < 1.0
-        row["load_after"] = os.getloadavg()[0]
+        row["load_after"] = harness.loadavg()
         children.append(row)
         suite.write()
     ok = [c for c in children if "lfed_own_s" in c]

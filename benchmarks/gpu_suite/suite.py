@@ -8,10 +8,10 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 import traceback
 from pathlib import Path
 
+import harness
 import torch
 
 from . import compile_graphs, correctness, dp_sgd, environment, host_sync, lora, personal, precision, profiling, report, resnet, set_up, timing
@@ -37,26 +37,26 @@ class Suite:
         self.device = torch.device(args.device)
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.t0 = time.perf_counter()
+        self.t0 = harness.clock()
         self.result: dict = {"suite": "lfed gpu_suite (issue 28)", "args": vars(args), "quick": args.quick,
                              "device": str(self.device), "sections": {}}
         self.tmp = tempfile.TemporaryDirectory(prefix="lfed_gpu_suite_")
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
+        return harness.clock() - self.t0
 
     def section(self, name: str, fn) -> None:
-        start = time.perf_counter()
         entry = self.result["sections"].setdefault(name, {})
         print(f"[gpu_suite {self.elapsed():6.1f}s] section {name} ...", flush=True)
-        try:
-            fn(entry)
-            entry["status"] = "ok"
-        except Exception:  # noqa: BLE001 - recorded, the suite goes on
-            entry["status"] = "error"
-            entry["error"] = traceback.format_exc()
-            print(entry["error"], file=sys.stderr, flush=True)
-        entry["seconds"] = time.perf_counter() - start
+        with harness.stopwatch() as sw:
+            try:
+                fn(entry)
+                entry["status"] = "ok"
+            except Exception:  # noqa: BLE001 - recorded, the suite goes on
+                entry["status"] = "error"
+                entry["error"] = traceback.format_exc()
+                print(entry["error"], file=sys.stderr, flush=True)
+        entry["seconds"] = sw.seconds
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.write()
@@ -139,35 +139,9 @@ class Suite:
                                seed=seed)
 
     def clock(self, warmup: int, cap_s: float):
-        from lightning.pytorch import Callback
-
-        dev = self.device
-
-        class Clock(Callback):
-            def __init__(self) -> None:
-                self.rounds: list[float] = []
-                self.evals: list[float] = []
-
-            def on_train_batch_start(self, *a) -> None:
-                sync(dev)
-                self.t = time.perf_counter()
-
-            def on_train_batch_end(self, trainer, *a) -> None:
-                sync(dev)
-                self.rounds.append(time.perf_counter() - self.t)
-                timed = self.rounds[warmup:]
-                if len(timed) >= 3 and sum(timed) > cap_s:
-                    trainer.should_stop = True
-
-            def on_validation_start(self, *a) -> None:
-                sync(dev)
-                self.v = time.perf_counter()
-
-            def on_validation_end(self, *a) -> None:
-                sync(dev)
-                self.evals.append(time.perf_counter() - self.v)
-
-        return Clock()
+        """A :func:`harness.step_clock` on this device: every round (``.seconds``) and evaluation (``.evals``), synchronized;
+        the run stops once the rounds after ``warmup`` spent ``cap_s`` (at least 3 of them)."""
+        return harness.step_clock(lambda: sync(self.device), cap_s=cap_s, skip=warmup)
 
     def lfed_case(self, backend: str, cohort: int, precision: str = "32-true", conv_form: str | None = None) -> dict:
         """``conv_form``: the vmap backend's form of the convolutions (lfed.engine.conv; None: lfed's rule, native on
@@ -176,7 +150,7 @@ class Suite:
         clock = self.clock(s.warmup, self.args.case_cap_s)
         m = self.pfl_module(backend, cohort)
         reset_peak(self.device)
-        start = time.perf_counter()
+        start = harness.clock()
         before = os.environ.get("LFED_CONV_FORM")
         if conv_form is not None:
             os.environ["LFED_CONV_FORM"] = conv_form
@@ -188,9 +162,9 @@ class Suite:
                 os.environ.pop("LFED_CONV_FORM", None)
             else:
                 os.environ["LFED_CONV_FORM"] = before
-        timed = clock.rounds[s.warmup:]
-        return {"steady_s_per_round": statistics.median(timed), "timed_rounds": timed, "warmup_rounds": clock.rounds[:s.warmup],
-                "eval_s": clock.evals, "wall_s": time.perf_counter() - start, "backend_used": getattr(m.runs[0].engine, "backend", backend),
+        timed = clock.seconds[s.warmup:]
+        return {"steady_s_per_round": statistics.median(timed), "timed_rounds": timed, "warmup_rounds": clock.seconds[:s.warmup],
+                "eval_s": clock.evals, "wall_s": harness.clock() - start, "backend_used": getattr(m.runs[0].engine, "backend", backend),
                 **peak_memory(self.device)}
 
     def budget_left(self, reserve: bool = True) -> float:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from functools import partial
 
+import harness
 import torch
 import torch.nn.functional as F
 
@@ -106,15 +106,15 @@ def section_grid(suite, t: dict) -> None:
         g = RunGroup(members)
         clock = suite.clock(s.warmup, suite.args.case_cap_s)
         reset_peak(suite.device)
-        start = time.perf_counter()
+        start = harness.clock()
         trainer_for(suite.device, s.warmup + s.grid_timed, "32-true", evaluate_every=s.evaluate_every,
                     callbacks=[clock]).fit(g, datamodule=g.datamodule)
-        timed = clock.rounds[s.warmup:]
-        return {"steady_s_per_round": statistics.median(timed), "timed_rounds": timed, "wall_s": time.perf_counter() - start,
+        timed = clock.seconds[s.warmup:]
+        return {"steady_s_per_round": statistics.median(timed), "timed_rounds": timed, "wall_s": harness.clock() - start,
                 "engine_calls": g.engine_calls, **peak_memory(suite.device)}
 
     def sequential():
-        per_run, peaks, timed, start = [], [], [], time.perf_counter()
+        per_run, peaks, timed, start = [], [], [], harness.clock()
         for lr, seed in points:
             if suite.budget_left() <= 0:
                 raise TimeoutError(f"time budget ran out after {len(per_run)} of {len(points)} runs")
@@ -123,11 +123,11 @@ def section_grid(suite, t: dict) -> None:
             reset_peak(suite.device)
             trainer_for(suite.device, s.warmup + s.grid_timed, "32-true", evaluate_every=s.evaluate_every,
                         callbacks=[clock]).fit(m, datamodule=suite.pfl_data()())
-            per_run.append(statistics.median(clock.rounds[s.warmup:]))
-            timed += clock.rounds[s.warmup:]
+            per_run.append(clock.steady())
+            timed += clock.seconds[s.warmup:]
             peaks.append(peak_memory(suite.device))
         key = next(iter(peaks[0]))
-        return {"steady_s_per_round": sum(per_run), "per_run_steady_s": per_run, "timed_rounds": timed, "wall_s": time.perf_counter() - start,
+        return {"steady_s_per_round": sum(per_run), "per_run_steady_s": per_run, "timed_rounds": timed, "wall_s": harness.clock() - start,
                 "note": "sum over the runs of each run's steady s/round", **peaks[0], key: max(p[key] for p in peaks)}
 
     n = len(points)
@@ -199,19 +199,17 @@ def manual_rounds(suite, body) -> dict:
     """Time ``body()`` (one round) as the other cases are: warm-up rounds, then timed ones, synchronized, capped."""
     s, dev = suite.s, suite.device
     rounds: list[float] = []
-    start = time.perf_counter()
+    start = harness.clock()
     for _ in range(s.warmup + s.timed):
-        sync(dev)
-        t = time.perf_counter()
-        body()
-        sync(dev)
-        rounds.append(time.perf_counter() - t)
+        with harness.stopwatch(lambda: sync(dev)) as sw:
+            body()
+        rounds.append(sw.seconds)
         timed = rounds[s.warmup:]
         if len(timed) >= 3 and sum(timed) > suite.args.case_cap_s:
             break
     timed = rounds[s.warmup:]
     return {"steady_s_per_round": statistics.median(timed), "timed_rounds": timed, "warmup_rounds": rounds[:s.warmup],
-            "wall_s": time.perf_counter() - start, **peak_memory(dev)}
+            "wall_s": harness.clock() - start, **peak_memory(dev)}
 
 
 def hand_vmap_case(suite, cohort: int) -> dict:
@@ -311,12 +309,12 @@ def pfl_case(suite, cohort: int) -> dict:
     class Clock(TrainingProcessCallback):
         def on_train_begin(self, *, model):
             sync(dev)
-            marks.append(time.perf_counter())
+            marks.append(harness.clock())
             return super().on_train_begin(model=model)
 
         def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
             sync(dev)
-            marks.append(time.perf_counter())
+            marks.append(harness.clock())
             timed = [b - a for a, b in zip(marks[s.warmup:], marks[s.warmup + 1:])]
             return len(timed) >= 3 and sum(timed) > cap, type(aggregate_metrics)()
 
@@ -331,7 +329,7 @@ def pfl_case(suite, cohort: int) -> dict:
     data = FederatedDataset(make_user, get_user_sampler("minimize_reuse", list(range(s.num_clients))))
     rounds = s.warmup + s.timed
     reset_peak(dev)
-    start = time.perf_counter()
+    start = harness.clock()
     FederatedAveraging().run(
         algorithm_params=NNAlgorithmParams(central_num_iterations=rounds, evaluation_frequency=rounds + 1,
                                            train_cohort_size=cohort, val_cohort_size=0),
@@ -342,7 +340,7 @@ def pfl_case(suite, cohort: int) -> dict:
         callbacks=[Clock()])
     per = [b - a for a, b in zip(marks, marks[1:])]
     return {"steady_s_per_round": statistics.median(per[s.warmup:]), "timed_rounds": per[s.warmup:],
-            "warmup_rounds": per[:s.warmup], "wall_s": time.perf_counter() - start, "pfl_version": pfl.__version__,
+            "warmup_rounds": per[:s.warmup], "wall_s": harness.clock() - start, "pfl_version": pfl.__version__,
             "note": "one process; no evaluation", **peak_memory(dev)}
 
 
