@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch import Trainer
 
 os.environ.setdefault("WANDB_MODE", "disabled")
-# no benchmark helper a test runs waits for a quiet machine (benchmarks/quiet.py): a test's timings are not figures,
+# no benchmark helper a test runs waits for a quiet machine (benchmarks/harness.py): a test's timings are not figures,
 # and under the suite's own two workers the load never falls below 1.0 (the quick GPU suite waited ~10 s for it)
 os.environ.setdefault("QUIET_WAIT", "0")
 

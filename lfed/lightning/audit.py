@@ -46,7 +46,7 @@ MODES = {
     "distributed_dp": Mode("combination", "lfed.privacy.audit.CanaryDistributedDP", "audit_beta",
                            ("no_noise", "no_clip", "plaintext"), "canary clients", "the decoded sums of the rounds"),
     "dp_sgd": Mode("objective", "lfed.privacy.audit_examples.CanaryDPSGD", "beta", ("no_noise", "no_clip"),
-                   "canary examples of client 0", "that client's uploads to the server"),
+                   "canary examples of client {canary_client}", "that client's uploads to the server"),
 }
 
 
@@ -114,8 +114,10 @@ def check_dp(args: list[str]) -> Mode:
                      "configs/dp_sgd_digits.yaml)")
 
 
-def report(result: Any, run_dir: Any, leak: str, mode: Mode = MODES["dp_fedavg"]) -> tuple[str, bool]:
-    """The audit's screen and whether the bound is within the claim."""
+def report(result: Any, run_dir: Any, leak: str, mode: Mode = MODES["dp_fedavg"],
+           canary_client: int | None = None) -> tuple[str, bool]:
+    """The audit's screen and whether the bound is within the claim (``canary_client``: the client whose canary
+    examples an example-level audit planted)."""
     from lfed.privacy.audit import epsilon_lower_bound
 
     ok = result.epsilon_lower <= result.epsilon
@@ -125,7 +127,7 @@ def report(result: Any, run_dir: Any, leak: str, mode: Mode = MODES["dp_fedavg"]
         f"lfed audit: one-run privacy audit (Steinke, Nasr, Jagielski 2023) of {run_dir}",
         f"  claimed   ε = {result.epsilon:.4g} at δ = {result.delta:.3g} (the accountant's, for this run's rounds, q and z)",
         f"  audited   ε ≥ {result.epsilon_lower:.4g} at {confidence:.4g}% confidence ({result.m} canaries, {result.included} "
-        f"included; {result.r} guesses, {result.v} correct; {mode.unit})",
+        f"included; {result.r} guesses, {result.v} correct; {mode.unit.format(canary_client=canary_client)})",
         "  guesses   " + ", ".join(f"k = {k}: {v}/{2 * k} correct, ε ≥ {e:.3g}" for k, (v, e) in sorted(result.per_k.items())),
         f"  reach     the largest ε_lower {result.m} canaries can give at this δ (every guess right): {reach:.4g}"
         + (f"; a claim above it (ε = {result.epsilon:.4g}) cannot be contradicted here" if reach < result.epsilon else ""),
@@ -180,6 +182,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"lfed audit: error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
     dp = getattr(cli.model.runs[0].components, mode.setting)
-    text, ok = report(dp.audit(), getattr(cli, "run_dir", ""), ours.leak, mode)
+    text, ok = report(dp.audit(), getattr(cli, "run_dir", ""), ours.leak, mode, getattr(dp, "canary_client", None))
     print(text, flush=True)
     sys.exit(0 if ok else 1)

@@ -59,7 +59,9 @@ class CanaryDPSGD(Canaries, DPSGD):
 
     Args:
         canaries: ``m`` canary examples (each included with probability 1/2, from ``canary_seed``).
-        canary_client: The client that holds them (it should take part in many rounds: the audit sees its steps only).
+        canary_client: The client that holds them (it should take part in many rounds: the audit sees its steps only);
+            None (default): the first client of the first round's cohort, so that it takes part at least once whatever
+            the cohorts' draw.
         guesses: Guesses per side to try (default ``m/20``, ``m/10``, ``m/4``), each at ``beta / len(guesses)``.
         beta: ``1 -`` the bound's confidence.
         leak: None, ``"no_noise"`` or ``"no_clip"`` (planted; module docstring).
@@ -67,11 +69,12 @@ class CanaryDPSGD(Canaries, DPSGD):
         **dp: :class:`DPSGD`'s settings.
     """
 
-    def __init__(self, canaries: int = 1000, canary_client: int = 0, guesses: list[int] | None = None,
+    def __init__(self, canaries: int = 1000, canary_client: int | None = None, guesses: list[int] | None = None,
                  beta: float = 0.05, leak: str | None = None, canary_seed: int = 0, **dp: Any) -> None:
         super().__init__(**dp)  # super(): jsonargparse reads **dp through it (the config's DP-SGD settings)
         self.init_canaries(canaries, guesses, beta, leak, canary_seed, LEAKS)
-        self.canary_client = integer("canary_client", canary_client, at_least=0)
+        self.canary_client = None if canary_client is None else integer("canary_client", canary_client, at_least=0,
+                                                                           detail=" or None (the first round's first client)")
         self.sampled = torch.zeros(self.m, dtype=torch.long)  # steps each canary was in a batch (diagnostics)
         self._directions: Tensor | None = None
 
@@ -85,6 +88,8 @@ class CanaryDPSGD(Canaries, DPSGD):
         rule = super().step_rule(cohort, w_start, lr)
         dp = rule.example_dp
         clients = values(cohort.host_values().clients)
+        if self.canary_client is None and clients:  # the first round's first client: it takes part at least once
+            self.canary_client = int(clients[0])
         if self.canary_client in clients:
             row = clients.index(self.canary_client)
             n = int(values(cohort.host_values().num_examples)[row])
@@ -109,13 +114,14 @@ class CanaryDPSGD(Canaries, DPSGD):
         """:meth:`lfed.privacy.audit.Canaries.scores`; a run in which the canary client never took part is refused in one
         line (the auditor saw nothing of it)."""
         if self.released is None:
-            raise RuntimeError(f"canary_client: client {self.canary_client} took part in no round of this run, so the "
+            who = "no client was sampled" if self.canary_client is None else f"client {self.canary_client}"
+            raise RuntimeError(f"canary_client: {who} took part in no round of this run, so the "
                                "auditor saw none of its uploads; choose a canary_client that takes part, or run more "
                                "rounds or a larger fraction")
         return super().scores()
 
     def claimed_epsilon(self) -> float:
         """The canary client's ε(δ) (its own accountant's)."""
-        if self.eps is None or self.canary_client >= self.eps.numel():
+        if self.eps is None or self.canary_client is None or self.canary_client >= self.eps.numel():
             return 0.0
         return float(self.eps[self.canary_client])

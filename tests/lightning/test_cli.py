@@ -14,15 +14,16 @@ def test_quickstart_digits_learns_through_the_cli(tmp_path):
         [
             "fit",
             "--config", str(REPO / "configs/quickstart.yaml"),
-            "--trainer.max_steps", "30",
-            "--trainer.val_check_interval", "15",
+            "--trainer.val_check_interval", "30",
             "--trainer.enable_progress_bar", "false",
             "--trainer.default_root_dir", str(tmp_path),
             "--trainer.logger", "false",
         ]
     )
+    # the quickstart's own 60 rounds (with 0.6's cohort draws its seed spends ~15 rounds on one class before it learns:
+    # 0.35 at round 30, 0.69 at 60)
     acc = float(cli.trainer.callback_metrics["test/acc"])
-    assert cli.trainer.global_step == 30
+    assert cli.trainer.global_step == 60
     assert acc > 0.5, acc  # 10 classes: chance is 0.1
 
 
