@@ -414,7 +414,7 @@ class FederatedRun(nn.Module):
             metrics["client/acc_worst10pct"] = worst_share_mean(client, 0.1)  # (0.4's client/acc_worst10: the gate's alias)
             if sample is not None:  # a sample of the population: the mean's standard error (without replacement)
                 metrics["client/evaluated"] = float(client.numel())
-                metrics["client/acc_mean_se"] = sample_mean_se(client, int((d.holdout_sizes > 0).sum()))
+                metrics["client/acc_mean_se"] = sample_mean_se(client, int((d.host("holdout_sizes") > 0).sum()))
             metrics.update(self.personal_evaluation(evaluated, ranks, reduce_sum, tokens, batch_size))
         if evaluated is not None and evaluated[1] is not None:  # docs/algorithms.md §12: each client's perplexity exp(mean NLL)
             ppl = perplexity_summary(evaluated[1], "client")  # the one formula of personal/* and global/* too

@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from lfed.engine.patching import instance_methods
 
-__all__ = ["batch_norms", "check_batches_of_one", "flat_batch_norms", "has_batch_norm", "has_running_stats",
+__all__ = ["batch_norms", "check_batches_of_one", "evaluating", "flat_batch_norms", "has_batch_norm", "has_running_stats",
            "running_stat_names"]
 
 
@@ -66,6 +66,20 @@ def running_stat_names(net: nn.Module) -> list[str]:
     return names
 
 
+@contextlib.contextmanager
+def evaluating(net: nn.Module) -> Iterator[None]:
+    """Inside, every module of ``net`` is in evaluation mode (``net.eval()``: BatchNorm reads its running statistics
+    and updates none, dropout is off); after, each module is back in the mode it had (a frozen part left in ``eval()``
+    by its owner stays so)."""
+    modes = [(m, m.training) for m in net.modules()]
+    net.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
 def flat_batch_norms(net: nn.Module, x: Tensor) -> list[str]:
     """The names of the BatchNorm layers of ``net`` whose input has no spatial extent (one value per channel and
     example: ``BatchNorm1d`` on ``[B, C]``, a ``1x1`` map), found by one forward of ``x`` (a few examples) in
@@ -80,16 +94,12 @@ def flat_batch_norms(net: nn.Module, x: Tensor) -> list[str]:
             found.append(names[module])
 
     hooks = [module.register_forward_pre_hook(seen) for module in names]
-    modes = [(m, m.training) for m in net.modules()]
-    net.eval()
     try:
-        with torch.no_grad():
+        with evaluating(net), torch.no_grad():
             net(x)
     finally:
         for hook in hooks:
             hook.remove()
-        for m, training in modes:
-            m.training = training
     return found
 
 

@@ -21,31 +21,17 @@ accuracy), floating targets are regression targets (loss only).
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lfed.engine.host import values
+from lfed.engine.norm import evaluating
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
-
-
-@contextlib.contextmanager
-def evaluating(net: nn.Module) -> Iterator[None]:
-    """Inside, every module of ``net`` is in evaluation mode (``net.eval()``: BatchNorm reads its running statistics
-    and updates none, dropout is off); after, each module is back in the mode it had (a frozen part left in ``eval()``
-    by its owner stays so)."""
-    modes = [(m, m.training) for m in net.modules()]
-    net.eval()
-    try:
-        yield
-    finally:
-        for m, training in modes:
-            m.training = training
 
 
 def is_classification(y: Tensor) -> bool:

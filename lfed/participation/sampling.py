@@ -366,23 +366,25 @@ def uniform_draw(num_clients: int, k: int, generator: torch.Generator, exclude: 
     """
     N = int(num_clients)
     device = generator.device
-    banned = set() if exclude is None else set(exclude.detach().cpu().long().tolist())
+    banned = set() if exclude is None else set(exclude.detach().cpu().long().tolist())  # (the dispatch's few busy)
     if k + len(banned) > N / 2:
         perm = torch.randperm(N, generator=generator, device=device)
         if banned:
             perm = perm[~torch.isin(perm, torch.tensor(sorted(banned), dtype=perm.dtype, device=device))]
         return perm[:k]
-    kept: list[int] = []
-    seen = set(banned)
-    while len(kept) < k:
-        draws = torch.randint(0, N, (max(2 * (k - len(kept)), 16),), generator=generator, device=device)
-        for c in draws.tolist():
-            if c not in seen:
-                seen.add(c)
-                kept.append(c)
-                if len(kept) == k:
-                    break
-    return torch.tensor(kept, dtype=torch.long, device=device)
+    kept = torch.zeros(0, dtype=torch.long, device=device)
+    seen = torch.tensor(sorted(banned), dtype=torch.long, device=device)  # the excluded, then those kept
+    while kept.numel() < k:
+        m = max(2 * (k - kept.numel()), 16)
+        draws = torch.randint(0, N, (m,), generator=generator, device=device)
+        values_, inverse = torch.unique(draws, return_inverse=True)  # each value's first position in the batch:
+        first = torch.full_like(values_, m).scatter_reduce(0, inverse, torch.arange(m, device=device), "amin")
+        new = ~torch.isin(values_, seen)
+        order = first[new].argsort()  # the new values in the order they first appeared
+        taken = values_[new][order][: k - kept.numel()]
+        kept = torch.cat([kept, taken])
+        seen = torch.cat([seen, taken])
+    return kept
 
 
 def _constant(num_clients: int, value: float, device) -> Tensor:
