@@ -19,8 +19,9 @@ import torch
 
 
 def main(N: int, rounds: int) -> dict:
+    from lfed.core.algorithm import LocalTraining
     from lfed.core.fit import fit_run
-    from lfed.core.round import LocalTraining, run_round
+    from lfed.core.round import run_round
     from lfed.core.settings import build_run
     from lfed.lightning.datamodule import FederatedDataModule
     from lfed.models import MLP

@@ -20,7 +20,8 @@ import harness
 import torch
 
 from lfed.core import registry as algorithms
-from lfed.core.round import LocalTraining, run_round, setup_state
+from lfed.core.algorithm import LocalTraining, setup_state
+from lfed.core.round import run_round
 from lfed.engine import CohortTrainer
 from lfed.lightning.datamodule import FederatedDataModule
 from lfed.models.zoo import MLP

@@ -143,8 +143,8 @@ def cohort_results(dtype) -> dict:
 def run_results(dtype) -> dict:
     import torch
 
+    from lfed.core.algorithm import LocalTraining
     from lfed.core.fit import fit_run
-    from lfed.core.round import LocalTraining
     from lfed.core.settings import Engine, build_run
     from lfed.data.federated import FederatedDataset
     from lfed.models.zoo import MLP

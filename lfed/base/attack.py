@@ -69,7 +69,7 @@ class Attack(Component):
     """
 
     name = "none"
-    #: Whether the attack is a role of the run (:meth:`lfed.core.round.Algorithm.roles`); only :class:`NoAttack` is not.
+    #: Whether the attack is a role of the run (:meth:`lfed.core.algorithm.Algorithm.roles`); only :class:`NoAttack` is not.
     present: bool = True
     #: Whether :meth:`craft` reads the honest clients' updates of the round (an omniscient adversary).
     omniscient: bool = False

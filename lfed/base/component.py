@@ -98,7 +98,7 @@ class Cohort:
         seed: The run's seed: a component's own random stream is ``lfed.rng.round_generator(seed, round, name)``.
         host: The same cohort's host values (:class:`HostCohort`, CPU tensors read without a device sync,
             :mod:`lfed.engine.host`), or None for a cohort made by hand (then :meth:`host_values` makes them once).
-        plan: The round's training plan (:class:`lfed.core.round.LocalTraining`): ``plan.client_lr`` (the clients'
+        plan: The round's training plan (:class:`lfed.core.algorithm.LocalTraining`): ``plan.client_lr`` (the clients'
             learning rate η, q-FFL's ``L = 1/η``), ``batch_size``, ``local_epochs``, ``local_steps``.
         label_counts: ``[K, C]`` each cohort client's training label counts (on the device; ``[K, 0]`` for
             regression targets), for methods that weigh or correct by the clients' label distributions (FedLC).
@@ -148,7 +148,7 @@ class Cohort:
     def host_agreement(self) -> Tensor | None:
         """``0-dim bool`` on the device: whether the device copies of the clients, sizes, budgets, steps done and
         counting mask equal their host copies (:attr:`host`), or None without host copies. Read with the round's
-        other flags (:func:`lfed.core.round.verify_round`): a copy that drifted would make the components that read the
+        other flags (:func:`lfed.core.record.verify_round`): a copy that drifted would make the components that read the
         host values (Per-FedAvg, FedRoD, the step counts) compute on other numbers than the engine."""
         from lfed.engine.host import to_device
 
@@ -203,7 +203,7 @@ class LocalWork:
         seed, round: Seed and round of every random draw.
         num_examples: ``[K]`` the clients' sizes; ``steps_done``: ``[K]`` their local steps this round.
         lr: The round's client learning rate; ``batch_size``: its mini-batch size (None: full batch).
-        plan: The run's training plan (:class:`lfed.core.round.LocalTraining`: lr, batch size, epochs or steps).
+        plan: The run's training plan (:class:`lfed.core.algorithm.LocalTraining`: lr, batch size, epochs or steps).
         buffers: ``{name: [K, ...]}`` the cohort's final buffers (a net with running statistics, either backend), or None.
         host_num_examples, host_steps_done: The host copies of ``num_examples`` and ``steps_done``
             (:class:`HostCohort`): :meth:`train` hands them to the engine, which then reads no device value.
@@ -290,7 +290,7 @@ class CompositionContext:
             seeded noise streams are keyed by it, so runs of other settings never share noise (``""``: unknown).
         data_notes: What the run's data says of itself that a component may refuse or gate: ``test_from_clients``
             (the test split is the training clients' own held-out data, LEAF's), ``val_from_clients``.
-        training: The run's training plan (:class:`lfed.core.round.LocalTraining`: lr, batch size, budget), when known
+        training: The run's training plan (:class:`lfed.core.algorithm.LocalTraining`: lr, batch size, budget), when known
             (example-level DP-SGD needs a batch size).
         shared_params: How many coordinates a client uploads (the shared part of the model), when known (distributed DP
             calibrates its noise for them).

@@ -270,7 +270,7 @@ class IGFL(ClientRule):
     ``w ← w + Δ_I + Δ_G``, i.e. the step rule with ``grad_scale = 1 + 1/|S|`` and
     ``shift = (Δw_k / |S| - Δw_ps) / (eta_l T_k)``. ``Δw_k`` (the client's update from the
     last round it took part in) and ``Δw_ps`` (the global model's last change) are the round's
-    update history (:class:`lfed.core.round.UpdateHistory`, ``uses_history``).
+    update history (:class:`lfed.core.algorithm.UpdateHistory`, ``uses_history``).
     """
 
     name = "igfl"

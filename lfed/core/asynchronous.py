@@ -140,6 +140,7 @@ class Asynchronous(Component):
         self.seq = 0
         self.times: list[float] = []  # simulated time after each server step
         self._plan: list[tuple[int, float, float, int]] = []  # this step's dispatch (client, start, duration, steps)
+        self._metrics: dict[str, Any] = {}  # this step's metrics (measured at the arrivals, logged after the server step)
         #: per slot: the accuracy of its client's locally trained model w_k on the client's own held-out split
         #: (docs/algorithms.md §9's local accuracy, scored at dispatch; reported when the result arrives); NaN: none
         self.local_acc: Tensor | None = None
@@ -298,7 +299,7 @@ class Asynchronous(Component):
             i = j
         return sorted(plan)
 
-    def prepare(self, run: Any, step: int, total_rounds: int | None, ranks: Any = None) -> Any:
+    def dispatch(self, run: Any, step: int, total_rounds: int | None, ranks: Any = None) -> Any:
         """Dispatch clients to keep ``C`` in flight with the current model: the engine job of the step."""
         from lfed.core.round import prepare_round
 
@@ -312,9 +313,11 @@ class Asynchronous(Component):
                              round=step, seed=run.seed, clients=clients, steps_done=budget, total_rounds=total_rounds,
                              sizes=run.layout.sizes, ranks=ranks)
 
-    def finish(self, run: Any, prepared: Any, result: Any, optimizer: Any, ranks: Any) -> tuple[dict[str, float], list[str]]:
-        """Queue the dispatched clients' results, pop the ``M`` earliest arrivals and step the server."""
-        from lfed.core.round import RoundRecord, aggregate, draw_cohort, step_server
+    def arrivals(self, run: Any, prepared: Any, result: Any, ranks: Any) -> Any:
+        """Queue the dispatched clients' results, pop the ``M`` earliest arrivals: what the server steps on
+        (:class:`lfed.core.round.Uploads`; the server half is the synchronous round's, :func:`lfed.core.round.server_update`)."""
+        from lfed.core.record import RoundRecord
+        from lfed.core.round import Uploads, draw_cohort
 
         alg, data = run.components, run.data
         idle = isinstance(prepared, _NoDispatch)
@@ -348,7 +351,7 @@ class Asynchronous(Component):
                 heapq.heappush(self.events, (start + d, self.seq, slot, client, step, int(steps)))
                 self.seq += 1
             dispatched = host.clients.numel()
-        # 2. the M earliest arrivals
+        # 2. the M earliest arrivals, their weights a_k α s(τ_k)
         popped = [heapq.heappop(self.events) for _ in range(self.buffer)]
         self.clock.now = popped[-1][0]
         self.times.append(self.clock.now)
@@ -365,7 +368,7 @@ class Asynchronous(Component):
         if not all(x == 1.0 for x in scale.tolist()):  # s = 1 leaves the weights (and the sync case) untouched
             a = a.detach().cpu() * scale
         weights = to_device(a, cohort.clients.device)
-        # 3. the server update: the second half every step shares (lfed.core.round.aggregate, step_server; run.conclude)
+        # 3. their uploads: FedBuff's own deltas Δ_k; FedAsync's w_k mixed against the current model, w_k - w^t
         popped_slots = to_device(torch.tensor([e[2] for e in popped]), device)  # one host-to-device copy a step
         stored = self.rows("update", popped_slots)
         updates = stored if self.mixing is None else stored - w
@@ -376,10 +379,7 @@ class Asynchronous(Component):
             dispatched_clients = prepared.record.cohort.clients
             record.check(result.loss[:, None], "training losses", dispatched_clients)
             record.check(rows, "client updates", dispatched_clients)
-        delta = aggregate(alg, record, updates, weights, prepared.sizes)
-        step_server(alg, record, delta, w, run.server_step(optimizer))
-        if self.net_buffers:  # the arrivals' buffers, aggregated as a synchronous round aggregates its cohort's
-            run.aggregate_buffers(self._unflat_buffers(self.rows("stats", popped_slots)), weights)
+        buffers = self._unflat_buffers(self.rows("stats", popped_slots)) if self.net_buffers else None
         metrics: dict[str, Any] = {
             "round/clients": float(len(popped)), "round/dispatched": float(dispatched),
             "round/weight_sum": weights.sum(),
@@ -390,7 +390,14 @@ class Asynchronous(Component):
             metrics["train/loss"] = result.loss.mean()
         if self.local_acc is not None:  # the arrivals' local accuracy (client/local_acc_mean, bmta_local: docs/algorithms.md §9)
             metrics["client/local_acc_mean"] = torch.nanmean(self.local_acc[popped_slots.to(self.local_acc.device)])
-        return run.conclude(record, metrics, w), [] if idle else [f"server step {step}: {m}" for m in prepared.record.warnings]
+        self._metrics = metrics
+        return Uploads(record, updates, w, prepared.sizes, buffers=buffers, label="server step",
+                       warnings=[] if idle else prepared.record.warnings)
+
+    def step_metrics(self, run: Any, uploads: Any) -> dict[str, Any]:
+        """The server step's metrics: arrivals, dispatches, staleness, clients in flight, simulated time, the arrivals'
+        local accuracy (measured at :meth:`arrivals`)."""
+        return self._metrics
 
     # ------------------------------------------------------------------ checkpoint state
     def get_extra_state(self) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def fit_run(run, datamodule, rounds: int, *, total_rounds: int | None = None, ev
     """
     from lfed.checks import integer
     from lfed.core.registry import CompositionWarning
-    from lfed.core.run import train_step
+    from lfed.core.step import train_step
     from lfed.engine.ranks import Ranks
 
     integer("rounds", rounds, at_least=1)

@@ -4,7 +4,7 @@ A preset fills the :class:`~lfed.lightning.module.FederatedModule` arguments tha
 unset (``None``); anything set explicitly wins, so ``algorithm: scaffold`` with
 ``sampler: attention`` is AdaFL sampling + SCAFFOLD with no new code. A choice is a name
 (``objective: scaffold``) or a component object (``class_path``, or a dotted class path string
-for the objective); :func:`build` turns the resolved choices into a :class:`~lfed.core.round.Algorithm`.
+for the objective); :func:`build` turns the resolved choices into a :class:`~lfed.core.algorithm.Algorithm`.
 A new algorithm in its own file is registered by one line in :data:`PRESETS` (``feddyn``).
 """
 
@@ -287,7 +287,7 @@ def resolve(algorithm: str, **explicit: Any) -> dict[str, Any]:
 
 
 def build(cfg: dict[str, Any], stragglers=None):
-    """The :class:`~lfed.core.round.Algorithm` of a resolved composition (:func:`resolve`'s output).
+    """The :class:`~lfed.core.algorithm.Algorithm` of a resolved composition (:func:`resolve`'s output).
 
     Each entry of ``cfg`` is a name (its component with its own defaults) or a component object (used
     as it is: a method's settings are its component's, ``Prox(mu=0.1)``); ``stragglers`` a
@@ -295,7 +295,7 @@ def build(cfg: dict[str, Any], stragglers=None):
     (:meth:`~lfed.client.objectives.ClientRule.server_combination`) gets it unless the user set
     another, which is refused.
     """
-    from lfed.core.round import Algorithm
+    from lfed.core.algorithm import Algorithm
     from lfed.participation.participation import Participation
     from lfed.participation.stragglers import Stragglers
     from lfed.server.channel import Channel
@@ -406,7 +406,7 @@ def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozen
     of the user's too), so no list here names them.
 
     Args:
-        algorithm: The run's components (:class:`lfed.core.round.Algorithm`).
+        algorithm: The run's components (:class:`lfed.core.algorithm.Algorithm`).
         explicit: The roles the user set (a preset's own choices are not questioned).
         num_clients: ``N``, when known; ``total_rounds``: the run's rounds, when known (with both,
             the checks see every round's cohort size).

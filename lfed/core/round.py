@@ -1,278 +1,58 @@
 """One federated round as a function: components in, new weights and a record out (docs/algorithms.md §1).
 
-:func:`run_round` needs no Trainer: give it the global weights ``w [P]``, an :class:`Algorithm`
-(its components hold their declared state, :mod:`lfed.state.spec`), the federated data on the
-device, a :class:`LocalTraining` and a :class:`~lfed.engine.CohortTrainer`; optionally a fixed
-cohort and fixed step counts (otherwise the algorithm's sampler and straggler model draw them
-from ``seed``). It returns the new global weights and a :class:`RoundRecord` (cohort, steps,
-aggregation weights, attention and its entropy and logit spread, losses, bits), and moves the
-components' state on. :class:`~lfed.lightning.module.FederatedModule` is a Lightning driver around it.
+:func:`run_round` needs no Trainer: give it the global weights ``w [P]``, an :class:`~lfed.core.algorithm.Algorithm`
+(its components hold their declared state, :mod:`lfed.state.spec`), the federated data on the device, a
+:class:`~lfed.core.algorithm.LocalTraining` and a :class:`~lfed.engine.CohortTrainer`; optionally a fixed cohort and
+fixed step counts (otherwise the algorithm's sampler and straggler model draw them from ``seed``). It returns the new
+global weights and a :class:`~lfed.core.record.RoundRecord` (cohort, steps, aggregation weights, attention and its
+entropy and logit spread, losses, bits), and moves the components' state on. It is told in four steps, each a
+function of this module, read top-down::
 
-Order of a round (docs/algorithms.md §1)::
+    prepared = prepare_round(...)     # the cohort (§5, §6), its weights (§3), the step rule (§2): the engine's job
+    result   = train_prepared(...)    # local work, every client at once (lfed.engine)
+    uploads  = client_uploads(...)    # objective.after_local, the local part kept, the attack's rows (§2, §13)
+    w'       = server_update(...)     # channel up, combination (§4), channel down, server step (§4.1),
+                                      # the components keep what they need (history, sampler.observe) and report
 
-    cohort, s_k  = sampler, participation          # §5, §6 (or given)
-    a_k, counts  = weights                         # §3
-    rule         = objective.step_rule(cohort)     # §2
-    w_k_end      = engine.train(...)               # local work, all clients at once
-    objective.after_local(...)                     # client state
-    sent         = channel.upstream(Δ_k)           # §7
-    Δ            = combination.combine(sent, a_k)  # §4
-    Δ            = channel.downstream(Δ)
-    w'           = server_step(Δ)                  # §4.1 (w + Δ by default)
-    history, sampler.observe(w_k_end, w')          # state that needs the new model
+A run's training step (:func:`lfed.core.step.train_step`) is these same functions: a synchronous round calls them
+in this order; an asynchronous server step (:mod:`lfed.core.asynchronous`) dispatches with :func:`prepare_round` and
+steps the server on its arrivals with :func:`server_update`.
 
 With partial sharing (docs/algorithms.md §13, :class:`lfed.personal.sharing.Sharing`, resolved by
-:meth:`Algorithm.attach`) each client starts from the global shared part and its own local part
-(``objective.start_weights``), and the channel, combination, server step, history and sampler see
-only the shared coordinates; the global model's local coordinates never move. ``after_local`` may
-return the clients' final models (FedRep's body phase).
+:meth:`~lfed.core.algorithm.Algorithm.attach`) each client starts from the global shared part and its own local part
+(``objective.start_weights``), and the channel, combination, server step, history and sampler see only the shared
+coordinates; the global model's local coordinates never move. ``after_local`` may return the clients' final models
+(FedRep's body phase).
 
-The round names no feature and no component: every role has a do-nothing default that it calls
-like any other (the sharing :data:`~lfed.base.sharing.SHARE_ALL` without a local part, the hooks
-of :class:`~lfed.base.component.Component` and :class:`~lfed.client.objectives.ClientRule`), and each
-component checks its own place in the run (:meth:`~lfed.base.component.Component.prepare_run`).
+The round names no feature and no component: every role has a do-nothing default that it calls like any other (the
+sharing :data:`~lfed.base.sharing.SHARE_ALL` without a local part, the hooks of :class:`~lfed.base.component.Component`
+and :class:`~lfed.client.objectives.ClientRule`), and each component checks its own place in the run before round 0.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from lfed.base.attack import NoAttack
-from lfed.base.component import Cohort, Component, HostCohort, LocalWork, each_once
-from lfed.base.sharing import SHARE_ALL, resolve_sharing
-from lfed.client.objectives import ClientRule
-from lfed.engine import CohortResult, CohortTrainer, steps_per_epoch
-from lfed.engine.host import device_rows, read_metrics, to_device, values
+from lfed.base.component import Cohort, HostCohort, LocalWork
+from lfed.core.algorithm import Algorithm, LocalTraining
+from lfed.core.record import RoundRecord, verify_round
+from lfed.engine import CohortResult, CohortTrainer
+from lfed.engine.host import to_device, values
 from lfed.engine.job import TrainJob
 from lfed.engine.ranks import Ranks, train_cohort
-from lfed.evaluation.amplification import gradient_displacement, server_amplification  # noqa: F401 (lfed.core.round's names since 0.3)
 from lfed.evaluation.scores import client_losses
-from lfed.participation.participation import Participation
-from lfed.participation.sampling import ClientSampler
 from lfed.rng import round_generator, seeded_global_rng
 from lfed.server.attention import AttentionResult
-from lfed.server.channel import Channel
 from lfed.server.combination import ServerCombination
 from lfed.server.weight_formulas import DegenerateWeightsWarning
-from lfed.server.weighting import AggregationWeights
-from lfed.state.spec import StateSpec
 
-__all__ = ["Algorithm", "LocalTraining", "PreparedRound", "RoundRecord", "UpdateHistory", "finish_round", "prepare_round",
-           "run_round", "verify_round"]
-
-
-class UpdateHistory(Component):
-    """Each client's update from the last round it took part in, and the global model's last change.
-
-    IGFL-C's correction and time attention read it (components with ``uses_history``); the round
-    keeps it: after the server step ``Δw_k ← Δ_k`` for active clients and ``Δw_ps ← w' - w``.
-    """
-
-    name = "history"
-    asynchronous_unready = "(a component reads the update history) is not defined asynchronously yet"
-
-    def state_specs(self) -> list[StateSpec]:
-        return [StateSpec("previous_update"), StateSpec("global_change", per_client=False)]
-
-    def fill(self, cohort: Cohort) -> None:
-        cohort.previous_update = self.rows("previous_update", cohort.clients)
-        cohort.global_change = self.state("global_change")
-
-    def record(self, cohort: Cohort, updates: Tensor, w_old: Tensor, w_new: Tensor) -> None:
-        self.write_rows("previous_update", cohort.clients, updates, mask=cohort.active)
-        self.set_state("global_change", w_new - w_old)
-
-    def start_round(self, cohort: Cohort) -> None:  # the round's hooks (lfed.base.component.Component)
-        self.fill(cohort)
-
-    def end_round(self, cohort: Cohort, updates: Tensor, w_old: Tensor, w_new: Tensor) -> None:
-        self.record(cohort, updates, w_old, w_new)
-
-
-@dataclass
-class Algorithm:
-    """The components of a round, one per role (see :mod:`lfed.base.component`).
-
-    ``history`` is made when a component reads the update history (IGFL-C, time attention).
-    """
-
-    objective: ClientRule
-    weighting: AggregationWeights
-    combination: ServerCombination
-    channel: Channel
-    sampler: ClientSampler
-    participation: Participation
-    history: UpdateHistory | None = None
-    sharing: Any = SHARE_ALL  # lfed.personal.sharing: Sharing, or SHARE_ALL (every parameter shared); Algorithm.attach
-    asynchronous: Any = None  # lfed.core.asynchronous.Asynchronous: the round is a server step of FedBuff / FedAsync
-    attack: Any = None  # lfed.robust.attacks.Attack: the run's Byzantine clients (None: NoAttack, none)
-
-    def __post_init__(self) -> None:
-        self.sharing = self.sharing or SHARE_ALL  # None (before 0.4): every parameter shared
-        if self.attack is None:
-            self.attack = NoAttack()
-        if self.history is None and any(c.uses_history for c in self.roles().values()):
-            self.history = UpdateHistory()
-
-    def attach(self, net, layout) -> None:
-        """Resolve the objective's partial sharing (:meth:`ClientRule.make_sharing`) for ``net``; before state is allocated.
-
-        With a :class:`~lfed.personal.sharing.Sharing`, the round uploads, compresses, counts bits for,
-        combines and server-steps only its shared coordinates; the objective keeps the local ones. Without
-        one (``make_sharing`` returns None) it is :data:`~lfed.base.sharing.SHARE_ALL`.
-        """
-        self.sharing = resolve_sharing(self.objective, net, layout)
-
-    def each(self) -> list[Component]:
-        """Every component once (one component may hold two roles: FedDyn), in the order of :meth:`roles`."""
-        return each_once(self.roles().values())
-
-    def roles(self) -> dict[str, Component]:
-        """``{role: component}`` of every component (the history too when there is one)."""
-        out = {
-            "objective": self.objective, "weighting": self.weighting, "combination": self.combination,
-            "channel": self.channel, "sampler": self.sampler, "participation": self.participation,
-        }
-        if self.history is not None:
-            out["history"] = self.history
-        if self.attack.present:  # a role only with Byzantine clients: a run without keeps its fingerprint
-            out["attack"] = self.attack
-        if self.asynchronous is not None:  # first: its refusals come before the other components' preparations
-            out = {"asynchronous": self.asynchronous, **out}
-        return out
-
-
-@dataclass(frozen=True)
-class LocalTraining:
-    """How clients train: learning rate ``eta_l``, batch size, and the step budget ``T_k``.
-
-    Attributes:
-        client_lr: Client learning rate.
-        batch_size: Mini-batch size ``B`` (None: full batch).
-        local_epochs: Epochs ``E``; the budget is ``E * ceil(n_k / B)``.
-        local_steps: A fixed budget of steps per round instead (None: epochs).
-    """
-
-    client_lr: float = 0.05
-    batch_size: int | None = 10
-    local_epochs: int = 1
-    local_steps: int | None = None
-
-    def __post_init__(self) -> None:
-        from lfed.checks import integer, number
-
-        object.__setattr__(self, "client_lr", float(number("client_lr", self.client_lr, above=0)))
-        if self.batch_size is not None:
-            integer("batch_size", self.batch_size, at_least=1, detail=" or None (full batch)")
-        if self.local_steps is None:
-            integer("local_epochs", self.local_epochs, at_least=1)
-        else:
-            integer("local_steps", self.local_steps, at_least=1, detail=" or None (local_epochs)")
-            if self.local_epochs != 1:  # a fixed budget of steps replaces the epochs: both given, one would be ignored
-                raise ValueError(f"local_epochs: {self.local_epochs} would be ignored, because local_steps: "
-                                 f"{self.local_steps} sets a fixed budget of steps; give one of them")
-
-    def step_budget(self, num_examples: Tensor) -> Tensor:
-        """Planned local steps ``T_k``: ``local_steps``, or ``E * ceil(n_k / B)``."""
-        if self.local_steps is not None:
-            return torch.full_like(num_examples, self.local_steps)
-        return self.local_epochs * steps_per_epoch(num_examples, self.batch_size)
-
-
-@dataclass
-class RoundRecord:
-    """What a round did.
-
-    Attributes:
-        round: Round index.
-        cohort: The :class:`~lfed.base.component.Cohort` (clients, sizes, budgets, steps done, counting).
-        weights: ``[K]`` float64 aggregation weights (0 for clients whose work does not count).
-        losses: ``[K]`` mean training loss of each client (0 for inactive ones).
-        delta: ``[P]`` the update the model moved by (before the server optimizer), or None if skipped.
-        attention: The :class:`~lfed.server.attention.AttentionResult` of an attention combination.
-        bits_up: Bits uploaded (counting clients), ``bits_down``: bits broadcast (whole cohort).
-        skipped: Whether no client's work counted (model and state unchanged, docs/algorithms.md §3).
-        warnings: Messages the round's pieces warned (e.g. DWFed's uniform fall-back).
-        result: The engine's :class:`~lfed.engine.CohortResult` (final client weights, buffers).
-        extra: Scalars the components report for this round (:meth:`ClientRule.round_metrics`,
-            e.g. EFL's ``efl/max_lr_lambda_u``), logged with the rest.
-    """
-
-    round: int
-    cohort: Cohort
-    weights: Tensor
-    losses: Tensor | None = None
-    delta: Tensor | None = None
-    attention: AttentionResult | None = None
-    bits_up: int = 0
-    bits_down: int = 0
-    skipped: bool = False
-    warnings: list[str] = field(default_factory=list)
-    result: CohortResult | None = None
-    extra: dict[str, float | Tensor] = field(default_factory=dict)
-    checks: list[tuple[str, Tensor, Tensor]] = field(default_factory=list)
-
-    @property
-    def uploads(self) -> int:
-        """Clients whose model the server received and used."""
-        return sum(values(self.cohort.host_values().counting))
-
-    def metrics(self) -> dict[str, float | Tensor]:
-        """Scalars to log: clients, active, weight sum, loss, attention entropy / logit spread / ||Δ||².
-
-        Host values are floats; what the device computed stays there as 0-dim tensors, read once with
-        the round's finiteness flags (:func:`lfed.engine.host.read_metrics`).
-        """
-        host = self.cohort.host_values()
-        active = values(host.active)
-        out: dict[str, float | Tensor] = {"round/clients": float(len(active)), "round/active": float(sum(active)),
-                                          "round/weight_sum": self.weights.sum()}
-        if self.losses is not None and any(active):
-            out["train/loss"] = self.losses[device_rows(host.active, self.losses.device)].mean()
-        a = self.attention
-        if a is not None:
-            out["attention/entropy"] = a.entropy
-            out["attention/weight_sum"] = a.weights.sum()
-            out["attention/logit_spread"] = a.logit_spread
-            out["attention/mean_sq_norm"] = a.mean_sq_norm
-        out.update(self.extra)
-        return out
-
-    def check(self, x: Tensor, what: str, clients: Tensor | None = None) -> None:
-        """Queue the check that ``x`` is finite; :meth:`finite_flags` holds its flag on the device, read with the metrics.
-        ``clients``: whose rows ``x`` holds, when not the cohort's (an asynchronous step's dispatched clients)."""
-        self.checks.append((what, x, torch.isfinite(x).all(), clients))
-
-    def finite_flags(self) -> dict[str, Tensor]:
-        """``{what: 0-dim bool on the device}`` of every queued check (:meth:`check`)."""
-        return {f"finite/{i}": flag for i, (_, _, flag, _) in enumerate(self.checks)}
-
-    def raise_if_nonfinite(self, flags: dict[str, bool]) -> None:
-        """Raise ``FloatingPointError`` (naming the clients) for the first check whose read flag is False."""
-        for i, (what, x, _, clients) in enumerate(self.checks):
-            if not flags.get(f"finite/{i}", True):
-                check_finite(x, self.round, self.cohort.clients if clients is None else clients, what)
-
-
-def check_finite(x: Tensor, r: int, clients: Tensor, what: str) -> None:
-    """Stop the run before bad numbers are saved (NaN/Inf in ``x``), naming the clients."""
-    if bool(torch.isfinite(x).all()):
-        return
-    if x.dim() == 2:
-        detail = f"from clients {clients[~torch.isfinite(x).all(dim=1)].tolist()}"
-    else:
-        detail = f"(cohort {clients.tolist()})"
-    raise FloatingPointError(
-        f"round {r}: {what} contain NaN or Inf {detail}; stopping so no bad weights are saved. "
-        "Lower client_lr, check the data of these clients, or resume from the last good checkpoint."
-    )
+__all__ = ["PreparedRound", "Uploads", "client_uploads", "draw_cohort", "finish_round", "prepare_round", "run_round",
+           "server_update", "train_prepared"]
 
 
 def draw_cohort(algorithm: Algorithm, data: Any, training: LocalTraining, round: int, seed: int,
@@ -400,27 +180,63 @@ def prepare_round(
     return PreparedRound(record, w, job, seed, sizes, training)
 
 
-def finish_round(
-    algorithm: Algorithm,
-    prepared: PreparedRound,
-    result: CohortResult,
-    engine: CohortTrainer,
-    *,
-    server_step: Callable[[Tensor], Tensor] | None = None,
-    ranks: Ranks | None = None,
-) -> tuple[Tensor, RoundRecord]:
-    """The second half of :func:`run_round`: from the cohort's trained weights to the new global model.
+@dataclass
+class Uploads:
+    """What the server steps on: the second half of every step, whichever schedule made it (:func:`server_update`).
+
+    A synchronous round's are its cohort's (:func:`client_uploads`); an asynchronous server step's, the ``M`` earliest
+    arrivals (:meth:`lfed.core.asynchronous.Asynchronous.arrivals`).
+
+    Attributes:
+        record: The step's :class:`~lfed.core.record.RoundRecord`; its cohort are the clients whose uploads these are,
+            its ``weights`` their aggregation weights.
+        updates: ``[K, P_s]`` the uploads ``Δ_k`` on the shared coordinates, as the server receives them.
+        w: ``[P]`` the global model the step started from (the last good model, should the step produce NaN).
+        sizes: Entries of each tensor that travels (the channel compresses per tensor).
+        buffers: ``{name: [K, ...]}`` the clients' running statistics the global model takes (BatchNorm), or None.
+        ends: ``[K, P_s]`` a synchronous round's final client models, as received (the sampler's view); None for an
+            asynchronous step's arrivals, of which no component keeps anything (the asynchronous schedule refuses the
+            components that would: :mod:`lfed.base.async_ready`).
+        rule, lr: The round's step rule and learning rate (the server amplification, docs/algorithms.md §4.5); None
+            with ``ends``.
+        label: What a step is called in its messages (``round``, ``server step``).
+        warnings: The step's warnings (the weighting's), each said once with the step's number.
+    """
+
+    record: RoundRecord
+    updates: Tensor
+    w: Tensor
+    sizes: list[int]
+    buffers: dict[str, Tensor] | None = None
+    ends: Tensor | None = None
+    rule: Any = None
+    lr: float | None = None
+    label: str = "round"
+    warnings: list[str] = field(default_factory=list)
+
+    def messages(self) -> list[str]:
+        """The step's warnings, each naming the step."""
+        return [f"{self.label} {self.record.round}: {m}" for m in self.warnings]
+
+
+def client_uploads(algorithm: Algorithm, prepared: PreparedRound, result: CohortResult, engine: CohortTrainer,
+                   ranks: Ranks | None = None) -> Uploads:
+    """The clients' half of a round after their local training: what each client keeps and what it uploads.
+
+    The objective's ``after_local`` (client state: SCAFFOLD's controls, EFL's Fisher reports; or the rule's own final
+    models, FedRep's body trained after the head), the local part kept on the client (docs/algorithms.md §13: only the
+    shared coordinates leave), the Byzantine rows rewritten (docs/robustness.md §1). Every result is checked
+    (queued, read with the metrics: :func:`lfed.core.record.verify_round`).
 
     Args:
         algorithm: The components of :func:`prepare_round`.
         prepared: What :func:`prepare_round` returned (not skipped).
         result: The engine's result of ``prepared.job`` (its rows, in the cohort's order).
         engine: The cohort trainer (EFL's Fisher reports run on it).
-        server_step: Applies ``Δ`` and returns the new weights; None: ``w + Δ``.
         ranks: The processes (:mod:`lfed.engine.ranks`); None: one.
     """
     ranks = ranks or Ranks()
-    record, w, job, sizes = prepared.record, prepared.w, prepared.job, prepared.sizes
+    record, w, job = prepared.record, prepared.w, prepared.job
     if job is None:
         raise ValueError("prepared: the round was skipped (no client's work counts); there is nothing to finish")
     cohort, r, lr = record.cohort, record.round, job.lr
@@ -439,50 +255,70 @@ def finish_round(
         updates = final - job.w_start
         record.check(updates, "client updates")
 
-    sharing = algorithm.sharing  # docs/algorithms.md §13: the local part never leaves the client (SHARE_ALL: every method the identity)
-    sizes = sharing.shared_sizes_of(sizes)
-    updates, w_up, ends = sharing.shared(updates), sharing.shared(w), sharing.shared(result.weights)
+    sharing = algorithm.sharing  # docs/algorithms.md §13: the local part never leaves the client (SHARE_ALL: the identity)
+    updates, ends = sharing.shared(updates), sharing.shared(result.weights)
     sent = algorithm.attack.poison(updates, cohort)  # the Byzantine rows rewritten (docs/robustness.md §1)
     if sent is not updates:  # what the server receives is what it keeps (history, the sampler's view)
         ends, updates = ends + (sent - updates), sent
         record.check(updates, "client updates")
-    delta = aggregate(algorithm, record, updates, record.weights, sizes)
-    amplification = sharing.amplification(delta, updates, job.rule, lr, cohort, record.weights)  # None: not defined
-    if amplification is not None:
-        record.extra["round/amplification"] = amplification
-    w_new = step_server(algorithm, record, delta, w, server_step)
-    w_new_up = sharing.shared(w_new)
-    for component in algorithm.each():  # what components keep of the round (the update history)
-        component.end_round(cohort, updates, w_up, w_new_up)
-    algorithm.sampler.observe(cohort, ends, w_new_up)
-    for component in algorithm.each():  # what the components report
-        record.extra.update(component.report(cohort))
-    return w_new, record
+    return Uploads(record, updates, w, sharing.shared_sizes_of(prepared.sizes), buffers=result.buffers, ends=ends,
+                   rule=job.rule, lr=lr, warnings=record.warnings)
 
 
-def aggregate(algorithm: Algorithm, record: RoundRecord, updates: Tensor, weights: Tensor, sizes: list[int]) -> Tensor:
-    """The server's half of a step up to the new model, shared by both schedules (:mod:`lfed.core.synchronous`): the
-    ``[K, P_s]`` uploads through the channel (docs/algorithms.md §8), combined with ``weights`` (docs/algorithms.md §4, §5), back through the
-    channel; checked. Records ``delta``, ``attention`` and ``bits_up`` on ``record``; returns ``Δ [P_s]``."""
-    cohort = record.cohort
-    sent = algorithm.channel.upstream(updates, cohort, sizes)
-    delta, record.attention = _combined(algorithm.combination.combine(sent, weights, cohort), algorithm.combination)
+def server_update(algorithm: Algorithm, uploads: Uploads, server_step: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+    """The server's half of every step, both schedules: from the uploads to the new global model ``w' [P]``.
+
+    1. the uploads through the channel (docs/algorithms.md §8), combined with their weights (§4, §5), back through the
+       channel: ``Δ``;
+    2. the server step on the shared coordinates (§4.1: ``server_step(Δ)``, or ``w + Δ``), the local part kept as it
+       was (§13: not server-optimized either, a decay or momentum would move it);
+    3. a round's components keep what they need of it (the update history, the sampler's view) and report.
+
+    Records ``delta``, ``attention``, ``bits_up`` and the components' reports on ``uploads.record``; every result is
+    checked (queued, read with the metrics).
+    """
+    record, sharing, sizes = uploads.record, algorithm.sharing, uploads.sizes
+    cohort, round_ = record.cohort, uploads.ends is not None
+    sent = algorithm.channel.upstream(uploads.updates, cohort, sizes)  # 1. channel, combination, channel
+    delta, record.attention = _combined(algorithm.combination.combine(sent, record.weights, cohort), algorithm.combination)
     delta = algorithm.channel.downstream(delta, sizes)
     record.check(delta, "the aggregated update")
     record.delta = delta
     record.bits_up = record.uploads * algorithm.channel.bits(sizes)
-    return delta
-
-
-def step_server(algorithm: Algorithm, record: RoundRecord, delta: Tensor, w: Tensor,
-                server_step: Callable[[Tensor], Tensor] | None) -> Tensor:
-    """The new global model from ``Δ`` (shared by both schedules): the server step on the shared coordinates, the
-    local part kept as it was (docs/algorithms.md §13: not server-optimized either, a decay or momentum would move it); checked."""
-    full = algorithm.sharing.expand_shared(delta)
-    w_new = server_step(full) if server_step is not None else w + full
-    w_new = algorithm.sharing.keep_local(w_new, w)
+    if round_:  # None where not defined (partial sharing)
+        amplification = sharing.amplification(delta, uploads.updates, uploads.rule, uploads.lr, cohort, record.weights)
+        if amplification is not None:
+            record.extra["round/amplification"] = amplification
+    full = sharing.expand_shared(delta)  # 2. the server step
+    w_new = server_step(full) if server_step is not None else uploads.w + full
+    w_new = sharing.keep_local(w_new, uploads.w)
     record.check(w_new, "the global model")
+    if round_:  # 3. what the components keep of the round
+        w_up, w_new_up = sharing.shared(uploads.w), sharing.shared(w_new)
+        for component in algorithm.each():  # the update history
+            component.end_round(cohort, uploads.updates, w_up, w_new_up)
+        algorithm.sampler.observe(cohort, uploads.ends, w_new_up)
+        for component in algorithm.each():  # what the components report
+            record.extra.update(component.report(cohort))
     return w_new
+
+
+def finish_round(
+    algorithm: Algorithm,
+    prepared: PreparedRound,
+    result: CohortResult,
+    engine: CohortTrainer,
+    *,
+    server_step: Callable[[Tensor], Tensor] | None = None,
+    ranks: Ranks | None = None,
+) -> tuple[Tensor, RoundRecord]:
+    """The second half of :func:`run_round`: :func:`client_uploads`, then :func:`server_update`.
+
+    Args as :func:`client_uploads`; ``server_step`` applies ``Δ`` and returns the new weights (None: ``w + Δ``).
+    Returns the new global weights and the round's record.
+    """
+    uploads = client_uploads(algorithm, prepared, result, engine, ranks)
+    return server_update(algorithm, uploads, server_step), uploads.record
 
 
 def train_prepared(engine: CohortTrainer, ranks: Ranks, prepared: PreparedRound) -> CohortResult:
@@ -547,48 +383,7 @@ def run_round(
     if prepared.skipped:
         return w, prepared.record
     result = train_prepared(engine, ranks, prepared)  # the cohort split over the ranks (lfed.engine.ranks)
-    w_new, record = finish_round(algorithm, prepared, result, engine, server_step=server_step, ranks=ranks)
-    verify_round(record)
-    return w_new, record
-
-
-def verify_round(record: RoundRecord, metrics: dict[str, Any] | None = None) -> dict[str, float]:
-    """Read the round's finiteness flags (and ``metrics``, :meth:`RoundRecord.metrics`) in one transfer.
-
-    Returns:
-        The metrics as floats (``round/amplification`` left out where it is not defined, NaN).
-
-    Raises:
-        FloatingPointError: naming the clients, if the round produced NaN or Inf (:func:`check_finite`).
-    """
-    checks = record.finite_flags()
-    agree = record.cohort.host_agreement()
-    if agree is not None:
-        checks["cohort/host_copies_agree"] = agree
-    read, flags = read_metrics(metrics or {}, checks)
-    if not flags.get("cohort/host_copies_agree", True):
-        raise RuntimeError(f"round {record.round}: the cohort's device and host copies (clients, sizes, budgets, steps "
-                           "done, counting) disagree; a component changed one without the other (lfed.base.component.Cohort.host)")
-    record.raise_if_nonfinite(flags)
-    if math.isnan(read.get("round/amplification", 0.0)):
-        read.pop("round/amplification")
-    return read
-
-
-def setup_state(algorithm: Algorithm, store, num_examples: Tensor, num_params: int, like: Tensor) -> None:
-    """Allocate every component's declared state in ``store`` (each component once).
-
-    With partial sharing (:attr:`Algorithm.sharing`, docs/algorithms.md §13) a component's ``"P"`` is the number of
-    coordinates it handles (:meth:`~lfed.personal.sharing.Sharing.state_size`): the shared ones (``P_s``)
-    for every role but the objective, the local ones (``P_l``) for the objective, whose rows hold each
-    client's local part; without it, ``num_params`` for every role.
-    """
-    seen: set[int] = set()
-    for role, component in algorithm.roles().items():
-        if id(component) in seen:
-            continue
-        seen.add(id(component))
-        if hasattr(store, "register_owner"):
-            store.register_owner(role, component)
-        P = algorithm.sharing.state_size(num_params, local=component is algorithm.objective)
-        component.setup_state(store, num_examples, P, like)
+    uploads = client_uploads(algorithm, prepared, result, engine, ranks)
+    w_new = server_update(algorithm, uploads, server_step)
+    verify_round(uploads.record)  # the round's one read from the device: its checks
+    return w_new, uploads.record

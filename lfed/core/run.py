@@ -1,24 +1,22 @@
-"""One federated run, with no Lightning in it: its model, components, round, evaluation, summary and state.
+"""One federated run, with no Lightning in it: its model, components, evaluation, summary and state.
 
 A :class:`FederatedRun` is the whole life of one run (docs/algorithms.md §1, §9): set-up from the data
-(:meth:`~FederatedRun.setup`), its round in two halves around the engine
-(:meth:`~FederatedRun.prepare` and :meth:`~FederatedRun.finish`, which hold the after-round
-bookkeeping: client buffers, ``bmta_local``, communication), its evaluation
-(:meth:`~FederatedRun.evaluate`), the end-of-run summary (:meth:`~FederatedRun.summary`) and the
-state a checkpoint carries beside its tensors (:meth:`~FederatedRun.extra_state`, with the
-run's fingerprint). It is an ``nn.Module`` whose submodules are the global model ``net`` and the
-components by role, so its declared state is in its state dict.
+(:meth:`~FederatedRun.setup`, :meth:`~FederatedRun.start`), the end of each of its steps (:meth:`~FederatedRun.conclude`:
+the step's one read from the device, the run's accounts, what it may release), its evaluation
+(:meth:`~FederatedRun.evaluate`), the end-of-run summary (:meth:`~FederatedRun.summary`) and the state a checkpoint
+carries beside its tensors (:meth:`~FederatedRun.extra_state`, with the run's fingerprint). It is an ``nn.Module``
+whose submodules are the global model ``net`` and the components by role, so its declared state is in its state dict.
 
-The one driver, :class:`lfed.lightning.driver.FederatedDriver` (a LightningModule), trains one run
-(:class:`lfed.lightning.module.FederatedModule`) or many in lock-step (:class:`lfed.lightning.group.RunGroup`, ``lfed
-grid``) through these methods only; nothing here is written twice.
+Its training step is told in one place, :func:`lfed.core.step.train_step`, with the run's schedule
+(:attr:`FederatedRun.schedule`). The one driver, :class:`lfed.lightning.driver.FederatedDriver` (a LightningModule),
+trains one run (:class:`lfed.lightning.module.FederatedModule`) or many in lock-step (:class:`lfed.lightning.group.RunGroup`,
+``lfed grid``) through these; nothing here is written twice.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +25,11 @@ from torch import Tensor, nn
 
 from lfed.base.metric_gate import MetricGate
 from lfed.core import registry as algorithms
-from lfed.core.round import Algorithm, LocalTraining, PreparedRound, RoundRecord, setup_state, verify_round
+from lfed.core.algorithm import Algorithm, LocalTraining, setup_state
+from lfed.core.record import RoundRecord, verify_round
+from lfed.core.settings import Engine, Evaluation, as_group
 from lfed.core.synchronous import SYNCHRONOUS
-from lfed.engine import CohortResult, CohortTrainer, as_per_example_loss
+from lfed.engine import CohortTrainer, as_per_example_loss
 from lfed.engine.loop import has_running_stats
 from lfed.engine.norm import check_batches_of_one
 from lfed.engine.params import ParamLayout
@@ -50,7 +50,7 @@ from lfed.participation.sampling import DRAWS
 from lfed.server.optimizers import apply_pseudo_gradient
 from lfed.state.stores import ClientStateStore
 
-__all__ = ["FederatedRun", "StepOutcome", "default_net", "train_step"]
+__all__ = ["FederatedRun", "default_net"]
 
 
 def data_notes(data) -> frozenset:
@@ -70,48 +70,28 @@ class FederatedRun(nn.Module):
     """One federated run (module docstring).
 
     Args:
-        components: The round's components (:class:`lfed.core.round.Algorithm`).
-        training_plan: How clients train (:class:`lfed.core.round.LocalTraining`).
+        components: The round's components (:class:`lfed.core.algorithm.Algorithm`).
+        training_plan: How clients train (:class:`lfed.core.algorithm.LocalTraining`).
         server_optimizer: ``params -> torch.optim.Optimizer`` on the pseudo-gradient ``-Δ``.
         net: The global model (None: :func:`default_net` at :meth:`setup`).
         loss: The client loss (None: cross-entropy).
-        backend, chunk_size: The engine's (:class:`~lfed.engine.CohortTrainer`).
         seed: Seed of every draw of the run.
-        accuracy_targets: Test accuracies for the "rounds (uploads) to reach" report.
-        store: Where per-client state lives (:class:`~lfed.state.stores.ClientStateStore`).
+        engine: How the cohort is computed and where per-client state lives (:class:`lfed.core.settings.Engine`;
+            None, or a dict of its fields: as :class:`~lfed.core.settings.RunSettings` takes it).
+        evaluation: What an evaluation scores besides the global model (:class:`lfed.core.settings.Evaluation`: the
+            personal and client samples, ``personal_chunk``, ``round_local_accuracy``, ``accuracy_targets``).
         algorithm: The preset's name; ``explicit``: the roles the user set (composition checks).
         name: The run's name in a group ('' for a run alone).
-        personal_clients: Clients whose personalized and global models each evaluation scores on their own
-            held-out splits (docs/algorithms.md §13): None, all clients with a held-out split; a number, a seeded sample of
-            that many of them (the same sample at every evaluation).
-        client_sample: Clients whose held-out splits score the global model at each evaluation: None, every client
-            with one; a number, a seeded sample of that many (fixed for the run; :meth:`client_sample_ids`).
-        personal_chunk: Clients evaluated (and fine-tuned, FedAvg-FT) per vmapped call; bounds the memory
-            of the ``[chunk, P]`` personalized models.
-        round_local_accuracy: After every round, score the cohort's locally trained models on their own
-            held-out splits (``client/local_acc_mean``, ``final/bmta_local``, docs/algorithms.md §9). False skips it
-            (with a large model it can cost more than the round's training).
     """
 
     def __init__(self, components: Algorithm, training_plan: LocalTraining, server_optimizer: Callable, *,
-                 net: nn.Module | None = None, loss: nn.Module | None = None, backend: str = "auto",
-                 chunk_size: int | None = None, seed: int = 0, accuracy_targets: list[float] | None = None,
-                 store: ClientStateStore | None = None, algorithm: str = "fedavg", explicit: frozenset = frozenset(),
-                 name: str = "", personal_clients: int | None = None, personal_chunk: int = 256,
-                 round_local_accuracy: bool = True, client_sample: int | None = 10_000) -> None:
+                 net: nn.Module | None = None, loss: nn.Module | None = None, seed: int = 0,
+                 engine: Engine | dict | None = None, evaluation: Evaluation | dict | None = None,
+                 algorithm: str = "fedavg", explicit: frozenset = frozenset(), name: str = "") -> None:
         super().__init__()
-        from lfed.checks import integer
-
-        if personal_clients is not None:
-            integer("personal_clients", personal_clients, at_least=1, detail=" or None (every client)")
-        integer("personal_chunk", personal_chunk, at_least=1)
-        if client_sample is not None:
-            integer("client_sample", client_sample, at_least=1, detail=" or None (every client)")
-        self.client_sample = client_sample
-        if not isinstance(round_local_accuracy, bool):
-            raise ValueError(f"round_local_accuracy: must be true or false, got {round_local_accuracy!r}")
-        self.round_local_accuracy = round_local_accuracy
-        self.personal_clients, self.personal_chunk = personal_clients, personal_chunk
+        # each group checks its own values (naming them: evaluation.client_sample, engine.chunk_size, ...)
+        self.engine_settings: Engine = as_group(engine, Engine, "engine")
+        self.evaluation_settings: Evaluation = as_group(evaluation, Evaluation, "evaluation")
         self.last_personal: dict[str, Tensor] | None = None  # the last evaluation's per-client accuracies
         for role, component in components.roles().items():  # submodules: their state is in the state dict
             if any(m is component for m in self._modules.values()):  # one component in two roles (FedDyn): once
@@ -120,9 +100,9 @@ class FederatedRun(nn.Module):
                 setattr(self, role, component)
         self.components, self.training_plan, self.server_optimizer = components, training_plan, server_optimizer
         self.net, self.loss, self.loss_fn = net, loss, as_per_example_loss(loss)
-        self.backend, self.chunk_size, self.seed = backend, chunk_size, seed
-        self.accuracy_targets = check_accuracy_targets(accuracy_targets)
-        self.store = store if store is not None else ClientStateStore("device", None)
+        self.seed = seed
+        self.accuracy_targets = check_accuracy_targets(self.evaluation_settings.accuracy_targets)
+        self.store = ClientStateStore(self.engine_settings.client_state, self.engine_settings.client_state_dir)
         self.algorithm, self.explicit, self.name = algorithm, set(explicit), name
         self.layout = ParamLayout.from_module(net) if net is not None else None
         self.engine: CohortTrainer | None = None
@@ -136,6 +116,16 @@ class FederatedRun(nn.Module):
         self.rounds_done = 0
         self.final_summary: dict[str, float] = {}
         self.last_round = None  # the RoundRecord of the last round trained (callbacks read it)
+
+    # the groups' settings under the names the run reads them by
+    backend = property(lambda self: self.engine_settings.backend, doc="The engine's backend (``engine.backend``).")
+    chunk_size = property(lambda self: self.engine_settings.chunk_size, doc="``engine.chunk_size``.")
+    personal_clients = property(lambda self: self.evaluation_settings.personal_clients,
+                                doc="``evaluation.personal_clients``.")
+    personal_chunk = property(lambda self: self.evaluation_settings.personal_chunk, doc="``evaluation.personal_chunk``.")
+    client_sample = property(lambda self: self.evaluation_settings.client_sample, doc="``evaluation.client_sample``.")
+    round_local_accuracy = property(lambda self: self.evaluation_settings.round_local_accuracy,
+                                    doc="``evaluation.round_local_accuracy``.")
 
     @property
     def private_metrics(self) -> tuple[str, ...]:
@@ -294,11 +284,6 @@ class FederatedRun(nn.Module):
                 return reason
         return None
 
-    def prepare(self, round: int, total_rounds: int | None, ranks: Ranks | None = None) -> PreparedRound:
-        """The step up to its local training: its schedule's (:mod:`lfed.core.synchronous`; a synchronous round,
-        :func:`lfed.core.round.prepare_round`, or an asynchronous server step's dispatch)."""
-        return self.schedule.prepare(self, round, total_rounds, ranks)
-
     def server_step(self, optimizer: torch.optim.Optimizer) -> Callable[[Tensor], Tensor]:
         """``Δ -> w'``: ``optimizer`` steps once on the pseudo-gradient ``-Δ`` (docs/algorithms.md §4.4); the new flat weights."""
         trainable = [p for p in self.net.parameters() if p.requires_grad]
@@ -317,19 +302,9 @@ class FederatedRun(nn.Module):
 
         return step
 
-    def finish(self, prepared: PreparedRound, result: CohortResult | None, optimizer: torch.optim.Optimizer,
-               ranks: Ranks) -> tuple[dict[str, float], list[str]]:
-        """The rest of the step from the engine's ``result`` (its schedule's, :mod:`lfed.core.synchronous`); its metrics and its
-        warnings.
-
-        A skipped round (no client's work counts) steps the optimizer with no gradient (the round
-        counter only). Raises ``FloatingPointError`` if the round produced NaN or Inf.
-        """
-        return self.schedule.finish(self, prepared, result, optimizer, ranks)
-
     def conclude(self, record: RoundRecord, metrics: dict[str, Any], w_before: Tensor) -> dict[str, float]:
         """The end of every step, whichever schedule ran it: the step's one read from the device (its metrics and
-        finiteness flags, :func:`lfed.core.round.verify_round`), then the run's accounts: the last record, rounds done,
+        finiteness flags, :func:`lfed.core.record.verify_round`), then the run's accounts: the last record, rounds done,
         ``bmta_local`` (docs/algorithms.md §9), communication (docs/algorithms.md §8). Returns the metrics the run may release
         (:mod:`lfed.base.metric_gate`). On NaN or Inf the net goes back to ``w_before`` (the last good model) and
         ``FloatingPointError`` is raised."""
@@ -411,14 +386,14 @@ class FederatedRun(nn.Module):
         if per_client is not None:
             client = per_client[~torch.isnan(per_client)]
             metrics["client/acc_mean"] = float(client.mean())
-            metrics["client/acc_worst10pct"] = worst_share_mean(client, 0.1)  # (0.4's client/acc_worst10: the gate's alias)
+            metrics["client/acc_worst10pct"] = worst_share_mean(client, 0.1)  # (0.4's client/acc_worst10, not logged since 0.6)
             if sample is not None:  # a sample of the population: the mean's standard error (without replacement)
                 metrics["client/evaluated"] = float(client.numel())
                 metrics["client/acc_mean_se"] = sample_mean_se(client, int((d.host("holdout_sizes") > 0).sum()))
             metrics.update(self.personal_evaluation(evaluated, ranks, reduce_sum, tokens, batch_size))
         if evaluated is not None and evaluated[1] is not None:  # docs/algorithms.md §12: each client's perplexity exp(mean NLL)
             ppl = perplexity_summary(evaluated[1], "client")  # the one formula of personal/* and global/* too
-            metrics.update(ppl)  # client/perplexity_mean, client/perplexity_worst10pct (the gate logs 0.4's name beside it)
+            metrics.update(ppl)  # client/perplexity_mean, client/perplexity_worst10pct
         return metrics, per_client
 
     def client_sample_ids(self) -> Tensor | None:
@@ -631,74 +606,3 @@ class FederatedRun(nn.Module):
             self.bmta.load_state_dict(state["bmta"])
         self.status, self.error = state.get("status", "running"), state.get("error")
         self.rounds_done = int(state.get("rounds_done", 0))
-
-
-@dataclass
-class StepOutcome:
-    """What one training step did to one run (:func:`train_step`).
-
-    Attributes:
-        run: The run.
-        metrics: The step's metrics, gated (:attr:`FederatedRun.metric_gate`); None when the run did not step.
-        messages: Its warnings (degenerate weights, a skipped round), each naming the round.
-        error: The ``FloatingPointError`` that stopped it this step (NaN or Inf; the net is that of the last good
-            round); the caller decides (alone, the error ends the fit; in a group the others go on).
-        stopped: Why the run must not train the next round (a component's ``stop_before``: DP's budget), or None;
-            the run's status is ``"stopped"`` then.
-    """
-
-    run: FederatedRun
-    metrics: dict[str, float] | None = None
-    messages: list[str] = field(default_factory=list)
-    error: FloatingPointError | None = None
-    stopped: str | None = None
-
-
-def train_step(runs: Sequence[FederatedRun], optimizers: Sequence[torch.optim.Optimizer], round: int,
-               total_rounds: int | None, ranks: Ranks) -> tuple[list[StepOutcome], int]:
-    """One training step of every running run: the one place a round is told (docs/algorithms.md §1).
-
-    The Lightning driver (:class:`lfed.lightning.driver.FederatedDriver`, a run alone or a grid's group) and
-    :func:`lfed.core.fit.fit_run` both call it and add only what is theirs (logging, evaluation, checkpoints).
-
-    1. *Prepare*: each run's schedule draws the step's cohort, its weights and the local training job
-       (:meth:`FederatedRun.prepare`; synchronous: :func:`lfed.core.round.prepare_round`).
-    2. *Train*: every cohort at once, in as few engine calls as exact (:func:`lfed.core.lockstep.train_together`).
-    3. *Finish*: each run's second half, from the trained rows to the new global model, its checks, metrics and
-       accounts (:meth:`FederatedRun.finish`: :func:`lfed.core.round.aggregate`, :func:`lfed.core.round.step_server`,
-       :meth:`FederatedRun.conclude`).
-    4. *Stop*: a component may forbid the next round (DP's budget); not checked after the run's last round.
-
-    Returns:
-        One :class:`StepOutcome` per running run (in ``runs``' order), and the number of engine calls.
-    """
-    from lfed.core.lockstep import train_together
-
-    outcomes: list[StepOutcome] = []
-    todo: list[tuple[StepOutcome, PreparedRound, torch.optim.Optimizer]] = []
-    for run, optimizer in zip(runs, optimizers):  # 1. prepare
-        if not run.running:
-            continue
-        outcome = StepOutcome(run)
-        outcomes.append(outcome)
-        try:
-            prepared = run.prepare(round, total_rounds, ranks)
-        except FloatingPointError as e:  # the start losses of a cohort (needs_start_loss)
-            outcome.error = e
-            continue
-        todo.append((outcome, prepared, optimizer))
-    trained = [(o.run, p) for o, p, _ in todo if not p.skipped]
-    results, calls = train_together(trained, ranks) if trained else ([], 0)  # 2. train
-    result_of = {id(p): r for (_, p), r in zip(trained, results)}
-    for outcome, prepared, optimizer in todo:  # 3. finish
-        try:
-            outcome.metrics, outcome.messages = outcome.run.finish(prepared, result_of.get(id(prepared)), optimizer, ranks)
-        except FloatingPointError as e:
-            outcome.error = e
-    last = total_rounds is not None and round + 1 >= total_rounds  # no round follows the last: nothing to forbid
-    for outcome in outcomes:  # 4. stop
-        run = outcome.run
-        reason = run.stop_reason(round + 1, total_rounds) if outcome.error is None and run.running and not last else None
-        if reason:
-            run.status, run.error, outcome.stopped = "stopped", reason, reason
-    return outcomes, calls

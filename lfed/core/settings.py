@@ -6,7 +6,7 @@ The ``model:`` section of a config (the arguments of :class:`lfed.lightning.modu
 * the composition: ``algorithm`` (a preset) and the roles it fills, each a name or a component with its
   own settings (``objective: {class_path: lfed.client.Prox, init_args: {mu: 0.1}}``): ``objective``,
   ``weighting``, ``partial_work``, ``combination``, ``channel``, ``sampler``, ``fraction``, ``server_optimizer``;
-* the groups: ``training`` (:class:`~lfed.core.round.LocalTraining`: how clients train), ``stragglers``
+* the groups: ``training`` (:class:`~lfed.core.algorithm.LocalTraining`: how clients train), ``stragglers``
   (:class:`~lfed.participation.stragglers.Stragglers`), ``engine`` (:class:`Engine`: how the cohort is computed and
   where client state lives) and ``evaluation`` (:class:`Evaluation`);
 * ``net``, ``loss``, ``seed`` and ``asynchronous``.
@@ -329,7 +329,7 @@ def settings(
     """A run's settings in their one form: 0.3's flat keys refused in one line naming the new spelling
     (:func:`retired`), each group a dataclass (given as None, a dict or itself), a role given as
     ``{class_path, init_args}`` built. The keyword arguments of :func:`build_run` and ``FederatedModule``."""
-    from lfed.core.round import LocalTraining
+    from lfed.core.algorithm import LocalTraining
     from lfed.participation.stragglers import Stragglers
 
     out = dict(net=net, algorithm=algorithm, objective=objective, weighting=weighting, partial_work=partial_work,

@@ -477,7 +477,7 @@ class BestMeanAccuracy:
         """Record a round's cohort and the local accuracies of its counting participants; the round's mean.
 
         ``local``: the ``[K']`` accuracies (NaN: no held-out split), or their mean already read (a float;
-        :meth:`lfed.core.run.FederatedRun.finish` reads it with the round's metrics), or None.
+        :meth:`lfed.core.run.FederatedRun.conclude` reads it with the round's metrics), or None.
         """
         self.last_cohort = clients.detach().cpu()
         mean = self._mean(local) if isinstance(local, Tensor) else local

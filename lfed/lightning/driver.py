@@ -26,7 +26,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from lfed.core.registry import CompositionWarning
-from lfed.core.run import FederatedRun, train_step
+from lfed.core.run import FederatedRun
+from lfed.core.step import train_step
 from lfed.engine.precision import release_loss_scaler, round_precision
 from lfed.engine.ranks import Ranks
 from lfed.lightning.ddp import prepare_strategy

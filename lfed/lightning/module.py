@@ -21,8 +21,8 @@ from torch import nn
 from lfed.base.attack import Attack
 from lfed.client.objectives import ClientRule
 from lfed.core import registry as algorithms
+from lfed.core.algorithm import LocalTraining
 from lfed.core.asynchronous import Asynchronous
-from lfed.core.round import LocalTraining
 from lfed.core.settings import Engine, Evaluation, plain, run_of, settings
 from lfed.lightning.driver import FederatedDriver
 from lfed.participation.sampling import ClientSampler, FractionSchedule

@@ -86,7 +86,8 @@ def test_feddyn_moves_h_k_of_the_counting_clients_only_not_a_dropped_straggler(b
     [1, 2] complete [3, 3]."""
     from test_round import _setup
 
-    from lfed.core.round import LocalTraining, run_round
+    from lfed.core.algorithm import LocalTraining
+    from lfed.core.round import run_round
 
     lr, alpha, T = 0.1, 0.3, 3
     alg, _, data, engine = _setup(backend, algorithm="fedavg", objective=FedDyn(alpha), partial_work="drop")

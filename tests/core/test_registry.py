@@ -18,7 +18,7 @@ import lfed.core.run
 from lfed.base.component import CompositionContext
 from lfed.client.objectives import ClientRule, Plain
 from lfed.core import registry as algorithms
-from lfed.core.round import Algorithm
+from lfed.core.algorithm import Algorithm
 from lfed.participation.sampling import ClientSampler, PoissonSampler, UniformSampler
 from lfed.personal.ditto import Ditto
 from lfed.personal.sharing import SHARE_ALL, resolve_sharing

@@ -17,7 +17,8 @@ from test_objectives import BACKENDS, W_INIT, grad, squared_loss, toy_data
 from torch import nn
 
 from lfed.core import registry as algorithms
-from lfed.core.round import LocalTraining, run_round, setup_state
+from lfed.core.algorithm import LocalTraining, setup_state
+from lfed.core.round import run_round
 from lfed.engine import CohortTrainer
 from lfed.state.spec import ModuleStateStore
 
@@ -110,7 +111,7 @@ def test_a_cohort_whose_device_copy_drifted_from_its_host_copy_is_caught_in_the_
     step counts read) moved only their numbers and no test saw it. verify_round reads the agreement with the round's
     other flags (no extra device read) and raises naming the copies; equal copies pass."""
     from lfed.base.component import Cohort
-    from lfed.core.round import RoundRecord, verify_round
+    from lfed.core.record import RoundRecord, verify_round
 
     def record(shift: int) -> RoundRecord:
         c = Cohort(0, torch.tensor([1, 4]), torch.tensor([5, 7]), torch.tensor([2, 2]), torch.tensor([2, 2]), 6)
@@ -173,9 +174,12 @@ def test_bmta_local_is_the_mean_over_the_counting_participants_not_the_inactive(
     of each counting participant's w_k_end on its own held-out split. Client 1 is sampled but inactive (0 steps): it
     is left out (its w_k_end is the global model, which scores 1/3 there; counted, the mean would move). With
     ``partial_work: drop`` the straggler client 2 (2 of 3 steps, active) is left out too. The round's halves as run_round
-    runs them (prepare_round, the engine), finished by the run's synchronous schedule, on a fixed cohort."""
+    runs them (prepare_round, the engine), finished as a training step finishes it (lfed.core.step.finish_step: the
+    synchronous schedule's arrivals and metrics), on a fixed cohort."""
     from lfed.core.round import prepare_round, train_prepared
     from lfed.core.run import FederatedRun
+    from lfed.core.settings import Engine
+    from lfed.core.step import finish_step
     from lfed.engine.ranks import Ranks
 
     net = nn.Linear(2, 2, bias=False).double()
@@ -184,7 +188,7 @@ def test_bmta_local_is_the_mean_over_the_counting_participants_not_the_inactive(
     lr, T = 0.5, 3
     alg = algorithms.build(algorithms.resolve("fedavg", fraction=1.0, partial_work=partial_work))
     plan = LocalTraining(client_lr=lr, batch_size=None, local_steps=T)
-    run = FederatedRun(alg, plan, lambda p: torch.optim.SGD(p, lr=1.0), net=net, backend=backend)
+    run = FederatedRun(alg, plan, lambda p: torch.optim.SGD(p, lr=1.0), net=net, engine=Engine(backend=backend))
     data = _cls_data()
     run.setup(data)
     run.start(data, 1)
@@ -192,7 +196,7 @@ def test_bmta_local_is_the_mean_over_the_counting_participants_not_the_inactive(
                              clients=torch.tensor([0, 1, 2]), steps_done=torch.tensor(steps), sizes=run.layout.sizes)
     assert prepared.record.cohort.counting.tolist() == [k in counting for k in range(3)]
     result = train_prepared(run.engine, Ranks(), prepared)
-    metrics, _ = run.finish(prepared, result, torch.optim.SGD(run.net.parameters(), lr=1.0), Ranks())
+    metrics, _ = finish_step(run, prepared, result, torch.optim.SGD(run.net.parameters(), lr=1.0), Ranks())
 
     # by hand: client 0 (3 steps) scores 1 on its 2 held-out examples; client 2 scores 1 after 3 steps, 1/2 after
     # 2; client 1 (inactive: the global model) 1/3 of 3

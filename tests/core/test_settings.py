@@ -11,8 +11,8 @@ import torch
 import yaml
 from conftest import CROSS_MACHINE, REPO, assert_within, flat_weights, run_rounds
 
+from lfed.core.algorithm import LocalTraining
 from lfed.core.fit import fit_run
-from lfed.core.round import LocalTraining
 from lfed.core.settings import Engine, Evaluation, build_run, upgrade, upgrade_args
 from lfed.lightning.datamodule import FederatedDataModule
 from lfed.lightning.module import FederatedModule

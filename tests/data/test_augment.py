@@ -130,8 +130,8 @@ def test_each_round_draws_its_own_augmentations_and_a_seed_draws_them_again(back
     """The draws come from (seed, round, "augment"): two rounds of one run draw differently (the same cohort and
     schedule shape, so a draw that ignored the round would repeat itself), and a second run of the same seed draws the
     same ones round for round; another seed draws others."""
+    from lfed.core.algorithm import LocalTraining
     from lfed.core.fit import fit_run
-    from lfed.core.round import LocalTraining
     from lfed.core.settings import Engine, build_run
     from lfed.lightning.datamodule import FederatedDataModule
 

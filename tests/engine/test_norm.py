@@ -165,8 +165,8 @@ def test_a_run_refuses_a_batch_of_one_before_round_0_on_both_backends(backend, m
     """Clients of 5 and 4 examples with batch_size 4: the first one's last batch is one example. torch (the loop
     backend) raises mid-round and the vmap backend wrote running_var = NaN; both now refuse it in one line, before
     round 0, and batch_size 5 runs."""
+    from lfed.core.algorithm import LocalTraining
     from lfed.core.fit import fit_run
-    from lfed.core.round import LocalTraining
     from lfed.core.settings import Engine, build_run
     from lfed.lightning.datamodule import FederatedDataModule
 

@@ -9,7 +9,7 @@ import torch
 from conftest import run_rounds
 from torch import nn
 
-import lfed.core.run
+import lfed.core.step
 from lfed.engine import CohortTrainer, StepRule
 from lfed.engine.precision import local_autocast, round_precision
 from lfed.lightning.datamodule import FederatedDataModule
@@ -125,13 +125,13 @@ def test_bf16_mixed_leaves_the_rest_of_the_round_in_float32(aggregation, monkeyp
     """With a net autocast has nothing to do in, bf16-mixed is 32-true bit for bit: no server arithmetic (the
     aggregate's weighted sum, attention's products, the server optimizer) ran in bfloat16."""
     outside = []
-    finish = lfed.core.run.FederatedRun.finish
+    finish = lfed.core.step.finish_step
 
-    def spy(self, *args, **kwargs):
+    def spy(*args, **kwargs):
         outside.append((torch.is_autocast_enabled("cpu"), _mm_dtype()))
-        return finish(self, *args, **kwargs)
+        return finish(*args, **kwargs)
 
-    monkeypatch.setattr(lfed.core.run.FederatedRun, "finish", spy)
+    monkeypatch.setattr(lfed.core.step, "finish_step", spy)
     weights = {}
     for precision in ("32-true", "bf16-mixed"):
         torch.manual_seed(0)
@@ -189,13 +189,13 @@ def test_the_float32_matmul_precision_is_the_users(monkeypatch):
             inside.append(torch.get_float32_matmul_precision())
             return self.fc(x.flatten(1))
 
-    finish = lfed.core.run.FederatedRun.finish
+    finish = lfed.core.step.finish_step
 
-    def spy(self, *args, **kwargs):
+    def spy(*args, **kwargs):
         outside.append(torch.get_float32_matmul_precision())
-        return finish(self, *args, **kwargs)
+        return finish(*args, **kwargs)
 
-    monkeypatch.setattr(lfed.core.run.FederatedRun, "finish", spy)
+    monkeypatch.setattr(lfed.core.step, "finish_step", spy)
     before = torch.get_float32_matmul_precision()
     try:
         for chosen in ("medium", "highest"):

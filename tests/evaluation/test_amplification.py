@@ -1,4 +1,4 @@
-"""``round/amplification``: the round's step against FedAvg's step from the same gradients (lfed.core.round)."""
+"""``round/amplification``: the round's step against FedAvg's step from the same gradients (lfed.core.round.server_update)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from conftest import run_rounds
 from lightning.pytorch import Callback
 from torch import nn
 
-from lfed.core.round import gradient_displacement
 from lfed.engine import StepRule
+from lfed.evaluation.amplification import gradient_displacement
 from lfed.lightning.datamodule import FederatedDataModule
 from lfed.lightning.module import FederatedModule
 

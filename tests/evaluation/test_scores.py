@@ -404,8 +404,8 @@ def _digits_bn_net():
 
 @pytest.mark.parametrize("backend", ["vmap", "loop"])
 def test_fit_run_and_the_lightning_module_report_the_same_evaluation_of_a_batchnorm_net(backend, one_thread):
+    from lfed.core.algorithm import LocalTraining
     from lfed.core.fit import fit_run
-    from lfed.core.round import LocalTraining
     from lfed.core.settings import Engine, build_run
     from lfed.engine.ranks import Ranks
 
@@ -465,8 +465,8 @@ def test_a_run_scores_a_fixed_seeded_sample_of_its_clients_and_logs_the_standard
     seed), client/acc_mean is their mean accuracy (each equal to the full evaluation's for that client),
     client/acc_mean_se the sample's standard error (population 8), client/evaluated 3; with client_sample None (or at
     least 8) every client is scored and neither is logged."""
+    from lfed.core.algorithm import LocalTraining
     from lfed.core.fit import fit_run
-    from lfed.core.round import LocalTraining
     from lfed.core.settings import Engine, Evaluation, build_run
     from lfed.data.datasets import load_dataset
     from lfed.engine.ranks import Ranks

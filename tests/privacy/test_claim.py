@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from lfed.base.component import Cohort, Component, standalone_store
+from lfed.core.algorithm import LocalTraining
 from lfed.core.fit import fit_run
-from lfed.core.round import LocalTraining
 from lfed.core.settings import build_run
 from lfed.data.datasets import load_dataset
 from lfed.data.tensors import DatasetTensors

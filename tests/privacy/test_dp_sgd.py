@@ -12,7 +12,8 @@ import torch
 from conftest import flat_weights, run_rounds
 from torch import nn
 
-from lfed.core.round import LocalTraining, run_round
+from lfed.core.algorithm import LocalTraining
+from lfed.core.round import run_round
 from lfed.data.datasets import load_dataset
 from lfed.engine import CohortTrainer, StepRule
 from lfed.engine.example_dp import ExampleNoise, clip_and_sum, poisson_schedule

@@ -17,7 +17,7 @@ from conftest import REPO, assert_within
 RUN = """
 import sys, torch
 from lfed.core.fit import fit_run
-from lfed.core.round import LocalTraining
+from lfed.core.algorithm import LocalTraining
 from lfed.core.settings import Engine, build_run
 from lfed.data.federated import FederatedDataset
 from lfed.models.zoo import MLP

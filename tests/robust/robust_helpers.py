@@ -11,7 +11,7 @@ from torch import nn
 
 from lfed.base.component import Cohort
 from lfed.core import registry as algorithms
-from lfed.core.round import setup_state
+from lfed.core.algorithm import setup_state
 from lfed.engine import CohortTrainer
 from lfed.state.spec import ModuleStateStore
 

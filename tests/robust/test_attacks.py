@@ -12,7 +12,8 @@ import torch
 from robust_helpers import W0, cohort_of, local_update, rows, toy_setup
 from test_objectives import BACKENDS, Y
 
-from lfed.core.round import LocalTraining, run_round
+from lfed.core.algorithm import LocalTraining
+from lfed.core.round import run_round
 from lfed.rng import round_generator
 from lfed.robust.attacks import (
     ALIE,
@@ -260,7 +261,7 @@ def test_a_backdoor_trains_on_stamped_relabelled_examples_and_boosts_what_it_sen
     from torch import nn
 
     from lfed.core import registry as algorithms
-    from lfed.core.round import setup_state
+    from lfed.core.algorithm import setup_state
     from lfed.engine import CohortTrainer
     from lfed.state.spec import ModuleStateStore
 

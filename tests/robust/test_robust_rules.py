@@ -28,8 +28,9 @@ from robust_helpers import (
 from test_objectives import BACKENDS
 
 from lfed.base.component import CompositionContext
+from lfed.core.algorithm import LocalTraining
 from lfed.core.registry import build_component
-from lfed.core.round import LocalTraining, run_round
+from lfed.core.round import run_round
 from lfed.rng import round_generator
 from lfed.robust.rules import (
     Bucketing,
