@@ -1,7 +1,8 @@
-"""The ``lfed`` command: ``lfed fit|validate|test`` (:mod:`lfed.lightning.cli`), ``lfed grid`` (:mod:`lfed.lightning.grid`)
-and ``lfed audit`` (:mod:`lfed.lightning.audit`).
+"""The ``lfed`` command: ``lfed fit|validate|test`` (:mod:`lfed.lightning.cli`), ``lfed grid`` (:mod:`lfed.lightning.grid`),
+``lfed audit`` (:mod:`lfed.lightning.audit`) and ``lfed plot`` (:mod:`lfed.evaluation.curves`: no Lightning, no torch).
 
-The dispatch lives here, above both, so neither imports the other's caller.
+The dispatch lives here, above them all, so none imports another's caller. ``lfed``, ``lfed --help`` and ``lfed
+--version`` import none of them (nor torch): they answer at once.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ __all__ = ["main"]
 
 
 #: ``lfed``, ``lfed -h``: the commands, printed without importing Lightning (``lfed <command> --help`` lists settings).
-USAGE = """usage: lfed {fit,validate,test,grid,audit} [--help] ...
+USAGE = """usage: lfed {fit,validate,test,grid,audit,plot} [--help] [--version] ...
 
 lfed: federated learning on PyTorch Lightning. One training step is one federated round.
 
@@ -24,8 +25,30 @@ commands:
                                           lfed grid --config configs/quickstart.yaml --sweep sweeps/quickstart_client_lr.yaml
   audit     a DP-FedAvg run with canaries, then its one-run privacy audit (claimed ε against the audit's bound):
                                           lfed audit --config configs/dp_digits.yaml
+  plot      several runs' curves from their metrics.csv in one PNG (no account needed):
+                                          lfed plot runs/ --metric test/acc --metric test/loss -o compare.png
 
-'lfed <command> --help' lists the command's settings; docs/ (algorithms.md, extending.md, grids.md) explains them."""
+'lfed <command> --help' lists the command's settings; docs/ (algorithms.md, extending.md, grids.md) explains them.
+'lfed --version' prints the versions of lfed, torch and Lightning."""
+
+#: The commands, in the order of :data:`USAGE`.
+COMMANDS = ("fit", "validate", "test", "grid", "audit", "plot")
+
+
+def version_line() -> str:
+    """``lfed 0.5.0, torch 2.14.1, lightning 2.6.6``: the installed versions, read from the packages' metadata (torch and
+    Lightning are not imported); a package that is not installed is ``not installed``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from lfed import __version__
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"lfed {__version__}, torch {installed('torch')}, lightning {installed('lightning')}"
 
 
 def main() -> None:
@@ -33,10 +56,18 @@ def main() -> None:
     if sys.argv[1:] in ([], ["-h"], ["--help"]):
         print(USAGE)
         sys.exit(0 if sys.argv[1:] else 2)
-    if sys.argv[1] not in ("fit", "validate", "test", "grid", "audit") and not sys.argv[1].startswith("-"):
-        print(f"lfed: error: {sys.argv[1]!r} is not a command; the commands are fit, validate, test, grid and audit "
+    if sys.argv[1:] in (["--version"], ["-V"]):
+        print(version_line())
+        sys.exit(0)
+    if sys.argv[1] not in COMMANDS and not sys.argv[1].startswith("-"):
+        print(f"lfed: error: {sys.argv[1]!r} is not a command; the commands are {', '.join(COMMANDS[:-1])} and {COMMANDS[-1]} "
               "(lfed --help)", file=sys.stderr)
         sys.exit(2)
+    if sys.argv[1:2] == ["plot"]:
+        from lfed.evaluation.curves import main as plot_main
+
+        plot_main(sys.argv[2:])
+        return
     if sys.argv[1:2] == ["audit"]:
         from lfed.lightning.audit import main as audit_main
 
