@@ -1,4 +1,4 @@
-"""Tests for lfed.participation.sampling (SPEC §5), lfed.participation.stragglers (SPEC §6) and lfed.evaluation.communication."""
+"""Tests for lfed.participation: sampling, fractions, draws (SPEC §5), stragglers (SPEC §6); lfed.evaluation.communication."""
 
 import io
 import math
@@ -6,21 +6,18 @@ import math
 import pytest
 import torch
 
-from lfed.participation.sampling import (
-    AttentionSampler,
-    CommunicationMeter,
+from lfed.evaluation.communication import CommunicationMeter, rounds_to_reach
+from lfed.participation.fractions import (
     ConstantFraction,
     ExplicitFraction,
     FractionSchedule,
-    PoissonSampler,
     StepwiseFraction,
-    Stragglers,
-    UniformSampler,
     as_schedule,
     cohort_size,
     round_half_up,
-    rounds_to_reach,
 )
+from lfed.participation.sampling import AttentionSampler, PoissonSampler, UniformSampler
+from lfed.participation.stragglers import Stragglers
 from lfed.rng import round_generator
 
 F64 = torch.float64
@@ -213,7 +210,7 @@ def test_uniform_draw_gives_every_allowed_client_the_same_inclusion_and_every_pa
     client is in with probability k/(N - |banned|) and every pair of them together with k(k-1)/((N-b)(N-b-1)) (a
     uniform k-subset), within 4.5 standard errors. (N, k) = (10, 6) takes the randperm path (k > N/2): both paths are
     uniform."""
-    from lfed.participation.sampling import uniform_draw
+    from lfed.participation.draws import uniform_draw
 
     allowed = N - len(banned)
     g = torch.Generator().manual_seed(1)
@@ -238,7 +235,7 @@ def test_uniform_draw_gives_every_allowed_client_the_same_inclusion_and_every_pa
 def test_uniform_draw_takes_k_draws_not_n_and_falls_back_to_the_permutation_for_a_large_share():
     """At N = 10^9 (no [N] tensor could be made here) uniform_draw(k = 100) returns at once; with k + |banned| > N/2
     it is randperm(N)'s first allowed k, exactly."""
-    from lfed.participation.sampling import uniform_draw
+    from lfed.participation.draws import uniform_draw
 
     ids = uniform_draw(10**9, 100, torch.Generator().manual_seed(0))
     assert ids.numel() == 100 and ids.unique().numel() == 100 and int(ids.max()) < 10**9
