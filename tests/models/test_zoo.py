@@ -1,4 +1,4 @@
-"""Tests for lfed.models.zoo: exact parameter counts, shapes, float64, torch.func/vmap."""
+"""Tests for lfed.models.zoo (and the families it names: convnets, language): exact parameter counts, shapes, float64, torch.func/vmap."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, stack_module_state, vmap
 
+from lfed.models.convnets import _tf_same_max_pool_3x3_s2
 from lfed.models.zoo import (
     MLP,
     MODELS,
@@ -20,7 +21,6 @@ from lfed.models.zoo import (
     McMahanMNISTCNN,
     ReddiEMNISTCNN,
     SmallCNN,
-    _tf_same_max_pool_3x3_s2,
     build_model,
     count_parameters,
 )
