@@ -9,7 +9,6 @@ training loader, evaluation ticks).
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import warnings
 from collections.abc import Sequence
@@ -18,13 +17,15 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset
 
 from lfed.data.augment import Augmentation, build_augmentation
 from lfed.data.datasets import DATASETS, load_dataset
-from lfed.data.partition import PARTITIONS, _flatten, holdout_split_flat, label_counts_flat, pack_flat, partition, validation_split
+from lfed.data.partition import PARTITIONS, partition
+from lfed.data.splits import flatten_indices, holdout_split_flat, label_counts_flat, pack_flat, validation_split
 from lfed.data.synthetic import Synthetic
-from lfed.data.tensors import DatasetTensors, validate_labels
+from lfed.data.tensors import DatasetTensors, inverted_pixels, validate_labels
+from lfed.data.user_tensors import as_tensors
 
 __all__ = ["FederatedData", "FederatedDataset", "HOST_FIELDS", "UnusedSettingWarning", "client_validation_seed", "share_datasets"]
 
@@ -191,98 +192,6 @@ def share_datasets(datamodules) -> None:
         dm.use_dataset(loaded[key])
 
 
-_NOT_PAIR = ("{what}: item 0 of the Dataset is {kind}; lfed reads a Dataset of (input, target) pairs. "
-             "Wrap it so that dataset[i] returns (x, y)")
-
-
-def _item_tensor(value, what: str, part: str) -> Tensor:
-    if isinstance(value, Tensor):
-        return value
-    if type(value).__module__.startswith("PIL"):
-        raise ValueError(
-            f"{what}: the Dataset's {part} are PIL images ({type(value).__name__}); lfed needs tensors: give the "
-            "dataset a transform that makes tensors, e.g. transform=torchvision.transforms.ToTensor()"
-        )
-    try:
-        return torch.as_tensor(value)
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise ValueError(f"{what}: the Dataset's {part} must be tensors or numbers, got {type(value).__name__} ({e})") from None
-
-
-def _dataset_tensors(data: Dataset, what: str) -> tuple[Tensor, Tensor]:
-    """Read a map-style Dataset of (x, y) pairs into two tensors, once (see the class docstring)."""
-    try:
-        n = len(data)  # type: ignore[arg-type]
-    except TypeError:
-        raise ValueError(f"{what}: the Dataset has no length; lfed reads a map-style Dataset of (x, y) pairs") from None
-    if n == 0:
-        raise ValueError(f"{what}: the dataset is empty (0 examples)")
-    first = data[0]
-    if isinstance(first, dict):
-        raise ValueError(_NOT_PAIR.format(what=what, kind=f"a dict with keys {sorted(map(str, first))}"))
-    if not isinstance(first, (tuple, list)) or len(first) != 2:
-        kind = f"a {type(first).__name__}" + (f" of {len(first)} parts" if isinstance(first, (tuple, list)) else "")
-        raise ValueError(_NOT_PAIR.format(what=what, kind=kind))
-    again = data[0]
-    x0, x1 = _item_tensor(first[0], what, "inputs"), _item_tensor(again[0], what, "inputs")
-    if x0.shape != x1.shape or not torch.equal(x0, x1):
-        warnings.warn(
-            f"{what}: the Dataset returns a different input each time item 0 is read (a random transform or "
-            "augmentation?). lfed reads the Dataset once into tensors, so each example keeps the one draw it got "
-            "now for the whole run: augmentation is frozen, not redrawn per round. Give the Dataset without its random "
-            "transform and set augment (data.augment: crop_flip, or an lfed.data.augment.Augmentation) to redraw "
-            "it on the device at every local step.",
-            UserWarning, stacklevel=4,
-        )
-    items = [first] + [data[i] for i in range(1, n)]
-    x = torch.stack([_item_tensor(it[0], what, "inputs") for it in items])
-    y = torch.stack([_item_tensor(it[1], what, "targets") for it in items])
-    return x, y
-
-
-def _as_tensors(data: tuple[Tensor, Tensor] | Dataset, what: str) -> tuple[Tensor, Tensor]:
-    if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
-        x, y = data
-    elif isinstance(data, TensorDataset) and len(data.tensors) == 2:
-        x, y = data.tensors
-    elif isinstance(data, Dataset):
-        x, y = _dataset_tensors(data, what)
-    else:
-        raise ValueError(f"{what}: expected (x, y) tensors or a torch Dataset of (x, y) pairs, got {type(data).__name__}")
-    if x.dim() == 0 or y.dim() == 0:
-        raise ValueError(f"{what}: inputs and targets need one row per example, got shapes {tuple(x.shape)} and {tuple(y.shape)}")
-    if x.shape[0] != y.shape[0]:
-        raise ValueError(f"{what}: {x.shape[0]} inputs but {y.shape[0]} labels")
-    if x.shape[0] == 0:
-        raise ValueError(f"{what}: the dataset is empty (0 examples)")
-    if not (x.is_floating_point() or x.dtype == torch.long):
-        raise ValueError(
-            f"{what}: inputs of dtype {x.dtype}; lfed takes floating inputs (features, pixels) or int64 token ids "
-            f"(for an embedding). Convert them, e.g. x.float() / 255 for uint8 pixels"
-        )
-    if y.dtype == torch.bool or y.dtype.is_complex:
-        raise ValueError(f"{what}: targets of dtype {y.dtype}; give integer class labels (classification) "
-                         "or floating targets (regression)")
-    if y.dtype.is_floating_point:
-        if y.dim() == 1:
-            y = y[:, None]  # one regression target per example: a column, as a net with one output gives
-    else:
-        y = y.long()
-    return x, y
-
-
-def _inverted(ds: DatasetTensors) -> DatasetTensors:
-    """``ds`` with inputs ``1 - x`` (new tensors: a loaded dataset may be shared by other modules)."""
-    for part, x in (("train", ds.train_x), ("test", ds.test_x)):
-        if not x.is_floating_point():
-            raise ValueError(f"invert_pixels: {ds.name}'s {part} inputs are {x.dtype}, not pixels; "
-                             "only floating inputs in [0, 1] can be inverted")
-        if x.numel() and (float(x.min()) < 0 or float(x.max()) > 1):
-            raise ValueError(f"invert_pixels: {ds.name}'s {part} inputs span [{float(x.min()):g}, {float(x.max()):g}], "
-                             "not [0, 1]; 1 - x would not be an image of the same range")
-    return dataclasses.replace(ds, train_x=1 - ds.train_x, test_x=1 - ds.test_x)
-
-
 class FederatedDataset:
     """A dataset partitioned over ``num_clients`` simulated clients (docs/algorithms.md §8), with no Lightning in it.
 
@@ -446,14 +355,14 @@ class FederatedDataset:
         if getattr(self, "_loaded", None) is not None:
             return self._loaded
         ds = self._load_as_stored()
-        return _inverted(ds) if self.invert_pixels else ds
+        return inverted_pixels(ds) if self.invert_pixels else ds
 
     def _load_as_stored(self) -> DatasetTensors:
         if self._user_train is None:
             return load_dataset(self.dataset, self.data_dir, self.download, synthetic=self.synthetic,
                                 num_clients=self.num_clients)
-        tx, ty = _as_tensors(self._user_train, "train")
-        vx, vy = _as_tensors(self._user_test, "test")
+        tx, ty = as_tensors(self._user_train, "train")
+        vx, vy = as_tensors(self._user_test, "test")
         if tx.shape[1:] != vx.shape[1:] or tx.dtype != vx.dtype:
             raise ValueError(f"train/test: inputs differ: train {tuple(tx.shape[1:])} {tx.dtype}, "
                              f"test {tuple(vx.shape[1:])} {vx.dtype} per example")
@@ -507,7 +416,7 @@ class FederatedDataset:
             groups=groups,
         )
         # concatenated once, then no per-client tensor (100,000 clients: 2.4 s -> see BENCHMARKS.md)
-        flat, all_sizes = _flatten(clients)
+        flat, all_sizes = flatten_indices(clients)
         if val_index is not None:  # positions among the rest -> positions in the pooled set
             flat = rest.to(flat.device)[flat]
         train, sizes, held, h_sizes = holdout_split_flat(flat, all_sizes, self.holdout_fraction, self.seed)

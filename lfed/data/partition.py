@@ -9,17 +9,27 @@ call raises ``ValueError``.
 
 Quota rule (docs/algorithms.md §8): a total ``n`` divided into ``N`` equal parts gives every
 part ``n // N`` and the first ``n mod N`` parts one more (:func:`quota_sizes`).
+
+The splits made after partitioning (held-out and validation splits, packed indices, label counts) live in
+:mod:`lfed.data.splits`; their names are importable from here too.
 """
 
 from __future__ import annotations
 
 import math
-import operator
 import warnings
 
 import torch
 from torch import Tensor
 
+from lfed.data.splits import (
+    checked_int,
+    holdout_split,
+    label_counts,
+    pack_indices,
+    seeded_generator,
+    validation_split,
+)
 from lfed.data.tensors import validate_labels
 
 __all__ = [
@@ -29,23 +39,6 @@ __all__ = [
 
 #: Names accepted by :func:`partition`.
 PARTITIONS: tuple[str, ...] = ("iid", "shards", "dirichlet", "classes", "natural")
-
-
-def _int(name: str, value: object, minimum: int | None = None) -> int:
-    """``value`` as a Python int (numpy ints too, not bools or floats), checked against ``minimum``."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        number = operator.index(value)
-    except TypeError:
-        number = None
-    if number is None or (minimum is not None and number < minimum):
-        raise ValueError(f"{name} must be an int{'' if minimum is None else f' >= {minimum}'}, got {value!r}")
-    return number
-
-
-def _generator(seed: int) -> torch.Generator:
-    return torch.Generator(device="cpu").manual_seed(_int("seed", seed))
 
 
 def _labels(labels: Tensor, num_classes: int | None) -> tuple[Tensor, int]:
@@ -61,7 +54,7 @@ def _labels(labels: Tensor, num_classes: int | None) -> tuple[Tensor, int]:
 
 
 def _clients(num_clients: int, n: int) -> int:
-    num_clients = _int("num_clients", num_clients, 1)
+    num_clients = checked_int("num_clients", num_clients, 1)
     if num_clients > n:
         raise ValueError(f"num_clients: must be <= the number of examples ({n}), got {num_clients}")
     return num_clients
@@ -77,7 +70,7 @@ def quota_sizes(total: int, parts: int) -> Tensor:
     Returns:
         ``long [parts]`` summing to ``total``; e.g. ``quota_sizes(10, 4) = [3, 3, 2, 2]``.
     """
-    total, parts = _int("total", total, 0), _int("parts", parts, 1)
+    total, parts = checked_int("total", total, 0), checked_int("parts", parts, 1)
     return torch.full((parts,), total // parts, dtype=torch.long) + (torch.arange(parts) < total % parts).long()
 
 
@@ -125,7 +118,7 @@ def iid_partition(labels: Tensor, num_clients: int, seed: int = 0) -> list[Tenso
         raise ValueError(f"labels must be a non-empty 1-D tensor, got {getattr(labels, 'shape', labels)!r}")
     n = labels.numel()
     num_clients = _clients(num_clients, n)
-    perm = torch.randperm(n, generator=_generator(seed))
+    perm = torch.randperm(n, generator=seeded_generator(seed))
     owner = torch.repeat_interleave(torch.arange(num_clients), quota_sizes(n, num_clients))
     return _split_by_owner(perm, owner, num_clients, labels.device)
 
@@ -151,12 +144,12 @@ def shards_partition(labels: Tensor, num_clients: int, seed: int = 0, shards_per
     labels_cpu, _ = _labels(labels, None)
     n = labels_cpu.numel()
     num_clients = _clients(num_clients, n)
-    shards_per_client = _int("shards_per_client", shards_per_client, 1)
+    shards_per_client = checked_int("shards_per_client", shards_per_client, 1)
     num_shards = shards_per_client * num_clients
     if num_shards > n:
         raise ValueError(f"shards_per_client * num_clients must be <= the number of examples ({n}), "
                          f"got {shards_per_client} * {num_clients} = {num_shards}")
-    g = _generator(seed)
+    g = seeded_generator(seed)
     order = _class_grouped(labels_cpu, g)
     shard_of_position = torch.repeat_interleave(torch.arange(num_shards), quota_sizes(n, num_shards))
     client_of_shard = torch.empty(num_shards, dtype=torch.long)
@@ -225,7 +218,7 @@ def dirichlet_partition(
     num_clients = _clients(num_clients, n)
     if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not rho > 0 or not math.isfinite(rho):
         raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
-    g = _generator(seed)
+    g = seeded_generator(seed)
     log_c = _log_gamma_samples(float(rho) / num_classes, (num_clients, num_classes), g)  # log of unnormalised c_k
     remaining = quota_sizes(n, num_clients)
     available = torch.bincount(labels_cpu, minlength=num_classes)
@@ -281,14 +274,14 @@ def classes_partition(
     """
     labels_cpu, num_classes = _labels(labels, num_classes)
     num_clients = _clients(num_clients, labels_cpu.numel())
-    m = _int("classes_per_client", classes_per_client, 1)
+    m = checked_int("classes_per_client", classes_per_client, 1)
     if m > num_classes:
         raise ValueError(f"classes_per_client must be in [1, {num_classes}] (num_classes), got {m}")
     available = torch.bincount(labels_cpu, minlength=num_classes)
     present = (available > 0).nonzero().squeeze(1)
     if m > present.numel():
         raise ValueError(f"classes_per_client must be <= the {present.numel()} classes that have examples, got {m}")
-    g = _generator(seed)
+    g = seeded_generator(seed)
     cycle = present[torch.randperm(present.numel(), generator=g)]
     starts = torch.arange(num_clients) * present.numel() // num_clients
     windows = cycle[(starts.unsqueeze(1) + torch.arange(m)) % present.numel()]  # [N, m] distinct classes
@@ -330,7 +323,7 @@ def natural_partition(groups: Tensor, num_clients: int | None = None) -> list[Te
     ids = torch.unique(groups_cpu)
     if num_clients is None:
         num_clients = ids.numel()
-    num_clients = _int("num_clients", num_clients, 1)
+    num_clients = checked_int("num_clients", num_clients, 1)
     if num_clients > ids.numel():
         raise ValueError(f"num_clients: must be <= the {ids.numel()} groups for the natural partition, "
                          f"got {num_clients}")
@@ -384,135 +377,3 @@ def partition(
     if scheme == "dirichlet":
         return dirichlet_partition(labels, num_clients, seed, rho, num_classes)
     return classes_partition(labels, num_clients, seed, classes_per_client, num_classes)
-
-
-def _flatten(client_indices: list[Tensor]) -> tuple[Tensor, Tensor]:
-    """Concatenate client index lists; return ``(flat, sizes)`` (one ``cat``: no per-client copy)."""
-    if not isinstance(client_indices, (list, tuple)) or not client_indices \
-            or not all(isinstance(t, Tensor) and t.dim() == 1 for t in client_indices):
-        raise ValueError("client_indices must be a non-empty list of 1-D index tensors")
-    sizes = torch.tensor([t.numel() for t in client_indices], dtype=torch.long)
-    if all(t.dtype == torch.long for t in client_indices):
-        return torch.cat(client_indices), sizes
-    return torch.cat([t.long() for t in client_indices]), sizes
-
-
-def holdout_split(client_indices: list[Tensor], fraction: float, seed: int = 0) -> tuple[list[Tensor], list[Tensor]]:
-    """Hold out part of every client's examples for client-side evaluation (docs/algorithms.md §9).
-
-    Client k holds out ``h_k = min(floor(fraction * n_k + 0.5), n_k - 1)``
-    examples (rounded half up as everywhere in lfed, docs/algorithms.md §5) chosen uniformly
-    at random, so it keeps at least one training example; ``fraction = 0``
-    gives empty holdouts. Both parts keep the input order.
-
-    Args:
-        client_indices: One index tensor per client.
-        fraction: Share held out, in ``[0, 1)``.
-        seed: Seed of the choice.
-
-    Returns:
-        ``(train, holdout)``: two lists of index tensors, one per client.
-    """
-    flat, sizes = _flatten(client_indices)
-    train, train_sizes, holdout, held = holdout_split_flat(flat, sizes, fraction, seed)
-    return list(torch.split(train, train_sizes.tolist())), list(torch.split(holdout, held.tolist()))
-
-
-def holdout_split_flat(flat: Tensor, sizes: Tensor, fraction: float, seed: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """:func:`holdout_split` of the clients' indices concatenated (``flat``, ``sizes [N]``).
-
-    Returns:
-        ``(train, train_sizes, holdout, holdout_sizes)``, concatenated the same way; equal to
-        :func:`holdout_split`'s lists, without making ``N`` tensors (100,000 clients: ~0.1 s).
-    """
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction < 1.0:
-        raise ValueError(f"fraction must be a number in [0, 1), got {fraction!r}")
-    device = flat.device
-    num_clients = sizes.numel()
-    held = torch.floor(sizes.double() * fraction + 0.5).long().minimum((sizes - 1).clamp(min=0))
-    owner = torch.repeat_interleave(torch.arange(num_clients), sizes)
-    order = torch.randperm(flat.numel(), generator=_generator(seed))
-    order = order[torch.argsort(owner[order], stable=True)]  # grouped by client, random within client
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(flat.numel()) - (torch.cumsum(sizes, 0) - sizes)[owner[order]]
-    is_held = (rank < held[owner]).to(device)
-    return flat[~is_held], sizes - held, flat[is_held], held
-
-
-def pack_indices(client_indices: list[Tensor]) -> tuple[Tensor, Tensor]:
-    """Pack ragged client index lists into one padded matrix.
-
-    Args:
-        client_indices: ``N`` index tensors.
-
-    Returns:
-        ``(index, sizes)``: ``index`` is ``long [N, max_k n_k]`` with client k's
-        indices in row k, padded with 0 after ``sizes[k]`` entries; ``sizes`` is
-        ``long [N]``. Both on the device of the inputs.
-    """
-    flat, sizes = _flatten(client_indices)
-    return pack_flat(flat, sizes), sizes.to(flat.device)
-
-
-def pack_flat(flat: Tensor, sizes: Tensor) -> Tensor:
-    """:func:`pack_indices` of the clients' indices concatenated (``flat``, ``sizes [N]``): ``index``."""
-    num_clients = sizes.numel()
-    width = int(sizes.max())
-    owner = torch.repeat_interleave(torch.arange(num_clients), sizes.cpu())
-    column = torch.arange(flat.numel()) - (torch.cumsum(sizes.cpu(), 0) - sizes.cpu())[owner]
-    index = torch.zeros(num_clients, width, dtype=torch.long, device=flat.device)
-    index[owner.to(flat.device), column.to(flat.device)] = flat
-    return index
-
-
-def label_counts(labels: Tensor, client_indices: list[Tensor], num_classes: int) -> Tensor:
-    """Per-client label histogram (the statistic DWFed's weights use, docs/algorithms.md §3).
-
-    Args:
-        labels: ``[n]`` integer labels.
-        client_indices: ``N`` index tensors into ``labels``.
-        num_classes: ``C``.
-
-    Returns:
-        ``long [N, C]``: entry ``[k, j]`` counts client k's examples of class j.
-    """
-    validate_labels(labels, num_classes, "label_counts labels")
-    flat, sizes = _flatten(client_indices)
-    return _counts(labels, flat, sizes, num_classes)
-
-
-def label_counts_flat(labels: Tensor, flat: Tensor, sizes: Tensor, num_classes: int) -> Tensor:
-    """:func:`label_counts` of the clients' indices concatenated (``flat``, ``sizes [N]``)."""
-    validate_labels(labels, num_classes, "label_counts labels")
-    return _counts(labels, flat, sizes, num_classes)
-
-
-def _counts(labels: Tensor, flat: Tensor, sizes: Tensor, num_classes: int) -> Tensor:
-    owner = torch.repeat_interleave(torch.arange(sizes.numel(), device=labels.device), sizes.to(labels.device))
-    key = owner * num_classes + labels[flat.to(labels.device)].long()
-    return torch.bincount(key, minlength=sizes.numel() * num_classes).reshape(sizes.numel(), num_classes)
-
-
-def validation_split(num_examples: int, fraction: float, seed: int = 0) -> tuple[Tensor, Tensor]:
-    """Set aside a share of the pooled training set as the server's validation set (docs/algorithms.md §9).
-
-    The validation examples go to no client: hyper-parameters (a learning rate of a grid) are
-    chosen on them, and the test set is only reported. ``v = floor(fraction * n + 0.5)``
-    examples are drawn uniformly at random (seeded, rounded half up as everywhere in lfed).
-
-    Args:
-        num_examples: ``n``, the size of the pooled training set.
-        fraction: Share set aside, in ``[0, 1)``; ``0`` gives an empty validation set.
-        seed: Seed of the choice.
-
-    Returns:
-        ``(rest, validation)``: sorted positions of the examples the clients share, and of the
-        validation examples.
-    """
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction < 1.0:
-        raise ValueError(f"validation_fraction: must be a number in [0, 1), got {fraction!r}")
-    v = int(math.floor(num_examples * fraction + 0.5))
-    if fraction > 0 and v == 0:
-        raise ValueError(f"validation_fraction: {fraction} of {num_examples} examples rounds to none; use a larger share or 0")
-    order = torch.randperm(num_examples, generator=_generator(seed))
-    return order[v:].sort().values, order[:v].sort().values

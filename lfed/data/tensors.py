@@ -1,4 +1,4 @@
-"""A dataset as tensors (:class:`DatasetTensors`), label checks and the cache of decoded datasets.
+"""A dataset as tensors (:class:`DatasetTensors`), label checks, inverted pixels and the cache of decoded datasets.
 
 Shared by the dataset loaders of :mod:`lfed.data.datasets` and :mod:`lfed.data.leaf` and by
 :mod:`lfed.lightning.datamodule` and :mod:`lfed.data.partition`; it imports none of them.
@@ -10,7 +10,7 @@ import hashlib
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -18,7 +18,7 @@ from torch import Tensor
 
 from lfed.state.atomic import write_atomically
 
-__all__ = ["DatasetTensors", "cached_tensors", "resolve_cache_dir", "source_key", "validate_labels"]
+__all__ = ["DatasetTensors", "cached_tensors", "inverted_pixels", "resolve_cache_dir", "source_key", "validate_labels"]
 
 #: Version of the cache files' layout (part of every cache key).
 CACHE_VERSION = "1"
@@ -137,3 +137,15 @@ def cached_tensors(tag: str, sources: list[Path], build: Callable[[], dict]) -> 
     except OSError as err:
         warnings.warn(f"could not write dataset cache {path}: {err}", stacklevel=2)
     return obj
+
+
+def inverted_pixels(ds: DatasetTensors) -> DatasetTensors:
+    """``ds`` with inputs ``1 - x`` (new tensors: a loaded dataset may be shared by other modules)."""
+    for part, x in (("train", ds.train_x), ("test", ds.test_x)):
+        if not x.is_floating_point():
+            raise ValueError(f"invert_pixels: {ds.name}'s {part} inputs are {x.dtype}, not pixels; "
+                             "only floating inputs in [0, 1] can be inverted")
+        if x.numel() and (float(x.min()) < 0 or float(x.max()) > 1):
+            raise ValueError(f"invert_pixels: {ds.name}'s {part} inputs span [{float(x.min()):g}, {float(x.max()):g}], "
+                             "not [0, 1]; 1 - x would not be an image of the same range")
+    return replace(ds, train_x=1 - ds.train_x, test_x=1 - ds.test_x)

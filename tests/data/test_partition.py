@@ -1,4 +1,4 @@
-"""Tests for lfed.data.partition (SPEC §8)."""
+"""Tests for lfed.data.partition and lfed.data.splits (SPEC §8)."""
 
 from __future__ import annotations
 
@@ -295,8 +295,8 @@ def test_no_warning_when_everything_is_covered() -> None:
 def test_flat_helpers_equal_the_per_client_lists(fraction):
     """FederatedDataModule.build uses the concatenated forms (no tensor per client, for 10^5
     clients); they give exactly what the per-client list functions give."""
-    from lfed.data.partition import (
-        _flatten,
+    from lfed.data.splits import (
+        flatten_indices,
         holdout_split,
         holdout_split_flat,
         label_counts,
@@ -308,7 +308,7 @@ def test_flat_helpers_equal_the_per_client_lists(fraction):
     labels = torch.randint(0, 4, (300,), generator=torch.Generator().manual_seed(0))
     parts = dirichlet_partition(labels, 37, seed=3, rho=0.3)
     train, hold = holdout_split(parts, fraction, seed=5)
-    flat, sizes = _flatten(parts)
+    flat, sizes = flatten_indices(parts)
     t_flat, t_sizes, h_flat, h_sizes = holdout_split_flat(flat, sizes, fraction, seed=5)
     assert torch.equal(torch.cat(train), t_flat) and torch.equal(torch.cat(hold), h_flat)
     assert t_sizes.tolist() == [t.numel() for t in train] and h_sizes.tolist() == [h.numel() for h in hold]
