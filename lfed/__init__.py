@@ -101,12 +101,23 @@ def _lazy_exports(package: str, table: dict[str, str], before: Callable[[str], N
 
 # (the narrow filters for Lightning-internal messages are installed by lfed.lightning's own __init__, once Lightning is
 # used: the root imports no package above it)
-__getattr__, __dir__ = _lazy_exports(__name__, _LAZY)
+_exports, __dir__ = _lazy_exports(__name__, _LAZY)
 
-# ---------------------------------------------------------------------- 0.4's module paths (docs/architecture.md)
-#: Modules that moved in 0.5 and 0.6: ``old path -> new path``. An old path still imports (a config's ``class_path``, a
-#: checkpoint's pickled class, a user's ``import``), says once where the module is now, and gives the same objects.
-MOVED = {
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported on first use (:data:`_LAZY`); a removed module (``lfed.round``, :data:`REMOVED`) is one
+    line naming its new path."""
+    if f"{__name__}.{name}" in REMOVED:
+        raise AttributeError(removed_message(f"{__name__}.{name}"))
+    return _exports(name)
+
+
+# ---------------------------------------------------------------------- module paths that moved (docs/architecture.md)
+#: lfed 0.4's module paths, moved in 0.5 and removed in 0.6 as 0.5 promised: ``old path -> new path``. Importing one
+#: fails with one line naming the new path (:func:`removed_message`); the table stays to say so, and to read the class
+#: paths an old checkpoint recorded as this lfed writes them (:func:`current_path`; a config file is refused instead,
+#: and ``scripts/upgrade_configs.py`` rewrites it).
+REMOVED = {
     "lfed.round": "lfed.core.round",
     "lfed.run": "lfed.core.run",
     "lfed.rounds": "lfed.core.fit",
@@ -143,24 +154,54 @@ MOVED = {
     "lfed.atomic": "lfed.state.atomic",
     "lfed.validation": "lfed.checks",
     "lfed.privacy.metrics": "lfed.base.metric_gate",
-    # moved in 0.6 (names that say what the file holds, the layers; issue 64): MOVED_IN says so
+}
+#: Modules that moved in 0.6 and later: ``old path -> new path``. An old path still imports (a config's ``class_path``,
+#: a user's ``import``), says once where the module is now (a ``FutureWarning``), and gives the same objects, until the
+#: release after the one it moved in (:data:`MOVED_IN`).
+MOVED = {
+    # names that say what the file holds, the layers (issue 64)
     "lfed.server.weights": "lfed.server.weight_formulas",
     "lfed.participation.cohorts": "lfed.participation.participation",
     "lfed.core.async_ready": "lfed.base.async_ready",
 }
-#: The release each old path of :data:`MOVED` moved in (0.5 unless listed); it works until the next one.
+#: The release each old path of :data:`MOVED` moved in (0.6 unless listed); it works until the next one.
 MOVED_IN = {"lfed.server.weights": "0.6", "lfed.participation.cohorts": "0.6", "lfed.core.async_ready": "0.6"}
 
 
 def moved_message(old: str) -> str:
-    """The one line an old module path says when imported."""
-    release = MOVED_IN.get(old, "0.5")
+    """The one line an old module path of :data:`MOVED` says when imported."""
+    release = MOVED_IN.get(old, "0.6")
     until = f"0.{int(release.split('.')[1]) + 1}"
     return f"{old} moved to {MOVED[old]} in lfed {release}; the old path works until {until}"
 
 
+def removed_message(old: str) -> str:
+    """The one line importing a removed module path of :data:`REMOVED` fails with."""
+    return f"{old} was removed in lfed 0.6 (moved in 0.5); import {REMOVED[old]}"
+
+
+def current_path(path: str) -> str:
+    """``path`` (a module, or a name in one: ``lfed.sampling.AttentionSampler``) as this lfed spells it: an old module
+    path of :data:`REMOVED` or :data:`MOVED` replaced by its new one (``lfed.participation.sampling.AttentionSampler``);
+    anything else as given. Reads, never imports."""
+    module = path
+    while module:
+        new = REMOVED.get(module) or MOVED.get(module)
+        if new is not None:
+            return new + path[len(module):]
+        module = module.rpartition(".")[0]
+    return path
+
+
+def removed_path(path: str) -> str | None:
+    """``path``'s new spelling when it is a removed module of :data:`REMOVED` or a name in one (a config's
+    ``class_path: lfed.sampling.AttentionSampler``); None otherwise."""
+    new = current_path(path)
+    return new if new != path and not any(path == old or path.startswith(old + ".") for old in MOVED) else None
+
+
 class MovedModule(type(importlib)):
-    """An 0.4 module path: every attribute is the 0.5 module's (the same objects)."""
+    """An old module path of :data:`MOVED`: every attribute is the new module's (the same objects)."""
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -172,10 +213,13 @@ class MovedModule(type(importlib)):
 
 
 class _MovedFinder:
-    """Finds 0.4's module paths (:data:`MOVED`) for the import system."""
+    """Finds the old module paths for the import system: :data:`MOVED`'s import (with a warning), :data:`REMOVED`'s
+    fail (a ``ModuleNotFoundError`` of one line naming the new path)."""
 
     @staticmethod
     def find_spec(fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname in REMOVED:
+            raise ModuleNotFoundError(removed_message(fullname))  # no name=: `from lfed import round` says it too
         if fullname not in MOVED:
             return None
         from importlib.machinery import ModuleSpec

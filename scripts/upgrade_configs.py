@@ -1,13 +1,16 @@
-"""Rewrite lfed 0.3 configs to the grouped settings of 0.4 in place, comments kept (issue 41).
+"""Rewrite lfed 0.3 configs to the grouped settings of 0.4, and 0.4's class paths to where the classes are now, in
+place, comments kept (issues 41 and 64).
 
     python scripts/upgrade_configs.py FILE.yaml [...]          # rewrite, print what changed
-    python scripts/upgrade_configs.py --check FILE.yaml [...]  # exit 1 if any file still has a 0.3 key
+    python scripts/upgrade_configs.py --check FILE.yaml [...]  # exit 1 if any file still has a 0.3 key or 0.4 path
 
 The ``model:`` block's flat keys move into their groups (``client_lr`` -> ``training: {client_lr}``), the
 renamed roles get their new word (``aggregation`` -> ``combination``, ``compression`` -> ``channel``), a method
 setting becomes its component's (``mu: 0.1`` -> ``objective: {class_path: ...Prox, init_args: {mu: 0.1}}``),
-and ``model.<key>`` in grid axes and ``--model.<key>`` in overrides get the new path. Each rewritten file is
-checked: its ``model:`` section must equal :func:`lfed.core.settings.upgrade` of the old one.
+and ``model.<key>`` in grid axes and ``--model.<key>`` in overrides get the new path. A module path that moved
+(``lfed.asynchronous.FedBuff`` -> ``lfed.core.asynchronous.FedBuff``; :data:`lfed.REMOVED`, :data:`lfed.MOVED`) gets
+its new one. Each rewritten file is checked: its ``model:`` section must equal :func:`lfed.core.settings.upgrade` of
+the old one, its class paths as :func:`lfed.current_path` spells them.
 """
 
 from __future__ import annotations
@@ -19,9 +22,13 @@ from pathlib import Path
 
 import yaml
 
+from lfed import current_path
 from lfed.core.settings import GROUPED, METHOD, RENAMED, upgrade
+from lfed.state.fingerprint import current_class_paths
 
 KEY = re.compile(r"^  ([A-Za-z_]\w*):(.*)$")
+#: A dotted lfed path anywhere in a file (a class_path, a comment).
+LFED_PATH = re.compile(r"(?<![\w.])lfed(?:\.\w+)+")
 
 
 def _split_comment(rest: str) -> tuple[str, str]:
@@ -31,14 +38,16 @@ def _split_comment(rest: str) -> tuple[str, str]:
 
 def upgrade_text(text: str) -> tuple[str, list[str]]:
     lines = text.splitlines()
+    moved = [f"{p} is {current_path(p)} now" for p in dict.fromkeys(LFED_PATH.findall(text)) if current_path(p) != p]
     try:
         start = lines.index("model:")
     except ValueError:
-        return _paths(text), []
+        return _paths(text), moved
     end = next((i for i in range(start + 1, len(lines)) if lines[i] and not lines[i].startswith((" ", "#"))), len(lines))
     block = lines[start + 1:end]
     old_model = (yaml.safe_load(text) or {}).get("model") or {}
     new_model, messages = upgrade(old_model)
+    new_model, messages = current_class_paths(new_model), messages + moved
     out: list[str] = []
     groups: dict[str, list[str]] = {}
     group_at: dict[str, int] = {}
@@ -98,7 +107,8 @@ def upgrade_text(text: str) -> tuple[str, list[str]]:
 
 
 def _paths(text: str) -> str:
-    """``model.<key>`` (grid axes, overrides, comments) with the new path."""
+    """``model.<key>`` (grid axes, overrides, comments) and module paths that moved with the new path."""
+    text = LFED_PATH.sub(lambda m: current_path(m.group(0)), text)
     for key, group in GROUPED.items():
         text = re.sub(rf"(?<![\w.])model\.{key}\b", f"model.{group}.{key}", text)
     for old, new in RENAMED.items():
@@ -119,10 +129,10 @@ def main() -> int:
         if new != text:
             stale += 1
             if args.check:
-                print(f"{f}: 0.3 keys ({'; '.join(messages) or 'model.<key> paths'})")
+                print(f"{f}: 0.3 keys or 0.4 paths ({'; '.join(messages) or 'model.<key> paths'})")
             else:
                 path.write_text(new)
-                print(f"{f}: {len(messages)} keys rewritten")
+                print(f"{f}: {len(messages)} keys and paths rewritten")
     return 1 if args.check and stale else 0
 
 

@@ -19,8 +19,10 @@ read here, not part of the component contract):
 The run applies the gate (:class:`MetricGate`) to every metric it logs, prints or writes to a summary, in one place
 each: the round's metrics, the evaluation's, the end-of-run summary, the accuracy histogram.
 
-The gate also gives a renamed metric its names (:data:`RENAMED`): its new name and, for one version, its old one
-as a deprecated alias with the same value (gated like the new one).
+Metrics renamed in 0.5 (:data:`RENAMED`) were logged under their old names too, for one version, as 0.5 promised;
+0.6 logs only the new names. Where a user names a metric (a component's declared private metrics, a callback's
+``monitor``, a sweep's ``metric.name``), an old name is refused before round 0 in one line naming the new one
+(:func:`check_metric_name`); the rows an old checkpoint holds are read under the new names (:func:`canonical_name`).
 """
 
 from __future__ import annotations
@@ -31,25 +33,41 @@ from typing import Any
 
 from lfed.base.component import each_once
 
-__all__ = ["MODES", "RENAMED", "UNACCOUNTED", "MetricGate", "canonical_name", "matches"]
+__all__ = ["MODES", "RENAMED", "UNACCOUNTED", "MetricGate", "canonical_name", "check_metric_name", "matches"]
 
 #: The marker of a metric logged although no accountant covers it (``log_unaccounted: true``).
 UNACCOUNTED = "unaccounted/"
 #: ``all``: no gate; ``mark``: unaccounted metrics renamed; ``drop``: unaccounted metrics not logged (strictest last).
 MODES = ("all", "mark", "drop")
 #: Metrics renamed in 0.5, old name -> new name (``_worst10pct`` as ``global/``, ``personal/`` and their ``_val`` forms
-#: have always been named). 0.5 logs each under its new name and, deprecated, under its old one too (the same value);
-#: 0.6 removes the old names.
+#: have always been named). 0.5 logged each under both names; 0.6 logs only the new one, and refuses the old where a
+#: user names a metric (:func:`check_metric_name`).
 RENAMED = {
     "client/acc_worst10": "client/acc_worst10pct",
     "client/perplexity_worst10": "client/perplexity_worst10pct",
 }
-_ALIAS = {new: old for old, new in RENAMED.items()}
 
 
 def canonical_name(name: str) -> str:
-    """``name``'s current name: the new name of a renamed metric (:data:`RENAMED`), else ``name``."""
+    """``name``'s current name: the new name of a renamed metric (:data:`RENAMED`), else ``name``. For what an old
+    checkpoint recorded (the end-of-run table's rows), not for what a user names (:func:`check_metric_name`)."""
     return RENAMED.get(name, name)
+
+
+def check_metric_name(name: object, where: str) -> None:
+    """Refuse a metric named by its 0.4 name (:data:`RENAMED`), alone or after a prefix (``unaccounted/``, a grid
+    member's ``<name>/``), in one line naming ``where`` and the new name; anything else passes.
+
+    Raises:
+        ValueError: ``<where>: client/acc_worst10 is lfed 0.4's metric name, not logged since 0.6; it is
+            client/acc_worst10pct now``.
+    """
+    if not isinstance(name, str):
+        return
+    for old, new in RENAMED.items():
+        if name == old or name.endswith("/" + old):
+            raise ValueError(f"{where}: {name} is lfed 0.4's metric name, not logged since 0.6; it is "
+                             f"{name[:len(name) - len(old)]}{new} now")
 
 
 def matches(name: str, patterns: Iterable[str]) -> bool:
@@ -72,6 +90,8 @@ class MetricGate:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode: {self.mode!r} is not one of {MODES}")
+        for pattern in self.private:  # a component's declared private metrics, the run's own
+            check_metric_name(pattern, "private_metrics")
 
     @classmethod
     def of(cls, components: Iterable[Any], declared: Iterable[str] = ()) -> MetricGate:
@@ -97,13 +117,10 @@ class MetricGate:
         return UNACCOUNTED + name if self.mode == "mark" else None
 
     def __call__(self, metrics: Mapping[str, Any]) -> dict[str, Any]:
-        """``metrics`` as the run may log them (their order kept): a renamed metric (:data:`RENAMED`) under its new
-        name, followed by its deprecated old name with the same value (until 0.6)."""
+        """``metrics`` as the run may log them (their order kept): each under :meth:`name`, or not at all."""
         out = {}
         for key, value in metrics.items():
-            new = canonical_name(key)
-            for name in (new, _ALIAS[new]) if new in _ALIAS else (new,):
-                shown = self.name(name)
-                if shown is not None:
-                    out[shown] = value
+            shown = self.name(key)
+            if shown is not None:
+                out[shown] = value
         return out

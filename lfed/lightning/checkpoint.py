@@ -51,6 +51,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lfed.state.atomic import remove_stale_temps, write_atomically
 from lfed.state.fingerprint import (  # re-exported: the checkpoint's fingerprint
     ResumeWarning,
+    current_class_paths,
     data_fingerprint,
     run_fingerprint,
     tensor_digest,
@@ -107,6 +108,8 @@ def read_checkpoint(path: _PATH) -> dict[str, Any]:
         ) from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "global_step" not in ckpt:
         raise NotACheckpointError(f"ckpt_path: {shown} is not an lfed checkpoint (no Lightning checkpoint fields in it)")
+    if isinstance(ckpt.get("lfed_config"), dict):  # an older lfed's settings: its class paths as this lfed spells them
+        ckpt["lfed_config"] = current_class_paths(ckpt["lfed_config"])
     return ckpt
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lfed import removed_path
+from lfed.core.settings import UPGRADE_SCRIPT
 from lfed.models import zoo as lfed_models
 
 #: The commands of ``lfed`` that this CLI runs (``lfed grid`` and ``lfed audit`` are :mod:`lfed.entry`'s).
@@ -112,6 +114,8 @@ def unimportable_class_path(args: list[str]) -> str | None:
         module, _, name = path.rpartition(".")
         if not module:
             continue
+        if (new := removed_path(path)) is not None:  # lfed 0.4's module path (lfed.REMOVED): its new spelling
+            return f"{where}: class_path {path}: lfed 0.4's module path, removed in 0.6; it is {new} now ({UPGRADE_SCRIPT})"
         try:
             imported = importlib.import_module(module)
         except ImportError as err:

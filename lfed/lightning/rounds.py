@@ -3,6 +3,8 @@ evaluation every ``val_check_interval`` rounds and after the last). Reads the Tr
 
 from __future__ import annotations
 
+from lfed.base.metric_gate import check_metric_name
+
 __all__ = ["check_trainer_schedule", "request_final_evaluation"]
 
 
@@ -10,9 +12,12 @@ def check_trainer_schedule(trainer) -> None:
     """Refuse a round schedule that would crash or do nothing, before round 0.
 
     Raises:
-        ValueError: If ``trainer.max_steps`` is 0 (no round would run) or an integer
-            ``trainer.val_check_interval`` is below 1.
+        ValueError: If ``trainer.max_steps`` is 0 (no round would run), an integer
+            ``trainer.val_check_interval`` is below 1, or a callback monitors a metric by its 0.4 name
+            (``EarlyStopping(monitor="client/acc_worst10")``: not logged since 0.6, so it would wait for it in vain).
     """
+    for callback in getattr(trainer, "callbacks", None) or []:
+        check_metric_name(getattr(callback, "monitor", None), f"trainer.callbacks: {type(callback).__name__}.monitor")
     if getattr(trainer, "max_steps", -1) == 0:
         raise ValueError(
             "trainer.max_steps: 0 rounds would run (one training step is one federated round); "

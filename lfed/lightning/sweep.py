@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from lfed.base.metric_gate import check_metric_name
+
 __all__ = ["Sweep", "load_sweep", "member_name"]
 
 #: Keys of a W&B sweep file that ``lfed grid`` reads or may ignore (anything else is refused).
@@ -70,6 +72,8 @@ def load_sweep(path: str | Path) -> Sweep:
     if method != "grid":
         raise ValueError(f"sweep: method {method!r} in {path}; lfed grid runs grids only (method: grid): "
                          "random and bayes sweeps choose their next runs from results, so run them with `wandb agent`")
+    if isinstance(raw.get("metric"), dict):  # what W&B ranks the runs by: a name the runs log
+        check_metric_name(raw["metric"].get("name"), f"sweep: {path}: metric.name")
     params = raw.get("parameters")
     if not isinstance(params, dict) or not params:
         raise ValueError(f"sweep: {path} has no parameters (a mapping of name: {{values: [...]}})")

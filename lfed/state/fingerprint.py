@@ -23,6 +23,7 @@ from torch import Tensor
 __all__ = [
     "STRUCTURAL_PREFIXES",
     "ResumeWarning",
+    "current_class_paths",
     "data_fingerprint",
     "tensor_bytes",
     "run_fingerprint",
@@ -188,22 +189,36 @@ def _differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[t
 
 
 def class_path_now(path: Any) -> Any:
-    """A class path written by an earlier lfed as this lfed writes it: a module moved in 0.5 (:data:`lfed.MOVED`) or a
-    class exported by its package (``lfed.models.MLP``) resolves to its class's module (``lfed.models.zoo.MLP``).
-    Anything else, or a path that no longer imports, is returned as given (and compared as such)."""
+    """A class path written by an earlier lfed as this lfed writes it: a module that moved (:func:`lfed.current_path`:
+    0.4's paths, removed in 0.6, are read here, never imported) or a class exported by its package (``lfed.models.MLP``)
+    resolves to its class's module (``lfed.models.zoo.MLP``). Anything else, or a path that no longer imports, is
+    returned as given (and compared as such)."""
     if not isinstance(path, str) or not path.startswith("lfed.") or "." not in path:
         return path
     import importlib
-    import warnings
 
-    module, _, name = path.rpartition(".")
+    from lfed import current_path
+
+    module, _, name = current_path(path).rpartition(".")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # an 0.4 path: its move is not this run's news
-            cls = getattr(importlib.import_module(module), name)
+        cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError):
         return path
     return f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else path
+
+
+def current_class_paths(settings: Any) -> Any:
+    """``settings`` (a run's config as a checkpoint recorded it) with every ``class_path`` of a module that moved as this
+    lfed spells it (:func:`lfed.current_path`: ``lfed.asynchronous.FedBuff`` -> ``lfed.core.asynchronous.FedBuff``), so
+    a checkpoint of lfed 0.4 is read by its settings; everything else as given."""
+    from lfed import current_path
+
+    if isinstance(settings, dict):
+        return {k: current_path(v) if k == "class_path" and isinstance(v, str) else current_class_paths(v)
+                for k, v in settings.items()}
+    if isinstance(settings, list):
+        return [current_class_paths(v) for v in settings]
+    return settings
 
 
 def moved_paths(fingerprint: Mapping[str, Any]) -> dict[str, Any]:

@@ -195,10 +195,37 @@ def test_the_extending_page_s_lfed_fit_line_runs(doc_folder, tmp_path):
     assert cli.model.runs[0].label == "fedavg+FedCM"
 
 
+@pytest.mark.parametrize("old", sorted(__import__("lfed").REMOVED))
+def test_a_module_path_of_0_4_is_refused_in_one_line_naming_its_new_path(old):
+    """Each module moved in 0.5 (lfed.REMOVED) imported from its 0.4 path until 0.6, as 0.5 promised; in 0.6 its
+    import fails with one line naming the new path, and the new path is a module (``import``, ``from ... import``
+    and ``importlib`` alike, warning nothing)."""
+    import warnings
+
+    import lfed
+
+    new = lfed.REMOVED[old]
+    assert old not in lfed.MOVED and importlib.import_module(new).__name__ == new
+    line = f"{old} was removed in lfed 0.6 (moved in 0.5); import {new}"
+    parent, _, leaf = old.rpartition(".")
+    sys.modules.pop(old, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for attempt in (lambda: importlib.import_module(old), lambda: exec(f"import {old}", {}),
+                        lambda: exec(f"from {parent} import {leaf}", {})):
+            with pytest.raises(ModuleNotFoundError) as refused:
+                attempt()
+            assert str(refused.value) == line
+    assert old not in sys.modules
+    if parent == "lfed":  # the attribute too (lfed.round): the same line
+        with pytest.raises(AttributeError, match=f"^{re.escape(line)}$"):
+            getattr(lfed, leaf)
+
+
 @pytest.mark.parametrize("old", sorted(__import__("lfed").MOVED))
-def test_a_module_path_of_0_4_still_imports_and_says_where_it_is(old):
-    """Each module moved in 0.5 (lfed.MOVED) still imports from its 0.4 path (a config's class_path, a pickled class,
-    a user's import), with one FutureWarning naming the new path, and gives the very objects of the new module."""
+def test_a_module_path_moved_in_0_6_still_imports_and_says_where_it_is(old):
+    """Each module moved in 0.6 (lfed.MOVED) still imports from its old path (a config's class_path, a user's import)
+    until 0.7, with one FutureWarning naming the new path, and gives the very objects of the new module."""
     import warnings
 
     import lfed
@@ -211,20 +238,36 @@ def test_a_module_path_of_0_4_still_imports_and_says_where_it_is(old):
         public = [n for n in dir(new) if not n.startswith("_")]
         assert public and all(getattr(moved, n) is getattr(new, n) for n in public)
     said = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
-    release = lfed.MOVED_IN.get(old, "0.5")
-    until = {"0.5": "0.6", "0.6": "0.7"}[release]
+    release = lfed.MOVED_IN.get(old, "0.6")
+    until = {"0.6": "0.7"}[release]
     assert said == [f"{old} moved to {lfed.MOVED[old]} in lfed {release}; the old path works until {until}"]
 
 
+def test_an_old_class_path_reads_as_this_lfed_spells_it_without_importing_the_old_path():
+    """What an old checkpoint recorded (a class path of 0.4) is read by lfed.current_path, which imports nothing:
+    the module part that moved is replaced, the rest kept; lfed.removed_path says which spellings are refused."""
+    import lfed
+
+    assert lfed.current_path("lfed.sampling.AttentionSampler") == "lfed.participation.sampling.AttentionSampler"
+    assert lfed.current_path("lfed.asynchronous") == "lfed.core.asynchronous"
+    assert lfed.current_path("lfed.engine.schedule.client_batches") == "lfed.engine.batches.client_batches"
+    assert lfed.current_path("lfed.server.weights.x") == "lfed.server.weight_formulas.x"  # moved in 0.6: mapped too
+    for same in ("lfed.models.MLP", "lfed.roundabout.X", "lfed.core.round.run_round", "torch.nn.Linear"):
+        assert lfed.current_path(same) == same
+    assert lfed.removed_path("lfed.clock.SimulatedClock") == "lfed.participation.clock.SimulatedClock"
+    assert lfed.removed_path("lfed.server.weights.x") is None and lfed.removed_path("lfed.models.MLP") is None
+    assert not set(lfed.REMOVED) & set(lfed.MOVED)
+
+
 def test_every_class_path_in_configs_sweeps_docs_and_readme_is_a_0_5_path():
-    """What lfed ships names each class where it is: no class_path of a 0.4 module (those import with a warning) in its
-    configs, sweeps, docs or README."""
+    """What lfed ships names each class where it is: no class_path of a module that moved (0.4's are refused, 0.6's
+    import with a warning) in its configs, sweeps, docs or README."""
     import lfed
 
     found = []
     for path in [*REPO.glob("configs/**/*.yaml"), *REPO.glob("sweeps/*.yaml"), *REPO.glob("docs/*.md"), REPO / "README.md"]:
         for m in re.finditer(r"class_path[\"']?\s*[:=]\s*[\"']?(lfed(?:\.\w+)+)", path.read_text()):
             name = m.group(1)
-            if any(name == old or name.startswith(old + ".") for old in lfed.MOVED):
+            if lfed.current_path(name) != name:
                 found.append(f"{path.relative_to(REPO)}: {name}")
     assert not found, found
