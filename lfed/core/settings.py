@@ -9,7 +9,11 @@ The ``model:`` section of a config (the arguments of :class:`lfed.lightning.modu
 * the groups: ``training`` (:class:`~lfed.core.algorithm.LocalTraining`: how clients train), ``stragglers``
   (:class:`~lfed.participation.stragglers.Stragglers`), ``engine`` (:class:`Engine`: how the cohort is computed and
   where client state lives) and ``evaluation`` (:class:`Evaluation`);
-* ``net``, ``loss``, ``seed`` and ``asynchronous``.
+* ``net``, ``loss``, ``seed``, ``asynchronous`` and ``attack``.
+
+:class:`RunSettings` is that list, said once: ``FederatedModule``'s signature is held to its fields by a test, and
+``RunSettings(...).build()`` (or :func:`build_run`) makes the :class:`~lfed.core.run.FederatedRun`, which takes the
+groups ``engine`` and ``evaluation`` as they are.
 
 The flat keys of lfed 0.3 (``client_lr``, ``mu``, ``aggregation``, ...) worked until 0.5, as promised: now each is
 refused before anything runs, in one line naming its grouped spelling (:func:`retired`); ``scripts/upgrade_configs.py``
@@ -19,13 +23,28 @@ rewrites a config, and :func:`upgrade` (what the script runs) still computes the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, fields
-from typing import Any, Literal
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Literal
 
 from lfed.checks import integer, one_of
+from lfed.core import registry as algorithms
+from lfed.core.algorithm import LocalTraining
 from lfed.core.registry import ROLES
+from lfed.participation.stragglers import Stragglers
 
-__all__ = ["Engine", "Evaluation", "SettingDeprecation", "build_run", "upgrade", "upgrade_args"]
+if TYPE_CHECKING:  # the fields' types, as FederatedModule's signature spells them
+    import torch
+    from torch import nn
+
+    from lfed.base.attack import Attack
+    from lfed.client.objectives import ClientRule
+    from lfed.core.asynchronous import Asynchronous
+    from lfed.participation.sampling import ClientSampler, FractionSchedule
+    from lfed.server.channel import Channel
+    from lfed.server.combination import ServerCombination
+    from lfed.server.weighting import AggregationWeights, PartialWork
+
+__all__ = ["Engine", "Evaluation", "RunSettings", "SettingDeprecation", "build_run", "upgrade", "upgrade_args"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +104,14 @@ class Evaluation:
         integer("evaluation.personal_chunk", self.personal_chunk, at_least=1)
         if self.client_sample is not None:
             integer("evaluation.client_sample", self.client_sample, at_least=1, detail=" or None (every client)")
+        if not isinstance(self.round_local_accuracy, bool):
+            raise ValueError(f"evaluation.round_local_accuracy: must be true or false, got {self.round_local_accuracy!r}")
+        from lfed.evaluation.communication import check_accuracy_targets
+
+        try:
+            check_accuracy_targets(self.accuracy_targets)
+        except ValueError as err:
+            raise ValueError(f"evaluation.{err}") from None
 
 
 class SettingDeprecation(FutureWarning):
@@ -199,8 +226,6 @@ def upgrade(model: dict[str, Any], prefix: str = "model.", context: dict[str, An
         value = out.pop(key)
         choice = out.get(role, context.get(role))
         if choice is None:
-            from lfed.core import registry as algorithms
-
             preset = algorithms.PRESETS.get(out.get("algorithm") or context.get("algorithm") or "fedavg", {})
             choice = preset.get(role, algorithms.BASE.get(role))
         short = path.rsplit(".", 1)[-1]
@@ -301,108 +326,109 @@ def _instantiate(value: Any, role: str) -> Any:
     return value
 
 
-GROUPS = ("training", "stragglers", "engine", "evaluation")
+@dataclass(frozen=True)
+class RunSettings:
+    """A run's settings, the one list of them: the ``model:`` section of a config, the keywords of :func:`build_run`
+    and the arguments of :class:`~lfed.lightning.module.FederatedModule` (whose docstring, the CLI's help, says what
+    each one means; a test holds its signature to these fields: names, types and defaults).
+
+    Built, the settings are in their one form: each group a dataclass (given as None, a dict of some of its fields,
+    or itself), a role given as ``{class_path, init_args}`` built. :meth:`of` takes them as keywords and refuses
+    0.3's flat keys in one line naming each new spelling (:func:`retired`); :meth:`build` makes the run and
+    :meth:`hparams` their plain values (a checkpoint's hyperparameters).
+    """
+
+    net: nn.Module | None = None
+    algorithm: algorithms.AlgorithmName = "fedavg"
+    objective: algorithms.ObjectiveName | ClientRule | None = None
+    weighting: algorithms.WeightingName | AggregationWeights | None = None
+    partial_work: PartialWork | None = None
+    combination: algorithms.CombinationName | ServerCombination | None = None
+    channel: float | bool | algorithms.ChannelName | Channel | None = None
+    sampler: algorithms.SamplerName | ClientSampler | None = None
+    fraction: float | FractionSchedule | None = None
+    server_optimizer: Callable[[Iterable], torch.optim.Optimizer] | None = None
+    training: LocalTraining = LocalTraining()
+    stragglers: Stragglers = field(default_factory=Stragglers)  # not frozen: one each
+    engine: Engine = Engine()
+    evaluation: Evaluation = Evaluation()
+    loss: nn.Module | None = None
+    seed: int = 0
+    asynchronous: Asynchronous | None = None
+    attack: algorithms.AttackName | Attack | None = None
+
+    def __post_init__(self) -> None:
+        for name, cls in GROUPS.items():
+            object.__setattr__(self, name, as_group(getattr(self, name), cls, name))
+        for role in ROLES:
+            object.__setattr__(self, role, _instantiate(getattr(self, role), role))
+
+    @classmethod
+    def of(cls, **kwargs: Any) -> RunSettings:
+        """The settings given as keywords; 0.3's flat keys refused in one line naming each one's new spelling
+        (:func:`retired`), any other unknown key by name."""
+        names = {f.name: f for f in fields(cls)}
+        deprecated = {k: v for k, v in kwargs.items() if k not in names}
+        if deprecated:
+            unknown = sorted(set(deprecated) - DEPRECATED)
+            if unknown:
+                raise TypeError(f"unknown settings {unknown}")
+            given = {}
+            for name in ("algorithm", *ROLES, *GROUPS):
+                value = kwargs.get(name, _default(names[name]))
+                if name in GROUPS and value == GROUPS[name]():  # a group at its defaults was not given
+                    value = None
+                if value is not None:
+                    given[name] = value
+            _, messages = upgrade({**given, **deprecated}, prefix="")
+            raise ValueError(retired(messages))
+        return cls(**kwargs)
+
+    def build(self):
+        """The :class:`~lfed.core.run.FederatedRun` of these settings: each role left None from the preset
+        ``algorithm``. Train it with :func:`lfed.core.fit.fit_run` (no Trainer) or under a Lightning ``Trainer``
+        (``FederatedModule`` builds it so)."""
+        from lfed.core.run import FederatedRun
+
+        roles = {k: getattr(self, k) for k in ROLES}
+        cfg = algorithms.resolve(self.algorithm, **roles)
+        components = algorithms.build(cfg, self.stragglers)
+        components.asynchronous = self.asynchronous
+        return FederatedRun(components, self.training, cfg["server_optimizer"], net=self.net, loss=self.loss,
+                            seed=self.seed, engine=self.engine, evaluation=self.evaluation, algorithm=self.algorithm,
+                            explicit=frozenset(k for k, v in roles.items() if v is not None))
+
+    def hparams(self) -> dict[str, Any]:
+        """These settings as a checkpoint's hyperparameters: groups as dicts; objects (a net, a component, a loss)
+        left out: they are rebuilt from the config."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in GROUPS:
+                out[f.name] = asdict(value)
+            elif value is None or isinstance(value, (str, int, float, bool, dict, list, tuple)):
+                out[f.name] = value
+        return out
 
 
-def settings(
-    *,
-    net=None,
-    algorithm: str = "fedavg",
-    objective: Any = None,
-    weighting: Any = None,
-    partial_work: str | None = None,
-    combination: Any = None,
-    channel: Any = None,
-    sampler: Any = None,
-    fraction: Any = None,
-    server_optimizer: Callable | None = None,
-    training=None,
-    stragglers=None,
-    engine: Engine | None = None,
-    evaluation: Evaluation | None = None,
-    loss=None,
-    seed: int = 0,
-    asynchronous=None,
-    attack: Any = None,
-    **deprecated: Any,
-) -> dict[str, Any]:
-    """A run's settings in their one form: 0.3's flat keys refused in one line naming the new spelling
-    (:func:`retired`), each group a dataclass (given as None, a dict or itself), a role given as
-    ``{class_path, init_args}`` built. The keyword arguments of :func:`build_run` and ``FederatedModule``."""
-    from lfed.core.algorithm import LocalTraining
-    from lfed.participation.stragglers import Stragglers
+#: The settings' groups: a group's name -> its dataclass.
+GROUPS: dict[str, type] = {"training": LocalTraining, "stragglers": Stragglers, "engine": Engine, "evaluation": Evaluation}
 
-    out = dict(net=net, algorithm=algorithm, objective=objective, weighting=weighting, partial_work=partial_work,
-               combination=combination, channel=channel, sampler=sampler, fraction=fraction,
-               server_optimizer=server_optimizer, training=training, stragglers=stragglers, engine=engine,
-               evaluation=evaluation, loss=loss, seed=seed, asynchronous=asynchronous, attack=attack)
-    classes = {"training": LocalTraining, "stragglers": Stragglers, "engine": Engine, "evaluation": Evaluation}
-    if deprecated:
-        unknown = sorted(set(deprecated) - DEPRECATED)
-        if unknown:
-            raise TypeError(f"unknown settings {unknown}")
-        for name, cls in classes.items():  # a group at its defaults was not given (FederatedModule's signature)
-            if out[name] == cls():
-                out[name] = None
-        given = {k: out[k] for k in ("algorithm", *ROLES, *GROUPS) if out[k] is not None}
-        _, messages = upgrade({**given, **deprecated}, prefix="")
-        raise ValueError(retired(messages))
-    for name, cls in classes.items():
-        out[name] = _group(out[name], cls, name)
-    for role in ROLES:
-        out[role] = _instantiate(out[role], role)
-    return out
+
+def _default(f: Field) -> Any:
+    return f.default_factory() if f.default is MISSING else f.default
 
 
 def build_run(**kwargs: Any):
-    """The :class:`~lfed.core.run.FederatedRun` of these settings (:func:`settings`' keywords: the ``model:``
-    section of a config): what :class:`~lfed.lightning.module.FederatedModule` runs, built without Lightning.
-
-    Each role left None comes from the preset ``algorithm``. Train it with :func:`lfed.core.fit.fit_run`
-    (no Trainer) or under a Lightning ``Trainer`` (``FederatedModule``).
-    """
-    return run_of(settings(**kwargs))
+    """The :class:`~lfed.core.run.FederatedRun` of these settings (:class:`RunSettings`' fields as keywords: the
+    ``model:`` section of a config): ``RunSettings.of(**kwargs).build()``, what
+    :class:`~lfed.lightning.module.FederatedModule` runs, built without Lightning."""
+    return RunSettings.of(**kwargs).build()
 
 
-def run_of(s: dict[str, Any]):
-    """The :class:`~lfed.core.run.FederatedRun` of settings already in their one form (:func:`settings`' output): what
-    :func:`build_run` and ``FederatedModule`` build, each checking and upgrading the settings once."""
-    from lfed.core import registry as algorithms
-    from lfed.core.run import FederatedRun
-    from lfed.state.stores import ClientStateStore
-
-    roles = {k: s[k] for k in ROLES}
-    cfg = algorithms.resolve(s["algorithm"], **roles)
-    components = algorithms.build(cfg, s["stragglers"])
-    components.asynchronous = s["asynchronous"]
-    engine, evaluation = s["engine"], s["evaluation"]
-    return FederatedRun(
-        components, s["training"], cfg["server_optimizer"], net=s["net"], loss=s["loss"], backend=engine.backend,
-        chunk_size=engine.chunk_size, seed=s["seed"], accuracy_targets=evaluation.accuracy_targets,
-        store=ClientStateStore(engine.client_state, engine.client_state_dir), algorithm=s["algorithm"],
-        explicit=frozenset(k for k, v in roles.items() if v is not None),
-        personal_clients=evaluation.personal_clients, personal_chunk=evaluation.personal_chunk,
-        client_sample=evaluation.client_sample,
-        round_local_accuracy=evaluation.round_local_accuracy,
-    )
-
-
-def plain(s: dict[str, Any]) -> dict[str, Any]:
-    """:func:`settings`' output as a checkpoint's hyperparameters: groups as dicts; objects (a net, a component,
-    a loss) left out: they are rebuilt from the config."""
-    from dataclasses import asdict
-
-    out = {}
-    for key, value in s.items():
-        if key in GROUPS:
-            out[key] = asdict(value)
-        elif value is None or isinstance(value, (str, int, float, bool, dict, list, tuple)):
-            out[key] = value
-    return out
-
-
-def _group(value: Any, cls: type, name: str):
-    """A group given as None (its defaults), a dict of some of its fields, or itself."""
+def as_group(value: Any, cls: type, name: str):
+    """A group given as None (its defaults), a dict of some of its fields, or itself (``name``: the setting's, in
+    the errors)."""
     if value is None:
         return cls()
     if isinstance(value, cls):
@@ -413,5 +439,6 @@ def _group(value: Any, cls: type, name: str):
         if unknown:
             raise ValueError(f"{name}: unknown settings {unknown}; known: {sorted(known)}")
         return cls(**value)
-    raise TypeError(f"{name}: a {cls.__name__} or a dict of its settings, got {type(value).__name__}")
+    article = "an" if cls.__name__[0] in "AEIOU" else "a"
+    raise TypeError(f"{name}: {article} {cls.__name__}, a dict of its settings or None, got {type(value).__name__}")
 

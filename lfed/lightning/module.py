@@ -13,6 +13,7 @@ whose declared state (:mod:`lfed.state.spec`) is in the state dict, so a checkpo
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import fields
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from lfed.client.objectives import ClientRule
 from lfed.core import registry as algorithms
 from lfed.core.algorithm import LocalTraining
 from lfed.core.asynchronous import Asynchronous
-from lfed.core.settings import Engine, Evaluation, plain, run_of, settings
+from lfed.core.settings import Engine, Evaluation, RunSettings
 from lfed.lightning.driver import FederatedDriver
 from lfed.participation.sampling import ClientSampler, FractionSchedule
 from lfed.participation.stragglers import Stragglers
@@ -31,15 +32,15 @@ from lfed.server.channel import Channel
 from lfed.server.combination import ServerCombination
 from lfed.server.weighting import AggregationWeights, PartialWork
 
-# the groups' defaults (frozen dataclasses: one instance each is safe to share)
-_TRAINING, _STRAGGLERS, _ENGINE, _EVALUATION = LocalTraining(), Stragglers(), Engine(), Evaluation()
-
+#: The settings' defaults (the groups' come from here: one instance each, shared as the signature's defaults).
+_DEFAULT = RunSettings()
 
 class FederatedModule(FederatedDriver):
     """Federated training of one global model over simulated clients.
 
-    The arguments are a run's settings (:mod:`lfed.core.settings`; :func:`lfed.core.settings.build_run` builds the
-    same run without Lightning). Every role left ``None`` comes from the preset ``algorithm``
+    The arguments are a run's settings, the fields of :class:`lfed.core.settings.RunSettings` (a test holds this
+    signature to them: names, types, defaults); ``RunSettings(...).build()`` or :func:`lfed.core.settings.build_run`
+    builds the same run without Lightning. Every role left ``None`` comes from the preset ``algorithm``
     (:mod:`lfed.core.registry`); set any of them to compose your own algorithm, by name or as a component with
     its own settings (``class_path``; see ``docs/extending.md``). lfed 0.3's flat keys (``client_lr``,
     ``mu``, ``aggregation``, ...) are refused (0.5) with one line naming each new key.
@@ -78,20 +79,17 @@ class FederatedModule(FederatedDriver):
         sampler: algorithms.SamplerName | ClientSampler | None = None,
         fraction: float | FractionSchedule | None = None,
         server_optimizer: Callable[[Iterable], torch.optim.Optimizer] | None = None,
-        training: LocalTraining = _TRAINING,
-        stragglers: Stragglers = _STRAGGLERS,
-        engine: Engine = _ENGINE,
-        evaluation: Evaluation = _EVALUATION,
+        training: LocalTraining = _DEFAULT.training,
+        stragglers: Stragglers = _DEFAULT.stragglers,
+        engine: Engine = _DEFAULT.engine,
+        evaluation: Evaluation = _DEFAULT.evaluation,
         loss: nn.Module | None = None,
         seed: int = 0,
         asynchronous: Asynchronous | None = None,
         attack: algorithms.AttackName | Attack | None = None,
         **deprecated: Any,
     ) -> None:
-        s = settings(net=net, algorithm=algorithm, objective=objective, weighting=weighting, partial_work=partial_work,
-                     combination=combination, channel=channel, sampler=sampler, fraction=fraction,
-                     server_optimizer=server_optimizer, training=training, stragglers=stragglers, engine=engine,
-                     evaluation=evaluation, loss=loss, seed=seed, asynchronous=asynchronous, attack=attack,
-                     **deprecated)
-        super().__init__([run_of(s)])
-        self.save_hyperparameters(plain(s))  # the settings in their one form, plain values (weights_only checkpoints)
+        given = locals()  # the arguments, read by the settings' own names (RunSettings: the one list of them)
+        s = RunSettings.of(**{f.name: given[f.name] for f in fields(RunSettings)}, **deprecated)
+        super().__init__([s.build()])
+        self.save_hyperparameters(s.hparams())  # the settings in their one form, plain values (weights_only checkpoints)

@@ -57,6 +57,86 @@ def test_groups_are_the_modules_arguments_and_its_checkpoint_hyperparameters_are
     assert m.hparams["engine"]["backend"] == "loop" and "client_lr" not in m.hparams
 
 
+def test_the_modules_signature_is_the_settings_list_names_types_and_defaults():
+    """RunSettings is the one list of a run's settings; FederatedModule spells it out for the CLI's parser. A setting
+    added (or retyped, or given another default) in one and not the other fails here."""
+    import dataclasses
+    import inspect
+
+    from lfed.core.settings import RunSettings
+
+    params = [p for p in inspect.signature(FederatedModule.__init__).parameters.values()
+              if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD]
+    fields = dataclasses.fields(RunSettings)
+    assert [p.name for p in params] == [f.name for f in fields]
+    for p, f in zip(params, fields):
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        assert p.default == default and type(p.default) is type(default), p.name
+        assert p.annotation == f.type, p.name  # both as written (postponed annotations): the same words
+
+
+def test_run_settings_build_the_run_and_their_hyperparameters_are_the_checkpoints():
+    """RunSettings(...) puts each setting in its one form (a group from None or a dict, a role from its class_path)
+    and builds the run FederatedModule runs; its hparams() are the plain dict a checkpoint keeps (unchanged since 0.5:
+    old checkpoints' hyperparameters stay valid)."""
+    import dataclasses
+
+    from lfed.client.objectives import Prox
+    from lfed.core.settings import RunSettings
+
+    s = RunSettings(algorithm="fedprox", objective={"class_path": "lfed.client.objectives.Prox", "init_args": {"mu": 0.3}},
+                    training={"client_lr": 0.2}, engine=None, evaluation={"personal_chunk": 8})
+    assert isinstance(s.objective, Prox) and s.objective.mu == 0.3
+    assert s.training == LocalTraining(client_lr=0.2) and s.engine == Engine() and s.evaluation == Evaluation(personal_chunk=8)
+    run = s.build()
+    assert run.components.objective is s.objective and run.training_plan == s.training and run.personal_chunk == 8
+    assert run.engine_settings is s.engine and run.evaluation_settings is s.evaluation and run.explicit == {"objective"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.seed = 1
+    assert FederatedModule().hparams == RunSettings().hparams() == {
+        "net": None, "algorithm": "fedavg", "objective": None, "weighting": None, "partial_work": None,
+        "combination": None, "channel": None, "sampler": None, "fraction": None, "server_optimizer": None,
+        "training": {"client_lr": 0.05, "batch_size": 10, "local_epochs": 1, "local_steps": None},
+        "stragglers": {"p_inactive": 0.0, "p_incomplete": 0.0},
+        "engine": {"backend": "auto", "chunk_size": None, "client_state": "device", "client_state_dir": None},
+        "evaluation": {"personal_clients": None, "client_sample": 10000, "personal_chunk": 256,
+                       "round_local_accuracy": True, "accuracy_targets": None},
+        "loss": None, "seed": 0, "asynchronous": None, "attack": None}
+    with pytest.raises(ValueError, match=r"^training: unknown settings \['lr'\]; known: "):
+        RunSettings(training={"lr": 0.1})
+    with pytest.raises(TypeError, match=r"^unknown settings \['colour'\]$"):
+        build_run(colour="red")
+
+
+def test_federated_run_takes_the_groups_and_refuses_a_bad_one_naming_it():
+    """FederatedRun(engine=..., evaluation=...): the groups as RunSettings holds them (or None, or a dict of their
+    fields); the run reads their values under its old names (run.backend, run.client_sample, ...)."""
+    from lfed.core import registry as algorithms
+    from lfed.core.run import FederatedRun
+
+    def run(**groups):
+        return FederatedRun(algorithms.build(algorithms.resolve("fedavg")), LocalTraining(), torch.optim.SGD, **groups)
+
+    r = run(engine=Engine(backend="loop", chunk_size=4, client_state="host"),
+            evaluation={"client_sample": None, "personal_clients": 3, "accuracy_targets": [0.5]})
+    assert (r.backend, r.chunk_size, r.store.placement) == ("loop", 4, "host")
+    assert (r.client_sample, r.personal_clients, r.personal_chunk, r.round_local_accuracy) == (None, 3, 256, True)
+    assert r.accuracy_targets == [0.5] and r.evaluation_settings == Evaluation(client_sample=None, personal_clients=3,
+                                                                              accuracy_targets=[0.5])
+    plain = run()
+    assert plain.engine_settings == Engine() and plain.evaluation_settings == Evaluation() and plain.client_sample == 10_000
+    with pytest.raises(ValueError, match=r"^evaluation.client_sample: need an integer >= 1 or None \(every client\), got 0$"):
+        run(evaluation={"client_sample": 0})
+    with pytest.raises(ValueError, match=r"^evaluation.round_local_accuracy: must be true or false, got 'yes'$"):
+        run(evaluation={"round_local_accuracy": "yes"})
+    with pytest.raises(ValueError, match=r"^evaluation.accuracy_targets\[0\] must be an accuracy in \[0, 1\]"):
+        run(evaluation={"accuracy_targets": [90]})
+    with pytest.raises(ValueError, match=r"^engine: unknown settings \['chunk'\]"):
+        run(engine={"chunk": 4})
+    with pytest.raises(TypeError, match=r"^evaluation: an Evaluation, a dict of its settings or None, got Engine$"):
+        run(evaluation=Engine())
+
+
 # ------------------------------------------------------------------------------ 0.3's keys, by hand
 
 
@@ -329,63 +409,13 @@ def test_a_checkpoint_written_by_lfed_0_3_loads_and_continues_as_recorded_once_i
 
 @pytest.mark.bitlevel
 @pytest.mark.parametrize("fixture", ["checkpoint_0_4_fedbuff", "checkpoint_0_4_adafl"])
-def test_a_checkpoint_written_by_lfed_0_4_loads_and_continues_as_recorded(tmp_path, fixture, capsys):
+def test_a_checkpoint_written_by_lfed_0_4_loads_and_continues_as_recorded(tmp_path, fixture):
     """tests/fixtures/checkpoint_0_4_*: written by lfed 0.4 (2bff11a) from configs with 0.4's class paths
     (``lfed.models.MLP``, ``lfed.asynchronous.FedBuff``, ``lfed.clock.SimulatedClock``, ``lfed.sampling.AttentionSampler``,
-    moved in 0.5, removed in 0.6), float32: FedBuff with clients in flight after 4 server steps, AdaFL's attention
-    sampler after 4 rounds. 0.6 refuses the config (exit 2, one line naming the new class path) until
-    scripts/upgrade_configs.py rewrites it; the checkpoint, whose fingerprint and settings record the 0.4 paths, is read
-    as it is (lfed.current_path). Resumed to 6, each holds the four claims of :func:`_old_checkpoint_holds`: the
-    checkpoint's keys, its event queue and sampler state, and its old paths hold."""
-    import shutil
-    import subprocess
-    import sys
-
-    from lfed.lightning.cli import run_cli
-
-    old, new = {"checkpoint_0_4_fedbuff": ("lfed.asynchronous.FedBuff", "lfed.core.asynchronous.FedBuff"),
-                "checkpoint_0_4_adafl": ("lfed.sampling.AttentionSampler", "lfed.participation.sampling.AttentionSampler")}[fixture]
-    config = tmp_path / "config.yaml"
-    shutil.copy(FIXTURES / fixture / "config.yaml", config)
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as refused:
-        run_cli(["fit", "--config", str(config), "--trainer.max_steps=6"])
-    assert refused.value.code == 2
-    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert len(said) == 1 and said[0].endswith(f"class_path {old}: lfed 0.4's module path, removed in 0.6; it is {new} now "
-                                              "(python scripts/upgrade_configs.py FILE.yaml rewrites a config)"), said
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "upgrade_configs.py"), str(config)], capture_output=True,
-                          text=True, cwd=REPO)
-    assert done.returncode == 0, done.stderr
-    assert f"class_path: {new}" in config.read_text() and old not in config.read_text()
-    _old_checkpoint_holds(tmp_path, fixture, config, 6)
-
-
-def test_a_checkpoint_of_lfed_0_4_is_scored_from_the_settings_it_recorded_with_0_4_paths(tmp_path):
-    """tests/fixtures/checkpoint_0_4_fedbuff records its run's settings (``lfed_config``) with 0.4's class paths, removed
-    in 0.6: read_checkpoint gives them as this lfed spells them (lfed.current_path, importing no old path), so
-    ``lfed validate --ckpt_path`` with no config scores it from its own settings."""
-    import shutil
-    import sys
-
-    from lfed.lightning.checkpoint import read_checkpoint
-    from lfed.lightning.cli import run_cli
-
-    ckpt = tmp_path / "last.ckpt"
-    shutil.copy(FIXTURES / "checkpoint_0_4_fedbuff" / "last.ckpt", ckpt)
-    recorded = torch.load(ckpt, map_location="cpu", weights_only=True)["lfed_config"]["model"]["asynchronous"]
-    assert recorded["class_path"] == "lfed.asynchronous.FedBuff"
-    assert recorded["init_args"]["clock"]["class_path"] == "lfed.clock.SimulatedClock"
-    read = read_checkpoint(ckpt)["lfed_config"]["model"]["asynchronous"]
-    assert read["class_path"] == "lfed.core.asynchronous.FedBuff"
-    assert read["init_args"]["clock"]["class_path"] == "lfed.participation.clock.SimulatedClock"
-    assert {k: v for k, v in read["init_args"].items() if k != "clock"} == {k: v for k, v in recorded["init_args"].items()
-                                                                           if k != "clock"}
-    cli = run_cli(["validate", "--ckpt_path", str(ckpt), "--trainer.logger=false", "--trainer.enable_progress_bar=false",
-                   f"--trainer.default_root_dir={tmp_path / 'v'}"])
-    assert type(cli.model.runs[0].schedule).__name__ == "FedBuff" and cli.datamodule.num_clients == 10
-    assert 0 <= float(cli.trainer.callback_metrics["test/acc"]) <= 1
-    assert not {"lfed.asynchronous", "lfed.clock"} & set(sys.modules)
+    moved in 0.5), float32: FedBuff with clients in flight after 4 server steps, AdaFL's attention sampler after 4
+    rounds. Resumed to 6, each holds the four claims of :func:`_old_checkpoint_holds`: the checkpoint's keys, its event
+    queue and sampler state, and the old paths hold."""
+    _old_checkpoint_holds(tmp_path, fixture, FIXTURES / fixture / "config.yaml", 6)
 
 
 def test_an_old_method_key_on_the_command_line_overrides_its_config_files_component(tmp_path):

@@ -452,11 +452,11 @@ def test_install_atomic_io_leaves_a_users_checkpoint_io_alone():
 
 
 def _warnings_for(algorithm: str, num_clients: int = 100, total_rounds: int = 500, **given) -> list[str]:
-    from lfed.core.settings import settings
+    from lfed.core.settings import RunSettings
 
-    s = settings(algorithm=algorithm, **given)  # the roles, and the stragglers group
-    roles = {k: s[k] for k in algorithms.ROLES}
-    components = algorithms.build(algorithms.resolve(algorithm, **roles), s["stragglers"])
+    s = RunSettings(algorithm=algorithm, **given)  # the roles, and the stragglers group
+    roles = {k: getattr(s, k) for k in algorithms.ROLES}
+    components = algorithms.build(algorithms.resolve(algorithm, **roles), s.stragglers)
     explicit = {k for k, v in roles.items() if v is not None}
     return algorithms.validate_composition(components, explicit, num_clients=num_clients, total_rounds=total_rounds)
 
