@@ -409,13 +409,63 @@ def test_a_checkpoint_written_by_lfed_0_3_loads_and_continues_as_recorded_once_i
 
 @pytest.mark.bitlevel
 @pytest.mark.parametrize("fixture", ["checkpoint_0_4_fedbuff", "checkpoint_0_4_adafl"])
-def test_a_checkpoint_written_by_lfed_0_4_loads_and_continues_as_recorded(tmp_path, fixture):
+def test_a_checkpoint_written_by_lfed_0_4_loads_and_continues_as_recorded(tmp_path, fixture, capsys):
     """tests/fixtures/checkpoint_0_4_*: written by lfed 0.4 (2bff11a) from configs with 0.4's class paths
     (``lfed.models.MLP``, ``lfed.asynchronous.FedBuff``, ``lfed.clock.SimulatedClock``, ``lfed.sampling.AttentionSampler``,
-    moved in 0.5), float32: FedBuff with clients in flight after 4 server steps, AdaFL's attention sampler after 4
-    rounds. Resumed to 6, each holds the four claims of :func:`_old_checkpoint_holds`: the checkpoint's keys, its event
-    queue and sampler state, and the old paths hold."""
-    _old_checkpoint_holds(tmp_path, fixture, FIXTURES / fixture / "config.yaml", 6)
+    moved in 0.5, removed in 0.6), float32: FedBuff with clients in flight after 4 server steps, AdaFL's attention
+    sampler after 4 rounds. 0.6 refuses the config (exit 2, one line naming the new class path) until
+    scripts/upgrade_configs.py rewrites it; the checkpoint, whose fingerprint and settings record the 0.4 paths, is read
+    as it is (lfed.current_path). Resumed to 6, each holds the four claims of :func:`_old_checkpoint_holds`: the
+    checkpoint's keys, its event queue and sampler state, and its old paths hold."""
+    import shutil
+    import subprocess
+    import sys
+
+    from lfed.lightning.cli import run_cli
+
+    old, new = {"checkpoint_0_4_fedbuff": ("lfed.asynchronous.FedBuff", "lfed.core.asynchronous.FedBuff"),
+                "checkpoint_0_4_adafl": ("lfed.sampling.AttentionSampler", "lfed.participation.sampling.AttentionSampler")}[fixture]
+    config = tmp_path / "config.yaml"
+    shutil.copy(FIXTURES / fixture / "config.yaml", config)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        run_cli(["fit", "--config", str(config), "--trainer.max_steps=6"])
+    assert refused.value.code == 2
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(said) == 1 and said[0].endswith(f"class_path {old}: lfed 0.4's module path, removed in 0.6; it is {new} now "
+                                              "(python scripts/upgrade_configs.py FILE.yaml rewrites a config)"), said
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "upgrade_configs.py"), str(config)], capture_output=True,
+                          text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert f"class_path: {new}" in config.read_text() and old not in config.read_text()
+    _old_checkpoint_holds(tmp_path, fixture, config, 6)
+
+
+def test_a_checkpoint_of_lfed_0_4_is_scored_from_the_settings_it_recorded_with_0_4_paths(tmp_path):
+    """tests/fixtures/checkpoint_0_4_fedbuff records its run's settings (``lfed_config``) with 0.4's class paths, removed
+    in 0.6: read_checkpoint gives them as this lfed spells them (lfed.current_path, importing no old path), so
+    ``lfed validate --ckpt_path`` with no config scores it from its own settings."""
+    import shutil
+    import sys
+
+    from lfed.lightning.checkpoint import read_checkpoint
+    from lfed.lightning.cli import run_cli
+
+    ckpt = tmp_path / "last.ckpt"
+    shutil.copy(FIXTURES / "checkpoint_0_4_fedbuff" / "last.ckpt", ckpt)
+    recorded = torch.load(ckpt, map_location="cpu", weights_only=True)["lfed_config"]["model"]["asynchronous"]
+    assert recorded["class_path"] == "lfed.asynchronous.FedBuff"
+    assert recorded["init_args"]["clock"]["class_path"] == "lfed.clock.SimulatedClock"
+    read = read_checkpoint(ckpt)["lfed_config"]["model"]["asynchronous"]
+    assert read["class_path"] == "lfed.core.asynchronous.FedBuff"
+    assert read["init_args"]["clock"]["class_path"] == "lfed.participation.clock.SimulatedClock"
+    assert {k: v for k, v in read["init_args"].items() if k != "clock"} == {k: v for k, v in recorded["init_args"].items()
+                                                                           if k != "clock"}
+    cli = run_cli(["validate", "--ckpt_path", str(ckpt), "--trainer.logger=false", "--trainer.enable_progress_bar=false",
+                   f"--trainer.default_root_dir={tmp_path / 'v'}"])
+    assert type(cli.model.runs[0].schedule).__name__ == "FedBuff" and cli.datamodule.num_clients == 10
+    assert 0 <= float(cli.trainer.callback_metrics["test/acc"]) <= 1
+    assert not {"lfed.asynchronous", "lfed.clock"} & set(sys.modules)
 
 
 def test_an_old_method_key_on_the_command_line_overrides_its_config_files_component(tmp_path):
