@@ -270,7 +270,7 @@ def resolve(algorithm: str, **explicit: Any) -> dict[str, Any]:
     if algorithm not in PRESETS:
         raise ValueError(f"algorithm: {algorithm!r} is not one of {sorted(PRESETS)}")
     unknown = sorted(set(explicit) - set(ROLES))
-    if unknown:  # a group's setting or 0.3's word: lfed.core.settings.settings() turns those into roles and groups
+    if unknown:  # a group's setting or 0.3's word: lfed.core.settings.RunSettings.of turns those into roles and groups
         raise TypeError(f"resolve: {unknown} are not roles; the roles are {ROLES}")
     _check_preset_objective(algorithm, explicit.get("objective"))
     out = dict(BASE)
