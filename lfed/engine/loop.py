@@ -84,15 +84,8 @@ class LoopBackend:
         ``augment``: ``(augmentation, {name: [K, T, B', ...]})``: each step's batch transformed with its examples' draws.
         """
         K, T = index.shape[0], positions.shape[1]
-        work = self._work_net()
-        own = dict(work.named_parameters())
-        params = [own[n] for n in self.layout.names]
-        work_buffers = dict(work.named_buffers())
-        base_buffers = self._buffers()
+        work, params, work_buffers, base_buffers = self._work_copy()
         track = has_running_stats(self.net)
-        with torch.no_grad():
-            for name, b in base_buffers.items():
-                work_buffers[name].copy_(b)
         W = w_start.expand(K, -1).clone() if w_start.dim() == 1 else w_start.clone()
         rates = lr.tolist() if isinstance(lr, Tensor) else [lr] * K
         counts = valid.sum(-1).cpu().tolist() if T else [[] for _ in range(K)]  # valid examples lead each batch
@@ -157,10 +150,26 @@ class LoopBackend:
                 if track:
                     client_buffers.append({n: work_buffers[n].clone() for n in base_buffers})
         finally:
-            for p in params:  # let go of the cohort's weights
-                p.requires_grad_(False)
-                p.data = p.data.clone()
-        stacked = None
-        if track:
-            stacked = {n: torch.stack([b[n] for b in client_buffers]) for n in base_buffers}
+            _let_go(params)
+        stacked = {n: torch.stack([b[n] for b in client_buffers]) for n in base_buffers} if track else None
         return CohortResult(W, losses, stacked)
+
+    def _work_copy(self) -> tuple[nn.Module, list[Tensor], dict[str, Tensor], dict[str, Tensor]]:
+        """``(work, params, work_buffers, base_buffers)``: the private copy of the net the loop trains, its parameters
+        in the layout's order, its buffers (set to the net's) and the net's own buffers."""
+        work = self._work_net()
+        own = dict(work.named_parameters())
+        params = [own[n] for n in self.layout.names]
+        work_buffers = dict(work.named_buffers())
+        base_buffers = self._buffers()
+        with torch.no_grad():
+            for name, b in base_buffers.items():
+                work_buffers[name].copy_(b)
+        return work, params, work_buffers, base_buffers
+
+
+def _let_go(params: list[Tensor]) -> None:
+    """After the cohort: the work copy's parameters hold copies, not views of the cohort's weights."""
+    for p in params:
+        p.requires_grad_(False)
+        p.data = p.data.clone()

@@ -269,14 +269,49 @@ class CohortTrainer(VmapBackend, LoopBackend):
         if K == 0 and rows is None:  # an empty cohort (Poisson sampling may draw nobody): nothing to train
             return CohortResult(w_start.new_zeros(0, self.layout.num_params), w_start.new_zeros(0), None)
         steps = steps_done.detach().cpu().long()
+        lr = self._checked_rows(w_start, lr, buffers, K)
+        if rule.example_dp is not None:
+            self._check_example_dp(rule, batch_size, schedule)
+        positions, valid, rule = self._batches(schedule, generator, rule, num_examples, steps, batch_size, K)
+        if self.batch_norm:  # a step of one example at a BatchNorm without spatial extent: refused on both backends
+            self._refuse_batches_of_one(valid, steps, data_x, index, rows)
+        positions, valid = to_device(positions, index.device), to_device(valid, index.device)  # drawn on the host
+        if augment is not None:  # the parameters of every (row, step, example), drawn once for all rows and chunks
+            aug, source = augment
+            params = source if isinstance(source, dict) else aug.draw(tuple(positions.shape), tuple(data_x.shape[1:]), source)
+            augment = (aug, {k: to_device(v, index.device) for k, v in params.items()})
+        backend = self.resolve_backend(data_x, data_y)
+        selected = torch.arange(K) if rows is None else rows.detach().cpu().long()
+        if selected.numel() == 0:
+            raise ValueError("rows: no rows to train; give at least one row of the cohort, or None for all")
+        size = self.chunk_size
+        if size is None:
+            size = self._chunk_for(selected, backend, rule, w_start, data_x, data_y, index, positions, valid)
+        run = self._train_vmap if backend == "vmap" else self._train_loop
+        return self._train_chunks(run, selected, size, rows, K, w_start, data_x, data_y, index, positions, valid, steps, rule, lr,
+                                  buffers, augment)
+
+    def _checked_rows(self, w_start: Tensor, lr: float | Tensor, buffers: dict[str, Tensor] | None, K: int) -> float | Tensor:
+        """Refuse per-row inputs (start weights, learning rates, buffers) of another number of rows than ``K``; the
+        learning rate as :meth:`train` uses it (a per-row one as float64 on the CPU)."""
         if w_start.dim() == 2 and w_start.shape[0] != K:
             raise ValueError(f"w_start: {w_start.shape[0]} rows of start weights for a cohort of {K} clients")
         if isinstance(lr, Tensor):
             if lr.shape != (K,):
                 raise ValueError(f"lr: a per-row learning rate must be [K] = [{K}], got shape {tuple(lr.shape)}")
             lr = lr.detach().cpu().double()
-        if rule.example_dp is not None:
-            self._check_example_dp(rule, batch_size, schedule)
+        if buffers is not None:
+            own = self._buffers()
+            for name, b in buffers.items():
+                if name not in own or tuple(b.shape) != (K, *own[name].shape):
+                    raise ValueError(f"buffers: {name!r} must be a buffer of the net given as [K={K}, *shape], got "
+                                     f"{tuple(b.shape)}")
+        return lr
+
+    def _batches(self, schedule: tuple[Tensor, Tensor] | None, generator: torch.Generator | None, rule: StepRule,
+                 num_examples: Tensor, steps: Tensor, batch_size: int | None, K: int) -> tuple[Tensor, Tensor, StepRule]:
+        """``(positions, valid, rule)``: the batches of every row, ``schedule`` checked or drawn from ``generator``
+        (DP-SGD: Poisson batches from its own source, their realised sizes kept in the rule's ``example_dp``)."""
         if schedule is None:
             if generator is None:
                 raise ValueError("generator: needed to draw the batch schedule (or give schedule=(positions, valid))")
@@ -291,37 +326,29 @@ class CohortTrainer(VmapBackend, LoopBackend):
             if positions.shape[0] != K or positions.shape != valid.shape or positions.shape[1] < max(steps.tolist(), default=0):
                 raise ValueError(f"schedule: positions/valid must be [K={K}, T >= max steps, B'], got "
                                  f"{tuple(positions.shape)} and {tuple(valid.shape)}")
-        if self.batch_norm:  # a step of one example at a BatchNorm without spatial extent: refused on both backends
-            self._refuse_batches_of_one(valid, steps, data_x, index, rows)
-        positions, valid = to_device(positions, index.device), to_device(valid, index.device)  # drawn on the host
-        if augment is not None:  # the parameters of every (row, step, example), drawn once for all rows and chunks
-            aug, source = augment
-            params = source if isinstance(source, dict) else aug.draw(tuple(positions.shape), tuple(data_x.shape[1:]), source)
-            augment = (aug, {k: to_device(v, index.device) for k, v in params.items()})
-        backend = self.resolve_backend(data_x, data_y)
-        if buffers is not None:
-            own = self._buffers()
-            for name, b in buffers.items():
-                if name not in own or tuple(b.shape) != (K, *own[name].shape):
-                    raise ValueError(f"buffers: {name!r} must be a buffer of the net given as [K={K}, *shape], got "
-                                     f"{tuple(b.shape)}")
-        run = self._train_vmap if backend == "vmap" else self._train_loop
-        selected = torch.arange(K) if rows is None else rows.detach().cpu().long()
-        if selected.numel() == 0:
-            raise ValueError("rows: no rows to train; give at least one row of the cohort, or None for all")
-        size = self.chunk_size
-        if size is None:
-            size = self._auto_chunk(selected.numel(), backend, w_start.device)
-            if size > 1 and backend == "vmap" and positions.dim() == 3 and positions.shape[1] > 0:  # activations too
-                saved = self._saved_bytes(w_start, data_x, data_y, index, positions, valid, selected[0].tolist())
-                if rule.example_dp is not None:  # DP-SGD also holds every example's gradient: [B', P] per client
-                    saved = (saved or 0) + positions.shape[2] * self.layout.num_params * w_start.element_size()
-                size = self._auto_chunk(selected.numel(), backend, w_start.device, saved)
-                if rule.example_dp is not None and w_start.device.type == "cpu":
-                    # on a CPU the chunk's per-example gradients [chunk, B', P] stay within the cache-sized 2^22 numbers
-                    # of the weights' rule (_auto_chunk): written, then read for the norms and the clipped sum
-                    # (BENCHMARKS.md, "DP-SGD in the cohort")
-                    size = min(size, max(1, (1 << 22) // max(positions.shape[2] * self.layout.num_params, 1)))
+        return positions, valid, rule
+
+    def _chunk_for(self, selected: Tensor, backend: str, rule: StepRule, w_start: Tensor, data_x: Tensor, data_y: Tensor,
+                   index: Tensor, positions: Tensor, valid: Tensor) -> int:
+        """The automatic chunk (``chunk_size=None``): rows trained per backend call, within the activation budget."""
+        size = self._auto_chunk(selected.numel(), backend, w_start.device)
+        if size > 1 and backend == "vmap" and positions.dim() == 3 and positions.shape[1] > 0:  # activations too
+            saved = self._saved_bytes(w_start, data_x, data_y, index, positions, valid, selected[0].tolist())
+            if rule.example_dp is not None:  # DP-SGD also holds every example's gradient: [B', P] per client
+                saved = (saved or 0) + positions.shape[2] * self.layout.num_params * w_start.element_size()
+            size = self._auto_chunk(selected.numel(), backend, w_start.device, saved)
+            if rule.example_dp is not None and w_start.device.type == "cpu":
+                # on a CPU the chunk's per-example gradients [chunk, B', P] stay within the cache-sized 2^22 numbers
+                # of the weights' rule (_auto_chunk): written, then read for the norms and the clipped sum
+                # (BENCHMARKS.md, "DP-SGD in the cohort")
+                size = min(size, max(1, (1 << 22) // max(positions.shape[2] * self.layout.num_params, 1)))
+        return size
+
+    def _train_chunks(self, run: Callable[..., CohortResult], selected: Tensor, size: int, rows: Tensor | None, K: int,
+                      w_start: Tensor, data_x: Tensor, data_y: Tensor, index: Tensor, positions: Tensor, valid: Tensor,
+                      steps: Tensor, rule: StepRule, lr: float | Tensor, buffers: dict[str, Tensor] | None,
+                      augment: tuple | None) -> CohortResult:
+        """Each chunk of ``size`` of the ``selected`` rows through the backend ``run``; their results in row order."""
         results = []
         for lo in range(0, selected.numel(), size):
             part = selected[lo : lo + size]

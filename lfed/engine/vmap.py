@@ -139,29 +139,11 @@ class VmapBackend(RecordedStep):
         it has running statistics (:mod:`lfed.engine.norm`).
         """
         K, T = index.shape[0], positions.shape[1]
-        order = None
         per_row = isinstance(lr, Tensor)
-        if per_row:  # most steps first, then rows of one learning rate together (contiguous runs)
-            key = torch.unique(lr, return_inverse=True)[1]
-            order = torch.sort(key, stable=True).indices
-            order = order[torch.sort(steps[order], descending=True, stable=True).indices]
-            if torch.equal(order, torch.arange(K)):
-                order = None
-        elif K > 1 and (steps[1:] > steps[:-1]).any().tolist():  # steps: on the host (the engine's copy)
-            order = torch.sort(steps, descending=True, stable=True).indices
+        order = _step_order(steps, lr if per_row else None)
         if order is not None:
-            steps = steps[order]
-            dev_order = to_device(order, index.device)
-            index, positions, valid = index[dev_order], positions[dev_order], valid[dev_order]
-            rule = rule.select(to_device(order, w_start.device), K)
-            if w_start.dim() == 2:
-                w_start = w_start[to_device(order, w_start.device)]
-            if per_row:
-                lr = lr[order]
-            if buffers is not None:
-                buffers = {name: b[to_device(order, b.device)] for name, b in buffers.items()}
-            if augment is not None:
-                augment = (augment[0], {k: v[dev_order] for k, v in augment[1].items()})
+            steps, index, positions, valid, rule, w_start, lr, buffers, augment = _reordered(
+                order, steps, index, positions, valid, rule, w_start, lr, buffers, augment)
         runs = _lr_runs(lr) if per_row else [(0, K, lr)]
         active = (steps[None, :] > torch.arange(T)[:, None]).sum(1).tolist() if T else []  # host values
         W = w_start.expand(K, -1).clone() if w_start.dim() == 1 else w_start.clone()
@@ -177,9 +159,7 @@ class VmapBackend(RecordedStep):
         plain = _is_plain(rule)
         term = rule.loss_term
         dp = rule.example_dp  # example-level DP-SGD (lfed.engine.example_dp): each row's generators in the rows' order
-        widths = []  # DP-SGD: each step's largest realised batch among its active rows (at least 1), host values
-        if dp is not None and T:
-            widths = [max(int(dp.counts[: active[t], t].max()), 1) if active[t] else 1 for t in range(T)]
+        widths = _dp_widths(dp, active) if dp is not None and T else []
         for t in range(T):
             n = active[t]
             if n == 0:
@@ -225,12 +205,57 @@ class VmapBackend(RecordedStep):
                     W[a:b].add_(d[a:b], alpha=-lr_)
             loss_sum[:n] += loss.detach()
         loss = loss_sum / to_device(steps.clamp_min(1), W.device).to(W.dtype)
-        out = None
-        if stat_names:  # every buffer per row, as the loop backend returns them
-            out = {name: b if name in stat_names else b.clone() for name, b in buffers.items()}
-        if order is not None:
-            inverse = to_device(torch.argsort(order), W.device)
-            W, loss = W[inverse], loss[inverse]
-            if out is not None:
-                out = {name: b[inverse.to(b.device)] for name, b in out.items()}
-        return CohortResult(W, loss, out)
+        return _in_cohort_order(W, loss, buffers, stat_names, order)
+
+
+def _step_order(steps: Tensor, lr: Tensor | None) -> Tensor | None:
+    """The order :meth:`VmapBackend._train_vmap` trains the rows in, or None when they are in it already: most steps
+    first (the rows still active at a step are a prefix), and with a per-row ``lr`` the rows of one learning rate
+    together (contiguous runs)."""
+    K = steps.numel()
+    if lr is not None:
+        key = torch.unique(lr, return_inverse=True)[1]
+        order = torch.sort(key, stable=True).indices
+        order = order[torch.sort(steps[order], descending=True, stable=True).indices]
+        return None if torch.equal(order, torch.arange(K)) else order
+    if K > 1 and (steps[1:] > steps[:-1]).any().tolist():  # steps: on the host (the engine's copy)
+        return torch.sort(steps, descending=True, stable=True).indices
+    return None
+
+
+def _reordered(order: Tensor, steps, index, positions, valid, rule, w_start, lr, buffers, augment) -> tuple:
+    """Every per-row input of :meth:`VmapBackend._train_vmap` in ``order`` (each on its own device)."""
+    K = index.shape[0]
+    steps = steps[order]
+    dev_order = to_device(order, index.device)
+    index, positions, valid = index[dev_order], positions[dev_order], valid[dev_order]
+    rule = rule.select(to_device(order, w_start.device), K)
+    if w_start.dim() == 2:
+        w_start = w_start[to_device(order, w_start.device)]
+    if isinstance(lr, Tensor):
+        lr = lr[order]
+    if buffers is not None:
+        buffers = {name: b[to_device(order, b.device)] for name, b in buffers.items()}
+    if augment is not None:
+        augment = (augment[0], {k: v[dev_order] for k, v in augment[1].items()})
+    return steps, index, positions, valid, rule, w_start, lr, buffers, augment
+
+
+def _dp_widths(dp, active: list[int]) -> list[int]:
+    """DP-SGD: each step's largest realised batch among its active rows (at least 1), host values."""
+    return [max(int(dp.counts[: active[t], t].max()), 1) if active[t] else 1 for t in range(len(active))]
+
+
+def _in_cohort_order(W: Tensor, loss: Tensor, buffers: dict[str, Tensor], stat_names: list[str],
+                     order: Tensor | None) -> CohortResult:
+    """The trained rows back in the cohort's order, with every buffer per row when the net has running statistics
+    (as the loop backend returns them)."""
+    out = None
+    if stat_names:
+        out = {name: b if name in stat_names else b.clone() for name, b in buffers.items()}
+    if order is not None:
+        inverse = to_device(torch.argsort(order), W.device)
+        W, loss = W[inverse], loss[inverse]
+        if out is not None:
+            out = {name: b[inverse.to(b.device)] for name, b in out.items()}
+    return CohortResult(W, loss, out)
