@@ -156,6 +156,43 @@ def attention_combine(
         >>> r.update  # q = [1, 0.5], ψ = [1, 1.5], Δ = [α_1 + α_2, α_2]
         tensor([1.0000, 0.6225])
     """
+    mask, previous_updates = _checked(updates, query, previous_updates, temperature, mask, time_weights)
+    k, p = updates.shape
+    device = updates.device
+    maskf = mask.to(torch.float64)
+    n_kept = int(mask.sum())
+    one_row = query == "global" or (query == "time" and time_weights == "softmax")
+    rows = 1 if one_row else k
+    if n_kept == 0:
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        return AttentionResult(
+            update=torch.zeros(p, dtype=updates.dtype, device=device),
+            weights=torch.zeros(k, dtype=torch.float64, device=device),
+            matrix=torch.zeros(rows, k, dtype=torch.float64, device=device),
+            entropy=zero,
+            query=query,
+            mask=mask,
+            logit_spread=zero,
+            mean_sq_norm=zero,
+        )
+    psi, row_kept = _logits(updates, query, previous_updates, time_weights, mask, maskf, n_kept)
+    psi, alpha = _softmax_kept(psi / temperature, mask, maskf, row_kept)
+    entropy, logit_spread, mean_sq_norm = _diagnostics(alpha, psi, updates, mask, maskf, row_kept, n_kept)
+    if query == "self":
+        weights = alpha.sum(dim=0) / n_kept
+    elif one_row:
+        weights = alpha[0]
+    else:
+        weights = torch.diagonal(alpha) * maskf
+    update = weights.to(updates.dtype) @ updates
+    return AttentionResult(update=update, weights=weights, matrix=alpha, entropy=entropy, query=query, mask=mask,
+                           logit_spread=logit_spread, mean_sq_norm=mean_sq_norm)
+
+
+def _checked(updates: Tensor, query: str, previous_updates: Tensor | None, temperature: float, mask: Tensor | None,
+             time_weights: str) -> tuple[Tensor, Tensor | None]:
+    """Refuse bad arguments of :func:`attention_combine` (naming the argument); ``(mask, previous_updates)`` on the
+    updates' device (the mask all True when None)."""
     if query not in QUERIES:
         raise ValueError(f"query must be one of {QUERIES}, got {query!r}")
     if time_weights not in TIME_WEIGHTS:
@@ -190,24 +227,14 @@ def attention_combine(
         if not previous_updates.is_floating_point():
             raise ValueError(f"previous_updates must be floating, got dtype {previous_updates.dtype}")
         previous_updates = previous_updates.to(device)
+    return mask, previous_updates
 
-    maskf = mask.to(torch.float64)
-    n_kept = int(mask.sum())
-    one_row = query == "global" or (query == "time" and time_weights == "softmax")
-    rows = 1 if one_row else k
-    if n_kept == 0:
-        zero = torch.zeros((), dtype=torch.float64, device=device)
-        return AttentionResult(
-            update=torch.zeros(p, dtype=updates.dtype, device=device),
-            weights=torch.zeros(k, dtype=torch.float64, device=device),
-            matrix=torch.zeros(rows, k, dtype=torch.float64, device=device),
-            entropy=zero,
-            query=query,
-            mask=mask,
-            logit_spread=zero,
-            mean_sq_norm=zero,
-        )
 
+def _logits(updates: Tensor, query: str, previous_updates: Tensor | None, time_weights: str, mask: Tensor, maskf: Tensor,
+            n_kept: int) -> tuple[Tensor, Tensor]:
+    """``(ψ, row_kept)``: the float64 dot products of the queries with the keys ``[rows, K]`` (before the temperature),
+    and which query rows count."""
+    device = updates.device
     if query == "self":
         psi = _gram(updates, updates)
         row_kept = mask
@@ -221,8 +248,12 @@ def attention_combine(
     else:  # time, softmax over the cohort of ψ(q_j, Δ_j)
         psi = _row_dots(previous_updates, updates)[None, :]
         row_kept = torch.ones(1, dtype=torch.bool, device=device)
-    psi = psi / temperature
+    return psi, row_kept
 
+
+def _softmax_kept(psi: Tensor, mask: Tensor, maskf: Tensor, row_kept: Tensor) -> tuple[Tensor, Tensor]:
+    """``(ψ masked, α)``: each kept row's stable softmax over the kept keys (row maximum subtracted), exactly 0 for a
+    masked-out key or a dropped row; non-finite logits refused."""
     valid = row_kept[:, None] & mask[None, :]
     if not bool(torch.isfinite(psi[valid]).all()):
         raise ValueError("attention dot products are not finite: updates or previous_updates "
@@ -233,23 +264,20 @@ def attention_combine(
     e = torch.exp(z)
     alpha = e / e.sum(dim=1, keepdim=True)
     alpha = alpha * row_kept[:, None].to(torch.float64) * maskf[None, :]
+    return psi, alpha
 
+
+def _diagnostics(alpha: Tensor, psi: Tensor, updates: Tensor, mask: Tensor, maskf: Tensor, row_kept: Tensor,
+                 n_kept: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(entropy, logit_spread, mean_sq_norm)`` of :class:`AttentionResult`: the kept rows' mean entropy of ``α`` and
+    spread of the kept logits, and the kept updates' mean squared norm."""
     row_entropy = -torch.special.xlogy(alpha, alpha).sum(dim=1)
     entropy = (row_entropy * row_kept.to(torch.float64)).sum() / row_kept.sum()
     kept_logits = psi.masked_fill(~mask[None, :], float("nan"))
     spread = torch.nan_to_num(kept_logits.nan_to_num(float("-inf")).amax(1) - kept_logits.nan_to_num(float("inf")).amin(1))
     logit_spread = (spread * row_kept.to(torch.float64)).sum() / row_kept.sum()
     mean_sq_norm = (_row_dots(updates, updates) * maskf).sum() / n_kept
-
-    if query == "self":
-        weights = alpha.sum(dim=0) / n_kept
-    elif one_row:
-        weights = alpha[0]
-    else:
-        weights = torch.diagonal(alpha) * maskf
-    update = weights.to(updates.dtype) @ updates
-    return AttentionResult(update=update, weights=weights, matrix=alpha, entropy=entropy, query=query, mask=mask,
-                           logit_spread=logit_spread, mean_sq_norm=mean_sq_norm)
+    return entropy, logit_spread, mean_sq_norm
 
 
 def _row_dots(a: Tensor, b: Tensor) -> Tensor:

@@ -364,6 +364,24 @@ def aggregation_weights(
     if partial_work not in PARTIAL_WORK:
         raise ValueError(f"partial_work must be one of {PARTIAL_WORK}, got {partial_work!r}")
     out_dtype = _out_dtype(dtype)
+    s, t = _checked_steps(steps_done, step_budget, num_examples)
+    active = s > 0
+    complete = s >= t
+    counting = counting_mask(s, t, partial_work)
+    num_counting = counting.sum().tolist()
+    base = _base_weights(rule, s, counting, num_counting, num_examples, client_label_counts, population_label_counts)
+    if num_counting == 0:
+        return torch.zeros_like(s, dtype=out_dtype)
+    if partial_work == "scale":
+        incomplete = active & ~complete
+        factor = torch.where(incomplete, t / s.clamp_min(1.0), torch.ones_like(s))
+        base = base * factor
+    return base.to(out_dtype)
+
+
+def _checked_steps(steps_done: Tensor, step_budget: Tensor, num_examples: Tensor | None) -> tuple[Tensor, Tensor]:
+    """``(s, t)``: :func:`aggregation_weights`' ``steps_done`` and ``step_budget`` as float64 on the steps' device,
+    checked (shapes, ``0 <= s <= t``, ``t >= 1``), with ``num_examples``' shape."""
     _check_vector("steps_done", steps_done)
     _check_vector("step_budget", step_budget)
     if step_budget.shape != steps_done.shape:
@@ -384,12 +402,13 @@ def aggregation_weights(
         if num_examples.shape != steps_done.shape:
             raise ValueError(f"num_examples must have the shape of steps_done "
                              f"{tuple(steps_done.shape)}, got {tuple(num_examples.shape)}")
+    return s, t
 
-    active = s > 0
-    complete = s >= t
-    counting = counting_mask(s, t, partial_work)
-    num_counting = counting.sum().tolist()
 
+def _base_weights(rule: str, s: Tensor, counting: Tensor, num_counting: int, num_examples: Tensor | None,
+                  client_label_counts: Tensor | None, population_label_counts: Tensor | None) -> Tensor:
+    """The base ``rule``'s float64 weights over the ``counting`` clients (step 3 of :func:`aggregation_weights`)."""
+    device = s.device
     if rule == "size":
         if num_examples is None:
             raise ValueError("num_examples is required for rule='size'")
@@ -405,8 +424,8 @@ def aggregation_weights(
         if client_label_counts is None or population_label_counts is None:
             raise ValueError("client_label_counts and population_label_counts are required for "
                              "rule='dwfed'")
-        if client_label_counts.dim() != 2 or client_label_counts.shape[0] != steps_done.shape[0]:
-            raise ValueError(f"client_label_counts must have shape [K={steps_done.shape[0]}, C], "
+        if client_label_counts.dim() != 2 or client_label_counts.shape[0] != s.shape[0]:
+            raise ValueError(f"client_label_counts must have shape [K={s.shape[0]}, C], "
                              f"got {tuple(client_label_counts.shape)}")
         distance = label_distance(client_label_counts, population_label_counts).to(device)
         if num_counting == 0:
@@ -416,12 +435,5 @@ def aggregation_weights(
                 warnings.simplefilter("always", DegenerateWeightsWarning)
                 base = dwfed_weights(distance, num_counting, mask=counting, dtype=torch.float64)
             for w in caught:  # re-warn from the caller's frame
-                warnings.warn(w.message, w.category, stacklevel=2)
-
-    if num_counting == 0:
-        return torch.zeros_like(s, dtype=out_dtype)
-    if partial_work == "scale":
-        incomplete = active & ~complete
-        factor = torch.where(incomplete, t / s.clamp_min(1.0), torch.ones_like(s))
-        base = base * factor
-    return base.to(out_dtype)
+                warnings.warn(w.message, w.category, stacklevel=3)
+    return base
