@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -93,3 +94,75 @@ class FederatedModule(FederatedDriver):
         s = RunSettings.of(**{f.name: given[f.name] for f in fields(RunSettings)}, **deprecated)
         super().__init__([s.build()])
         self.save_hyperparameters(s.hparams())  # the settings in their one form, plain values (weights_only checkpoints)
+
+    def setup(self, stage: str) -> None:
+        """Set the runs up on the Trainer's data (:meth:`FederatedDriver.setup`); a module loaded in Python
+        (:meth:`load_from_checkpoint`) gets its checkpoint's state back over the fresh allocation, so a ``Trainer``
+        scores (or, once, trains on from) the run the checkpoint holds."""
+        super().setup(stage)
+        loaded = self.__dict__.get("_loaded")
+        if loaded is not None:
+            self.load_state_dict(loaded["state_dict"])
+            self.on_load_checkpoint(loaded)
+            if stage == "fit":  # from here on the state is the training's own
+                del self.__dict__["_loaded"]
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: str | Path, map_location: Any = None, hparams_file: Any = None,
+                             strict: bool | None = None, datamodule: Any = None, **settings: Any) -> FederatedModule:
+        """The run a checkpoint holds, in Python: built from the settings ``lfed fit`` recorded in it (the net and
+        every component as configured, ``lfed_config``), set up on its own data (``module.datamodule``, a
+        :class:`~lfed.lightning.datamodule.FederatedDataModule`) and restored: ``module.net`` is the trained model,
+        every component's state is the checkpoint's. ``Trainer().test(module, datamodule=module.datamodule)`` scores
+        it as ``lfed test --ckpt_path`` does.
+
+        ``settings``: model settings that replace the recorded ones (a checkpoint written by a ``Trainer`` in Python
+        records no net: give ``net=``); ``datamodule``: the data to set up on (needed when the checkpoint records
+        none); ``map_location``: a device to move the module to; ``strict``: as ``load_state_dict``'s.
+        """
+        import torch
+
+        from lfed.lightning.checkpoint import read_checkpoint
+        from lfed.lightning.run_dirs import CONFIG_KEY
+
+        if hparams_file is not None:
+            raise ValueError("hparams_file: not used: an lfed checkpoint records its run's own settings (give model "
+                             "settings as keywords to replace them)")
+        ckpt = read_checkpoint(checkpoint_path)
+        recorded = ckpt.get(CONFIG_KEY) or {}
+        model = recorded.get("model") or ckpt.get("hyper_parameters") or {}
+        model = {k: v for k, v in model.items() if k not in settings}
+        given, data = _instantiated(cls, model, recorded.get("data") if datamodule is None else None)
+        if datamodule is None and data is None:
+            raise ValueError(f"datamodule: {checkpoint_path} records no data settings (it was not written by `lfed fit`); "
+                             "give the data it was trained on: load_from_checkpoint(path, datamodule=FederatedDataModule(...))")
+        module = cls(**{**given, **settings})
+        run = module.runs[0]
+        run.datamodule = datamodule if datamodule is not None else data
+        nets = [v for k, v in ckpt["state_dict"].items() if k.startswith("net.") and v.is_floating_point()]
+        dtype = nets[0].dtype if nets else None  # the precision it trained in (64-true: float64)
+        run.setup(run.datamodule.build(), None, (lambda net: net.to(dtype)) if dtype is not None else None)
+        module.load_state_dict(ckpt["state_dict"], strict=True if strict is None else strict)
+        module.on_load_checkpoint(ckpt)
+        module._loaded = {"state_dict": ckpt["state_dict"], "lfed": ckpt["lfed"]}  # for a Trainer's setup (:meth:`setup`)
+        if map_location is not None:
+            module.to(torch.device(map_location))
+        return module.eval()
+
+
+def _instantiated(cls: type, model: dict[str, Any], data: dict[str, Any] | None) -> tuple[dict[str, Any], Any]:
+    """Recorded ``model`` settings as the module's keyword arguments (``class_path`` choices built, as the command
+    line builds them) and recorded ``data`` settings as their FederatedDataModule (None: none recorded)."""
+    from jsonargparse import ArgumentParser, Namespace
+
+    from lfed.lightning.datamodule import FederatedDataModule
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls, "model")
+    if data is not None:
+        parser.add_class_arguments(FederatedDataModule, "data")
+    recorded = {"model": model, **({"data": data} if data is not None else {})}
+    init = parser.instantiate_classes(parser.parse_object(recorded), instantiate_groups=False)
+    plain = lambda v: v.as_dict() if isinstance(v, Namespace) else v  # noqa: E731 - a group parsed as a namespace
+    given = {k: plain(v) for k, v in vars(init.model).items()}
+    return given, FederatedDataModule(**{k: plain(v) for k, v in vars(init.data).items()}) if data is not None else None
