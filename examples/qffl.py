@@ -2,7 +2,7 @@
 Algorithm 2) as a user's own server combination, outside lfed.
 
 With each cohort client's loss under the round's model ``F_k(w^t)`` (the round computes it when a
-component sets ``needs_start_loss``: :attr:`lfed.base.component.Cohort.start_loss`) and its update
+component declares ``Needs(start_loss=True)``: :attr:`lfed.base.component.Cohort.start_loss`) and its update
 ``u_k = w̄_k − w^t``, so ``Δw_k = L(w^t − w̄_k) = −L u_k``:
 
     Δ_k = F_k^q Δw_k,   h_k = q F_k^{q−1} ||Δw_k||² + L F_k^q,   w^{t+1} = w^t − Σ_k Δ_k / Σ_k h_k
@@ -17,12 +17,13 @@ q = 0 is FedAvg with uniform weights and a step of ``Σ u_k / K``.
 
 from __future__ import annotations
 
+from lfed import Declaration, Needs
 from lfed.server import ServerCombination
 
 
 class QFedAvg(ServerCombination):
     name = "qffl"
-    needs_start_loss = True
+    declares = Declaration(needs=Needs(start_loss=True))
 
     def __init__(self, q: float = 1.0, lipschitz: float | None = None) -> None:
         super().__init__()

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from lfed.base.component import Cohort, Component
+from lfed.base.declaration import Declaration, Supports
 from lfed.checks import integer, number
 from lfed.engine.host import device_rows, to_device
 from lfed.rng import round_generator
@@ -75,7 +76,8 @@ class Attack(Component):
     omniscient: bool = False
     #: Whether the attack changes the Byzantine clients' training data (needs a fixed set: ``fraction``).
     poisons_data: bool = False
-    asynchronous_unready = "is simulated on a synchronous round's cohort; it is not defined in the asynchronous schedule"
+    declares = Declaration(supports=Supports(
+        asynchronous="is simulated on a synchronous round's cohort; it is not defined in the asynchronous schedule"))
 
     def __init__(self, fraction: float = 0.0, per_round: int | None = None) -> None:
         super().__init__()
@@ -108,7 +110,7 @@ class Attack(Component):
                                                           seed))
         return self._set[2]
 
-    def composition_warnings(self, context) -> list[str]:
+    def check(self, context) -> list[str]:
         if type(self) is not NoAttack and not self.active:
             return [f"attack={self.name!r} has no Byzantine clients (fraction 0, no per_round), so it does nothing"]
         return []
@@ -177,7 +179,7 @@ class NoAttack(Attack):
     name = "none"
     #: Whether the attack is a role of the run (a run without one keeps its fingerprint and its roles).
     present = False
-    asynchronous_ready = True
+    declares = Declaration(supports=Supports(asynchronous=True))
 
     def __init__(self) -> None:
         super().__init__(0.0, None)

@@ -29,9 +29,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lfed.base.declaration import NOTHING, Declaration
 from lfed.state.spec import GLOBAL, ModuleStateStore, StateSpec, StateStore, reading_read_only
 
-__all__ = ["Cohort", "Component", "HostCohort", "CompositionContext", "LocalWork", "each_once"]
+__all__ = ["Cohort", "Component", "HostCohort", "CompositionContext", "LocalWork", "check_components", "each_once"]
 
 
 def each_once(components: Iterable[Any]) -> list[Any]:
@@ -40,14 +41,15 @@ def each_once(components: Iterable[Any]) -> list[Any]:
     return list({id(c): c for c in components}.values())
 
 
-_NOT_COMPUTED_MESSAGE = ("cohort.start_loss: the round did not compute it; set needs_start_loss = True (a class attribute) "
-                         "on the component that reads it, and the round computes each client's loss F_k(w) first")
+_NOT_COMPUTED_MESSAGE = ("cohort.start_loss: the round did not compute it; declare declares = Declaration(needs=Needs("
+                         "start_loss=True)) (lfed.base.declaration; 0.5's needs_start_loss = True) on the component that "
+                         "reads it, and the round computes each client's loss F_k(w) first")
 
 
 class _NotComputed:
     """``cohort.start_loss`` of a round that did not compute it: reading it is fine (``dataclasses.replace`` copies
     it), any use of it (indexing, arithmetic, a tensor method, a torch function) raises the HookError naming
-    ``needs_start_loss``."""
+    ``Needs(start_loss=True)``."""
 
     __slots__ = ()
 
@@ -66,14 +68,14 @@ class _NotComputed:
         cls._fail(None)
 
     def __repr__(self) -> str:
-        return "<cohort.start_loss: not computed (needs_start_loss = False)>"
+        return "<cohort.start_loss: not computed (no component declares Needs(start_loss=True))>"
 
     __getitem__ = __len__ = __iter__ = __bool__ = __float__ = __int__ = __neg__ = _fail
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _fail
     __pow__ = __rpow__ = __matmul__ = __rmatmul__ = __lt__ = __le__ = __gt__ = __ge__ = _fail
 
 
-#: ``Cohort.start_loss`` when no component set ``needs_start_loss`` (every use raises, naming the flag).
+#: ``Cohort.start_loss`` when no component declares ``Needs(start_loss=True)`` (every use raises, naming it).
 NOT_COMPUTED = _NotComputed()
 
 
@@ -90,10 +92,10 @@ class Cohort:
         num_clients: ``N``, all clients.
         counting: ``[K]`` bool, the clients whose work counts (set once the weights are known).
         previous_update: ``[K, P]`` each client's update from the last round it took part in
-            (zeros if none), when a component uses history.
+            (zeros if none), when a component declares ``Needs(history=True)``.
         global_change: ``[P]`` ``w^r - w^{r-1}`` (zeros in round 0), with history.
         start_loss: ``[K]`` each client's mean training loss under the round's starting model
-            ``F_k(w)``, when a component asks for it (``needs_start_loss``; q-FFL's weights).
+            ``F_k(w)``, when a component asks for it (``Needs(start_loss=True)``; q-FFL's weights).
         expected_size: The planned cohort size ``K_t`` of the round (``m = qN`` under Poisson sampling).
         seed: The run's seed: a component's own random stream is ``lfed.rng.round_generator(seed, round, name)``.
         host: The same cohort's host values (:class:`HostCohort`, CPU tensors read without a device sync,
@@ -108,8 +110,8 @@ class Cohort:
             ``start_model`` the round's global weights ``w [P]``: for a server combination that trains a model of its own
             (FLTrust's root set, :mod:`lfed.robust.rules.fltrust`).
 
-    :attr:`start_loss` in a round that did not compute it (no component sets ``needs_start_loss``) is
-    :data:`NOT_COMPUTED`: using it raises a :class:`~lfed.checks.HookError` naming the flag.
+    :attr:`start_loss` in a round that did not compute it (no component declares ``Needs(start_loss=True)``) is
+    :data:`NOT_COMPUTED`: using it raises a :class:`~lfed.checks.HookError` naming the declaration.
     """
 
     round: int
@@ -275,7 +277,7 @@ class LocalWork:
 
 @dataclass
 class CompositionContext:
-    """What a component's composition check sees (:meth:`Component.composition_warnings`).
+    """What a component's check before round 0 sees (:meth:`Component.check`): the run's composition and data.
 
     Attributes:
         explicit: The roles the user set (a preset's own choices are not questioned).
@@ -294,6 +296,8 @@ class CompositionContext:
             (example-level DP-SGD needs a batch size).
         shared_params: How many coordinates a client uploads (the shared part of the model), when known (distributed DP
             calibrates its noise for them).
+        data: The run's federated data on the device (:class:`lfed.data.federated.FederatedData`), or None when the
+            composition is checked without it (refuse data the component cannot use: ``data.require_labels(...)``).
     """
 
     explicit: frozenset
@@ -308,22 +312,24 @@ class CompositionContext:
     data_notes: frozenset = frozenset()
     training: Any = None
     shared_params: int | None = None
+    data: Any = None
 
 
 class Component(nn.Module):
-    """Base of the pieces of a round: a name, hyper-parameters, declared state.
+    """Base of the pieces of a round: a name, hyper-parameters, declared state, a declaration, one check.
 
     Subclasses set :attr:`name`, override :meth:`state_specs` when they keep tensors between
     rounds, and list their hyper-parameters in :meth:`hparams` (they go into the run
-    fingerprint: a resumed run with other values warns).
+    fingerprint: a resumed run with other values warns). What a component releases, needs and supports is its
+    :attr:`declares` (:mod:`lfed.base.declaration`); what it checks before round 0 is its :meth:`check`.
     """
 
     #: Short name used in logs and in the run fingerprint.
     name: str = "component"
-    #: Whether the component reads :attr:`Cohort.previous_update` / :attr:`Cohort.global_change`.
-    uses_history: bool = False
-    #: Whether the component reads :attr:`Cohort.start_loss` (each client's loss under the round's model).
-    needs_start_loss: bool = False
+    #: What this component releases, needs and supports (:class:`lfed.base.declaration.Declaration`); a class
+    #: attribute, or a property when it depends on the component's settings. Nothing by default.
+    declares: Declaration = NOTHING
+
     def state_specs(self) -> list[StateSpec]:
         """The tensors this component keeps between rounds (none by default)."""
         return []
@@ -342,13 +348,24 @@ class Component(nn.Module):
         """Settings that make another algorithm (none by default); a change refuses a resume."""
         return {}
 
+    def check(self, context: CompositionContext) -> list[str]:
+        """Before round 0, once: this component's check of its place in the run (``context``: the composition, the
+        run's data as ``context.data`` when known).
+
+        Raise ``ValueError`` naming the setting for what cannot run (DWFed's weights need class labels:
+        ``context.data.require_labels(...)``; DP-FedAvg refuses a sampler its accountant cannot account for); derive
+        settings (DP's calibration); return the settings that make this component do nothing or something else than
+        its name says, one sentence each (the run shows them as :class:`lfed.core.registry.CompositionWarning`).
+        Nothing by default.
+        """
+        return []
+
     def prepare_run(self, context: CompositionContext) -> None:
-        """Before round 0, with the run's composition: refuse what cannot run, derive settings (DP's calibration)."""
+        """lfed 0.5's check hook (deprecated in 0.6: :meth:`check`); called, with a ``FutureWarning``, where overridden."""
 
     def check_start(self, data: Any) -> None:
-        """Before round 0, with the run's federated data on the device (before :meth:`prepare_run`): raise ``ValueError``
-        for what this component cannot run on (DWFed's weights need class labels: ``data.require_labels(...)``). Nothing
-        by default."""
+        """lfed 0.5's check hook (deprecated in 0.6: :meth:`check`, the data as ``context.data``); called, with a
+        ``FutureWarning``, where overridden."""
 
     def stop_before(self, round: int, cohort_size: int, num_clients: int) -> str | None:
         """A reason the run must stop before ``round`` (of planned cohort ``cohort_size`` of ``num_clients``), or None.
@@ -377,11 +394,8 @@ class Component(nn.Module):
         return {}
 
     def composition_warnings(self, context: CompositionContext) -> list[str]:
-        """Settings of the run that make this component do nothing, or something else than its name says.
-
-        One sentence each; the run shows them as :class:`lfed.core.registry.CompositionWarning` before
-        round 0. Raise ``ValueError`` for a setting that cannot run. None by default.
-        """
+        """lfed 0.5's check hook (deprecated in 0.6: :meth:`check` returns the warnings); called, with a
+        ``FutureWarning``, where overridden."""
         return []
 
     # ---------------------------------------------------------------- state through the store
@@ -432,6 +446,30 @@ class Component(nn.Module):
         store.write_rows(self, name, clients, values, mask)
         if name in self.__dict__.get("_starts_global", ()):
             store.write_rows(self, f"{name}_started", clients, torch.ones(clients.numel(), dtype=torch.bool, device=clients.device), mask)
+
+
+def check_components(components: Iterable[Any], context: CompositionContext) -> list[str]:
+    """Every component's :meth:`Component.check` before round 0, once each, in order (the first refusal raises); the
+    warnings, in order. A component written for lfed 0.5 has its hooks called around it, in 0.5's order
+    (``check_start`` with the data, ``prepare_run``, ``composition_warnings``; :mod:`lfed.base.legacy`)."""
+    from lfed.base.legacy import legacy_hooks
+
+    out: list[str] = []
+    for component in each_once(components):
+        old = legacy_hooks(component)
+        if "check_start" in old and context.data is not None:
+            component.check_start(context.data)
+        said = component.check(context)
+        if said is None:
+            said = []
+        if isinstance(said, str) or not all(isinstance(m, str) for m in said):
+            raise ValueError(f"{type(component).__name__}.check: must return a list of warnings (strings), got {said!r}")
+        out += list(said)
+        if "prepare_run" in old:
+            component.prepare_run(context)
+        if "composition_warnings" in old:
+            out += list(component.composition_warnings(context) or [])
+    return out
 
 
 def standalone_store() -> StateStore:

@@ -5,12 +5,12 @@ aggregate, the noised clipped count) and what the server computes on its own dat
 split). Every other metric read from the clients' data without noise (the training loss, the cohort's local
 accuracy, the realised cohort size, the clients' held-out accuracies) is an unaccounted release.
 
-A metric is *private* when its producer declares it so: a component's ``private_metrics`` (names, or prefixes ending in
+A metric is *private* when its producer declares it so: a component's ``Releases(private_metrics=...)`` (names, or prefixes ending in
 ``*``, of what its ``report`` computes only from values a DP run releases privatized, or from server-held data) for
 what a component reports, :attr:`lfed.core.run.FederatedRun.private_metrics` for the run's own (evaluation on server-held data,
 the summary figures built from it). A metric nobody declares is unaccounted: a new metric cannot leak by omission.
-A component that guards a run's metrics declares a ``metric_policy`` (DP-FedAvg; both declarations are class attributes
-read here, not part of the component contract):
+A component that guards a run's metrics declares a ``metric_policy`` (DP-FedAvg; both are parts of the component's
+declaration, ``Releases(private_metrics=..., metric_policy=...)``, :mod:`lfed.base.declaration`):
 
 * ``drop`` (DP's default): only private metrics are logged;
 * ``mark`` (``log_unaccounted: true``): the rest too, each renamed ``unaccounted/<name>``;
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lfed.base.component import each_once
+from lfed.base.declaration import declaration
 
 __all__ = ["MODES", "RENAMED", "UNACCOUNTED", "MetricGate", "canonical_name", "check_metric_name", "matches"]
 
@@ -97,10 +98,9 @@ class MetricGate:
     def of(cls, components: Iterable[Any], declared: Iterable[str] = ()) -> MetricGate:
         """The gate of a run: the strictest policy of its ``components`` and every private metric they and the run
         (``declared``) declare."""
-        components = each_once(components)
-        policies = [getattr(c, "metric_policy", None) or "all" for c in components]
-        mode = max(policies, key=MODES.index, default="all")
-        private = tuple(declared) + tuple(p for c in components for p in getattr(c, "private_metrics", ()))
+        said = [declaration(c).releases for c in each_once(components)]  # lfed.base.declaration
+        mode = max((r.metric_policy or "all" for r in said), key=MODES.index, default="all")
+        private = tuple(declared) + tuple(p for r in said for p in r.private_metrics)
         return cls(mode, private)
 
     @property

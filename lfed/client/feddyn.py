@@ -19,6 +19,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from lfed.base.component import Cohort
+from lfed.base.declaration import Declaration, Releases
 from lfed.checks import number
 from lfed.client.objectives import ClientRule
 from lfed.engine import StepRule
@@ -36,8 +37,9 @@ class FedDyn(ClientRule, ServerCombination):
     """
 
     name = "feddyn"
-    releases = ("FedDyn's server state h sums the clients' raw updates, unclipped and un-noised, and moves every "
-                "later global model",)
+    declares = Declaration(releases=Releases(values=(
+        "FedDyn's server state h sums the clients' raw updates, unclipped and un-noised, and moves every "
+        "later global model",)))
 
     def __init__(self, alpha: float = 0.01) -> None:
         super().__init__()

@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from lfed.base.component import Cohort, Component, LocalWork
+from lfed.base.declaration import Declaration, Needs, Releases, Supports, declaration
 from lfed.checks import integer, number
 from lfed.engine import LossTerm, StepRule
 from lfed.engine.host import device_rows, values
@@ -68,8 +69,8 @@ class ClientRule(Component):
     """
 
     name = "plain"
-    asynchronous_unready = ("keeps client or server state or changes the round, which is not defined asynchronously yet; "
-                            "use plain or prox")
+    declares = Declaration(supports=Supports(asynchronous=(
+        "keeps client or server state or changes the round, which is not defined asynchronously yet; use plain or prox")))
 
     def step_rule(self, cohort: Cohort, w_start: Tensor, lr: float) -> StepRule:
         """The cohort's local step rule."""
@@ -98,9 +99,8 @@ class ClientRule(Component):
         return None
 
     # ---------------------------------------------------------------- personalization (docs/algorithms.md §13)
-    #: Whether each client has its own model: every evaluation then also evaluates each client's
-    #: personalized model (:meth:`personal_rows`) on its own held-out split (``personal/*``).
-    personalized: bool = False
+    # A rule whose clients each have their own model declares Supports(personalized=True): every evaluation then also
+    # evaluates each client's personalized model (personal_rows) on its own held-out split (personal/*).
 
     def personal_rows(self, clients: Tensor, w: Tensor, local: LocalWork) -> Tensor:
         """``[K, P]`` the personalized models of ``clients`` (any clients, not only a cohort) given the global ``w``.
@@ -113,21 +113,24 @@ class ClientRule(Component):
 
     def personal_models(self, w: Tensor, local: Callable[[Tensor], LocalWork]) -> dict[str, Callable[[Tensor], Any]]:
         """The models each personalized evaluation scores beside the global ``w`` (docs/algorithms.md §13), by metric prefix:
-        ``{"personal": clients -> personal_rows(clients, w, local(clients))}`` for a :attr:`personalized` rule, none for
+        ``{"personal": clients -> personal_rows(clients, w, local(clients))}`` for a personalized rule, none for
         any other (the run then evaluates the global model alone). ``local(clients)`` is the
         :class:`~lfed.base.component.LocalWork` over those clients' training data."""
-        if not self.personalized:
+        if not declaration(self).supports.personalized:
             return {}
         return {"personal": lambda clients: self.personal_rows(clients, w, local(clients))}
 
-    def check_start(self, data) -> None:
+    def check(self, context) -> list[str]:
         """A personalized rule says what a client's model is (:meth:`personal_rows`), and only a personalized one does."""
-        if self.personalized and type(self).personal_rows is ClientRule.personal_rows:
+        personalized = declaration(self).supports.personalized
+        if personalized and type(self).personal_rows is ClientRule.personal_rows:
             raise ValueError(f"objective: {type(self).__name__} says it is personalized but does not say what a "
                              "client's model is; define personal_rows(clients, w, local) -> [K, P] (docs/personalization.md)")
-        if not self.personalized and type(self).personal_rows is not ClientRule.personal_rows:
+        if not personalized and type(self).personal_rows is not ClientRule.personal_rows:
             raise ValueError(f"objective: {type(self).__name__} defines personal_rows but is not personalized, so no "
-                             "personal/* would be evaluated; set personalized = True (a class attribute) on it")
+                             "personal/* would be evaluated; declare declares = Declaration(supports=Supports("
+                             "personalized=True)) on it")
+        return []
 
     def make_sharing(self, net, layout):
         """The split of the model into shared and local parameters (:class:`lfed.personal.sharing.Sharing`),
@@ -156,7 +159,7 @@ def _check_fisher_samples(value: int) -> int:
 class Plain(ClientRule):
     """FedAvg's local SGD (McMahan et al. 2017)."""
 
-    asynchronous_ready = True
+    declares = Declaration(supports=Supports(asynchronous=True))
 
 
 class Prox(ClientRule):
@@ -167,14 +170,14 @@ class Prox(ClientRule):
     """
 
     name = "prox"
-    asynchronous_ready = True
+    declares = Declaration(supports=Supports(asynchronous=True))
 
     def __init__(self, mu: float = 0.01) -> None:
         super().__init__()
         self.mu = _check_coefficient("mu", mu)
 
-    def composition_warnings(self, context) -> list[str]:
-        return ["objective='prox' with mu=0 is plain local SGD (FedAvg)"] if self.mu == 0 else []
+    def check(self, context) -> list[str]:
+        return super().check(context) + (["objective='prox' with mu=0 is plain local SGD (FedAvg)"] if self.mu == 0 else [])
 
     def hparams(self) -> dict:
         return {"mu": self.mu}
@@ -195,7 +198,7 @@ class Scaffold(ClientRule):
     once on the server, ``c ← c + (Σ_{k∈S} clip(Δc_k, C_c) + N(0, z_c² C_c² I)) / N`` (the noise from the stream
     ``(seed, round, "dp-control-noise")``, or the secure source of DP-FedAvg's ``noise``:
     :class:`lfed.rng.PrivateStreams`), every round, also when nobody counts); the client keeps its own ``c_k``.
-    A DP-FedAvg run accounts it as its own share of the round's multiplier (:attr:`dp_shares`).
+    A DP-FedAvg run accounts it as its own share of the round's multiplier (its declared ``Releases(dp_shares=...)``).
 
     Args:
         control_clip: ``C_c > 0`` (None: SCAFFOLD as published, refused under DP).
@@ -224,12 +227,11 @@ class Scaffold(ClientRule):
         return self.control_clip is not None
 
     @property
-    def releases(self) -> tuple[str, ...]:  # type: ignore[override]
-        return () if self.private else (self.RELEASE,)
-
-    @property
-    def dp_shares(self) -> tuple[float, ...]:  # type: ignore[override]
-        return (self.control_noise,) if self.private else ()
+    def declares(self) -> Declaration:  # type: ignore[override]
+        """Published SCAFFOLD releases its control variate raw; DP-SCAFFOLD releases it noised, as its own share."""
+        if self.private:
+            return Declaration(releases=Releases(dp_shares=(self.control_noise,)))
+        return Declaration(releases=Releases(values=(self.RELEASE,)))
 
     def hparams(self) -> dict:
         return {"control_clip": self.control_clip, "control_noise": self.control_noise} if self.private else {}
@@ -270,13 +272,13 @@ class IGFL(ClientRule):
     ``w ← w + Δ_I + Δ_G``, i.e. the step rule with ``grad_scale = 1 + 1/|S|`` and
     ``shift = (Δw_k / |S| - Δw_ps) / (eta_l T_k)``. ``Δw_k`` (the client's update from the
     last round it took part in) and ``Δw_ps`` (the global model's last change) are the round's
-    update history (:class:`lfed.core.algorithm.UpdateHistory`, ``uses_history``).
+    update history (:class:`lfed.core.algorithm.UpdateHistory`, ``Needs(history=True)``).
     """
 
     name = "igfl"
-    uses_history = True
-    releases = ("IGFL-C scales every client's step by 1 + 1/|S| with |S| the realised cohort, so one client's "
-                "participation changes every other client's update (its sensitivity exceeds the clip C)",)
+    declares = Declaration(needs=Needs(history=True), releases=Releases(values=(
+        "IGFL-C scales every client's step by 1 + 1/|S| with |S| the realised cohort, so one client's "
+        "participation changes every other client's update (its sensitivity exceeds the clip C)",)))
 
     def step_rule(self, cohort: Cohort, w_start: Tensor, lr: float) -> StepRule:
         K = cohort.clients.numel()
@@ -298,18 +300,20 @@ class EFL(ClientRule):
     """
 
     name = "efl"
-    releases = ("EFL's Fisher sums U and V add up every client's raw Fisher report, unclipped and un-noised, and go "
-                "to every later cohort",)
+    declares = Declaration(releases=Releases(values=(
+        "EFL's Fisher sums U and V add up every client's raw Fisher report, unclipped and un-noised, and go "
+        "to every later cohort",)))
 
     def __init__(self, lam: float = 0.1, fisher_samples: int = 64) -> None:
         super().__init__()
         self.lam = _check_coefficient("efl_lambda", lam)
         self.fisher_samples = _check_fisher_samples(fisher_samples)
 
-    def composition_warnings(self, context) -> list[str]:
+    def check(self, context) -> list[str]:
         if self.lam == 0:
-            return ["objective='efl' with efl_lambda=0 is plain local SGD, yet every client still computes a Fisher report"]
-        return []
+            return super().check(context) + [
+                "objective='efl' with efl_lambda=0 is plain local SGD, yet every client still computes a Fisher report"]
+        return super().check(context)
 
     def hparams(self) -> dict:
         return {"lam": self.lam, "fisher_samples": self.fisher_samples}

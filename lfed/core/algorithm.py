@@ -15,6 +15,7 @@ from torch import Tensor
 
 from lfed.base.attack import NoAttack
 from lfed.base.component import Cohort, Component, each_once
+from lfed.base.declaration import Declaration, Supports, declaration
 from lfed.base.sharing import SHARE_ALL, resolve_sharing
 from lfed.client.objectives import ClientRule
 from lfed.engine import steps_per_epoch
@@ -31,12 +32,12 @@ __all__ = ["Algorithm", "LocalTraining", "UpdateHistory", "setup_state"]
 class UpdateHistory(Component):
     """Each client's update from the last round it took part in, and the global model's last change.
 
-    IGFL-C's correction and time attention read it (components with ``uses_history``); the round
+    IGFL-C's correction and time attention read it (components that declare ``Needs(history=True)``); the round
     keeps it: after the server step ``Δw_k ← Δ_k`` for active clients and ``Δw_ps ← w' - w``.
     """
 
     name = "history"
-    asynchronous_unready = "(a component reads the update history) is not defined asynchronously yet"
+    declares = Declaration(supports=Supports(asynchronous="(a component reads the update history) is not defined asynchronously yet"))
 
     def state_specs(self) -> list[StateSpec]:
         return [StateSpec("previous_update"), StateSpec("global_change", per_client=False)]
@@ -78,7 +79,7 @@ class Algorithm:
         self.sharing = self.sharing or SHARE_ALL  # None (before 0.4): every parameter shared
         if self.attack is None:
             self.attack = NoAttack()
-        if self.history is None and any(c.uses_history for c in self.roles().values()):
+        if self.history is None and any(declaration(c).needs.history for c in self.roles().values()):
             self.history = UpdateHistory()
 
     def attach(self, net, layout) -> None:

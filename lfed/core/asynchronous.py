@@ -222,9 +222,9 @@ class Asynchronous(Component):
         return self.clock.now
 
     # ------------------------------------------------------------------ checks before round 0
-    def prepare_run(self, context: CompositionContext) -> None:
+    def check(self, context: CompositionContext) -> list[str]:
         """Refuse, before round 0, what is not defined asynchronously: each other component says for itself
-        (:func:`asynchronous_refusal`), then the stragglers and ``C <= N``."""
+        (:func:`asynchronous_refusal`), then the stragglers and ``C <= N``; warn of a fraction, which is not used."""
         for role, component in (context.components or {}).items():
             reason = None if component is self else asynchronous_refusal(component, self)
             if reason:
@@ -237,8 +237,6 @@ class Asynchronous(Component):
                              f"{context.num_clients} clients")
         if context.num_clients is not None and self.clock.distribution == "file":  # read and checked now, not at dispatch
             read_durations(self.clock.durations_file, context.num_clients)
-
-    def composition_warnings(self, context: CompositionContext) -> list[str]:
         if "fraction" in context.explicit:
             return ["fraction is not used by asynchronous training: concurrency and buffer set who trains"]
         return []

@@ -15,8 +15,6 @@ from typing import Any, Literal
 
 import torch
 
-from lfed.base.component import each_once
-
 #: Every built-in name of every role, listed once: role -> name -> the component's class path (and the keyword
 #: arguments the name implies). ``--help``, the settings' ``Literal`` types, :func:`build`, the presets and every
 #: error message read this table; a new built-in method is its file plus one line here, a user's method is its file
@@ -397,9 +395,9 @@ def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozen
                          num_clients: int | None = None, total_rounds: int | None = None,
                          net_releases: tuple[str, ...] = (), run_key: str = "",
                          data_notes: frozenset = frozenset(), training: Any = None,
-                         shared_params: int | None = None) -> list[str]:
-    """Every component's own preparation and check of the run's composition (:meth:`lfed.base.component.Component.prepare_run`,
-    :meth:`~lfed.base.component.Component.composition_warnings`).
+                         shared_params: int | None = None, data: Any = None) -> list[str]:
+    """Every component's one check before round 0 (:meth:`lfed.base.component.Component.check`, each component once, in
+    the order of the roles: the asynchronous schedule's first): the one place the run checks its composition.
 
     Every piece composes with every other (docs/algorithms.md §0), but some combinations silently do
     nothing or something else than their names say; each component knows its own (a component
@@ -412,11 +410,12 @@ def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozen
             the checks see every round's cohort size).
         net_releases: What the run releases of its net beyond the parameters (:meth:`lfed.core.run.FederatedRun.net_releases`).
         run_key, data_notes, training, shared_params: :class:`lfed.base.component.CompositionContext`'s.
+        data: The run's federated data on the device, for the components that check it (None: not checked).
 
     Returns:
         The warnings, one sentence each (the caller emits them as :class:`CompositionWarning`).
     """
-    from lfed.base.component import CompositionContext
+    from lfed.base.component import CompositionContext, check_components
     from lfed.participation.sampling import cohort_size
 
     participation = algorithm.participation
@@ -426,8 +425,5 @@ def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozen
     roles = algorithm.roles()
     context = CompositionContext(frozenset(explicit), participation.stragglers.p_inactive,
                                  participation.stragglers.p_incomplete, num_clients, total_rounds, sizes, roles,
-                                 tuple(net_releases), run_key, frozenset(data_notes), training, shared_params)
-    unique = each_once(roles.values())
-    for component in unique:  # before round 0: refuse what cannot run, derive settings
-        component.prepare_run(context)
-    return [message for component in unique for message in component.composition_warnings(context)]
+                                 tuple(net_releases), run_key, frozenset(data_notes), training, shared_params, data)
+    return check_components(roles.values(), context)  # before round 0: refuse what cannot run, derive settings, warn

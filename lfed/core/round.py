@@ -39,6 +39,7 @@ from typing import Any
 from torch import Tensor
 
 from lfed.base.component import Cohort, HostCohort, LocalWork
+from lfed.base.declaration import declaration
 from lfed.core.algorithm import Algorithm, LocalTraining
 from lfed.core.record import RoundRecord, verify_round
 from lfed.engine import CohortResult, CohortTrainer
@@ -132,7 +133,7 @@ def prepare_round(
 
     Arguments as :func:`run_round`. The components' state that the step rule reads is read here;
     nothing is written until :func:`finish_round`. When a component asks for it
-    (``needs_start_loss``), each cohort client's loss under ``w`` is computed first
+    (``Needs(start_loss=True)``), each cohort client's loss under ``w`` is computed first
     (:attr:`~lfed.base.component.Cohort.start_loss`, split over the ``ranks``).
     """
     sizes = sizes if sizes is not None else engine.layout.sizes
@@ -141,7 +142,7 @@ def prepare_round(
     cohort.plan = training  # the hooks' context: the round's lr, batch size, budget, and the clients' label counts
     counts_all = getattr(data, "label_counts", None)
     cohort.label_counts = None if counts_all is None else counts_all[clients.to(counts_all.device)]
-    if any(c.needs_start_loss for c in algorithm.roles().values()):
+    if any(declaration(c).needs.start_loss for c in algorithm.roles().values()):
         cohort.start_loss = client_losses(engine, w, data.train_x, data.train_y, data.client_index[clients], n_k,
                                           ranks or Ranks())
     host, device = cohort.host, clients.device
@@ -157,7 +158,7 @@ def prepare_round(
     sizes = algorithm.sharing.shared_sizes_of(sizes)  # only the shared part travels (docs/algorithms.md §13)
     bits = algorithm.channel.bits(sizes)
     record.bits_down = clients.numel() * bits
-    if not any(values(host.counting)) and not algorithm.combination.releases_every_round:
+    if not any(values(host.counting)) and not declaration(algorithm.combination).releases.every_round:
         record.skipped = True
         return PreparedRound(record, w, None, seed, sizes, training)
 

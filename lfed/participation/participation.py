@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from lfed.base.component import Component
+from lfed.base.declaration import Declaration, Supports
 from lfed.participation.sampling import FractionSchedule, as_schedule, cohort_size
 from lfed.participation.stragglers import Stragglers
 
@@ -27,7 +28,8 @@ class Participation(Component):
     """
 
     name = "participation"
-    asynchronous_ready = True  # the cohort size is not used asynchronously (concurrency and buffer are): a warning
+    # the cohort size is not used asynchronously (concurrency and buffer are): a warning
+    declares = Declaration(supports=Supports(asynchronous=True))
 
     def __init__(self, fraction: float | FractionSchedule = 0.1, p_inactive: float = 0.0, p_incomplete: float = 0.0) -> None:
         super().__init__()
@@ -40,7 +42,7 @@ class Participation(Component):
         return {"fraction": repr(self.fraction), "p_inactive": self.stragglers.p_inactive,
                 "p_incomplete": self.stragglers.p_incomplete}
 
-    def composition_warnings(self, context) -> list[str]:
+    def check(self, context) -> list[str]:
         """A fraction so small that ``C * N`` rounds to no client: such a round samples one client (docs/algorithms.md §5's
         ``max(1, .)``), not the fraction asked for; said once, with the first such round."""
         N = context.num_clients

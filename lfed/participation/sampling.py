@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from lfed.base.component import Cohort, Component, standalone_store
+from lfed.base.declaration import Declaration, Releases, Supports
 from lfed.engine.host import device_rows, values
 from lfed.participation.draws import DRAWS, uniform_draw
 from lfed.participation.fractions import (
@@ -51,14 +52,13 @@ class ClientSampler(Component):
 
     num_clients: int
     name = "uniform"
-    asynchronous_unready = ("is not used: asynchronous dispatch draws uniformly among the clients not in flight; "
-                            "leave sampler unset")
+    # its kind's reason; a sampler where each client is drawn independently with the same probability q = K_t / N
+    # (Poisson sampling, as DP-FedAvg's accountant assumes: PoissonSampler) declares Supports(poisson=True)
+    declares = Declaration(supports=Supports(asynchronous=(
+        "is not used: asynchronous dispatch draws uniformly among the clients not in flight; leave sampler unset")))
     #: Whether every round's cohort has the planned size. A sampler of random cohort sizes (Poisson) sets False, and the
     #: engine then runs its steps eagerly instead of recording one graph per shape (a new size almost every round).
     fixed_size = True
-    #: Whether each client is drawn independently with the same probability ``q = K_t / N`` (Poisson sampling, the
-    #: sampling DP-FedAvg's accountant assumes; :class:`PoissonSampler`). False by default.
-    poisson = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -129,7 +129,7 @@ class UniformSampler(ClientSampler):
     """``k`` clients without replacement, uniformly (FedAvg; docs/algorithms.md §5), in O(k) (:func:`uniform_draw`;
     ``draws = "permutation"``: lfed 0.5's ``randperm(N)[:k]``, kept for the runs it made)."""
 
-    asynchronous_ready = True
+    declares = Declaration(supports=Supports(asynchronous=True))
     draws = "rejection"
 
     def sample(self, round: int, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -151,7 +151,7 @@ class PoissonSampler(ClientSampler):
 
     name = "poisson"
     fixed_size = False
-    poisson = True
+    declares = Declaration(supports=Supports(poisson=True))
     #: DP-FedAvg's source of private draws (:class:`lfed.rng.PrivateStreams`), set by it before round 0: the cohort
     #: is part of the mechanism (its subsampling amplification assumes nobody can reproduce it)
     private_streams = None
@@ -199,10 +199,11 @@ class AttentionSampler(ClientSampler):
 
     scores: Tensor
     name = "attention"
-    releases = ("AdaFL's sampling scores move with each client's raw distance ||w^(t+1) - w_k^(t)||, un-noised, "
-                "and choose later cohorts",)
+    declares = Declaration(releases=Releases(values=(
+        "AdaFL's sampling scores move with each client's raw distance ||w^(t+1) - w_k^(t)||, un-noised, "
+        "and choose later cohorts",)))
 
-    def composition_warnings(self, context) -> list[str]:
+    def check(self, context) -> list[str]:
         sizes = context.cohort_sizes
         if sizes and min(sizes) == context.num_clients:
             return ["sampler='attention' with every client sampled every round: the AdaFL scores change nothing"]

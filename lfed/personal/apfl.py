@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lfed.base.declaration import Declaration, Supports
 from lfed.checks import number
 from lfed.client.objectives import ClientRule
 from lfed.engine import batch_schedule
@@ -44,7 +45,7 @@ class APFL(ClientRule):
     """
 
     name = "apfl"
-    personalized = True
+    declares = Declaration(supports=Supports(personalized=True))
 
     def __init__(self, alpha: float = 0.5, alpha_lr: float = 0.1) -> None:
         super().__init__()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from lfed.base.declaration import Declaration, Supports
 from lfed.checks import number
 from lfed.client.objectives import ClientRule
 from lfed.engine import StepRule
@@ -31,7 +32,7 @@ class Ditto(ClientRule):
     """
 
     name = "ditto"
-    personalized = True
+    declares = Declaration(supports=Supports(personalized=True))
 
     def __init__(self, lam: float = 0.1) -> None:
         super().__init__()

@@ -37,6 +37,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from lfed.base.declaration import Declaration, Supports
 from lfed.client.objectives import ClientRule
 from lfed.engine import LossTerm, StepRule, batch_schedule
 from lfed.engine.losses import per_example_cross_entropy
@@ -67,7 +68,7 @@ class FedRoD(ClientRule):
     """
 
     name = "fedrod"
-    personalized = True
+    declares = Declaration(supports=Supports(personalized=True))
 
     def __init__(self, head: str | None = None) -> None:
         super().__init__()
@@ -136,16 +137,17 @@ class FedRoD(ClientRule):
         K, width = local.index.shape
         y = local.data_y[local.index.reshape(-1)].reshape(K, width)
         real = torch.arange(width, device=y.device)[None, :] < local.num_examples.to(y.device)[:, None]
-        C = self.num_classes  # every training label is in [0, C): checked once before round 0 (check_start)
+        C = self.num_classes  # every training label is in [0, C): checked once before round 0 (check)
         return torch.zeros(K, C, dtype=torch.float64, device=y.device).scatter_add_(
             1, y.clamp(0, C - 1).long(), real.to(torch.float64))
 
-    def check_start(self, data) -> None:
+    def check(self, context) -> list[str]:
         """Every training label is one of the head's classes (read once, before round 0, not in every round)."""
-        C = self.num_classes
-        if C is not None and data.train_y.numel() and bool(((data.train_y < 0) | (data.train_y >= C)).any()):
+        C, data = self.num_classes, context.data
+        if data is not None and C is not None and data.train_y.numel() and bool(((data.train_y < 0) | (data.train_y >= C)).any()):
             raise ValueError(f"head: FedRoD's head has {C} outputs but the training labels reach "
                              f"{int(data.train_y.max())}; give the net one output per class")
+        return super().check(context)
 
     def after_local(self, cohort, w_start, w_end, lr, local) -> Tensor:
         self._check_loss(local.engine)

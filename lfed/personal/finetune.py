@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lfed.base.declaration import Declaration, Supports
 from lfed.checks import integer, number
 from lfed.client.objectives import ClientRule
 from lfed.engine import StepRule, steps_per_epoch
@@ -34,7 +35,7 @@ class FedAvgFT(ClientRule):
     """
 
     name = "fedavg_ft"
-    personalized = True
+    declares = Declaration(supports=Supports(personalized=True))
 
     def __init__(self, epochs: int | None = 1, steps: int | None = None, lr: float | None = None) -> None:
         super().__init__()

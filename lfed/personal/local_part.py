@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
+from lfed.base.declaration import Declaration, Supports
 from lfed.client.objectives import ClientRule
 from lfed.personal.sharing import Sharing
 from lfed.state.spec import GLOBAL, StateSpec
@@ -42,7 +43,7 @@ class LocalPartRule(ClientRule):
     """
 
     name = "local_part"
-    personalized = True
+    declares = Declaration(supports=Supports(personalized=True))
 
     def __init__(self, local: str | Sequence[str] | None = None) -> None:
         super().__init__()

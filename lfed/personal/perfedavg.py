@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lfed.base.declaration import Declaration, Supports
 from lfed.checks import integer, number, one_of
 from lfed.client.objectives import ClientRule
 from lfed.engine import StepRule, batch_schedule
@@ -54,7 +55,7 @@ class PerFedAvg(ClientRule):
     """
 
     name = "perfedavg"
-    personalized = True
+    declares = Declaration(supports=Supports(personalized=True))
 
     def __init__(self, alpha: float = 0.01, variant: str = "fo", delta: float = 0.001, eval_steps: int = 1) -> None:
         super().__init__()

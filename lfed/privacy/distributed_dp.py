@@ -56,6 +56,7 @@ import torch
 from torch import Tensor
 
 from lfed.base.component import each_once
+from lfed.base.declaration import Declaration, Releases, Supports, declaration
 from lfed.checks import integer, number
 from lfed.privacy.accountant import budget_stop, smallest_multiplier
 from lfed.privacy.dp_fedavg import check_neighbours
@@ -243,11 +244,6 @@ class DistributedDP(ServerCombination):
     """
 
     name = "distributed_dp"
-    releases_every_round = True
-    asynchronous_ready = False
-
-    def asynchronous_refusal(self, schedule) -> str | None:
-        return "distributed DP masks and noises one synchronous cohort; use a synchronous schedule"
 
     def __init__(self, noise_multiplier: float | None = 1.0, clip: float = 1.0, bits: int = 20, scale: float | None = None,
                  beta: float = math.exp(-0.5), delta: float | None = None, dropout: float = 0.0,
@@ -293,27 +289,31 @@ class DistributedDP(ServerCombination):
         self._report: dict[str, float] = {}
 
     @property
-    def metric_policy(self) -> str:
-        return "mark" if self.log_unaccounted else "drop"
-
-    @property
-    def private_metrics(self) -> tuple[str, ...]:
-        """ε, the settings, the dropouts (drawn independently of the data) and the decoded noised sum's share of the
-        range (post-processing of the release)."""
-        return ("privacy/epsilon", "privacy/noise_multiplier", "privacy/clip", "secagg/dropped", "secagg/unmasked",
-                "secagg/max_abs_fraction_of_range", "final/privacy_*")
+    def declares(self) -> Declaration:  # type: ignore[override]
+        """It releases its noised sum every round; its private metrics are ε, the settings, the dropouts (drawn
+        independently of the data) and the decoded noised sum's share of the range (post-processing of the release);
+        it guards the run's metrics; it is not defined asynchronously."""
+        private = ("privacy/epsilon", "privacy/noise_multiplier", "privacy/clip", "secagg/dropped", "secagg/unmasked",
+                   "secagg/max_abs_fraction_of_range", "final/privacy_*")
+        return Declaration(releases=Releases(every_round=True, private_metrics=private,
+                                             metric_policy="mark" if self.log_unaccounted else "drop"),
+                           supports=Supports(asynchronous="masks and noises one synchronous cohort; use a synchronous schedule"))
 
     def hparams(self) -> dict:
         return dict(self._given)
 
     # ------------------------------------------------------------------ before round 0
-    def prepare_run(self, context) -> None:
+    def check(self, context) -> list[str]:
         """Refuse DP-FedAvg's neighbours (no Poisson requirement: no amplification by sampling); fix δ; check bits."""
+        self._resolve(context)
+        return []
+
+    def _resolve(self, context) -> None:
         check_neighbours(context, "distributed DP", poisson=False)
         roles = context.components or {}
         self.streams = PrivateStreams(self.noise, getattr(context, "run_key", ""))
         for c in each_once(roles.values()):
-            if getattr(c, "dp_shares", ()):
+            if declaration(c).releases.dp_shares:
                 raise ValueError(f"{getattr(c, 'name', c)}: its own noised releases (dp_shares) are accounted by "
                                  "DP-FedAvg's Gaussian accountant only; use combination: dp_fedavg with it")
         if context.num_clients is not None and self.delta is None:
@@ -402,9 +402,6 @@ class DistributedDP(ServerCombination):
         z = self.noise_multiplier if z is None else z
         m = m if m is not None else (self.m_min or 1.0)
         return min(math.sqrt(room / (k * k * C * C / d + z * z * C * C)), math.sqrt(2 * m * MAX_RATE * (1 - 1e-9)) / (z * C))  # (a hair below)
-
-    def composition_warnings(self, context) -> list[str]:
-        return []
 
     def start_notice(self) -> str:
         where = "secure (the operating system's randomness)" if self.streams.secure else "seeded from the run's seed"

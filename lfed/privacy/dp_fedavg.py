@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from lfed.base.component import each_once
+from lfed.base.declaration import Declaration, Releases, Supports, declaration
 from lfed.checks import number
 from lfed.engine.host import values
 from lfed.privacy.accountant import ACCOUNTANTS, PrivacyAccountant, budget_stop, calibrate_noise, epsilon
@@ -43,14 +44,14 @@ def check_neighbours(context, mechanism: str = "DP-FedAvg", poisson: bool = True
     roles = context.components or {}
     check_releases(roles, context.net_releases, mechanism)  # every value the accountant cannot account (lfed.privacy.releases)
     sampler, weighting, channel = roles.get("sampler"), roles.get("weighting"), roles.get("channel")
-    if poisson and sampler is not None and not getattr(sampler, "poisson", False):
+    if poisson and sampler is not None and not declaration(sampler).supports.poisson:
         raise ValueError(f"sampler: {mechanism}'s accountant assumes Poisson sampling (each client independently "
                          f"with probability q), got {getattr(sampler, 'name', sampler)!r}; use sampler: poisson "
                          "(an accountant for fixed-size or attention sampling is not implemented)")
-    if weighting is not None and not getattr(weighting, "equal_weights", False):
+    if weighting is not None and not declaration(weighting).supports.equal_weights:
         raise ValueError(f"weighting: {mechanism} weighs every counting client by 1/m (bounded sensitivity C/m); "
                          f"{getattr(weighting, 'name', weighting)!r} weights are unbounded without a cap; use weighting: uniform")
-    if channel is not None and not getattr(channel, "exact", True):
+    if channel is not None and not declaration(channel).supports.exact:
         raise ValueError(f"channel: {mechanism} clips each update before any compression, and ternary compression "
                          "with residuals feeds earlier rounds' updates into later ones (unbounded sensitivity); "
                          "use channel: false with DP")
@@ -86,12 +87,9 @@ class DPFedAvg(ServerCombination):
     """
 
     name = "dp"
-    releases_every_round = True
-
-    def asynchronous_refusal(self, schedule) -> str | None:
-        return ("DP-FedAvg is not implemented asynchronously (its sensitivity would be max_k a_k s(τ_k) x clip per server "
-                "step and its accountant would need sampling among the clients not in flight, docs/async.md); use a "
-                "non-private combination")
+    ASYNCHRONOUS = ("is not implemented asynchronously (its sensitivity would be max_k a_k s(τ_k) x clip per server step "
+                    "and its accountant would need sampling among the clients not in flight, docs/async.md); use a "
+                    "non-private combination")
 
     def __init__(self, noise_multiplier: float | None = 1.0, clip: float = 1.0, target_epsilon: float | None = None,
                  delta: float | None = None, target_quantile: float | None = None, clip_lr: float = 0.2,
@@ -108,7 +106,7 @@ class DPFedAvg(ServerCombination):
         if common_noise and noise == "secure":
             raise ValueError("common_noise: shared noise streams need noise: seeded (secure noise is never drawn twice)")
         self.noise, self.common_noise = noise, common_noise
-        self.streams = PrivateStreams(noise)  # keyed by the run's settings in prepare_run
+        self.streams = PrivateStreams(noise)  # keyed by the run's settings in check
         self.log_unaccounted = log_unaccounted
         if target_epsilon is not None:
             number("target_epsilon", target_epsilon, above=0)
@@ -142,7 +140,7 @@ class DPFedAvg(ServerCombination):
         if math.isinf(self.clip0) and (z > 0 or target_epsilon is not None or self.local_noise > 0):
             raise ValueError("clip: noise is scaled by the clip norm, so an infinite clip (no clipping) gives unbounded "
                              "sensitivity; give a finite clip > 0 with noise")
-        # the settings as given (None: resolved before round 0 by prepare_run): what the run fingerprint compares
+        # the settings as given (None: resolved before round 0 by check): what the run fingerprint compares
         self._given = {"noise_multiplier": None if noise_multiplier is None else float(noise_multiplier),
                        "clip": self.clip0, "target_epsilon": target_epsilon, "delta": delta,
                        "target_quantile": target_quantile, "clip_lr": float(clip_lr), "count_noise": count_noise,
@@ -152,28 +150,28 @@ class DPFedAvg(ServerCombination):
         self._calibrate = noise_multiplier is None  # a budget and no multiplier: calibrate it; with both, the budget is a cap
         self.target_quantile, self.clip_lr, self.count_noise = target_quantile, float(clip_lr), count_noise
         self.accountant = PrivacyAccountant(accountant)
-        self.update_multiplier = z  # z_Δ: the updates' share of z under adaptive clipping (prepare_run)
-        self.shares: tuple[float, ...] = ()  # the components' own noised releases (their dp_shares, lfed.privacy.releases; prepare_run)
+        self.update_multiplier = z  # z_Δ: the updates' share of z under adaptive clipping (check)
+        self.shares: tuple[float, ...] = ()  # the components' own noised releases (their dp_shares, lfed.privacy.releases; check)
         self._report: dict[str, float] = {}
 
     @property
-    def metric_policy(self) -> str:
-        """DP guards the run's metrics (:mod:`lfed.base.metric_gate`): ``mark`` with ``log_unaccounted``, else ``drop``."""
-        return "mark" if self.log_unaccounted else "drop"
-
-    @property
-    def private_metrics(self) -> tuple[str, ...]:
-        """What :meth:`report` computes from public settings and noised releases only: ε, ``z``, the clip (fixed: a
-        setting; adaptive: ``C_t`` from the noised counts of earlier rounds) and, with adaptive clipping, the next clip
-        and the clipped fraction ``1 - b̃`` from the noised count. Not ``privacy/clients`` (the realised cohort size)
-        nor, with a fixed clip, ``privacy/clipped_fraction`` (an un-noised count)."""
+    def declares(self) -> Declaration:  # type: ignore[override]
+        """DP releases its noise every round (also when nobody counts) and guards the run's metrics
+        (:mod:`lfed.base.metric_gate`): ``mark`` with ``log_unaccounted``, else ``drop``. Its private metrics are what
+        :meth:`report` computes from public settings and noised releases only: ε, ``z``, the clip (fixed: a setting;
+        adaptive: ``C_t`` from the noised counts of earlier rounds) and, with adaptive clipping, the next clip and the
+        clipped fraction ``1 - b̃`` from the noised count. Not ``privacy/clients`` (the realised cohort size) nor, with a
+        fixed clip, ``privacy/clipped_fraction`` (an un-noised count)."""
         fixed = ("privacy/epsilon", "privacy/noise_multiplier", "privacy/clip", "final/privacy_*")  # (summary: settings, ε)
-        return fixed if self.target_quantile is None else fixed + ("privacy/clip_next", "privacy/clipped_fraction")
+        private = fixed if self.target_quantile is None else fixed + ("privacy/clip_next", "privacy/clipped_fraction")
+        return Declaration(releases=Releases(every_round=True, private_metrics=private,
+                                             metric_policy="mark" if self.log_unaccounted else "drop"),
+                           supports=Supports(asynchronous=self.ASYNCHRONOUS))
 
     def hparams(self) -> dict:
-        """The settings as the user gave them, not as :meth:`prepare_run` resolves them.
+        """The settings as the user gave them, not as :meth:`check` resolves them.
 
-        A checkpoint is written after ``prepare_run`` (δ = 1/N^1.1, a calibrated ``z``, ``count_noise = m/20``) and
+        A checkpoint is written after ``check`` (δ = 1/N^1.1, a calibrated ``z``, ``count_noise = m/20``) and
         checked on resume before it runs again, so resolved values would differ from the unset ones on every resume.
         The resolved values are functions of these settings and of what the fingerprint holds already (``N``,
         ``fraction``, and the rounds when ``z`` is calibrated: :attr:`depends_on_total_rounds`), and the checkpoint
@@ -190,8 +188,15 @@ class DPFedAvg(ServerCombination):
         return [StateSpec("clip", shape=(), per_client=False, init=self.clip0, dtype=torch.float64)]
 
     # ------------------------------------------------------------------ before round 0
-    def prepare_run(self, context) -> None:
-        """Refuse what the accountant cannot account for; fix δ; calibrate ``z``; split ``z`` for adaptive clipping."""
+    def check(self, context) -> list[str]:
+        """Refuse what the accountant cannot account for; fix δ; calibrate ``z``; split ``z`` for adaptive clipping;
+        warn of a DP without noise."""
+        self._resolve(context)
+        if self.noise_multiplier == 0 and self.local_noise == 0:
+            return ["DP-FedAvg with noise_multiplier=0 and no local noise gives no privacy (ε = inf): it only clips"]
+        return []
+
+    def _resolve(self, context) -> None:
         roles = context.components or {}
         check_neighbours(context)  # every value the accountant cannot account; Poisson sampling, equal weights, exact channel
         # the private draws (noise, the Poisson cohort, DP-SCAFFOLD's control noise) from one source, keyed by the
@@ -200,8 +205,8 @@ class DPFedAvg(ServerCombination):
         for c in each_once(roles.values()):
             if hasattr(c, "private_streams"):
                 c.private_streams = self.streams
-        self.shares = tuple(float(z) for c in each_once(roles.values())
-                            for z in getattr(c, "dp_shares", ()))  # DP-SCAFFOLD's control updates
+        self.shares = tuple(z for c in each_once(roles.values())
+                            for z in declaration(c).releases.dp_shares)  # DP-SCAFFOLD's control updates
         if self.shares and self.local_noise > 0:
             raise ValueError("local_noise: a component's own noised release (DP-SCAFFOLD's control updates) is noised "
                              "on the server and accounted as a share of noise_multiplier; use server noise with it")
@@ -258,11 +263,6 @@ class DPFedAvg(ServerCombination):
             return None
         return budget_stop(round, after, self.target_epsilon, self.delta, self.accountant.rounds,
                            self.accountant.epsilon(self.delta))
-
-    def composition_warnings(self, context) -> list[str]:
-        if self.noise_multiplier == 0 and self.local_noise == 0:
-            return ["DP-FedAvg with noise_multiplier=0 and no local noise gives no privacy (ε = inf): it only clips"]
-        return []
 
     def start_notice(self) -> str:
         """One line at start-up: where the noise comes from, and what the guarantee then assumes."""

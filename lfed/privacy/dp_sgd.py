@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lfed.base.declaration import Declaration, Releases, Supports, declaration
 from lfed.checks import number
 from lfed.client.objectives import ClientRule
 from lfed.engine.example_dp import ExampleNoise, expected_batch_check, sampling_rate
@@ -52,8 +53,6 @@ class DPSGD(ClientRule):
     """
 
     name = "dp_sgd"
-    asynchronous_ready = False
-    asynchronous_unready = "(example-level DP-SGD) is not implemented asynchronously yet"
 
     def __init__(self, noise_multiplier: float = 1.0, clip: float = 1.0, delta: float = 1e-5, mu: float = 0.0,
                  accountant: str = "rdp", noise: str = "seeded", log_unaccounted: bool = False) -> None:
@@ -72,7 +71,7 @@ class DPSGD(ClientRule):
             raise ValueError(f"log_unaccounted: must be true or false, got {log_unaccounted!r}")
         self.noise, self.log_unaccounted = noise, log_unaccounted
         self.streams = PrivateStreams(noise)
-        self.batch_size: int | None = None  # the run's B (prepare_run)
+        self.batch_size: int | None = None  # the run's B (check)
         self._eps_cache: dict[tuple[float, int], float] = {}
         self.steps: Tensor | None = None  # the ledger (_ledger): S_k per client, host float64
         self.eps: Tensor | None = None  # ε_k(δ) per client, host float64
@@ -85,14 +84,17 @@ class DPSGD(ClientRule):
     def structure(self) -> dict:
         return {"example_dp": True}
 
-    @property
-    def metric_policy(self) -> str:
-        """The run's metrics are gated (:mod:`lfed.base.metric_gate`): ``mark`` with ``log_unaccounted``, else ``drop``."""
-        return "mark" if self.log_unaccounted else "drop"
-
     #: What :meth:`report` and :meth:`summary` compute from public settings and the clients' step counts alone.
-    private_metrics = ("privacy/example_epsilon_max", "privacy/example_epsilon_median", "privacy/example_noise_multiplier",
+    PRIVATE_METRICS = ("privacy/example_epsilon_max", "privacy/example_epsilon_median", "privacy/example_noise_multiplier",
                        "final/example_*")
+
+    @property
+    def declares(self) -> Declaration:  # type: ignore[override]
+        """The run's metrics are gated (:mod:`lfed.base.metric_gate`): ``mark`` with ``log_unaccounted``, else ``drop``;
+        not defined asynchronously."""
+        return Declaration(releases=Releases(private_metrics=self.PRIVATE_METRICS,
+                                             metric_policy="mark" if self.log_unaccounted else "drop"),
+                           supports=Supports(asynchronous="(example-level DP-SGD) is not implemented asynchronously yet"))
 
     # The per-client ledger lives on the host (float64 ``[N]`` steps and ε): the accountant is host arithmetic and
     # every value it needs (the cohort's ids, sizes and steps done) is a host value of the round, so no round reads
@@ -114,14 +116,16 @@ class DPSGD(ClientRule):
         self.steps, self.eps = state["ledger"]["steps"], state["ledger"]["epsilon"]
 
     # ------------------------------------------------------------------ before round 0
-    def prepare_run(self, context) -> None:
-        """Refuse what the per-client accountants would not cover; key the noise streams by the run's settings."""
+    def check(self, context) -> list[str]:
+        """Refuse what the per-client accountants would not cover; key the noise streams by the run's settings; warn of
+        DP-SGD without noise."""
+        out = super().check(context)
         training = getattr(context, "training", None)
         if training is not None:
             self.batch_size = expected_batch_check(training.batch_size)
         for role, component in (context.components or {}).items():
             if role == "weighting":  # weights computed from the clients' data (DWFed's label counts) leave un-noised
-                for what in getattr(component, "releases", ()):
+                for what in declaration(component).releases.values:
                     raise ValueError(f"{SETTINGS.get(role, role)}: {what}, which example-level DP-SGD does not "
                                      "account (it privatizes the local steps only); use weighting: size or uniform")
         for what in context.net_releases:
@@ -130,11 +134,9 @@ class DPSGD(ClientRule):
         self.streams = PrivateStreams(self.noise, getattr(context, "run_key", ""))
         if context.num_clients is not None:
             self._ledger(context.num_clients)
-
-    def composition_warnings(self, context) -> list[str]:
         if self.noise_multiplier == 0:
-            return ["objective='dp_sgd' with noise_multiplier=0 gives no privacy (ε = inf): it only clips each example"]
-        return []
+            out.append("objective='dp_sgd' with noise_multiplier=0 gives no privacy (ε = inf): it only clips each example")
+        return out
 
     # ------------------------------------------------------------------ one round
     def step_rule(self, cohort, w_start: Tensor, lr: float) -> StepRule:

@@ -2,20 +2,19 @@
 
 DP-FedAvg (:mod:`lfed.privacy.dp_fedavg`) accounts one value a round: the clipped, noised sum of the counting
 clients' updates. A component that sends anything else computed from the clients' data to the server, to other
-clients or into the global model says so where it is defined, in its ``releases`` (one clause each: what, and how it
-leaves the clients); the run adds the net's own (BatchNorm running statistics,
+clients or into the global model says so where it is defined, in its declaration's ``Releases(values=...)`` (one
+clause each: what, and how it leaves the clients; :mod:`lfed.base.declaration`); the run adds the net's own (BatchNorm running statistics,
 :meth:`lfed.core.run.FederatedRun.net_releases`). A DP run refuses every one before round 0 with one line naming the
 setting (:func:`refusal`); state that stays on its client (personal models, local layers) is no release.
 
-The two declarations a component makes for DP (class attributes, read here and by :class:`~lfed.privacy.DPFedAvg`;
-a component that declares neither has none; the component contract, :class:`lfed.base.component.Component`, does not
-carry them):
+The two parts of a component's declaration (``declares = Declaration(releases=Releases(...))``) DP reads, here and in
+:class:`~lfed.privacy.DPFedAvg` (a component that declares neither has none):
 
-* ``releases: tuple[str, ...]``: what the component sends beyond the round's aggregated update from the clients' data
+* ``Releases(values=...)``: what the component sends beyond the round's aggregated update from the clients' data
   to the server, to other clients or into the global model, one clause each, what and how ("SCAFFOLD's server control
   variate c is averaged from the clients' raw control updates, unclipped and un-noised, and sent to every later
   cohort"). DP-FedAvg refuses a run with any before round 0.
-* ``dp_shares: tuple[float, ...]``: the noise multipliers of the component's own Gaussian releases of each round on
+* ``Releases(dp_shares=...)``: the noise multipliers of the component's own Gaussian releases of each round on
   the sampled cohort, each of clipped contributions and noise ``z_i`` times their clip (DP-SCAFFOLD's control
   updates): DP-FedAvg gives each its share of the round's multiplier ``z`` (``z_Δ = (z⁻² - Σ z_i⁻²)^(-1/2)``).
 """
@@ -24,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+
+from lfed.base.declaration import declaration
 
 __all__ = ["INSTEAD", "SETTINGS", "check_releases", "refusal", "releases_of"]
 
@@ -51,8 +52,8 @@ def refusal(setting: str, what: str, mechanism: str = "DP-FedAvg") -> str:
 
 
 def releases_of(component: Any) -> tuple[str, ...]:
-    """What ``component`` declares it releases (``releases``; none when it declares nothing)."""
-    return tuple(getattr(component, "releases", ()))
+    """What ``component`` declares it releases (``Releases(values=...)``; none when it declares nothing)."""
+    return declaration(component).releases.values
 
 
 def check_releases(components: dict[str, Any], net_releases: Iterable[str] = (), mechanism: str = "DP-FedAvg") -> None:

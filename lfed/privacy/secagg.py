@@ -33,6 +33,7 @@ import math
 import torch
 from torch import Tensor
 
+from lfed.base.declaration import Declaration, Releases, Supports, declaration
 from lfed.checks import integer, number
 from lfed.privacy.releases import SETTINGS, releases_of
 from lfed.rng import round_generator
@@ -175,12 +176,7 @@ class SecureAggregation(ServerCombination):
             cohort are per-client values the server would not see); True: those too, marked ``unaccounted/``.
     """
 
-    #: What :meth:`report` computes from the sum alone (the metric gate's private metrics).
-    private_metrics = ("secagg/dropped", "secagg/max_abs_fraction_of_range")
-
     name = "secagg"
-    asynchronous_ready = False
-    asynchronous_unready = "masks a round's synchronous cohort; a buffer of stale updates is not one"
 
     def __init__(self, bits: int = 32, clip: float = 1.0, scale: float | None = None, dropout: float = 0.0,
                  rounding: str = "nearest", masks: bool = True, log_unaccounted: bool = False) -> None:
@@ -207,20 +203,21 @@ class SecureAggregation(ServerCombination):
                 "rounding": self.rounding, "masks": self.masks, "log_unaccounted": self.log_unaccounted}
 
     @property
-    def metric_policy(self) -> str:
-        """Per-client metrics are what secure aggregation hides: ``drop`` (or ``mark`` with ``log_unaccounted``)."""
-        return "mark" if self.log_unaccounted else "drop"
-
-    def asynchronous_refusal(self, schedule) -> str | None:
-        return "secure aggregation masks one synchronous cohort's uploads; use a synchronous schedule"
+    def declares(self) -> Declaration:  # type: ignore[override]
+        """Per-client metrics are what secure aggregation hides: ``drop`` (or ``mark`` with ``log_unaccounted``); what
+        :meth:`report` computes from the sum alone is private. Not defined asynchronously."""
+        return Declaration(releases=Releases(private_metrics=("secagg/dropped", "secagg/max_abs_fraction_of_range"),
+                                             metric_policy="mark" if self.log_unaccounted else "drop"),
+                           supports=Supports(asynchronous="masks one synchronous cohort's uploads; use a synchronous schedule"))
 
     # ------------------------------------------------------------------ before round 0
-    def prepare_run(self, context) -> None:
+    def check(self, context) -> list[str]:
         """Refuse what would show the server more than the sum; fix the scale; refuse settings that can overflow."""
         refuse_beside_the_sum(context, "secure aggregation")
         sizes = context.cohort_sizes or []
         if sizes:
             self.fix_scale(max(sizes))
+        return []
 
     def fix_scale(self, k_max: int) -> None:
         """The scale for cohorts of up to ``k_max`` clients (the setting, or derived); refuse one that can overflow."""
@@ -298,12 +295,13 @@ def refuse_beside_the_sum(context, what: str) -> None:
         for release in releases_of(component):
             raise ValueError(f"{setting}: {release}, which {what} would show the server beside the sum; use a "
                              f"{setting} that sends nothing but its update with {what}")
-        if getattr(component, "uses_history", False) or getattr(component, "needs_start_loss", False):
+        needs = declaration(component).needs
+        if needs.history or needs.start_loss:
             raise ValueError(f"{setting}: {getattr(component, 'name', component)!r} reads each client's own previous "
                              f"update or start loss on the server, which {what} hides (only the sum leaves); use "
                              f"another {setting} with {what}")
     channel = roles.get("channel")
-    if channel is not None and not getattr(channel, "exact", True):
+    if channel is not None and not declaration(channel).supports.exact:
         raise ValueError(f"channel: a lossy channel shows the server each client's compressed update, and {what} "
                          "sums dense fixed-point vectors; use channel: false")
     for release in context.net_releases:

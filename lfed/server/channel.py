@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from lfed.base.async_ready import declared_refusal
 from lfed.base.component import Cohort, Component
+from lfed.base.declaration import Declaration, Supports
 from lfed.engine.host import device_rows
 from lfed.server import compression as c
 from lfed.state.spec import StateSpec
@@ -27,16 +27,16 @@ class Channel(Component):
 
     name = "dense"
     sparsity: float | None = None
-    asynchronous_ready = True
-    asynchronous_unready = "is not defined asynchronously; use ternary or none"
 
     @property
-    def exact(self) -> bool:
-        """Whether the server receives each update and the clients the combined update exactly as they are (no
-        compression, no residual carried into later rounds), as DP-FedAvg's clipping needs: True where
-        :meth:`upstream` and :meth:`downstream` are this class's identities. A subclass may say so itself
-        (``exact = True``, a class attribute)."""
-        return type(self).upstream is Channel.upstream and type(self).downstream is Channel.downstream
+    def declares(self) -> Declaration:
+        """``Supports(exact=...)``: whether the server receives each update and the clients the combined update exactly
+        as they are (no compression, no residual carried into later rounds), as DP-FedAvg's clipping needs: True where
+        :meth:`upstream` and :meth:`downstream` are this class's identities (a subclass may declare it itself).
+        ``Channel`` itself is the dense channel, defined asynchronously; a subclass that says nothing is not."""
+        exact = type(self).upstream is Channel.upstream and type(self).downstream is Channel.downstream
+        ready = True if type(self) is Channel else "is not defined asynchronously; use ternary or none"
+        return Declaration(supports=Supports(asynchronous=ready, exact=exact))
 
     def upstream(self, updates: Tensor, cohort: Cohort, sizes: Sequence[int]) -> Tensor:
         """What the counting clients send (``[K, P]``; rows of clients that do not count are unused)."""
@@ -54,7 +54,7 @@ class Channel(Component):
 class Dense(Channel):
     """Updates travel uncompressed."""
 
-    asynchronous_ready = True
+    declares = Declaration(supports=Supports(asynchronous=True, exact=True))
 
 
 class TernaryTopK(Channel):
@@ -65,19 +65,17 @@ class TernaryTopK(Channel):
     """
 
     name = "ternary"
-    asynchronous_ready = True
+    declares = Declaration(supports=Supports(asynchronous=True, exact=False))
 
     def __init__(self, sparsity: float = 0.1) -> None:
         super().__init__()
         self.sparsity = c.validate_sparsity(sparsity)
 
-    def asynchronous_refusal(self, schedule) -> str | None:
-        if getattr(schedule, "mixing", None) is not None:
-            return ("FedAsync mixes the client's model w_k into the server's, but a client can only compress its update "
-                    "w_k - w^v against the model version v it started from; use FedBuff or no compression")
-        return declared_refusal(self)
-
-    def composition_warnings(self, context) -> list[str]:
+    def check(self, context) -> list[str]:
+        if getattr((context.components or {}).get("asynchronous"), "mixing", None) is not None:
+            raise ValueError("asynchronous: channel: FedAsync mixes the client's model w_k into the server's, but a client "
+                             "can only compress its update w_k - w^v against the model version v it started from; use "
+                             "FedBuff or no compression")
         if float(self.sparsity) >= 1.0:
             return ["compression=1.0 keeps every entry but ternary compression is not the identity: each entry "
                     "becomes ±mean|x| of its tensor (docs/algorithms.md §7); set channel: false for dense updates (null keeps the preset's q)"]

@@ -14,6 +14,7 @@ from typing import Literal
 from torch import Tensor
 
 from lfed.base.component import Cohort, Component
+from lfed.base.declaration import Declaration, Needs, Releases, Supports
 from lfed.checks import number, one_of
 from lfed.server.attention import QUERIES, TIME_WEIGHTS, AttentionResult
 
@@ -28,10 +29,9 @@ class ServerCombination(Component):
     """
 
     name = "mean"
-    asynchronous_ready = True
-    asynchronous_unready = "is not defined on a buffer of stale updates yet; use mean"
-    #: Whether a round with no counting client still runs this combination (DP-FedAvg releases its noise).
-    releases_every_round: bool = False
+    # its kind's reason (a subclass that says nothing is refused asynchronously with it); a combination that runs in a
+    # round with no counting client (DP-FedAvg releases its noise) declares Releases(every_round=True)
+    declares = Declaration(supports=Supports(asynchronous="is not defined on a buffer of stale updates yet; use mean"))
 
     def combine(self, updates: Tensor, weights: Tensor, cohort: Cohort) -> tuple[Tensor, AttentionResult | None]:
         """``Δ`` from ``updates [K, P]`` and ``weights [K]`` (0 for clients whose work does not count)."""
@@ -41,7 +41,7 @@ class ServerCombination(Component):
 class Mean(ServerCombination):
     """The weighted mean ``Δ = Σ_k a_k Δ_k`` (FedAvg)."""
 
-    asynchronous_ready = True
+    declares = Declaration(supports=Supports(asynchronous=True))
 
 
 class IGFLAttention(ServerCombination):
@@ -57,8 +57,8 @@ class IGFLAttention(ServerCombination):
             (000 L172 read literally; not renormalised). docs/algorithms.md §4.
     """
 
-    releases = ("IGFL-S attention weighs each client's raw update by the softmax of its similarity to the others' "
-                "(unbounded sensitivity), in place of DP-FedAvg's clipped, noised sum",)
+    RELEASE = ("IGFL-S attention weighs each client's raw update by the softmax of its similarity to the others' "
+               "(unbounded sensitivity), in place of DP-FedAvg's clipped, noised sum")
 
     def __init__(
         self,
@@ -71,13 +71,17 @@ class IGFLAttention(ServerCombination):
         self.query = query
         self.temperature = check_attention_settings(temperature, time_weights)
         self.time_weights = time_weights
-        self.uses_history = query == "time"
+
+    @property
+    def declares(self) -> Declaration:  # type: ignore[override]
+        """Its release; time attention reads the update history."""
+        return Declaration(releases=Releases(values=(self.RELEASE,)), needs=Needs(history=self.query == "time"))
 
     @property
     def name(self) -> str:  # the config name of the preset string (aggregation: self|global|time)
         return self.query
 
-    def composition_warnings(self, context) -> list[str]:
+    def check(self, context) -> list[str]:
         out = []
         ignored = [k for k in ("weighting",) if k in context.explicit]
         weighting = (context.components or {}).get("weighting")

@@ -14,8 +14,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from lfed.base.async_ready import declared_refusal
 from lfed.base.component import Cohort, Component
+from lfed.base.declaration import Declaration, Releases, Supports
 from lfed.checks import one_of
 from lfed.server.weight_formulas import PARTIAL_WORK, aggregation_weights, counting_mask
 
@@ -33,13 +33,14 @@ class AggregationWeights(Component):
 
     name = "size"
     rule = "size"
-    #: Whether every counting client weighs the same, ``a_k = 1/|S|`` (:class:`UniformWeights`), which DP-FedAvg's
-    #: bounded sensitivity needs. False by default.
-    equal_weights = False
-    asynchronous_ready = True
 
-    def asynchronous_refusal(self, schedule) -> str | None:
-        return declared_refusal(self) and f"{self.name!r} is not defined asynchronously yet; use size or uniform"
+    @property
+    def declares(self) -> Declaration:
+        """Its kind's reason, naming the setting (a subclass that says nothing is refused asynchronously with it). A
+        weighting where every counting client weighs the same, ``a_k = 1/|S|`` (:class:`UniformWeights`), which
+        DP-FedAvg's bounded sensitivity needs, declares ``Supports(equal_weights=True)``."""
+        return Declaration(supports=Supports(asynchronous=f"({self.name!r}) is not defined asynchronously yet; use size "
+                                                          "or uniform"))
 
     def __init__(self, partial_work: PartialWork = "keep") -> None:
         super().__init__()
@@ -48,7 +49,7 @@ class AggregationWeights(Component):
     def structure(self) -> dict:
         return {"partial_work": self.partial_work}
 
-    def composition_warnings(self, context) -> list[str]:
+    def check(self, context) -> list[str]:
         if self.partial_work in ("scale", "drop") and "partial_work" in context.explicit and context.p_incomplete <= 0.0:
             return [f"partial_work={self.partial_work!r} only changes how incomplete clients count, but "
                     "p_incomplete=0 makes every active client complete its budget: it is the same as 'keep' "
@@ -85,24 +86,25 @@ class AggregationWeights(Component):
 class SizeWeights(AggregationWeights):
     """``a_k = n_k / Σ_j n_j`` over the counting clients (FedAvg)."""
 
-    asynchronous_ready = True
+    declares = Declaration(supports=Supports(asynchronous=True))
 
 
 class UniformWeights(AggregationWeights):
     """``a_k = 1 / |S|`` over the counting clients (SCAFFOLD)."""
 
     name = rule = "uniform"
-    equal_weights = True
-    asynchronous_ready = True
+    declares = Declaration(supports=Supports(asynchronous=True, equal_weights=True))
 
 
 class DWFedWeights(AggregationWeights):
     """DWFed's ISH weights from label counts (002 eqs. 7, 12, 13)."""
 
     name = rule = "dwfed"
-    releases = ("DWFed's weights come from each client's label counts (its label distance to the population), "
-                "un-noised",)
+    declares = Declaration(releases=Releases(values=(
+        "DWFed's weights come from each client's label counts (its label distance to the population), un-noised",)))
 
-    def check_start(self, data) -> None:
+    def check(self, context) -> list[str]:
         """DWFed's weights are computed from the clients' label counts: refuse targets that are not class labels."""
-        data.require_labels("weighting='dwfed' (label-count weights)")
+        if context.data is not None:
+            context.data.require_labels("weighting='dwfed' (label-count weights)")
+        return super().check(context)

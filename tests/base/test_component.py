@@ -15,6 +15,7 @@ import torch
 from conftest import flat_weights, run_rounds
 from test_objectives import BACKENDS, W_INIT, grad, toy_data, toy_module
 
+from lfed.base.declaration import Declaration, Needs
 from lfed.checks import HookError
 
 
@@ -148,7 +149,7 @@ FORGOT = """
 from lfed.server.combination import ServerCombination
 
 
-class LossWeighted(ServerCombination):            # reads cohort.start_loss, forgets needs_start_loss = True
+class LossWeighted(ServerCombination):            # reads cohort.start_loss, forgets to declare Needs(start_loss=True)
     def combine(self, updates, weights, cohort):
         F = cohort.start_loss[cohort.counting].to(updates.dtype)
         return (F[:, None] * updates[cohort.counting]).sum(0) / F.sum(), None
@@ -161,8 +162,8 @@ def test_reading_start_loss_without_needs_start_loss_names_the_flag(tmp_path, mo
     with pytest.raises(HookError) as info:
         run_rounds(m, toy_data(), rounds=1)
     message = one_line_error(info)
-    assert message.startswith("cohort.start_loss:") and "needs_start_loss = True" in message
-    user.LossWeighted.needs_start_loss = True  # the fix
+    assert message.startswith("cohort.start_loss:") and "declares = Declaration(needs=Needs(start_loss=True))" in message
+    user.LossWeighted.declares = Declaration(needs=Needs(start_loss=True))  # the fix
     m = toy_module("plain", "vmap", combination=user.LossWeighted())
     run_rounds(m, toy_data(), rounds=1)
     assert torch.isfinite(flat_weights(m)).all()
@@ -204,7 +205,7 @@ PERSONAL = """
 from lfed.client.objectives import ClientRule
 
 
-class Mine(ClientRule):                             # forgets personalized = True
+class Mine(ClientRule):                             # forgets to declare Supports(personalized=True)
     def personal_rows(self, clients, w, local):
         return w.expand(clients.numel(), -1)
 """
@@ -216,7 +217,8 @@ def test_personal_rows_without_personalized_is_refused_before_round_0(tmp_path, 
     with pytest.raises(ValueError) as info:
         run_rounds(m, toy_data(), rounds=1)
     message = one_line_error(info)
-    assert message.startswith("objective: Mine defines personal_rows") and "personalized = True" in message
+    assert message.startswith("objective: Mine defines personal_rows") and \
+        "declares = Declaration(supports=Supports(personalized=True))" in message
     assert m.rounds_done == 0
 
 
@@ -312,7 +314,7 @@ def test_server_step_with_configure_optimizers_moves_the_model_outside_a_trainer
 
 def test_a_cohort_without_a_start_loss_can_be_copied_and_every_use_names_the_flag():
     """dataclasses.replace / deepcopy of such a cohort work (the one-run audit adds its canaries this way); any
-    use of the missing start loss raises the HookError naming needs_start_loss."""
+    use of the missing start loss raises the HookError naming Needs(start_loss=True)."""
     import copy
     import dataclasses
 
@@ -323,5 +325,5 @@ def test_a_cohort_without_a_start_loss_can_be_copied_and_every_use_names_the_fla
     copy.deepcopy(d)
     for use in (lambda: d.start_loss[0], lambda: d.start_loss * 2.0, lambda: 2.0 * d.start_loss,
                 lambda: torch.exp(d.start_loss), lambda: d.start_loss.to(torch.float64), lambda: float(d.start_loss)):
-        with pytest.raises(HookError, match="needs_start_loss = True"):
+        with pytest.raises(HookError, match=r"Declaration\(needs=Needs\(start_loss=True\)\)"):
             use()

@@ -20,6 +20,7 @@ from conftest import flat_weights, run_rounds
 from torch import nn
 from torch.nn import functional as F
 
+from lfed.base.declaration import Declaration, Supports
 from lfed.client.objectives import Prox
 from lfed.core.asynchronous import Asynchronous, FedAsync, FedBuff, staleness_weight
 from lfed.lightning.datamodule import FederatedDataModule
@@ -135,10 +136,10 @@ def test_a_bad_durations_file_is_refused_before_round_0(tmp_path, content, match
     path.write_text(content)
     context = CompositionContext(frozenset(), num_clients=3, components={})
     with pytest.raises(ValueError, match=match):
-        Asynchronous(concurrency=2, buffer=1, clock=SimulatedClock("file", durations_file=str(path))).prepare_run(context)
+        Asynchronous(concurrency=2, buffer=1, clock=SimulatedClock("file", durations_file=str(path))).check(context)
     with pytest.raises(ValueError, match="durations_file: .* is not a file"):
         Asynchronous(concurrency=2, buffer=1,
-                     clock=SimulatedClock("file", durations_file=str(tmp_path / "none.txt"))).prepare_run(context)
+                     clock=SimulatedClock("file", durations_file=str(tmp_path / "none.txt"))).check(context)
 
 
 # ----------------------------------------------------------------------------- the exactness of a run
@@ -499,9 +500,9 @@ def test_the_arrivals_local_accuracies_are_in_the_checkpoint():
     "settings, expected",
     [
         ({"algorithm": "scaffold"}, "asynchronous: objective: Scaffold"),
-        ({"algorithm": "dp_fedavg"}, "asynchronous: combination: DP-FedAvg is not implemented asynchronously"),
+        ({"algorithm": "dp_fedavg"}, "asynchronous: combination: DPFedAvg is not implemented asynchronously"),
         ({"combination": "self"}, "asynchronous: combination: IGFLAttention"),
-        ({"weighting": "dwfed"}, "asynchronous: weighting: 'dwfed'"),
+        ({"weighting": "dwfed"}, r"asynchronous: weighting: DWFedWeights \('dwfed'\) is not defined asynchronously yet; use size or uniform$"),
         ({"sampler": "attention"}, "asynchronous: sampler: AttentionSampler"),
         ({"stragglers": {"p_inactive": 0.2}}, "asynchronous: p_inactive"),
         ({"channel": 0.3, "asynchronous": FedAsync(concurrency=4)}, "asynchronous: channel: FedAsync mixes"),
@@ -531,7 +532,7 @@ def test_a_component_says_itself_whether_it_is_defined_asynchronously():
         pass
 
     class DeclaredMean(Mean):
-        asynchronous_ready = True
+        declares = Declaration(supports=Supports(asynchronous=True))
 
     def fit(combination):
         module = FederatedModule(_net(), combination=combination, training=dict(client_lr=0.1, batch_size=None, local_steps=1),
@@ -547,7 +548,8 @@ def test_a_component_says_itself_whether_it_is_defined_asynchronously():
 
 def test_what_only_the_asynchronous_schedule_reads_is_not_on_the_component_base():
     """Issue 50: the declarations are read by lfed.core.asynchronous, not carried by every component: the default
-    refusal names the class; a class's own asynchronous_ready lifts it; a method of the component gives its own."""
+    refusal names the class; a class's own Supports(asynchronous=True) lifts it (not inherited); a reason it declares
+    follows its class name, inherited. (0.5's spellings: tests/base/test_declaration.py.)"""
     from lfed.base.component import Component
     from lfed.core.asynchronous import asynchronous_refusal, declared_refusal
 
@@ -557,20 +559,23 @@ def test_what_only_the_asynchronous_schedule_reads_is_not_on_the_component_base(
         pass
 
     class Ready(Component):
-        asynchronous_ready = True
+        declares = Declaration(supports=Supports(asynchronous=True))
 
     class ReadyChild(Ready):
         pass
 
     class Says(Component):
-        def asynchronous_refusal(self, schedule):
-            return f"not under {type(schedule).__name__}"
+        declares = Declaration(supports=Supports(asynchronous="is not under FedBuff"))
+
+    class SaysChild(Says):
+        pass
 
     schedule = FedBuff(concurrency=2, buffer=1)
     assert asynchronous_refusal(Mine(), schedule) == "Mine is not defined asynchronously yet"
     assert asynchronous_refusal(Ready(), schedule) is None
     assert asynchronous_refusal(ReadyChild(), schedule) == "ReadyChild is not defined asynchronously yet"  # not inherited
-    assert asynchronous_refusal(Says(), schedule) == "not under FedBuff" and declared_refusal(Says()) is not None
+    assert asynchronous_refusal(Says(), schedule) == "Says is not under FedBuff" == declared_refusal(Says())
+    assert asynchronous_refusal(SaysChild(), schedule) == "SaysChild is not under FedBuff"  # a reason is inherited
 
 
 def test_a_dispatch_that_diverges_stops_the_run_naming_the_dispatched_clients():

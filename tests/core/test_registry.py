@@ -16,6 +16,7 @@ import torch
 import lfed.core.round
 import lfed.core.run
 from lfed.base.component import CompositionContext
+from lfed.base.declaration import Declaration, Supports, declaration
 from lfed.client.objectives import ClientRule, Plain
 from lfed.core import registry as algorithms
 from lfed.core.algorithm import Algorithm
@@ -49,35 +50,45 @@ def test_personal_models_are_none_by_default_and_the_personal_rows_of_a_personal
     assert list(models) == ["personal"] and callable(models["personal"])
 
 
-def test_check_start_refuses_a_rule_whose_personalized_and_personal_rows_disagree():
+def test_the_check_refuses_a_rule_whose_personalized_and_personal_rows_disagree():
     class Vague(ClientRule):
-        personalized = True
+        declares = Declaration(supports=Supports(personalized=True))
 
     class Mine(ClientRule):
         def personal_rows(self, clients, w, local):
             return w.expand(clients.numel(), -1)
 
+    context = CompositionContext(frozenset())
     with pytest.raises(ValueError, match="objective: Vague says it is personalized"):
-        Vague().check_start(None)
-    with pytest.raises(ValueError, match="objective: Mine defines personal_rows but is not personalized"):
-        Mine().check_start(None)
-    Plain().check_start(None)
-    Ditto().check_start(None)
+        Vague().check(context)
+    with pytest.raises(ValueError, match="objective: Mine defines personal_rows but is not personalized, .*"
+                                         r"declares = Declaration\(supports=Supports\(personalized=True\)\)"):
+        Mine().check(context)
+    assert Plain().check(context) == [] and Ditto().check(context) == []
 
 
 def test_declarations_of_the_built_ins():
-    assert PoissonSampler.poisson and not UniformSampler.poisson
-    assert UniformWeights.equal_weights and not SizeWeights.equal_weights
-    assert Dense().exact and Channel().exact and not TernaryTopK(0.5).exact
+    def supports(c):
+        return declaration(c).supports
+
+    assert supports(PoissonSampler()).poisson and not supports(UniformSampler()).poisson
+    assert supports(UniformWeights()).equal_weights and not supports(SizeWeights()).equal_weights
+    assert supports(Dense()).exact and supports(Channel()).exact and not supports(TernaryTopK(0.5)).exact
 
     class Quantized(Dense):
+        declares = Declaration()  # not Dense's: it compresses
+
+        def upstream(self, updates, cohort, sizes):
+            return updates.half().to(updates.dtype)
+
+    class Inherited(Channel):  # Channel's declaration, computed from the methods it overrides
         def upstream(self, updates, cohort, sizes):
             return updates.half().to(updates.dtype)
 
     class Logged(Quantized):
-        exact = True  # says so itself
+        declares = Declaration(supports=Supports(exact=True))  # says so itself
 
-    assert not Quantized().exact and Logged().exact
+    assert not supports(Quantized()).exact and not supports(Inherited()).exact and supports(Logged()).exact
 
 
 def _dp_context(**roles) -> CompositionContext:
@@ -88,11 +99,11 @@ def _dp_context(**roles) -> CompositionContext:
 def test_dp_reads_the_neighbours_declarations_not_their_names():
     class MyPoisson(ClientSampler):
         name = "mine"
-        poisson = True
+        declares = Declaration(supports=Supports(poisson=True))
 
     class MyEqual(SizeWeights):
         name = "equal"
-        equal_weights = True
+        declares = Declaration(supports=Supports(equal_weights=True))
 
     class MyQuantizer(Channel):
         name = "dense"  # the name of the identity, but it is not one
@@ -100,13 +111,13 @@ def test_dp_reads_the_neighbours_declarations_not_their_names():
         def upstream(self, updates, cohort, sizes):
             return updates.half().to(updates.dtype)
 
-    DPFedAvg().prepare_run(_dp_context(sampler=MyPoisson(), weighting=MyEqual()))
+    DPFedAvg().check(_dp_context(sampler=MyPoisson(), weighting=MyEqual()))
     with pytest.raises(ValueError, match="sampler: DP-FedAvg's accountant assumes Poisson sampling"):
-        DPFedAvg().prepare_run(_dp_context(sampler=UniformSampler()))
+        DPFedAvg().check(_dp_context(sampler=UniformSampler()))
     with pytest.raises(ValueError, match="weighting: DP-FedAvg weighs every counting client by 1/m"):
-        DPFedAvg().prepare_run(_dp_context(weighting=SizeWeights()))
+        DPFedAvg().check(_dp_context(weighting=SizeWeights()))
     with pytest.raises(ValueError, match="channel: DP-FedAvg clips each update before any compression"):
-        DPFedAvg().prepare_run(_dp_context(channel=MyQuantizer()))
+        DPFedAvg().check(_dp_context(channel=MyQuantizer()))
 
 
 @pytest.mark.parametrize("module", [lfed.core.round, lfed.core.run])

@@ -8,6 +8,7 @@ import torch
 from conftest import flat_weights, run_rounds
 from test_objectives import BACKENDS, W_INIT, Recorder, grad, toy_data, toy_module
 
+from lfed.base.declaration import Declaration, Supports, declaration
 from lfed.client.objectives import ClientRule
 from lfed.lightning.module import FederatedModule
 from lfed.personal.ditto import Ditto
@@ -54,12 +55,12 @@ def test_the_presets_name_the_personal_rules():
     for name, cls in {"ditto": Ditto, "fedavg_ft": FedAvgFT, "fedper": FedPer, "fedrep": FedRep, "fedbn": FedBN,
                       "apfl": APFL}.items():
         m = FederatedModule(torch.nn.Linear(2, 3), algorithm=name)
-        assert type(m.objective) is cls and m.objective.personalized, name
+        assert type(m.objective) is cls and declaration(m.objective).supports.personalized, name
 
 
 def test_a_rule_that_says_personalized_without_personal_rows_is_refused_before_round_0():
     class Vague(ClientRule):
-        personalized = True
+        declares = Declaration(supports=Supports(personalized=True))
 
     m = toy_module(Vague(), "vmap")
     with pytest.raises(ValueError, match="objective: Vague says it is personalized but does not say what"):

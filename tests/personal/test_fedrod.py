@@ -12,6 +12,7 @@ from conftest import flat_weights, run_rounds
 from test_objectives import BACKENDS, CLIENT_ROWS, Recorder, X, Y, toy_data
 from torch import nn
 
+from lfed.base.declaration import declaration
 from lfed.lightning.module import FederatedModule
 from lfed.personal.fedrod import FedRoD
 
@@ -123,7 +124,7 @@ def test_a_bad_head_or_loss_stops_the_run_before_anything_is_written():
 
 def test_the_preset_is_fedrod():
     m = FederatedModule(torch.nn.Linear(2, 3), algorithm="fedrod")
-    assert type(m.objective) is FedRoD and m.objective.personalized
+    assert type(m.objective) is FedRoD and declaration(m.objective).supports.personalized
 
 
 def test_fedrod_in_a_run_logs_personal_accuracies():

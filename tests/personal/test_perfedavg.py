@@ -9,6 +9,7 @@ import torch
 from conftest import flat_weights, run_rounds
 from test_objectives import BACKENDS, CLIENT_ROWS, W_INIT, Recorder, X, grad, per_example_grads, toy_data, toy_module
 
+from lfed.base.declaration import declaration
 from lfed.engine.ranks import Ranks
 from lfed.lightning.module import FederatedModule
 from lfed.personal.perfedavg import PerFedAvg
@@ -118,7 +119,7 @@ def test_perfedavg_in_a_run_logs_personal_accuracies():
 
 def test_the_preset_is_perfedavg():
     m = FederatedModule(torch.nn.Linear(2, 3), algorithm="perfedavg")
-    assert type(m.objective) is PerFedAvg and m.objective.personalized
+    assert type(m.objective) is PerFedAvg and declaration(m.objective).supports.personalized
 
 
 @pytest.mark.parametrize("kwargs, match", [({"alpha": 0.0}, "alpha"), ({"alpha": float("nan")}, "alpha"),

@@ -159,8 +159,8 @@ def _context(**components) -> CompositionContext:
 def test_dp_fedavgs_neighbours_are_refused_before_round_0(components, match):
     ddp = DistributedDP()
     with pytest.raises(ValueError, match=match):
-        ddp.prepare_run(_context(combination=ddp, **components))
-    ddp.prepare_run(_context(combination=ddp, weighting=UniformWeights()))
+        ddp.check(_context(combination=ddp, **components))
+    ddp.check(_context(combination=ddp, weighting=UniformWeights()))
     assert ddp.delta == pytest.approx(1 / 10 ** 1.1)
 
 
@@ -179,7 +179,7 @@ def test_too_few_bits_for_the_cohort_are_refused_before_round_0():
     """bits = 4: M/(2·3) = 2.67, squared 7.1 ≤ K/4 for K = 40 clients' rounding."""
     ddp = DistributedDP(bits=4)
     with pytest.raises(ValueError, match="bits: 4 bits cannot hold the rounding noise of 40 clients"):
-        ddp.prepare_run(CompositionContext(frozenset(), num_clients=40, total_rounds=1, cohort_sizes=[40],
+        ddp.check(CompositionContext(frozenset(), num_clients=40, total_rounds=1, cohort_sizes=[40],
                                            components={"combination": ddp}))
 
 
@@ -237,7 +237,7 @@ def test_a_budget_calibrates_the_smallest_noise_before_round_0_and_caps_the_run(
     ddp = DistributedDP(noise_multiplier=None, target_epsilon=3.0, clip=0.5, bits=20, delta=1e-5)
     ctx = CompositionContext(frozenset(), num_clients=10, total_rounds=4, cohort_sizes=[4] * 4,
                              components={"combination": ddp}, shared_params=100)
-    ddp.prepare_run(ctx)
+    ddp.check(ctx)
     z, d = ddp.noise_multiplier, 128
 
     def eps(zz, rounds=4):
@@ -304,13 +304,13 @@ def test_the_release_is_noised_at_every_accepted_bits():
 
 
 def test_a_given_scale_above_the_samplers_rate_is_refused_before_round_0():
-    """scale = 1e6 with z = 1, C = 1, m = 4: each share's rate 1e12/8 is above MAX_RATE: refused by prepare_run (one
+    """scale = 1e6 with z = 1, C = 1, m = 4: each share's rate 1e12/8 is above MAX_RATE: refused by its check (one
     line naming scale and the largest allowed, √(2·4·2^32) ≈ 185,363); 1e5 is accepted."""
     ctx = _context()
     with pytest.raises(ValueError, match=r"scale: 1e\+06 draws each of the 4 noise shares at Poisson rate 1\.25e\+11, "
                                          r"above 4\.295e\+09 where the sampler is exact; give scale <= 185363"):
-        DistributedDP(noise_multiplier=1.0, clip=1.0, scale=1e6, delta=1e-5).prepare_run(ctx)
-    DistributedDP(noise_multiplier=1.0, clip=1.0, scale=1e5, delta=1e-5).prepare_run(ctx)
+        DistributedDP(noise_multiplier=1.0, clip=1.0, scale=1e6, delta=1e-5).check(ctx)
+    DistributedDP(noise_multiplier=1.0, clip=1.0, scale=1e5, delta=1e-5).check(ctx)
 
 
 def test_the_noise_is_k_shares_of_mu_over_m_when_fewer_than_m_clients_count():
@@ -363,7 +363,7 @@ def test_a_budget_is_never_overspent_under_dropouts():
     halted = 0
     for seed in range(24):
         ddp = DistributedDP(noise_multiplier=None, target_epsilon=3.0, clip=0.5, bits=20, delta=1e-5, dropout=0.5)
-        ddp.prepare_run(CompositionContext(frozenset(), num_clients=10, total_rounds=6, cohort_sizes=[4] * 6,
+        ddp.check(CompositionContext(frozenset(), num_clients=10, total_rounds=6, cohort_sizes=[4] * 6,
                                            components={"combination": ddp}, shared_params=100))
         for r in range(40):
             if ddp.stop_before(r, 4, 10):

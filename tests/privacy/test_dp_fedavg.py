@@ -11,6 +11,7 @@ import torch
 from conftest import flat_weights, run_rounds
 
 from lfed.base.component import Cohort, standalone_store
+from lfed.base.declaration import declaration
 from lfed.data.datasets import load_dataset
 from lfed.lightning.datamodule import FederatedDataModule
 from lfed.lightning.module import FederatedModule
@@ -303,7 +304,7 @@ def _fit_dp(rounds, ckpt=None, stop_after=None, dp=None, **dp_settings):
     return m, t, [str(w.message) for w in caught if issubclass(w.category, ResumeWarning)]
 
 
-#: Every DP setting left for prepare_run to resolve: δ = 1/N^1.1, z calibrated, count_noise = m/20.
+#: Every DP setting left for the check to resolve: δ = 1/N^1.1, z calibrated, count_noise = m/20.
 RESOLVED = dict(noise_multiplier=None, target_epsilon=8.0, clip=0.5, target_quantile=0.5)
 
 
@@ -477,7 +478,7 @@ COMPONENTS_UNDER_DP = {
     "local_noise (local DP)": (lambda: _dp_row() | {"combination": DPFedAvg(noise_multiplier=0.0, local_noise=1.0)},
                                None),
     "asynchronous: FedBuff, FedAsync": (lambda: _dp_row(asynchronous=__import__("lfed.core.asynchronous").core.asynchronous.FedBuff(
-        concurrency=4, buffer=2)), "asynchronous: combination: DP-FedAvg is not implemented asynchronously"),
+        concurrency=4, buffer=2)), "asynchronous: combination: DPFedAvg is not implemented asynchronously"),
     "local_noise with target_quantile": (lambda: _dp_row() | {"combination": DPFedAvg(
         noise_multiplier=0.0, local_noise=1.0, target_quantile=0.5)}, "target_quantile: adaptive clipping sends each "
         "client's clipped-or-not bit to the server un-noised"),
@@ -636,12 +637,13 @@ def test_the_clipped_fraction_is_the_noised_count_by_hand():
         assert float(report["privacy/clipped_fraction"]) == pytest.approx(1 - b_noised, rel=1e-15, abs=1e-15)
         assert float(report["privacy/clipped_fraction"]) != pytest.approx(2 / 3)  # not the un-noised share
         assert float(report["privacy/clip_next"]) == pytest.approx(C * math.exp(-lr * (b_noised - gamma)), rel=1e-15)
-    assert "privacy/clipped_fraction" in dp.private_metrics and "privacy/clients" not in dp.private_metrics
+    private = declaration(dp).releases.private_metrics
+    assert "privacy/clipped_fraction" in private and "privacy/clients" not in private
 
     fixed = _dp(2, noise_multiplier=0.5, clip=C)
     fixed.combine(updates, None, _cohort(0, 4, m, counting=[True, True, True, False]))
     assert float(fixed.report(None)["privacy/clipped_fraction"]) == pytest.approx(2 / 3, rel=1e-15)
-    assert "privacy/clipped_fraction" not in fixed.private_metrics
+    assert "privacy/clipped_fraction" not in declaration(fixed).releases.private_metrics
 
 
 def test_log_unaccounted_is_reachable_from_the_command_line(tmp_path):
@@ -692,8 +694,9 @@ def test_dp_scaffold_control_variate_by_hand():
     torch.testing.assert_close(rule.state("control"), want, atol=1e-15, rtol=0)
     torch.testing.assert_close(rule.rows("client_control", torch.tensor([2, 5, 7])), change, atol=1e-15, rtol=0)
     assert float(torch.linalg.vector_norm(change[1])) > C_c  # the second row was clipped
-    assert rule.releases == () and rule.dp_shares == (z_c,)
-    assert Scaffold().releases and Scaffold().dp_shares == ()
+    said = declaration(rule).releases
+    assert said.values == () and said.dp_shares == (z_c,)
+    assert declaration(Scaffold()).releases.values and declaration(Scaffold()).releases.dp_shares == ()
     with pytest.raises(ValueError, match="control_clip, control_noise: DP-SCAFFOLD clips the control updates"):
         Scaffold(control_clip=0.5)
     with pytest.raises(ValueError, match="control_noise: must be a finite number > 0"):
@@ -708,7 +711,7 @@ def test_dp_scaffold_takes_its_share_of_the_noise_multiplier():
 
     def prepared(z, z_c, **extra):
         dp = DPFedAvg(noise_multiplier=z, clip=0.5, delta=1e-5, **extra)
-        dp.prepare_run(CompositionContext(frozenset(), num_clients=10, cohort_sizes=[5],
+        dp.check(CompositionContext(frozenset(), num_clients=10, cohort_sizes=[5],
                                           components={"objective": Scaffold(control_clip=1.0, control_noise=z_c),
                                                       "combination": dp}))
         return dp

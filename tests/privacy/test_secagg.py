@@ -130,18 +130,18 @@ def _context(**components) -> CompositionContext:
 def test_what_shows_the_server_more_than_the_sum_is_refused_before_round_0(components, match):
     sa = _sa()
     with pytest.raises(ValueError, match=match):
-        sa.prepare_run(_context(combination=sa, **components))
-    sa.prepare_run(_context(combination=sa, weighting=SizeWeights()))  # public size weights compose
+        sa.check(_context(combination=sa, **components))
+    sa.check(_context(combination=sa, weighting=SizeWeights()))  # public size weights compose
 
 
 def test_bits_too_few_for_the_cohort_are_refused_before_round_0():
     """bits = 8 (±128), clip 1, scale 64: 64 + K/2 < 128 for K = 4 but not for K = 130; derived scales: the largest
     power of two with c·s + K/2 < M/2."""
-    _sa(bits=8, clip=1.0, scale=64.0).prepare_run(_context())
+    _sa(bits=8, clip=1.0, scale=64.0).check(_context())
     with pytest.raises(ValueError, match=r"bits: 130 clients' weighted sum of clip·scale = 1·64 .* bits = 8"):
         _sa(bits=8, clip=1.0, scale=64.0).fix_scale(130)
     sa = _sa(bits=8, clip=0.5)
-    sa.prepare_run(_context())
+    sa.check(_context())
     assert sa.scale == 128.0  # (128 - 2 - 1) / 0.5 = 250 → 128
     with pytest.raises(ValueError, match="bits: 4 bits .* cannot hold the rounding of 20 clients"):
         _sa(bits=4).fix_scale(20)

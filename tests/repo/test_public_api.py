@@ -159,10 +159,13 @@ def test_the_extending_page_s_python_runs(doc_folder):
     assert namespace["record"].round == 19 and namespace["record"].cohort.clients.numel() == 5
     assert namespace["rule"].state("momentum").abs().sum() > 0
     assert namespace["accuracy"] > 0.7
-    # the file's composition check
+    # the file's one check before round 0
     from fedcm import FedCM
 
-    assert FedCM(alpha=1.0).composition_warnings(None) and not FedCM(alpha=0.5).composition_warnings(None)
+    from lfed import CompositionContext
+
+    context = CompositionContext(frozenset())
+    assert FedCM(alpha=1.0).check(context) and FedCM(alpha=0.5).check(context) == []
     # the page's other complete components (a loss term, a median combination) run a round the same way
     import torch
 

@@ -12,6 +12,7 @@ import torch
 from robust_helpers import W0, cohort_of, local_update, rows, toy_setup
 from test_objectives import BACKENDS, Y
 
+from lfed.base.component import CompositionContext
 from lfed.core.algorithm import LocalTraining
 from lfed.core.round import run_round
 from lfed.rng import round_generator
@@ -274,7 +275,7 @@ def test_a_backdoor_trains_on_stamped_relabelled_examples_and_boosts_what_it_sen
     alg = algorithms.build(algorithms.resolve("fedavg", attack=attack, weighting="uniform"))
     data = dm.build()
     setup_state(alg, ModuleStateStore(), data.client_sizes, 4, w0)
-    attack.check_start(data)
+    attack.check(CompositionContext(frozenset(), data=data))
     plan = LocalTraining(client_lr=0.1, batch_size=None, local_steps=2)
     w1, rec = run_round(alg, w0.clone(), data, plan, CohortTrainer(net, squared_loss, backend), clients=torch.arange(3),
                         steps_done=torch.full((3,), 2))
@@ -297,7 +298,7 @@ def test_a_backdoor_stamps_its_share_of_the_byzantine_clients_examples_only_and_
     rows3, dm, x, y = _image_data()
     data = dm.build()
     attack = Backdoor(fraction=0.7, target=0, poison_fraction=0.5, trigger_size=1, trigger_value=9.0)  # 2 of 3 clients
-    attack.check_start(data)
+    attack.check(CompositionContext(frozenset(), data=data))
     c = cohort_of(3)
     px, py = attack.training_data(c, data, data.train_x, data.train_y)
     byz = byzantine_set(3, 0.7, seed=0)
@@ -339,7 +340,7 @@ def test_each_byzantine_client_stamps_its_own_share_of_its_examples(poison_fract
     assert expected == [math.ceil(round(poison_fraction * m, 9)) for m in sizes]
     for seed in range(6):
         attack = Backdoor(fraction=0.5, target=0, poison_fraction=poison_fraction, trigger_size=1, trigger_value=9.0)
-        attack.check_start(data)
+        attack.check(CompositionContext(frozenset(), data=data))
         px, py = attack.training_data(cohort_of(6, seed=seed), data, data.train_x, data.train_y)
         byz = byzantine_set(6, 0.5, seed=seed)
         stamped = (px != x).any(1)
@@ -353,6 +354,6 @@ def test_a_backdoor_on_inputs_that_are_not_images_is_refused_naming_the_shapes()
     from test_objectives import toy_data
 
     with pytest.raises(ValueError, match="attack='backdoor' stamps a square trigger on images, but the inputs are \\(2,\\)"):
-        Backdoor(fraction=0.3).check_start(toy_data().build())
+        Backdoor(fraction=0.3).check(CompositionContext(frozenset(), data=toy_data().build()))
     with pytest.raises(ValueError, match="target: 5 is not a class of the data"):
-        Backdoor(fraction=0.3, target=5).check_start(_image_data()[1].build())
+        Backdoor(fraction=0.3, target=5).check(CompositionContext(frozenset(), data=_image_data()[1].build()))

@@ -352,7 +352,7 @@ def test_f_at_its_limit_runs_and_one_below_is_refused_before_round_0_naming_the_
     combine(rule(f=f), x)  # at the limit: runs
     context = CompositionContext(frozenset(), num_clients=20, total_rounds=2, cohort_sizes=[bad, ok], components={})
     with pytest.raises(ValueError) as e:
-        rule(f=f).prepare_run(context)
+        rule(f=f).check(context)
     assert needs in str(e.value) and f"f = {f}" in str(e.value) and f"{bad} clients" in str(e.value)
     with pytest.raises(ValueError, match=f"round 0: combination: .* {bad} clients"):
         combine(rule(f=f), x[:bad])
@@ -362,14 +362,14 @@ def test_f_left_unset_is_the_attacks_per_round_or_its_share_of_each_cohort():
     from lfed.robust.attacks import ALIE
 
     rule = Krum()
-    rule.prepare_run(CompositionContext(frozenset(), cohort_sizes=[10], components={"attack": ALIE(fraction=0.2)}))
+    rule.check(CompositionContext(frozenset(), cohort_sizes=[10], components={"attack": ALIE(fraction=0.2)}))
     assert rule.f_for(10) == 2 and rule.f_for(11) == 3
-    rule.prepare_run(CompositionContext(frozenset(), cohort_sizes=[10], components={"attack": ALIE(per_round=3)}))
+    rule.check(CompositionContext(frozenset(), cohort_sizes=[10], components={"attack": ALIE(per_round=3)}))
     assert rule.f_for(10) == 3
-    rule.prepare_run(CompositionContext(frozenset(), cohort_sizes=[10], components={}))
+    rule.check(CompositionContext(frozenset(), cohort_sizes=[10], components={}))
     assert rule.f_for(10) == 0
     with pytest.raises(ValueError, match="K > 2f \\+ 2 .* f = 4.*10 clients"):
-        rule.prepare_run(CompositionContext(frozenset(), cohort_sizes=[10], components={"attack": ALIE(per_round=4)}))
+        rule.check(CompositionContext(frozenset(), cohort_sizes=[10], components={"attack": ALIE(per_round=4)}))
 
 
 def test_a_pre_aggregator_refuses_a_rule_that_is_not_robust():
@@ -441,7 +441,7 @@ def test_fltrust_gives_a_zero_update_trust_0_not_nan(monkeypatch, dtype):
 def test_fltrust_trains_its_root_set_with_the_clients_local_training_through_run_round(backend):
     alg, data, engine = toy_setup(backend, combination=FLTrust(root_size=3))
     data.val_index = torch.tensor([1, 4, 6, 8])  # the server's validation split: its examples
-    alg.combination.check_start(data)
+    alg.combination.check(CompositionContext(frozenset(), data=data))
     plan = LocalTraining(client_lr=0.1, batch_size=None, local_steps=2)
     clients = torch.tensor([0, 1, 2, 3])
     w1, rec = run_round(alg, W0.clone(), data, plan, engine, round=0, seed=5, clients=clients, steps_done=torch.full((4,), 2))
@@ -457,4 +457,4 @@ def test_fltrust_trains_its_root_set_with_the_clients_local_training_through_run
 def test_fltrust_without_a_validation_split_is_refused_naming_the_setting():
     alg, data, engine = toy_setup("vmap", combination=FLTrust())
     with pytest.raises(ValueError, match="combination: fltrust .* give data.validation_fraction > 0"):
-        alg.combination.check_start(data)
+        alg.combination.check(CompositionContext(frozenset(), data=data))

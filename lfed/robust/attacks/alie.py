@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from lfed.base.component import Cohort
+from lfed.base.declaration import Declaration, Releases
 from lfed.checks import number
 from lfed.robust.attacks.base import Attack, honest_moments
 
@@ -32,8 +33,9 @@ class ALIE(Attack):
 
     name = "alie"
     omniscient = True
-    releases = ("the ALIE attack reads the honest clients' raw updates of the round (an omniscient adversary, outside "
-                "the threat model DP-FedAvg's guarantee is stated for)",)
+    declares = Declaration(releases=Releases(values=(
+        "the ALIE attack reads the honest clients' raw updates of the round (an omniscient adversary, outside "
+        "the threat model DP-FedAvg's guarantee is stated for)",)))
 
     def __init__(self, fraction: float = 0.0, per_round: int | None = None, z: float | None = None) -> None:
         super().__init__(fraction, per_round)

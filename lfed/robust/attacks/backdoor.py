@@ -81,7 +81,12 @@ class Backdoor(Attack):
         return {**super().hparams(), "target": self.target, "poison_fraction": self.poison_fraction,
                 "trigger_size": self.trigger_size, "trigger_value": self.trigger_value, "boost": self.boost}
 
-    def check_start(self, data: Any) -> None:
+    def check(self, context) -> list[str]:
+        if context.data is not None:
+            self.check_data(context.data)
+        return super().check(context)
+
+    def check_data(self, data: Any) -> None:
         data.require_labels("attack='backdoor' (a target class)")
         if self.target >= data.num_classes:
             raise ValueError(f"target: {self.target} is not a class of the data (0 to {data.num_classes - 1})")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from lfed.base.component import Cohort
+from lfed.base.declaration import Declaration, Releases
 from lfed.checks import number
 from lfed.robust.attacks.base import Attack, honest_rows
 
@@ -21,8 +22,9 @@ class IPM(Attack):
 
     name = "ipm"
     omniscient = True
-    releases = ("the IPM attack reads the honest clients' raw updates of the round (an omniscient adversary, outside "
-                "the threat model DP-FedAvg's guarantee is stated for)",)
+    declares = Declaration(releases=Releases(values=(
+        "the IPM attack reads the honest clients' raw updates of the round (an omniscient adversary, outside "
+        "the threat model DP-FedAvg's guarantee is stated for)",)))
 
     def __init__(self, fraction: float = 0.0, per_round: int | None = None, epsilon: float = 0.1) -> None:
         super().__init__(fraction, per_round)

@@ -22,8 +22,10 @@ class LabelFlip(Attack):
     name = "label_flip"
     poisons_data = True
 
-    def check_start(self, data: Any) -> None:
-        data.require_labels("attack='label_flip' (flipped class labels)")
+    def check(self, context) -> list[str]:
+        if context.data is not None:
+            context.data.require_labels("attack='label_flip' (flipped class labels)")
+        return super().check(context)
 
     def training_data(self, cohort: Cohort, data: Any, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         if not self.active:

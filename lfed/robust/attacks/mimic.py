@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from lfed.base.component import Cohort
+from lfed.base.declaration import Declaration, Releases
 from lfed.robust.attacks.base import Attack
 
 __all__ = ["Mimic"]
@@ -26,8 +27,9 @@ class Mimic(Attack):
 
     name = "mimic"
     omniscient = True
-    releases = ("the Mimic attack reads the honest clients' raw updates of the round (an omniscient adversary, outside "
-                "the threat model DP-FedAvg's guarantee is stated for)",)
+    declares = Declaration(releases=Releases(values=(
+        "the Mimic attack reads the honest clients' raw updates of the round (an omniscient adversary, outside "
+        "the threat model DP-FedAvg's guarantee is stated for)",)))
 
     def craft(self, updates: Tensor, byzantine: Tensor, honest: Tensor, cohort: Cohort) -> Tensor:
         if honest.numel() == 0:

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from lfed.base.component import Cohort
+from lfed.base.declaration import Declaration, Releases
 from lfed.checks import one_of
 from lfed.robust.attacks.base import Attack, honest_moments
 from lfed.robust.rules.base import pairwise_sq_distances
@@ -31,8 +32,9 @@ class MinMax(Attack):
 
     name = "min_max"
     omniscient = True
-    releases = ("the min-max attack reads the honest clients' raw updates of the round (an omniscient adversary, outside "
-                "the threat model DP-FedAvg's guarantee is stated for)",)
+    declares = Declaration(releases=Releases(values=(
+        "the min-max attack reads the honest clients' raw updates of the round (an omniscient adversary, outside "
+        "the threat model DP-FedAvg's guarantee is stated for)",)))
 
     def __init__(self, fraction: float = 0.0, per_round: int | None = None,
                  perturbation: Literal[PERTURBATIONS] = "std") -> None:  # type: ignore[valid-type]
@@ -73,8 +75,9 @@ class MinSum(MinMax):
     ``γ = √((S - Σ_i c_i) / (h q))`` (``S`` the right-hand side, ``h`` honest rows). Omniscient."""
 
     name = "min_sum"
-    releases = ("the min-sum attack reads the honest clients' raw updates of the round (an omniscient adversary, outside "
-                "the threat model DP-FedAvg's guarantee is stated for)",)
+    declares = Declaration(releases=Releases(values=(
+        "the min-sum attack reads the honest clients' raw updates of the round (an omniscient adversary, outside "
+        "the threat model DP-FedAvg's guarantee is stated for)",)))
 
     def gamma(self, h: Tensor, mu: Tensor, p: Tensor) -> Tensor:
         q = (p * p).sum()

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from lfed.base.component import Cohort
+from lfed.base.declaration import Declaration, Supports
 from lfed.checks import integer
 from lfed.engine.host import device_rows
 from lfed.server.combination import ServerCombination
@@ -134,15 +135,15 @@ class RobustCombination(ServerCombination):
     takes_f: bool = True
     #: Whether the rule reads the aggregation weights ``a_k`` (otherwise a weighting the user set has no effect: warned).
     uses_weights: bool = False
-    asynchronous_ready = False
-    asynchronous_unready = "is a robust rule over one round's cohort; it is not defined on a buffer of stale updates"
+    declares = Declaration(supports=Supports(
+        asynchronous="is a robust rule over one round's cohort; it is not defined on a buffer of stale updates"))
 
     def __init__(self, f: int | None = None) -> None:
         super().__init__()
         if f is not None:
             integer("f", f, at_least=0, detail=" or None (the Byzantine clients the run's attack puts in a round)")
         self.f = f
-        self._attack: Any = None  # the run's attack (prepare_run), for f = None
+        self._attack: Any = None  # the run's attack (check), for f = None
         self._kept: tuple[Tensor, Tensor] | None = None  # (kept [k] bool, counting rows [k]) of the last round
         self._last: tuple[Tensor, Tensor] | None = None  # (the counting clients' ids [k], kept [k]) of the last round
 
@@ -169,16 +170,19 @@ class RobustCombination(ServerCombination):
     def hparams(self) -> dict:
         return {"f": self.f} if self.takes_f and self.f is not None else {}
 
-    def prepare_run(self, context) -> None:
+    def check_data(self, data: Any) -> None:
+        """Refuse the run's data where the rule cannot use it (FLTrust needs a validation split); nothing by default."""
+
+    def check(self, context) -> list[str]:
+        """The data (:meth:`check_data`), then every planned cohort against :meth:`min_inputs`; warns of a weighting
+        the rule does not read."""
+        if context.data is not None:
+            self.check_data(context.data)
         self._attack = (context.components or {}).get("attack")
-        if not self.takes_f:
-            return
-        for k in sorted(set(context.cohort_sizes or ())):
+        for k in sorted(set(context.cohort_sizes or ())) if self.takes_f else ():
             f = self.f_for(k)
             if k < self.min_inputs(f):
                 raise ValueError(self._too_few(k, f, "a planned cohort of"))
-
-    def composition_warnings(self, context) -> list[str]:
         if not self.uses_weights and "weighting" in context.explicit:
             return [f"combination={self.name!r} does not weigh the updates by their aggregation weights, so weighting "
                     "has no effect (only which clients count matters)"]

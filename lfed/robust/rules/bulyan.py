@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from lfed.base.component import Cohort
+from lfed.base.declaration import Declaration, Releases
 from lfed.robust.rules.base import RobustCombination, krum_bounds, krum_scores, select_lowest, sq_distances
 
 __all__ = ["Bulyan"]
@@ -26,8 +27,9 @@ class Bulyan(RobustCombination):
     """
 
     name = "bulyan"
-    releases = ("a coordinate-wise mean of the clients' raw updates selected by Krum and closeness to the median "
-                "(unclipped, un-noised)",)
+    declares = Declaration(releases=Releases(values=(
+        "a coordinate-wise mean of the clients' raw updates selected by Krum and closeness to the median "
+        "(unclipped, un-noised)",)))
 
     def min_inputs(self, f: int) -> int:
         return 4 * f + 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from lfed.base.component import Cohort
+from lfed.base.declaration import Declaration, Releases
 from lfed.checks import integer, number
 from lfed.robust.rules.base import RobustCombination
 from lfed.state.spec import StateSpec
@@ -24,8 +25,9 @@ class CenteredClipping(RobustCombination):
 
     name = "centered_clipping"
     takes_f = False
-    releases = ("the centered-clipped mean of the clients' raw updates (each clipped around the last aggregate, "
-                "un-noised)",)
+    declares = Declaration(releases=Releases(values=(
+        "the centered-clipped mean of the clients' raw updates (each clipped around the last aggregate, "
+        "un-noised)",)))
 
     def __init__(self, tau: float = 1.0, iterations: int = 1) -> None:
         super().__init__(None)

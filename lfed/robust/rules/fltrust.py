@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from lfed.base.component import Cohort
+from lfed.base.declaration import Declaration, Releases
 from lfed.checks import integer
 from lfed.rng import round_generator
 from lfed.robust.rules.base import RobustCombination
@@ -33,13 +34,14 @@ class FLTrust(RobustCombination):
 
     name = "fltrust"
     takes_f = False
-    releases = ("the trust-weighted mean of the clients' raw updates, rescaled to the norm of the server's own update "
-                "(unclipped, un-noised)",)
+    declares = Declaration(releases=Releases(values=(
+        "the trust-weighted mean of the clients' raw updates, rescaled to the norm of the server's own update "
+        "(unclipped, un-noised)",)))
 
     def __init__(self, root_size: int = 100) -> None:
         super().__init__(None)
         self.root_size = integer("root_size", root_size, at_least=1)
-        self._pool: Tensor | None = None  # the validation split's positions (check_start)
+        self._pool: Tensor | None = None  # the validation split's positions (check_data)
         self._root: tuple[int, Tensor] | None = None
 
     def hparams(self) -> dict:
@@ -48,7 +50,7 @@ class FLTrust(RobustCombination):
     def min_inputs(self, f: int) -> int:
         return 1
 
-    def check_start(self, data: Any) -> None:
+    def check_data(self, data: Any) -> None:
         if not getattr(data, "has_validation", False):
             raise ValueError("combination: fltrust trains the server's root set from the server's validation split; "
                              "give data.validation_fraction > 0")
@@ -60,7 +62,7 @@ class FLTrust(RobustCombination):
     def root(self, seed: int) -> Tensor:
         """The root set's positions in the training tensors (drawn once per seed)."""
         if self._pool is None:
-            raise ValueError("combination: fltrust has no root set: the run's data was not checked (check_start)")
+            raise ValueError("combination: fltrust has no root set: the run's data was not checked (check)")
         if self._root is None or self._root[0] != seed:
             pick = torch.randperm(self._pool.numel(), generator=round_generator(seed, 0, "fltrust_root"))[:self.root_size]
             self._root = (seed, self._pool[pick.to(self._pool.device)])

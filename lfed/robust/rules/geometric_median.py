@@ -6,6 +6,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from lfed.base.component import Cohort
+from lfed.base.declaration import Declaration, Releases
 from lfed.checks import integer, number
 from lfed.robust.rules.base import RobustCombination
 
@@ -25,7 +26,8 @@ class GeometricMedian(RobustCombination):
     name = "geometric_median"
     takes_f = False
     uses_weights = True
-    releases = ("the weighted geometric median of the clients' raw updates (unclipped, un-noised)",)
+    declares = Declaration(releases=Releases(values=(
+        "the weighted geometric median of the clients' raw updates (unclipped, un-noised)",)))
 
     def __init__(self, iterations: int = 3, nu: float = 1e-6) -> None:
         super().__init__(None)

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from lfed.base.component import Cohort
+from lfed.base.declaration import Declaration, Releases
 from lfed.checks import integer
 from lfed.robust.rules.base import RobustCombination, first_true, krum_bounds, krum_scores, select_lowest, sq_distances
 
@@ -25,7 +26,8 @@ class Krum(RobustCombination):
     """
 
     name = "krum"
-    releases = ("one client's raw update, chosen by its distances to the others' (unclipped, un-noised)",)
+    declares = Declaration(releases=Releases(values=(
+        "one client's raw update, chosen by its distances to the others' (unclipped, un-noised)",)))
 
     def min_inputs(self, f: int) -> int:
         return 2 * f + 3
@@ -55,7 +57,8 @@ class MultiKrum(Krum):
     """
 
     name = "multi_krum"
-    releases = ("the mean of the clients' raw updates that their distances to the others' select (unclipped, un-noised)",)
+    declares = Declaration(releases=Releases(values=(
+        "the mean of the clients' raw updates that their distances to the others' select (unclipped, un-noised)",)))
 
     def __init__(self, f: int | None = None, m: int | None = None) -> None:
         super().__init__(f)

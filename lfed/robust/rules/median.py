@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from lfed.base.component import Cohort
+from lfed.base.declaration import Declaration, Releases
 from lfed.robust.rules.base import RobustCombination
 
 __all__ = ["CoordinateMedian", "TrimmedMean"]
@@ -19,8 +20,9 @@ class CoordinateMedian(RobustCombination):
     """
 
     name = "median"
-    releases = ("the coordinate-wise median of the clients' raw updates (unclipped, un-noised; its sensitivity is not "
-                "the mean's)",)
+    declares = Declaration(releases=Releases(values=(
+        "the coordinate-wise median of the clients' raw updates (unclipped, un-noised; its sensitivity is not "
+        "the mean's)",)))
 
     def aggregate(self, x: Tensor, a: Tensor, f: int, cohort: Cohort) -> tuple[Tensor, None]:
         ordered = x.sort(dim=0).values
@@ -37,7 +39,8 @@ class TrimmedMean(RobustCombination):
     """
 
     name = "trimmed_mean"
-    releases = ("the coordinate-wise trimmed mean of the clients' raw updates (unclipped, un-noised)",)
+    declares = Declaration(releases=Releases(values=(
+        "the coordinate-wise trimmed mean of the clients' raw updates (unclipped, un-noised)",)))
 
     def aggregate(self, x: Tensor, a: Tensor, f: int, cohort: Cohort) -> tuple[Tensor, None]:
         ordered = x.sort(dim=0).values

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from lfed.base.component import Cohort
+from lfed.base.declaration import Declaration, Releases
 from lfed.checks import number
 from lfed.robust.rules.base import RobustCombination
 
@@ -22,7 +23,8 @@ class NormBound(RobustCombination):
     name = "norm_bound"
     takes_f = False
     uses_weights = True
-    releases = ("the weighted mean of the clients' norm-clipped updates (un-noised)",)
+    declares = Declaration(releases=Releases(values=(
+        "the weighted mean of the clients' norm-clipped updates (un-noised)",)))
 
     def __init__(self, max_norm: float = 1.0) -> None:
         super().__init__(None)

@@ -66,9 +66,9 @@ class PreAggregator(RobustCombination):
         super().setup_state(store, num_examples, num_params, like)
         self.rule.setup_state(store, num_examples, num_params, like)
 
-    def check_start(self, data) -> None:
-        self.rule.check_start(data)
+    def check_data(self, data) -> None:
+        self.rule.check_data(data)
 
-    def prepare_run(self, context) -> None:
+    def check(self, context) -> list[str]:
         self.rule._attack = (context.components or {}).get("attack")
-        super().prepare_run(context)
+        return super().check(context)
