@@ -1,17 +1,7 @@
 """The base of every piece of a round, and the cohort as the pieces see it.
 
-A round (:func:`lfed.core.round.run_round`) is composed of components, one per role:
-
-==============  ===========================================  =====================================
-role            interface                                    docs/algorithms.md
-==============  ===========================================  =====================================
-objective       :class:`lfed.client.objectives.ClientRule`   §2 local step rule and client state
-weights         :class:`lfed.server.weighting.AggregationWeights`  §3 weights, partial work
-combination     :class:`lfed.server.combination.ServerCombination` §4 mean, IGFL-S attention, ...
-channel         :class:`lfed.server.channel.Channel`         §7 dense, ternary top-k with residuals
-sampler         :class:`lfed.participation.sampling.ClientSampler`         §5 uniform, AdaFL
-participation   :class:`lfed.participation.participation.Participation`    §5-§6 fraction schedule, stragglers
-==============  ===========================================  =====================================
+A round (:func:`lfed.core.round.run_round`) is composed of components, one per role; the roles, their base classes
+and defaults are one table, :data:`lfed.core.registry.ROLE_TABLE` (drawn in docs/extending.md).
 
 Each is an ``nn.Module`` (so YAML configs build it with ``class_path``/``init_args``) that
 declares the tensors it keeps between rounds with :meth:`Component.state_specs`; the store

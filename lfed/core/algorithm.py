@@ -7,7 +7,7 @@ that runs them is :mod:`lfed.core.round`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -96,15 +96,13 @@ class Algorithm:
         return each_once(self.roles().values())
 
     def roles(self) -> dict[str, Component]:
-        """``{role: component}`` of every component (the history too when there is one)."""
-        out = {
-            "objective": self.objective, "weighting": self.weighting, "combination": self.combination,
-            "channel": self.channel, "sampler": self.sampler, "participation": self.participation,
-        }
-        if self.history is not None:
-            out["history"] = self.history
-        if self.attack.present:  # a role only with Byzantine clients: a run without keeps its fingerprint
-            out["attack"] = self.attack
+        """``{role: component}`` of every component, in the order of the fields (the history when there is one; the
+        attack only with Byzantine clients; the asynchronous schedule first; the sharing is not a component)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("sharing", "asynchronous")}
+        if self.history is None:
+            del out["history"]
+        if not self.attack.present:  # a role only with Byzantine clients: a run without keeps its fingerprint
+            del out["attack"]
         if self.asynchronous is not None:  # first: its refusals come before the other components' preparations
             out = {"asynchronous": self.asynchronous, **out}
         return out

@@ -11,9 +11,52 @@ A new algorithm in its own file is registered by one line in :data:`PRESETS` (``
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+
+
+@dataclass(frozen=True)
+class Role:
+    """One setting that chooses a piece of the round (a ``model:`` key of a config).
+
+    Attributes:
+        name: The setting, and the :class:`~lfed.core.algorithm.Algorithm` field of a component role.
+        base: The class path a component of this role subclasses (a ``class_path`` is checked against it); None for a
+            setting of another role's component (``partial_work``: the weighting's; ``fraction``: the
+            participation's) or a factory (``server_optimizer``).
+        default: FedAvg's choice (a preset fills the rest: :data:`PRESETS`).
+        docs: Where the role is defined.
+    """
+
+    name: str
+    base: str | None
+    default: Any
+    docs: str
+
+
+#: The roles, said once: :data:`ROLES`, :data:`BASES`, :data:`BASE`, the names' table :data:`NAMES` (keyed by the roles
+#: that have a base), :class:`~lfed.core.algorithm.Algorithm`'s component fields and the role table of
+#: docs/extending.md are this table (``tests/core/test_registry.py`` holds them to it).
+ROLE_TABLE: tuple[Role, ...] = (
+    Role("objective", "lfed.client.objectives.ClientRule", "plain", "docs/algorithms.md §2"),
+    Role("weighting", "lfed.server.weighting.AggregationWeights", "size", "docs/algorithms.md §3"),
+    Role("partial_work", None, "keep", "docs/algorithms.md §3 (the weighting's)"),
+    Role("combination", "lfed.server.combination.ServerCombination", "mean", "docs/algorithms.md §4"),
+    Role("channel", "lfed.server.channel.Channel", None, "docs/algorithms.md §7"),
+    Role("sampler", "lfed.participation.sampling.ClientSampler", "uniform", "docs/algorithms.md §5"),
+    Role("fraction", None, 0.1, "docs/algorithms.md §5 (the participation's)"),
+    Role("server_optimizer", None, "sgd(lr=1.0)", "docs/algorithms.md §4.1"),
+    Role("attack", "lfed.base.attack.Attack", "none", "docs/robustness.md §1"),
+)
+
+#: The model settings that choose a component (by name or ``class_path``).
+ROLES = tuple(r.name for r in ROLE_TABLE)
+#: The base class a role's component subclasses (a ``class_path`` is checked against it).
+BASES: dict[str, str] = {r.name: r.base for r in ROLE_TABLE if r.base is not None}
+#: Defaults of every composable choice (FedAvg); the server optimizer's is built by :func:`resolve`.
+BASE: dict[str, Any] = {r.name: r.default for r in ROLE_TABLE if r.name != "server_optimizer"}
 
 #: Every built-in name of every role, listed once: role -> name -> the component's class path (and the keyword
 #: arguments the name implies). ``--help``, the settings' ``Literal`` types, :func:`build`, the presets and every
@@ -86,16 +129,6 @@ NAMES: dict[str, dict[str, str | tuple[str, dict[str, Any]]]] = {
     },
 }
 
-#: The base class a role's component subclasses (a ``class_path`` is checked against it).
-BASES: dict[str, str] = {
-    "objective": "lfed.client.objectives.ClientRule",
-    "weighting": "lfed.server.weighting.AggregationWeights",
-    "combination": "lfed.server.combination.ServerCombination",
-    "channel": "lfed.server.channel.Channel",
-    "sampler": "lfed.participation.sampling.ClientSampler",
-    "attack": "lfed.base.attack.Attack",
-}
-
 def names(role: str) -> tuple[str, ...]:
     """The built-in names of ``role`` (for ``Literal`` types, ``--help`` and messages)."""
     return tuple(NAMES[role])
@@ -155,19 +188,6 @@ def build_component(role: str, value: Any, **settings: Any):
     """
     cls, implied = _resolve(role, value, strict=True)
     return value if isinstance(value, cls) and not isinstance(value, str) else cls(**implied, **settings)
-
-
-#: Defaults of every composable choice (FedAvg).
-BASE: dict[str, Any] = {
-    "objective": "plain",
-    "weighting": "size",
-    "partial_work": "keep",
-    "combination": "mean",
-    "sampler": "uniform",
-    "fraction": 0.1,
-    "channel": None,
-    "attack": "none",
-}
 
 
 def _server(name: str, **kwargs: Any):
@@ -350,11 +370,6 @@ def _check_dp_kept(cfg: dict[str, Any], objective: Any, own: Any) -> None:
         raise ValueError(f"combination: {name!r} would replace the preset's DP-FedAvg (no clipping, no noise: the run "
                          "would not be private); give combination: lfed.privacy.DPFedAvg (its class_path and "
                          "init_args), or a preset without DP")
-
-
-#: The model settings that choose a component (by name or ``class_path``).
-ROLES = ("objective", "weighting", "partial_work", "combination", "channel", "sampler", "fraction", "server_optimizer",
-         "attack")
 
 
 def composition_label(algorithm: str, class_paths: Iterable[str]) -> str:

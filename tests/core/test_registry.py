@@ -199,3 +199,26 @@ def test_the_asynchronous_schedule_declares_the_setting_it_does_not_read():
     from lfed.core.asynchronous import FedBuff
 
     assert FedBuff(concurrency=4, buffer=2).unused == ("fraction",)
+
+
+def test_the_roles_are_said_once_in_the_role_table():
+    """ROLE_TABLE is the one list of roles: the settings' roles, the bases a class_path is checked against, FedAvg's
+    defaults, the names' table, the Algorithm's component fields and docs/extending.md's role table are all it."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from lfed.base.component import load_class
+
+    table = algorithms.ROLE_TABLE
+    assert algorithms.ROLES == tuple(r.name for r in table)
+    with_base = {r.name: r.base for r in table if r.base is not None}
+    assert algorithms.BASES == with_base
+    assert set(algorithms.NAMES) == set(with_base)  # a built-in name exists for each component role, and only those
+    assert algorithms.BASE == {r.name: r.default for r in table if r.name != "server_optimizer"}
+    assert set(with_base) <= {f.name for f in dataclasses.fields(Algorithm)}  # each component role is a field
+    docs = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)`[^|]*\| `([\w.]+)` \|", docs.read_text(), re.M)}
+    for role, base in with_base.items():  # the docs' row names the same class (by a shorter export path)
+        assert role in rows, f"docs/extending.md's role table has no row for {role}"
+        assert load_class(rows[role], object, role) is load_class(base, object, role), role
