@@ -68,7 +68,7 @@ class ClientRule(Component):
     :meth:`server_combination`.
     """
 
-    name = "plain"
+    name = "client_rule"  # a rule of your own names itself (its fingerprint and logs say it); Plain is "plain"
     declares = Declaration(supports=Supports(asynchronous=(
         "keeps client or server state or changes the round, which is not defined asynchronously yet; use plain or prox")))
 
@@ -159,6 +159,7 @@ def _check_fisher_samples(value: int) -> int:
 class Plain(ClientRule):
     """FedAvg's local SGD (McMahan et al. 2017)."""
 
+    name = "plain"
     declares = Declaration(supports=Supports(asynchronous=True))
 
 
