@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from lfed import GLOBAL, StateSpec
-from lfed.client import ClientRule, LossTerm
+from lfed import LossTerm
+from lfed.client import ClientRule
 
 
 class MOON(ClientRule):

@@ -5,9 +5,9 @@
   ``make_sharing``);
 * the built-in objectives :class:`Plain` (FedAvg), :class:`Prox` (FedProx), :class:`Scaffold`,
   :class:`IGFL` (IGFL-C), :class:`EFL` and :class:`FedDyn`;
-* what a rule returns: :class:`StepRule` (``w ← w - lr (grad_scale g + decay ⊙ w + shift)``) and
-  :class:`LossTerm` (a term added to each example's loss; its function may take the net it trains,
-  :class:`TermModel`).
+* what a rule returns, the engine's (exported by :mod:`lfed.engine` and :mod:`lfed`): ``StepRule``
+  (``w ← w - lr (grad_scale g + decay ⊙ w + shift)``) and ``LossTerm`` (a term added to each example's loss; its
+  function may take the net it trains, ``TermModel``).
 
 Personalized rules are in :mod:`lfed.personal`. Every name is imported on first use.
 """
@@ -22,11 +22,20 @@ _LAZY = {
     "IGFL": "lfed.client.objectives",
     "EFL": "lfed.client.objectives",
     "FedDyn": "lfed.client.feddyn",
-    "StepRule": "lfed.engine",
-    "LossTerm": "lfed.engine",
-    "TermModel": "lfed.engine.term",
 }
+#: 0.5 exported the engine's step-rule types from here too; each name is exported by one package since 0.6
+#: (``lfed.engine``, and the root ``lfed``). These still resolve, with one FutureWarning, until 0.7.
+_MOVED = {"StepRule": "lfed.engine", "LossTerm": "lfed.engine", "TermModel": "lfed.engine.term"}
 
 __all__ = sorted(_LAZY)
 
-__getattr__, __dir__ = _lazy_exports(__name__, _LAZY)
+
+def _moved(name: str) -> None:
+    if name in _MOVED:
+        import warnings
+
+        warnings.warn(f"lfed.client.{name}: import it from lfed (or {_MOVED[name]}); lfed.client's re-export of the "
+                      "engine's name is deprecated in 0.6 and goes in 0.7", FutureWarning, stacklevel=3)
+
+
+__getattr__, __dir__ = _lazy_exports(__name__, {**_LAZY, **_MOVED}, before=_moved)
