@@ -288,6 +288,8 @@ class CompositionContext:
             calibrates its noise for them).
         data: The run's federated data on the device (:class:`lfed.data.federated.FederatedData`), or None when the
             composition is checked without it (refuse data the component cannot use: ``data.require_labels(...)``).
+        seed: The run's seed, for a component that draws outside a round's generators (a sampler's clock: its
+            availability windows' phases, :class:`lfed.participation.availability.AvailableSampler`).
     """
 
     explicit: frozenset
@@ -303,6 +305,7 @@ class CompositionContext:
     training: Any = None
     shared_params: int | None = None
     data: Any = None
+    seed: int = 0
 
 
 class Component(nn.Module):

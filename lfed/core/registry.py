@@ -410,7 +410,7 @@ def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozen
                          num_clients: int | None = None, total_rounds: int | None = None,
                          net_releases: tuple[str, ...] = (), run_key: str = "",
                          data_notes: frozenset = frozenset(), training: Any = None,
-                         shared_params: int | None = None, data: Any = None) -> list[str]:
+                         shared_params: int | None = None, data: Any = None, seed: int = 0) -> list[str]:
     """Every component's one check before round 0 (:meth:`lfed.base.component.Component.check`, each component once, in
     the order of the roles: the asynchronous schedule's first): the one place the run checks its composition.
 
@@ -424,7 +424,7 @@ def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozen
         num_clients: ``N``, when known; ``total_rounds``: the run's rounds, when known (with both,
             the checks see every round's cohort size).
         net_releases: What the run releases of its net beyond the parameters (:meth:`lfed.core.run.FederatedRun.net_releases`).
-        run_key, data_notes, training, shared_params: :class:`lfed.base.component.CompositionContext`'s.
+        run_key, data_notes, training, shared_params, seed: :class:`lfed.base.component.CompositionContext`'s.
         data: The run's federated data on the device, for the components that check it (None: not checked).
 
     Returns:
@@ -440,5 +440,6 @@ def validate_composition(algorithm, explicit: set[str] | frozenset[str] = frozen
     roles = algorithm.roles()
     context = CompositionContext(frozenset(explicit), participation.stragglers.p_inactive,
                                  participation.stragglers.p_incomplete, num_clients, total_rounds, sizes, roles,
-                                 tuple(net_releases), run_key, frozenset(data_notes), training, shared_params, data)
+                                 tuple(net_releases), run_key, frozenset(data_notes), training, shared_params, data,
+                                 seed)
     return check_components(roles.values(), context)  # before round 0: refuse what cannot run, derive settings, warn

@@ -219,7 +219,7 @@ class FederatedRun(RunEvaluation, nn.Module):
                                                    run_key=self.stream_key(data), data_notes=data_notes(data),
                                                    training=self.training_plan,
                                                    shared_params=sum(self.components.sharing.shared_sizes_of(self.layout.sizes)),
-                                                   data=data)
+                                                   data=data, seed=self.seed)
         # after the composition's refusals (DP-SGD refuses BatchNorm itself): a BatchNorm layer without spatial extent
         # cannot take a batch of one, refused here on both backends alike (lfed.engine.norm)
         x = data.train_x[:2]
