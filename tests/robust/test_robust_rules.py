@@ -372,6 +372,25 @@ def test_f_left_unset_is_the_attacks_per_round_or_its_share_of_each_cohort():
         rule.check(CompositionContext(frozenset(), cohort_sizes=[10], components={"attack": ALIE(per_round=4)}))
 
 
+def test_an_explicit_f_below_the_attacks_byzantine_count_is_said_before_round_0():
+    """Issue 66 item 8: f = 4 against 12 Byzantine of 20 (fraction 0.6) ran silently; it is said, with the numbers
+    (not refused: a study beyond the breakdown point is legitimate). At or above the attack's count, or with f unset
+    (the attack's), nothing is said."""
+    from lfed.robust.attacks import ALIE
+
+    def said(rule, attack, k=20):
+        return [w for w in rule.check(CompositionContext(frozenset(), cohort_sizes=[k], components={"attack": attack}))
+                if "tolerates" in w]
+
+    (warning,) = said(Bucketing("median", f=4), ALIE(fraction=0.6))
+    assert "f = 4" in warning and "⌈0.6 · 20⌉" in warning and "sends 12 in a planned cohort of 20" in warning
+    assert "f: 12, or f unset, holds the rule to the attack: it then needs ⌈K/s⌉ buckets for median's K > 2f, at least 49" in warning
+    (warning,) = said(CoordinateMedian(f=2), ALIE(per_round=3), k=10)
+    assert "per_round: 3" in warning and "sends 3 in a planned cohort of 10" in warning
+    assert said(CoordinateMedian(f=4), ALIE(fraction=0.2)) == []  # ⌈0.2 · 20⌉ = 4: within f
+    assert said(CoordinateMedian(), ALIE(fraction=0.2)) == []  # f unset: the attack's own count
+
+
 def test_a_pre_aggregator_refuses_a_rule_that_is_not_robust():
     with pytest.raises(ValueError, match="rule: 'mean' is not a robust rule"):
         Bucketing("mean")

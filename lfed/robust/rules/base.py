@@ -183,10 +183,31 @@ class RobustCombination(ServerCombination):
             f = self.f_for(k)
             if k < self.min_inputs(f):
                 raise ValueError(self._too_few(k, f, "a planned cohort of"))
+        out = []
+        beyond = self._beyond_f(context.cohort_sizes or ())
+        if beyond:
+            out.append(beyond)
         if not self.uses_weights and "weighting" in context.explicit:
-            return [f"combination={self.name!r} does not weigh the updates by their aggregation weights, so weighting "
-                    "has no effect (only which clients count matters)"]
-        return []
+            out.append(f"combination={self.name!r} does not weigh the updates by their aggregation weights, so weighting "
+                       "has no effect (only which clients count matters)")
+        return out
+
+    def _beyond_f(self, cohort_sizes) -> str | None:
+        """The warning when an explicit ``f`` is below the Byzantine updates the run's attack sends in a planned
+        cohort: the rule then tolerates fewer than it meets, and its guarantee does not hold (a study beyond the
+        breakdown point may want that, so it is said, not refused)."""
+        if not self.takes_f or self.f is None or self._attack is None:
+            return None
+        for k in sorted(set(cohort_sizes)):
+            b = expected_byzantine(self._attack, k)
+            if b > self.f:
+                how = (f"per_round: {self._attack.per_round}" if getattr(self._attack, "per_round", None) is not None
+                       else f"fraction: {self._attack.fraction:g}, ⌈{self._attack.fraction:g} · {k}⌉")
+                return (f"combination: {self.name} tolerates f = {self.f} Byzantine updates a round, but the attack "
+                        f"({self._attack.name}, {how}) sends {b} in a planned cohort of {k}: beyond f the rule's "
+                        f"guarantee does not hold (f: {b}, or f unset, holds the rule to the attack: it then needs "
+                        f"{self.requirement()}, at least {self.min_inputs(b)} updates)")
+        return None
 
     def _too_few(self, k: int, f: int, what: str) -> str:
         return (f"combination: {self.name} needs {self.requirement()} (at least {self.min_inputs(f)} updates with f = {f}), "
