@@ -26,9 +26,9 @@ from torch import Tensor, nn
 from lfed.base.metric_gate import MetricGate
 from lfed.core import registry as algorithms
 from lfed.core.algorithm import Algorithm, LocalTraining, setup_state
+from lfed.core.groups import Engine, Evaluation, as_group
 from lfed.core.record import RoundRecord, verify_round
 from lfed.core.run_evaluation import RunEvaluation
-from lfed.core.settings import Engine, Evaluation, as_group
 from lfed.core.synchronous import SYNCHRONOUS
 from lfed.engine import CohortTrainer, as_per_example_loss
 from lfed.engine.loop import has_running_stats
@@ -69,9 +69,9 @@ class FederatedRun(RunEvaluation, nn.Module):
         net: The global model (None: :func:`default_net` at :meth:`setup`).
         loss: The client loss (None: cross-entropy).
         seed: Seed of every draw of the run.
-        engine: How the cohort is computed and where per-client state lives (:class:`lfed.core.settings.Engine`;
+        engine: How the cohort is computed and where per-client state lives (:class:`lfed.core.groups.Engine`;
             None, or a dict of its fields: as :class:`~lfed.core.settings.RunSettings` takes it).
-        evaluation: What an evaluation scores besides the global model (:class:`lfed.core.settings.Evaluation`: the
+        evaluation: What an evaluation scores besides the global model (:class:`lfed.core.groups.Evaluation`: the
             personal and client samples, ``personal_chunk``, ``round_local_accuracy``, ``accuracy_targets``).
         algorithm: The preset's name; ``explicit``: the roles the user set (composition checks).
         name: The run's name in a group ('' for a run alone).
