@@ -21,8 +21,8 @@ from torch.utils.data import Dataset
 
 from lfed.data.augment import Augmentation, build_augmentation
 from lfed.data.datasets import DATASETS, load_dataset
-from lfed.data.partition import PARTITIONS, partition
-from lfed.data.splits import flatten_indices, holdout_split_flat, label_counts_flat, pack_flat, validation_split
+from lfed.data.partition import PARTITIONS, partition_flat
+from lfed.data.splits import holdout_split_flat, label_counts_flat, pack_flat, validation_split
 from lfed.data.synthetic import Synthetic
 from lfed.data.tensors import DatasetTensors, inverted_pixels, validate_labels
 from lfed.data.user_tensors import as_tensors
@@ -115,6 +115,26 @@ class FederatedData:
         if "population_label_counts" not in cache:
             cache["population_label_counts"] = self.host("label_counts").sum(0)
         return cache["population_label_counts"]
+
+    def digests(self) -> dict[str, str]:
+        """The digests of the labels and the clients' indices a checkpoint's fingerprint records
+        (:func:`lfed.state.fingerprint.data_digests`), hashed once and kept.
+
+        The data is not to change after :meth:`FederatedDataset.build`. Should one of the hashed tensors be replaced
+        or written in place (a torch operation bumps its version counter) it is hashed again, so a digest never
+        describes other contents than the data's; a write that torch does not count (through ``.numpy()`` or
+        ``.data``) is not seen.
+        """
+        from lfed.state.fingerprint import data_digests
+
+        hashed = ("train_y", "client_sizes", "client_index", "holdout_sizes", "holdout_index", "client_val_sizes",
+                  "client_val_index")
+        now = tuple((getattr(self, f), getattr(getattr(self, f), "_version", None)) for f in hashed)
+        cached = self.__dict__.get("_digests")
+        if cached is None or len(cached[0]) != len(now) or any(
+                a is not b or va != vb for (a, va), (b, vb) in zip(cached[0], now)):
+            cached = self.__dict__["_digests"] = (now, data_digests(self))
+        return dict(cached[1])
 
     def own_split(self, split: str = "test") -> tuple[Tensor, Tensor]:
         """``(index [N, max], sizes [N])`` of each client's own ``test`` (held-out) or ``val`` (validation) split.
@@ -404,7 +424,8 @@ class FederatedDataset:
             rest, val_index = validation_split(labels.shape[0], self.validation_fraction, self.seed)
             labels = labels[rest]
             groups = None if groups is None else groups[rest]
-        clients = partition(
+        # the clients' indices flat: one sort, never a tensor per client (partition_flat)
+        flat, all_sizes = partition_flat(
             labels,
             self.num_clients,
             self.partition,
@@ -415,8 +436,6 @@ class FederatedDataset:
             num_classes=ds.num_classes,
             groups=groups,
         )
-        # concatenated once, then no per-client tensor (100,000 clients: 2.4 s -> see BENCHMARKS.md)
-        flat, all_sizes = flatten_indices(clients)
         if val_index is not None:  # positions among the rest -> positions in the pooled set
             flat = rest.to(flat.device)[flat]
         train, sizes, held, h_sizes = holdout_split_flat(flat, all_sizes, self.holdout_fraction, self.seed)
@@ -461,13 +480,15 @@ class FederatedDataset:
         return tuple(self.build().train_x.shape[1:])
 
     def state_dict(self) -> dict:
-        """What the clients' data is, for checkpoints: sizes, seed, partition and its fingerprint."""
+        """What the clients' data is, for checkpoints: its size, seed, partition and fingerprint, and a digest of the
+        clients' sizes (recomputed from the settings and the data, so no per-client array is stored: a checkpoint of
+        lfed 0.5 held ``client_sizes [N]``, 8 bytes a client)."""
         from lfed.state.fingerprint import data_fingerprint
 
         d = self.build()
         return {
             "num_clients": d.num_clients,
-            "client_sizes": d.client_sizes.clone(),
+            "client_sizes_digest": d.digests()["client_sizes"],
             "seed": self.seed,
             "partition": self.partition,
             "fingerprint": data_fingerprint(self),
@@ -476,10 +497,20 @@ class FederatedDataset:
     def load_state_dict(self, state_dict: dict) -> None:
         """Nothing to restore (the partition is rebuilt from its seed); refuse another split.
 
+        The clients' sizes are compared too: by their digest (``client_sizes_digest``), or, in a checkpoint of lfed
+        0.5 or earlier, by the array it stored (``client_sizes``).
+
         Raises:
             ValueError: If the checkpoint's clients were split differently (another dataset,
                 number of clients, partition, seed, or other example indices), naming each difference.
         """
-        from lfed.state.fingerprint import data_fingerprint, verify_fingerprint
+        from lfed.state.fingerprint import data_fingerprint, tensor_digest, verify_fingerprint
 
-        verify_fingerprint(state_dict.get("fingerprint"), data_fingerprint(self), "the checkpoint's data")
+        saved, current = state_dict.get("fingerprint"), data_fingerprint(self)
+        sizes = state_dict.get("client_sizes_digest")
+        if sizes is None and isinstance(state_dict.get("client_sizes"), Tensor):  # lfed <= 0.5: the array itself
+            sizes = tensor_digest(state_dict["client_sizes"].long())
+        if saved is not None and sizes is not None:
+            saved = {**saved, "data.client_sizes_digest": sizes}
+            current = {**current, "data.client_sizes_digest": self.build().digests()["client_sizes"]}
+        verify_fingerprint(saved, current, "the checkpoint's data")

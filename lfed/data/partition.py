@@ -1,7 +1,9 @@
 """Split a training set among simulated clients (docs/algorithms.md §8).
 
 Every partitioner returns one ``long`` tensor of example indices per client,
-sorted ascending, on the device of ``labels``. All randomness comes from a CPU
+sorted ascending, on the device of ``labels``; :func:`partition_flat` gives the same split as one flat tensor
+``(index, sizes)`` (the clients' lists concatenated in client order, CSR-style: no ``N`` tensors are made, which is
+how :class:`~lfed.data.federated.FederatedDataset` builds a population of millions). All randomness comes from a CPU
 ``torch.Generator`` seeded with ``seed``, so a seed gives the same split on any
 machine. The splits are disjoint; they cover the training set except where a
 docstring says what is left out. Every client gets at least one example, or the
@@ -34,7 +36,8 @@ from lfed.data.tensors import validate_labels
 
 __all__ = [
     "PARTITIONS", "classes_partition", "dirichlet_partition", "holdout_split", "iid_partition", "label_counts",
-    "natural_partition", "pack_indices", "partition", "quota_sizes", "shards_partition", "validation_split",
+    "natural_partition", "pack_indices", "partition", "partition_flat", "quota_sizes", "shards_partition",
+    "validation_split",
 ]
 
 #: Names accepted by :func:`partition`.
@@ -74,15 +77,23 @@ def quota_sizes(total: int, parts: int) -> Tensor:
     return torch.full((parts,), total // parts, dtype=torch.long) + (torch.arange(parts) < total % parts).long()
 
 
-def _split_by_owner(index: Tensor, owner: Tensor, num_clients: int, device: torch.device) -> list[Tensor]:
-    """Group ``index`` by ``owner`` (values >= num_clients are left out), ascending within each client."""
+def _flat_by_owner(index: Tensor, owner: Tensor, num_clients: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Group ``index`` by ``owner`` (values >= num_clients are left out), ascending within each client, as
+    ``(flat, sizes)``: client k's indices are ``flat[starts[k]:starts[k] + sizes[k]]`` (``sizes`` ``long [N]`` on
+    the CPU, ``flat`` on ``device``). One sort of ``(owner, index)`` keys and one ``bincount``: no per-client tensor."""
     keep = owner < num_clients
-    index, owner = index[keep], owner[keep]
+    if not bool(keep.all()):
+        index, owner = index[keep], owner[keep]
     order = torch.argsort(owner * (int(index.max()) + 1 if index.numel() else 1) + index)
     sizes = torch.bincount(owner, minlength=num_clients)
     if bool((sizes == 0).any()):
         raise ValueError(f"client {int((sizes == 0).nonzero()[0])} would get no example; use fewer clients")
-    return [part.to(device) for part in torch.split(index[order], sizes.tolist())]
+    return index[order].to(device), sizes
+
+
+def _as_list(flat: Tensor, sizes: Tensor) -> list[Tensor]:
+    """The per-client list form of ``(flat, sizes)`` (views of ``flat``)."""
+    return list(torch.split(flat, sizes.tolist()))
 
 
 def _class_grouped(labels: Tensor, g: torch.Generator) -> Tensor:
@@ -91,7 +102,7 @@ def _class_grouped(labels: Tensor, g: torch.Generator) -> Tensor:
     return perm[torch.argsort(labels[perm], stable=True)]
 
 
-def _assign_from_counts(labels: Tensor, counts: Tensor, g: torch.Generator, device: torch.device) -> list[Tensor]:
+def _assign_from_counts(labels: Tensor, counts: Tensor, g: torch.Generator, device: torch.device) -> tuple[Tensor, Tensor]:
     """Give client k ``counts[k, j]`` random examples of class j (``counts`` column sums <= class sizes)."""
     num_clients, num_classes = counts.shape
     order = _class_grouped(labels, g)
@@ -100,7 +111,7 @@ def _assign_from_counts(labels: Tensor, counts: Tensor, g: torch.Generator, devi
     blocks = torch.cat([counts.T, (available - counts.sum(0)).unsqueeze(1)], dim=1)
     owner_ids = torch.arange(num_clients + 1).repeat(num_classes)
     owner = torch.repeat_interleave(owner_ids, blocks.reshape(-1))
-    return _split_by_owner(order, owner, num_clients, device)
+    return _flat_by_owner(order, owner, num_clients, device)
 
 
 def iid_partition(labels: Tensor, num_clients: int, seed: int = 0) -> list[Tensor]:
@@ -114,13 +125,17 @@ def iid_partition(labels: Tensor, num_clients: int, seed: int = 0) -> list[Tenso
     Returns:
         ``N`` index tensors; client k holds ``n // N + (k < n mod N)`` examples.
     """
+    return _as_list(*_iid(labels, num_clients, seed))
+
+
+def _iid(labels: Tensor, num_clients: int, seed: int) -> tuple[Tensor, Tensor]:
     if not isinstance(labels, Tensor) or labels.dim() != 1 or labels.numel() == 0:
         raise ValueError(f"labels must be a non-empty 1-D tensor, got {getattr(labels, 'shape', labels)!r}")
     n = labels.numel()
     num_clients = _clients(num_clients, n)
     perm = torch.randperm(n, generator=seeded_generator(seed))
     owner = torch.repeat_interleave(torch.arange(num_clients), quota_sizes(n, num_clients))
-    return _split_by_owner(perm, owner, num_clients, labels.device)
+    return _flat_by_owner(perm, owner, num_clients, labels.device)
 
 
 def shards_partition(labels: Tensor, num_clients: int, seed: int = 0, shards_per_client: int = 2) -> list[Tensor]:
@@ -141,6 +156,10 @@ def shards_partition(labels: Tensor, num_clients: int, seed: int = 0, shards_per
     Returns:
         ``N`` index tensors.
     """
+    return _as_list(*_shards(labels, num_clients, seed, shards_per_client))
+
+
+def _shards(labels: Tensor, num_clients: int, seed: int, shards_per_client: int) -> tuple[Tensor, Tensor]:
     labels_cpu, _ = _labels(labels, None)
     n = labels_cpu.numel()
     num_clients = _clients(num_clients, n)
@@ -154,7 +173,7 @@ def shards_partition(labels: Tensor, num_clients: int, seed: int = 0, shards_per
     shard_of_position = torch.repeat_interleave(torch.arange(num_shards), quota_sizes(n, num_shards))
     client_of_shard = torch.empty(num_shards, dtype=torch.long)
     client_of_shard[torch.randperm(num_shards, generator=g)] = torch.arange(num_shards) // shards_per_client
-    return _split_by_owner(order, client_of_shard[shard_of_position], num_clients, labels.device)
+    return _flat_by_owner(order, client_of_shard[shard_of_position], num_clients, labels.device)
 
 
 def _log_gamma_samples(shape: float, size: tuple[int, ...], g: torch.Generator) -> Tensor:
@@ -213,6 +232,10 @@ def dirichlet_partition(
     Returns:
         ``N`` index tensors; client k holds ``n // N + (k < n mod N)`` examples.
     """
+    return _as_list(*_dirichlet(labels, num_clients, seed, rho, num_classes))
+
+
+def _dirichlet(labels: Tensor, num_clients: int, seed: int, rho: float, num_classes: int | None) -> tuple[Tensor, Tensor]:
     labels_cpu, num_classes = _labels(labels, num_classes)
     n = labels_cpu.numel()
     num_clients = _clients(num_clients, n)
@@ -272,6 +295,10 @@ def classes_partition(
     Raises:
         ValueError: Bad arguments, or a class with fewer examples than holders.
     """
+    return _as_list(*_classes(labels, num_clients, seed, classes_per_client, num_classes))
+
+
+def _classes(labels: Tensor, num_clients: int, seed: int, classes_per_client: int, num_classes: int | None) -> tuple[Tensor, Tensor]:
     labels_cpu, num_classes = _labels(labels, num_classes)
     num_clients = _clients(num_clients, labels_cpu.numel())
     m = checked_int("classes_per_client", classes_per_client, 1)
@@ -298,7 +325,7 @@ def classes_partition(
     if left_out.numel():
         warnings.warn(f"classes partition leaves out classes {left_out.tolist()} "
                       f"({int(available[left_out].sum())} examples): num_clients * classes_per_client "
-                      f"= {num_clients * m} < {present.numel()} classes", stacklevel=2)
+                      f"= {num_clients * m} < {present.numel()} classes", stacklevel=3)
     rank = holds.long().cumsum(0) - 1  # rank of a client among the holders of a class
     base, extra = available // holders.clamp(min=1), available % holders.clamp(min=1)
     counts = torch.where(holds, base + (rank < extra).long(), torch.zeros_like(rank))
@@ -316,6 +343,10 @@ def natural_partition(groups: Tensor, num_clients: int | None = None) -> list[Te
     Returns:
         One index tensor per kept group, in ascending group id order.
     """
+    return _as_list(*_natural(groups, num_clients))
+
+
+def _natural(groups: Tensor, num_clients: int | None) -> tuple[Tensor, Tensor]:
     if not isinstance(groups, Tensor) or groups.dim() != 1 or groups.numel() == 0 \
             or groups.dtype.is_floating_point or groups.dtype == torch.bool:
         raise ValueError(f"groups must be a non-empty 1-D integer tensor, got {getattr(groups, 'shape', groups)!r}")
@@ -328,7 +359,7 @@ def natural_partition(groups: Tensor, num_clients: int | None = None) -> list[Te
         raise ValueError(f"num_clients: must be <= the {ids.numel()} groups for the natural partition, "
                          f"got {num_clients}")
     owner = torch.searchsorted(ids, groups_cpu)
-    return _split_by_owner(torch.arange(groups_cpu.numel()), owner, num_clients, groups.device)
+    return _flat_by_owner(torch.arange(groups_cpu.numel()), owner, num_clients, groups.device)
 
 
 def partition(
@@ -357,7 +388,32 @@ def partition(
         groups: ``[n]`` natural group ids (``natural``).
 
     Returns:
-        One ``long`` index tensor per client, on the device of ``labels``.
+        One ``long`` index tensor per client, on the device of ``labels`` (:func:`partition_flat` concatenated).
+    """
+    return _as_list(*partition_flat(labels, num_clients, scheme, seed, rho=rho, shards_per_client=shards_per_client,
+                                    classes_per_client=classes_per_client, num_classes=num_classes, groups=groups))
+
+
+def partition_flat(
+    labels: Tensor,
+    num_clients: int | None,
+    scheme: str,
+    seed: int = 0,
+    *,
+    rho: float = 1.0,
+    shards_per_client: int = 2,
+    classes_per_client: int = 2,
+    num_classes: int | None = None,
+    groups: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`partition` as one flat tensor: the clients' index lists concatenated in client order, and their sizes.
+
+    The same split as :func:`partition` for every scheme and seed (the list is ``torch.split(index, sizes)``), built
+    with one sort and one ``bincount`` and never a tensor per client: the form a population of millions is built in.
+
+    Returns:
+        ``(index, sizes)``: ``index`` ``long [sum n_k]`` on the device of ``labels``, client k's sorted indices at
+        ``index[s_k : s_k + sizes[k]]`` with ``s_k = sizes[:k].sum()``; ``sizes`` ``long [N]`` on the CPU, all ``>= 1``.
     """
     if scheme not in PARTITIONS:
         raise ValueError(f"scheme must be one of {PARTITIONS}, got {scheme!r}")
@@ -367,13 +423,14 @@ def partition(
         if not isinstance(labels, Tensor) or groups.shape != labels.shape:
             raise ValueError(f"groups must have the shape of labels {tuple(getattr(labels, 'shape', ()))}, "
                              f"got {tuple(groups.shape)}")
-        return [part.to(labels.device) for part in natural_partition(groups, num_clients)]
+        index, sizes = _natural(groups, num_clients)
+        return index.to(labels.device), sizes
     if num_clients is None:
         raise ValueError(f"num_clients must be an int >= 1 for scheme={scheme!r}, got None")
     if scheme == "iid":
-        return iid_partition(labels, num_clients, seed)
+        return _iid(labels, num_clients, seed)
     if scheme == "shards":
-        return shards_partition(labels, num_clients, seed, shards_per_client)
+        return _shards(labels, num_clients, seed, shards_per_client)
     if scheme == "dirichlet":
-        return dirichlet_partition(labels, num_clients, seed, rho, num_classes)
-    return classes_partition(labels, num_clients, seed, classes_per_client, num_classes)
+        return _dirichlet(labels, num_clients, seed, rho, num_classes)
+    return _classes(labels, num_clients, seed, classes_per_client, num_classes)

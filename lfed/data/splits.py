@@ -78,13 +78,16 @@ def holdout_split_flat(flat: Tensor, sizes: Tensor, fraction: float, seed: int =
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction < 1.0:
         raise ValueError(f"fraction must be a number in [0, 1), got {fraction!r}")
     device = flat.device
+    if fraction == 0:  # nothing held out (what the draw below gives then, without drawing)
+        return flat, sizes.clone(), flat[:0], torch.zeros_like(sizes)
     num_clients = sizes.numel()
     held = torch.floor(sizes.double() * fraction + 0.5).long().minimum((sizes - 1).clamp(min=0))
     owner = torch.repeat_interleave(torch.arange(num_clients), sizes)
     order = torch.randperm(flat.numel(), generator=seeded_generator(seed))
     order = order[torch.argsort(owner[order], stable=True)]  # grouped by client, random within client
     rank = torch.empty_like(order)
-    rank[order] = torch.arange(flat.numel()) - (torch.cumsum(sizes, 0) - sizes)[owner[order]]
+    # owner[order] is owner itself now (grouped by client, ascending, as owner is)
+    rank[order] = torch.arange(flat.numel()) - (torch.cumsum(sizes, 0) - sizes)[owner]
     is_held = (rank < held[owner]).to(device)
     return flat[~is_held], sizes - held, flat[is_held], held
 

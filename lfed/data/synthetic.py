@@ -182,7 +182,7 @@ def population(spec: Synthetic, num_clients: int) -> DatasetTensors:
     if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
         raise ValueError(f"num_clients: the number of devices, an int >= 1, got {num_clients!r}")
     sizes = client_sizes(spec, num_clients)
-    n_train = torch.tensor([int((1.0 - spec.test_fraction) * int(n)) for n in sizes], dtype=torch.long)
+    n_train = ((1.0 - spec.test_fraction) * sizes.double()).long()  # int((1 - f) * n_k) of client_data, for all k
     n_test = sizes - n_train
     out = {}
     for split, counts in (("train", n_train), ("test", n_test)):

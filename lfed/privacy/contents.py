@@ -41,7 +41,8 @@ CONTENTS: tuple[tuple[str, str, str], ...] = (
     ("lfed_config*", "setting", "the configuration of the run"),
     ("FederatedDataModule.num_clients", "setting", "N"), ("FederatedDataModule.seed", "setting", "the partition seed"),
     ("FederatedDataModule.partition", "setting", "the partition scheme"),
-    ("FederatedDataModule.client_sizes", "client", "every client's number of training examples n_k"),
+    ("FederatedDataModule.client_sizes*", "client", "every client's number of training examples n_k (lfed <= 0.5), "
+                                                    "their digest (client_sizes_digest)"),
     ("FederatedDataModule.fingerprint", "client", "a hash of the training labels and of each client's example indices"),
     ("state_dict.*_extra_state.ledger*", "client", "example-level DP-SGD's per-client ledger: each client's DP-SGD steps "
                                                   "and ε (who trained, and how often)"),

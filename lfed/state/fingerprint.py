@@ -24,6 +24,7 @@ __all__ = [
     "STRUCTURAL_PREFIXES",
     "ResumeWarning",
     "current_class_paths",
+    "data_digests",
     "data_fingerprint",
     "tensor_bytes",
     "run_fingerprint",
@@ -54,8 +55,25 @@ def tensor_digest(*tensors: Tensor) -> str:
     h = hashlib.sha256()
     for t in tensors:
         h.update(f"{t.dtype}{tuple(t.shape)};".encode())
-        h.update(tensor_bytes(t))
+        flat = t.detach().to("cpu").contiguous().reshape(-1)
+        if flat.numel():  # the bytes of tensor_bytes, hashed in place (no copy of a 10^7-client index)
+            h.update(memoryview(flat.view(torch.uint8).numpy()))
     return h.hexdigest()[:16]
+
+
+def data_digests(data: Any) -> dict[str, str]:
+    """The digests :func:`data_fingerprint` records of built data (a :class:`~lfed.data.federated.FederatedData`):
+    ``train_labels`` (the training labels), ``client_indices`` (every client's sizes and indices, trained on and held
+    out), ``client_sizes`` (the sizes alone, what a checkpoint keeps of them) and, where the clients hold validation
+    splits, ``client_val``. ``FederatedData.digests`` computes them once and keeps them."""
+    out = {
+        "train_labels": tensor_digest(data.train_y),
+        "client_indices": tensor_digest(data.client_sizes, data.client_index, data.holdout_sizes, data.holdout_index),
+        "client_sizes": tensor_digest(data.client_sizes),
+    }
+    if getattr(data, "client_val_sizes", None) is not None:
+        out["client_val"] = tensor_digest(data.client_val_sizes, data.client_val_index)
+    return out
 
 
 def data_fingerprint(datamodule: Any) -> dict[str, Any]:
@@ -63,9 +81,11 @@ def data_fingerprint(datamodule: Any) -> dict[str, Any]:
 
     ``data.*`` keys: dataset, number of clients, partition and its seed and parameter, held-out
     share, and hashes of the training labels and of each client's example indices (so the same
-    config on other files, or another partitioner version, is caught too).
+    config on other files, or another partitioner version, is caught too). The hashes are the data's own, made once
+    (``FederatedData.digests``): saving and resuming a checkpoint hash nothing again.
     """
     d = datamodule.build()
+    digests = d.digests() if hasattr(d, "digests") else data_digests(d)
     out: dict[str, Any] = {
         "data.dataset": datamodule.dataset,
         "data.num_clients": d.num_clients,
@@ -74,12 +94,12 @@ def data_fingerprint(datamodule: Any) -> dict[str, Any]:
         "data.holdout_fraction": datamodule.holdout_fraction,
         "data.validation_fraction": getattr(datamodule, "validation_fraction", 0.0),
         "data.train_examples": int(d.train_y.numel()),
-        "data.train_labels_hash": tensor_digest(d.train_y),
-        "data.client_indices_hash": tensor_digest(d.client_sizes, d.client_index, d.holdout_sizes, d.holdout_index),
+        "data.train_labels_hash": digests["train_labels"],
+        "data.client_indices_hash": digests["client_indices"],
     }
     if getattr(datamodule, "client_validation_fraction", 0.0) > 0:  # absent otherwise: older fingerprints still match
         out["data.client_validation_fraction"] = datamodule.client_validation_fraction
-        out["data.client_val_hash"] = tensor_digest(d.client_val_sizes, d.client_val_index)
+        out["data.client_val_hash"] = digests["client_val"]
     out["data.invert_pixels"] = bool(getattr(datamodule, "invert_pixels", False))  # a checkpoint without it: not compared
     param = {"dirichlet": "rho", "shards": "shards_per_client", "classes": "classes_per_client"}.get(datamodule.partition)
     if param is not None:
