@@ -14,8 +14,6 @@ import warnings
 from dataclasses import replace
 from typing import Any
 
-from lfed.base.declaration import Declaration
-
 __all__ = ["FLAGS", "HOOKS", "legacy_asynchronous", "legacy_declaration", "legacy_hooks"]
 
 #: 0.5's flag -> (the declaration's part, its field).
@@ -45,12 +43,11 @@ HOOKS = {
 _WARNED: set[type] = set()
 
 
-def _base_classes() -> tuple[type, ...]:
-    from torch import nn
-
-    from lfed.base.component import Component
-
-    return Component, nn.Module, object
+def _is_base(klass: type) -> bool:
+    """Whether ``klass`` is lfed's ``Component``, torch's ``nn.Module`` (or another torch class) or ``object``: the
+    classes whose members are no 0.5 spelling (this module imports nothing of lfed: every module may import it)."""
+    return klass is object or klass.__module__.startswith("torch.") or (
+        klass.__module__ == "lfed.base.component" and klass.__name__ == "Component")
 
 
 def _spelling(name: str, value: Any) -> str:
@@ -69,11 +66,10 @@ def _spelling(name: str, value: Any) -> str:
 def _scan(component: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(flags, hooks) of 0.5 that ``component``'s class (or, for flags, the instance) spells; warned once per class."""
     cls = type(component)
-    bases = _base_classes()
     flags: list[str] = []
     hooks: list[str] = []
     for klass in cls.__mro__:
-        if klass in bases:
+        if _is_base(klass):
             continue
         flags += [n for n in FLAGS if n in klass.__dict__ and n not in flags]
         hooks += [n for n in HOOKS if n in klass.__dict__ and n not in hooks]
@@ -98,13 +94,14 @@ def legacy_asynchronous(cls: type) -> bool | str | None:
     if cls.__dict__.get("asynchronous_ready", False):
         return True
     for klass in cls.__mro__:
-        if klass not in _base_classes() and isinstance(klass.__dict__.get("asynchronous_unready"), str):
+        if not _is_base(klass) and isinstance(klass.__dict__.get("asynchronous_unready"), str):
             return klass.__dict__["asynchronous_unready"]
     return None
 
 
-def legacy_declaration(component: Any, declared: Declaration) -> Declaration:
-    """``declared`` with the 0.5 flags ``component`` spells read into it (none: ``declared`` itself)."""
+def legacy_declaration(component: Any, declared: Any) -> Any:
+    """``declared`` (a :class:`lfed.base.declaration.Declaration`) with the 0.5 flags ``component`` spells read into it
+    (none: ``declared`` itself)."""
     flags = _scan(component)[0]
     if not flags:
         return declared
@@ -120,4 +117,4 @@ def legacy_declaration(component: Any, declared: Declaration) -> Declaration:
         said = legacy_asynchronous(type(component))
         if said is not None:
             parts["supports"]["asynchronous"] = said
-    return Declaration(**{part: replace(getattr(declared, part), **values) for part, values in parts.items()})
+    return replace(declared, **{part: replace(getattr(declared, part), **values) for part, values in parts.items()})
