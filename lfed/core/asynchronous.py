@@ -14,7 +14,7 @@ are the synchronous run's own. One server step ``t`` (one Lightning ``training_s
    a client's update does not depend on when it arrives. Each client's result waits in a slot of the
    client state store (``asynchronous.update``, ``[C, P]``: on the device, in host memory or on disk,
    ``client_state``) until its arrival time ``now + d_k`` (``d_k`` from the :class:`~lfed.participation.clock.SimulatedClock`).
-   With availability windows (``clock.availability_period``) only the clients available at a time are drawn
+   With availability windows (``clock.availability_period``, or a ``clock.trace``) only the clients available at a time are drawn
    (FedScale's rule); while slots are free and fewer than ``M`` arrivals precede it, the server waits for the
    next window to open and dispatches there, still with ``w^t`` (:meth:`Asynchronous._dispatch_plan`).
 2. **Arrivals.** The ``M`` (``buffer``) earliest arrivals are popped (ties in dispatch order); the
@@ -70,7 +70,7 @@ from lfed.base.component import Component, CompositionContext
 from lfed.checks import integer, number, one_of
 from lfed.engine.host import to_device
 from lfed.evaluation.scores import is_classification, local_accuracy
-from lfed.participation.clock import SimulatedClock, read_durations
+from lfed.participation.clock import SimulatedClock, model_bits
 from lfed.participation.sampling import uniform_draw
 from lfed.state.spec import StateSpec
 
@@ -235,8 +235,8 @@ class Asynchronous(Component):
         if context.num_clients is not None and self.concurrency > context.num_clients:
             raise ValueError(f"asynchronous: concurrency: {self.concurrency} clients in flight, but the data has "
                              f"{context.num_clients} clients")
-        if context.num_clients is not None and self.clock.distribution == "file":  # read and checked now, not at dispatch
-            read_durations(self.clock.durations_file, context.num_clients)
+        if context.num_clients is not None:  # its files (durations, traces) read and checked now, not at dispatch
+            self.clock.check_files(context.num_clients)
         if "fraction" in context.explicit:
             return ["fraction is not used by asynchronous training: concurrency and buffer set who trains"]
         return []
@@ -267,11 +267,13 @@ class Asynchronous(Component):
             if busy:
                 perm = perm[~torch.isin(perm, torch.tensor(sorted(busy), dtype=perm.dtype))]
         sizes = data.host("client_sizes")
+        bits = model_bits(run.layout.num_params, next(run.net.parameters()).dtype)  # a device trace's download and upload
 
         def batch(clients: Tensor, t: float, generator: torch.Generator | None) -> list[tuple[int, float, float, int]]:
             clients = clients.sort().values
             steps = run.training_plan.step_budget(sizes[clients])
-            d = clock.durations(clients, steps, step, run.seed, N, generator=generator)
+            d = clock.durations(clients, steps, step, run.seed, N, generator=generator, num_examples=sizes[clients],
+                                batch_size=run.training_plan.batch_size, bits=bits)
             return [(int(c), t, float(x), int(n)) for c, x, n in zip(clients.tolist(), d.tolist(), steps.tolist())]
 
         if not clock.windows:

@@ -12,6 +12,12 @@ simulated time, independent of how long the computation takes on this machine. A
   FedBuff's (Nguyen et al., AISTATS 2022) and FLSim's simulations model.
 * ``file``: ``durations_file`` holds one duration per client (one number per line, ``N`` lines, in
   simulated seconds), the duration of every participation of that client.
+* ``device``: each client's speed from a device-capacity trace (``device_capacity``: FedScale's
+  ``client_device_capacity``, :mod:`lfed.participation.traces`): ``d = compute_factor x e_k x c_k / 1000
+  + 2 x bits / 1000 / b_k`` with ``e_k`` the examples the client processes (its local steps x the batch
+  size, ``n_k`` when smaller), ``c_k`` its milliseconds per example, ``b_k`` its kilobits per second and
+  ``bits`` the model's size (parameters x the bits of their dtype), down and up (FedScale's
+  ``get_completion_time``, whose ``augmentation_factor`` 3 is ``compute_factor``).
 
 **Availability windows** (any distribution; ``availability_period`` set): client ``k`` is available
 in a periodic window of simulated time, ``[φ_k + n p, φ_k + n p + f p)`` for every integer ``n``
@@ -22,6 +28,11 @@ clients in every time zone. As in FedScale (Lai et al., ICML 2022: ``Client.isAc
 clients active at the current time), a client outside its window is **not sampled**; the asynchronous
 server dispatches to it once its window opens (:mod:`lfed.core.asynchronous`). A client that started
 finishes its work even if its window closes meanwhile (the window governs the start only).
+
+**Availability from a trace** (``trace``, instead of ``availability_period``): client ``k`` is online when the
+simulated time modulo its trace's ``finish_time`` falls in one of its ``[active_i, inactive_i)`` intervals
+(FedScale's ``client_behave_trace``, :class:`lfed.participation.traces.AvailabilityTrace`), the same rule for the
+asynchronous dispatch and the synchronous :class:`~lfed.participation.availability.AvailableSampler`. docs/traces.md.
 
 Every draw is seeded: the speeds by ``(seed, 0, "clock_speed")``, a dispatch's jitter by
 ``(seed, step, "clock")`` (:func:`lfed.rng.round_generator`), so a run resumed from a checkpoint
@@ -42,16 +53,16 @@ from lfed.base.component import Component
 from lfed.checks import number, one_of
 from lfed.rng import round_generator
 
-__all__ = ["DISTRIBUTIONS", "SimulatedClock"]
+__all__ = ["DISTRIBUTIONS", "SimulatedClock", "model_bits"]
 
-DISTRIBUTIONS = ("constant", "lognormal", "file")
+DISTRIBUTIONS = ("constant", "lognormal", "file", "device")
 
 
 class SimulatedClock(Component):
     """Durations of the clients' local work in simulated seconds (module docstring).
 
     Args:
-        distribution: ``constant``, ``lognormal`` or ``file``.
+        distribution: ``constant``, ``lognormal``, ``file`` or ``device``.
         time_per_step: Simulated seconds per local step of a client of median speed (> 0).
         speed_sigma: ``lognormal``: standard deviation of ``log m_k`` (per-client speed), >= 0.
         jitter_sigma: ``lognormal``: standard deviation of ``log j`` (per participation), >= 0.
@@ -59,13 +70,20 @@ class SimulatedClock(Component):
         availability_period: Period ``p`` of every client's availability window in simulated seconds (> 0);
             None (the default): every client is always available.
         availability_fraction: Share ``f`` in (0, 1] of the period a client is available.
+        trace: An availability trace (FedScale's ``client_behave_trace``, pickle or ``.json``): when each client is
+            online; None (the default): ``availability_period``'s windows, or always.
+        device_capacity: ``device``: a device-capacity trace (FedScale's ``client_device_capacity``, pickle or
+            ``.json``): each client's milliseconds per example and kilobits per second.
+        compute_factor: ``device``: the computation's multiple of the trace's forward-pass time (FedScale's 3:
+            forward and backward), > 0.
     """
 
     name = "clock"
 
-    def __init__(self, distribution: Literal["constant", "lognormal", "file"] = "lognormal", time_per_step: float = 1.0,
+    def __init__(self, distribution: Literal["constant", "lognormal", "file", "device"] = "lognormal", time_per_step: float = 1.0,
                  speed_sigma: float = 1.0, jitter_sigma: float = 0.1, durations_file: str | None = None,
-                 availability_period: float | None = None, availability_fraction: float = 0.5) -> None:
+                 availability_period: float | None = None, availability_fraction: float = 0.5,
+                 trace: str | None = None, device_capacity: str | None = None, compute_factor: float = 3.0) -> None:
         super().__init__()
         one_of("distribution", distribution, DISTRIBUTIONS)
         self.distribution = distribution
@@ -81,6 +99,17 @@ class SimulatedClock(Component):
                                          detail=" (simulated seconds) or None (always available)")
         self.availability_period = availability_period
         self.availability_fraction = number("availability_fraction", availability_fraction, above=0, at_most=1)
+        if (device_capacity is None) != (distribution != "device"):
+            raise ValueError("device_capacity: give it exactly when distribution='device' "
+                             f"(got distribution={distribution!r}, device_capacity={device_capacity!r})")
+        if trace is not None and availability_period is not None:
+            raise ValueError(f"trace: availability comes from the trace {trace!r} or from periodic windows "
+                             f"(availability_period={availability_period!r}), not both; give one")
+        self.trace = None if trace is None else str(trace)
+        self.device_capacity = None if device_capacity is None else str(device_capacity)
+        self.compute_factor = number("compute_factor", compute_factor, above=0)
+        self._trace: Any = None  # the files, read once (lfed.participation.traces)
+        self._device: Any = None
         self.now = 0.0  # simulated seconds at the last server step
         self._speeds: tuple[tuple[int, int], Tensor] | None = None
         self._phases: tuple[tuple[int, int], Tensor] | None = None
@@ -89,7 +118,35 @@ class SimulatedClock(Component):
         return {"distribution": self.distribution, "time_per_step": self.time_per_step,
                 "speed_sigma": self.speed_sigma, "jitter_sigma": self.jitter_sigma,
                 "durations_file": self.durations_file, "availability_period": self.availability_period,
-                "availability_fraction": self.availability_fraction}
+                "availability_fraction": self.availability_fraction,
+                # only when set: the fingerprint of a run made before traces stays the same
+                **({"trace": self.trace} if self.trace is not None else {}),
+                **({"device_capacity": self.device_capacity, "compute_factor": self.compute_factor}
+                   if self.device_capacity is not None else {})}
+
+    # ------------------------------------------------------------------ the trace files
+    def availability_trace(self):
+        """The :class:`~lfed.participation.traces.AvailabilityTrace` of ``trace`` (read once), or None."""
+        if self.trace is not None and self._trace is None:
+            from lfed.participation.traces import AvailabilityTrace
+
+            self._trace = AvailabilityTrace(self.trace, "trace")
+        return self._trace
+
+    def device(self):
+        """The :class:`~lfed.participation.traces.DeviceCapacity` of ``device_capacity`` (read once), or None."""
+        if self.device_capacity is not None and self._device is None:
+            from lfed.participation.traces import DeviceCapacity
+
+            self._device = DeviceCapacity(self.device_capacity, "device_capacity")
+        return self._device
+
+    def check_files(self, num_clients: int) -> None:
+        """Read and check every file the clock names, before round 0 (one line naming the file and the field)."""
+        if self.distribution == "file":
+            read_durations(self.durations_file, num_clients)
+        self.availability_trace()
+        self.device()
 
     # ------------------------------------------------------------------ durations
     def speeds(self, seed: int, num_clients: int) -> Tensor:
@@ -102,17 +159,30 @@ class SimulatedClock(Component):
         elif self.distribution == "lognormal":
             z = torch.randn(num_clients, generator=round_generator(seed, 0, "clock_speed"), dtype=torch.float64)
             m = torch.exp(self.speed_sigma * z)
-        else:
+        elif self.distribution == "file":
             m = read_durations(self.durations_file, num_clients)
+        else:
+            raise ValueError("distribution='device': durations come from the device capacity, not a speed per client")
         self._speeds = (key, m)
         return m
 
     def durations(self, clients: Tensor, steps: Tensor, step: int, seed: int, num_clients: int,
-                  generator: torch.Generator | None = None) -> Tensor:
+                  generator: torch.Generator | None = None, *, num_examples: Tensor | None = None,
+                  batch_size: int | None = None, bits: float | None = None) -> Tensor:
         """``[K]`` float64 simulated seconds of the dispatched ``clients`` (host ids) doing ``steps`` local steps,
         dispatched at server step ``step``. The jitter is drawn from ``generator`` when given (a step that dispatches
-        in several batches draws them in turn from one generator), else from a fresh ``(seed, step, "clock")`` one."""
+        in several batches draws them in turn from one generator), else from a fresh ``(seed, step, "clock")`` one.
+
+        ``device`` reads the work itself: ``num_examples`` ``[K]`` the clients' ``n_k``, ``batch_size`` (None: full
+        batch) and ``bits``, the model's size (:func:`model_bits`)."""
         clients = clients.detach().cpu().long()
+        if self.distribution == "device":
+            if num_examples is None or bits is None:
+                raise ValueError("distribution='device': durations need num_examples and bits (the model's size)")
+            n = num_examples.detach().cpu().to(torch.float64)
+            per_step = n if batch_size is None else torch.clamp(n, max=float(batch_size))
+            examples = steps.detach().cpu().to(torch.float64) * per_step
+            return self.device().durations(clients, examples, bits, self.compute_factor)
         m = self.speeds(seed, num_clients)[clients]
         if self.distribution == "file":
             return m.clone()
@@ -126,8 +196,9 @@ class SimulatedClock(Component):
     # ------------------------------------------------------------------ availability windows
     @property
     def windows(self) -> bool:
-        """Whether clients have availability windows (``availability_period`` set and ``availability_fraction < 1``)."""
-        return self.availability_period is not None and self.availability_fraction < 1
+        """Whether clients have availability windows: a ``trace``, or ``availability_period`` set and
+        ``availability_fraction < 1``."""
+        return self.trace is not None or (self.availability_period is not None and self.availability_fraction < 1)
 
     def phases(self, seed: int, num_clients: int) -> Tensor:
         """``[N]`` float64 window phases ``φ_k = p u_k`` (module docstring)."""
@@ -142,6 +213,8 @@ class SimulatedClock(Component):
         clients = clients.detach().cpu().long()
         if not self.windows:
             return torch.full((clients.numel(),), float(t), dtype=torch.float64)
+        if self.trace is not None:
+            return self.availability_trace().next_available(clients, t)
         p = self.availability_period
         r = torch.remainder(t - self.phases(seed, num_clients)[clients], p)  # time since the last opening, in [0, p)
         return torch.where(r < self.availability_fraction * p, torch.full_like(r, t), t + (p - r))
@@ -152,6 +225,12 @@ class SimulatedClock(Component):
 
     def set_extra_state(self, state: dict[str, float]) -> None:
         self.now = float(state["now"])
+
+
+def model_bits(num_params: int, dtype: torch.dtype) -> float:
+    """The model's size in bits: ``num_params`` parameters of ``dtype`` (32 each in float32)."""
+    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+    return float(num_params) * info.bits
 
 
 def read_durations(path: str | Path, num_clients: int) -> Tensor:

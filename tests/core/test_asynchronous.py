@@ -593,6 +593,40 @@ def test_a_dispatch_that_diverges_stops_the_run_naming_the_dispatched_clients():
     assert module.runs[0].rounds_done == 0 and torch.equal(flat_weights(module), w0)
 
 
+def test_dispatches_go_only_to_the_clients_online_on_a_trace_at_their_start(tmp_path):
+    """FedBuff C = 4, M = 2 on the tiny trace of tests/participation/test_traces.py (N = 12: client k reads the trace's
+    k mod 5), every participation 12 simulated s: each client starts at a time it is online (read off the trace by
+    hand), and the server waits through the trace's gap [50, 60) where nobody is."""
+    from test_traces import _online_by_hand, _write_trace
+
+    from lfed.core.algorithm import LocalTraining
+    from lfed.core.fit import fit_run
+    from lfed.core.settings import build_run
+
+    clock = SimulatedClock("constant", time_per_step=6.0, trace=_write_trace(tmp_path / "behave.json"))
+    fedbuff = FedBuff(concurrency=4, buffer=2, clock=clock)
+    plans = []
+    plan = fedbuff._dispatch_plan
+
+    def recorded(run, step):
+        out = plan(run, step)
+        plans.append((step, fedbuff.now, out))
+        return out
+
+    fedbuff._dispatch_plan = recorded
+    run = build_run(net=_net(), asynchronous=fedbuff, seed=2, training=LocalTraining(client_lr=0.1, local_steps=2))
+    history = fit_run(run, _data(), 20)
+    starts = [(c, start) for _, _, p in plans for c, start, _, _ in p]
+    assert len(starts) >= 4 + 2 * 16  # C at step 0, then M a step (fewer while nobody is online)
+    for step, now, p in plans:
+        for c, start, d, steps in p:
+            assert start >= now and c % 5 in _online_by_hand(start), (step, c, start)
+            assert d == 12.0 and steps == 2
+    assert any(start == 60.0 for _, start in starts)  # dispatched when the gap ends
+    assert not any(50.0 <= start % 100.0 < 60.0 for _, start in starts)
+    assert history[-1]["clock/time"] > 100.0  # the run went round the trace's period
+
+
 # ----------------------------------------------------------------------------- exact resume
 
 
@@ -655,6 +689,27 @@ def test_resume_with_batchnorm_statistics_in_flight_is_bit_identical(tmp_path):
     assert middle["state_dict"]["asynchronous.stats"].shape[0] == 6  # one row per slot
     got = _async_state(fit(config, "--ckpt_path", str(tmp_path / "ckpts" / "epoch=0-step=3.ckpt")))
     assert got["async"] == want["async"] and any(k.endswith("running_mean") for k in want)
+    assert_same_state(got, want)
+
+
+@pytest.mark.bitlevel
+def test_resume_of_a_run_on_availability_and_device_traces_is_bit_identical(tmp_path):
+    """FedBuff C = 6, M = 2 on digits, availability and durations from FedScale-format traces (availability from a
+    JSON trace, durations from a device-capacity trace): resumed at server step 3, it ends as the uninterrupted run."""
+    from test_checkpoint import assert_same_state, fit, load, write_config
+    from test_traces import _digits_trace
+
+    clock = _digits_trace(tmp_path)["init_args"]["clock"]
+    fedbuff = {**ASYNC, "init_args": {**ASYNC["init_args"], "clock": clock}}
+    keep_all = {"callbacks": [{"class_path": "lfed.lightning.checkpoint.RoundCheckpoint",
+                               "init_args": {"dirpath": str(tmp_path / "ckpts"), "every_n_train_steps": 3, "save_top_k": -1}}]}
+    config = write_config(tmp_path / "cfg.yaml", "fedavg", trainer=keep_all, asynchronous=fedbuff, fraction=None)
+    want = _async_state(fit(config))
+    middle = load(tmp_path / "ckpts" / "epoch=0-step=3.ckpt")
+    assert middle["state_dict"]["asynchronous._extra_state"]["events"]  # clients in flight
+    assert 0 < middle["state_dict"]["asynchronous.clock._extra_state"]["now"] < want["async"][3]
+    got = _async_state(fit(config, "--ckpt_path", str(tmp_path / "ckpts" / "epoch=0-step=3.ckpt")))
+    assert got["async"] == want["async"]
     assert_same_state(got, want)
 
 
