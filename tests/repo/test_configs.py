@@ -111,3 +111,19 @@ def test_mnist_objective_configs_run(stem, tmp_path, data_dir):
     for name in STATE[cli.model.objective.name]:
         assert _entry(state, name).shape[-1] == 199_210
     assert 0.0 <= float(cli.trainer.callback_metrics["test/acc"]) <= 1.0
+
+
+def test_the_mnist_method_configs_compare_methods_not_partitions():
+    """Issue 66 item 3: FedAvg, FedProx, SCAFFOLD, IGFL-C and EFL on MNIST share their data, model, training plan,
+    participation and rounds; only the method differs."""
+    import yaml
+
+    def shared(stem):
+        c = yaml.safe_load((REPO / "configs" / f"{stem}.yaml").read_text())
+        m = c["model"]
+        return (c["data"], c["trainer"]["max_steps"], c["seed_everything"], m["net"], m["training"], m["fraction"])
+
+    base = shared("fedavg_mnist")
+    assert base[0]["partition"] == "dirichlet" and base[0]["rho"] == 0.1
+    for stem in ("fedprox_mnist", "scaffold_mnist", "igfl_c_mnist", "efl_mnist"):
+        assert shared(stem) == base, stem
