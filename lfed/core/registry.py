@@ -10,7 +10,8 @@ A new algorithm in its own file is registered by one line in :data:`PRESETS` (``
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -372,15 +373,45 @@ def _check_dp_kept(cfg: dict[str, Any], objective: Any, own: Any) -> None:
                          "init_args), or a preset without DP")
 
 
-def composition_label(algorithm: str, class_paths: Iterable[str]) -> str:
-    """The run's name for logs and run directories: the preset and the user's own components.
+def composition_label(algorithm: str, chosen: Mapping[str, str | None]) -> str:
+    """The run's name for logs and run directories: the preset, then each component the preset does not choose.
 
-    ``composition_label("fedavg", ["lfed.client.objectives.Plain", "fednova.FedNova"])`` is
-    ``"fedavg+FedNova"``: lfed's own components are named by the preset already.
+    ``chosen``: ``{role: class path}`` of the run's components (``asynchronous`` and ``net`` too). A component is
+    named, by its class, when the preset would put another class in its role (:func:`preset_classes`): a user's own
+    (``fedavg+FedNova``), one of lfed's given over the preset's (``fedavg+Prox``: FedProx's rule under the
+    ``fedavg`` preset; ``fedavg+DPSGD``), a robust rule and an attack (``fedavg+Krum+ALIE``), the asynchronous
+    schedule (``fedavg+FedBuff``) and an adapter on a frozen base (``fedavg+LoRA``; another net is not named).
     """
-    own = [p.rsplit(".", 1)[-1] for p in class_paths if isinstance(p, str) and "." in p
-           and (not p.startswith("lfed.") or p.startswith(NAMED_IN_LABELS))]
+    preset = preset_classes(algorithm) if algorithm in PRESETS else {}
+    own = []
+    for role, path in chosen.items():
+        if not isinstance(path, str) or "." not in path or path.startswith("torch."):
+            continue
+        lfed_own = path.startswith("lfed.")
+        if role == "net" and not path.startswith(NAMED_IN_LABELS):
+            continue
+        if lfed_own and role in ("participation", "history"):  # lfed's round machinery, no choice of the user's
+            continue
+        if role in preset and _short(path) == _short(preset[role]):  # the preset's own class (by any export path)
+            continue
+        if path == NO_ATTACK:
+            continue
+        own.append(_short(path))
     return "+".join([str(algorithm), *dict.fromkeys(own)])
+
+
+#: The attack role's default: no Byzantine clients (never named).
+NO_ATTACK = "lfed.base.attack.NoAttack"
+
+
+def _short(path: str) -> str:
+    return path.rsplit(".", 1)[-1]
+
+
+@functools.cache
+def preset_classes(algorithm: str) -> dict[str, str]:
+    """``{role: class path}`` of the components preset ``algorithm`` builds when nothing else is set."""
+    return {role: f"{type(c).__module__}.{type(c).__qualname__}" for role, c in build(resolve(algorithm)).roles().items()}
 
 
 #: lfed's own classes that no preset names, so a run's name does: its asynchronous schedule (``fedavg+FedBuff``) and
@@ -389,17 +420,20 @@ NAMED_IN_LABELS = ("lfed.core.asynchronous.", "lfed.models.adapters.", "lfed.rob
 
 
 def settings_label(model: dict[str, Any]) -> str:
-    """:func:`composition_label` of a run's ``model`` settings (before anything is built): ``class_path`` values."""
-    paths = []
+    """:func:`composition_label` of a run's ``model`` settings (before anything is built): a role given as a
+    ``class_path`` (or a dotted path string) or as a built-in name; imports nothing of the user's."""
+    chosen: dict[str, str | None] = {}
     for role in (*ROLES, "asynchronous", "net"):
         value = model.get(role)
         if isinstance(value, dict) and isinstance(value.get("class_path"), str):
-            if role != "net" or value["class_path"].startswith(NAMED_IN_LABELS):  # a net is named only as an adapter
-                paths.append(value["class_path"])
-    objective = model.get("objective")
-    if isinstance(objective, str) and "." in objective:  # a dotted class path given as a string
-        paths.append(objective)
-    return composition_label(model.get("algorithm") or "fedavg", [p for p in paths if not p.startswith("torch.")])
+            chosen[role] = value["class_path"]
+        elif isinstance(value, str) and "." in value:  # a dotted class path given as a string
+            chosen[role] = value
+        elif isinstance(value, str) and value in NAMES.get(role, {}):
+            chosen[role] = entry(role, value)[0]
+        elif role == "channel" and isinstance(value, (int, float)) and not isinstance(value, bool) and value:
+            chosen[role] = entry("channel", "ternary")[0]  # a number: the ternary channel's sparsity
+    return composition_label(model.get("algorithm") or "fedavg", chosen)
 
 
 class CompositionWarning(UserWarning):

@@ -165,11 +165,10 @@ class FederatedRun(RunEvaluation, nn.Module):
 
     @property
     def label(self) -> str:
-        """The preset and the user's own components: ``fedavg+FedNova`` (:func:`lfed.core.registry.composition_label`)."""
-        parts = [*self.components.roles().values(), self.components.asynchronous]
-        paths = [f"{type(c).__module__}.{type(c).__qualname__}" for c in parts if c is not None]
-        net = f"{type(self.net).__module__}.{type(self.net).__qualname__}" if self.net is not None else ""
-        paths += [net] if net.startswith(algorithms.NAMED_IN_LABELS) else []  # a net is named only as an adapter
+        """The preset and each component it does not choose: ``fedavg+Prox``, ``fedavg+FedNova``
+        (:func:`lfed.core.registry.composition_label`)."""
+        parts = {**self.components.roles(), "asynchronous": self.components.asynchronous, "net": self.net}
+        paths = {role: f"{type(c).__module__}.{type(c).__qualname__}" for role, c in parts.items() if c is not None}
         return algorithms.composition_label(self.algorithm, paths)
 
     # ------------------------------------------------------------------ set-up

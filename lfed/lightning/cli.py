@@ -238,7 +238,9 @@ class LfedCLI(LightningCLI):
         check_command(self.subcommand, cfg)
         if ckpt is not None and ckpt != "last" and evaluating:
             settings = self._evaluated_settings(str(ckpt), settings)
-        config_dir = root / "runs" / run_name(settings_label(settings["model"] or {}), settings["data"].get("dataset"), config_id(settings))
+        data = settings["data"] or {}
+        dataset = "custom" if data.get("train") is not None else data.get("dataset")  # a user's own data is not "digits"
+        config_dir = root / "runs" / run_name(settings_label(settings["model"] or {}), dataset, config_id(settings))
         run_dir, settings = self._resume(cfg, ckpt, config_dir, settings)
         cfg = self._subconfig()  # reading a checkpoint's settings replaced self.config
         self._created_run_dir = None

@@ -197,11 +197,16 @@ class FederatedDriver(LightningModule):
                     rank_zero_info(f"lfed: {prefix}{line}")
         run, d = self.runs[0], self.runs[0].data
         backend = run.engine.resolve_backend(d.train_x, d.train_y)
-        what = f"{len(self.runs)} runs of " if self.grouped else ""
+        labels = ", ".join(dict.fromkeys(r.label for r in self.runs))  # a grid's: each composition it runs, once
+        what = f"{len(self.runs)} runs of {labels}" if self.grouped else run.label
+        said: dict[str, list[str]] = {}  # each setting's values over the runs ("objective=plain|prox|scaffold")
+        for r in self.runs:
+            for k, v in {**r.composition, "server_optimizer": describe_optimizer(r.server_optimizer)}.items():
+                if k not in getattr(r.schedule, "unused", ()):
+                    said.setdefault(k, []).append(str(v))
         rank_zero_info(
-            f"lfed: {what}{run.label} on {d.num_clients} clients, {run.layout.num_params:,} parameters, backend={backend}, "
-            + ", ".join(f"{k}={v}" for k, v in run.composition.items() if k not in getattr(run.schedule, "unused", ()))
-            + f", server_optimizer={describe_optimizer(run.server_optimizer)}"
+            f"lfed: {what} on {d.num_clients} clients, {run.layout.num_params:,} parameters, backend={backend}, "
+            + ", ".join(f"{k}={'|'.join(dict.fromkeys(v))}" for k, v in said.items())
         )
 
     # ------------------------------------------------------------------ one round of every run

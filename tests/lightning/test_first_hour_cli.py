@@ -431,3 +431,23 @@ def test_a_resume_continues_its_wandb_run(tmp_path):
     fresh = quick(tmp_path / "other", *wandb, rounds=1)
     [logger] = [lg for lg in fresh.trainer.loggers if "Wandb" in type(lg).__name__]
     assert logger._wandb_init.get("id") is None  # a new run gets a new W&B run
+
+
+def test_a_runs_directory_names_the_composition_that_ran(tmp_path):
+    """Issue 66 item 4: fedprox_digits.yaml with --model.algorithm fedavg trains FedProx's rule under the fedavg
+    preset; its run directory said fedavg-digits-*, as if it were FedAvg. It names the rule the preset does not."""
+    quick(tmp_path, "--trainer.logger", "false", "--model.algorithm", "fedavg", rounds=1,
+          config=REPO / "configs" / "fedprox_digits.yaml")
+    assert [p.name.rsplit("-", 1)[0] for p in (tmp_path / "runs").iterdir()] == ["fedavg+Prox-digits"]
+
+
+def test_a_run_on_the_users_own_data_is_not_named_after_the_default_dataset(tmp_path):
+    """Issue 66 item 4: a run on data given as train/test Datasets landed in runs/fedavg-digits-*."""
+    fake = {"class_path": "torchvision.datasets.FakeData",
+            "init_args": {"size": 60, "image_size": [1, 8, 8], "num_classes": 10,
+                          "transform": {"class_path": "torchvision.transforms.ToTensor"}}}
+    cfg = tmp_path / "own.yaml"
+    cfg.write_text(yaml.safe_dump({"data": {"train": fake, "test": {**fake, "init_args": {**fake["init_args"], "size": 20}},
+                                            "num_clients": 4}}))
+    quick(tmp_path, "--config", str(cfg), "--trainer.logger", "false", "--model.fraction", "1.0", rounds=1)
+    assert [p.name.rsplit("-", 1)[0] for p in (tmp_path / "runs").iterdir()] == ["fedavg-custom"]

@@ -355,3 +355,14 @@ def test_the_lfed_entry_point_runs_grid_and_reports_bad_input_in_one_line(tmp_pa
         main()
     assert stop.value.code == 2
     assert "lfed grid: error: sweep: method 'bayes'" in capsys.readouterr().err
+
+
+def test_a_grids_start_line_names_every_composition_it_runs(monkeypatch):
+    """Issue 66 item 4: a grid over objectives said "2 runs of fedavg ... objective=plain" (the first run's); it names
+    each composition once and each setting's values over the runs."""
+    lines = []
+    monkeypatch.setattr("lfed.lightning.driver.rank_zero_info", lambda message, *a, **k: lines.append(message))
+    grouped([config("quickstart.yaml")], {"model.objective": ["plain", "prox"]}, ["--trainer.max_steps=1"])
+    [line] = [m for m in lines if m.startswith("lfed: 2 runs of")]
+    assert line.startswith("lfed: 2 runs of fedavg, fedavg+Prox on ") and "objective=plain|prox" in line, line
+    assert "weighting=size," in line  # a setting all runs share: once
