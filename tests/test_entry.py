@@ -102,3 +102,36 @@ def test_help_and_docstrings_cite_docs_not_a_file_users_do_not_have():
     found += [f"{p.relative_to(REPO)}:{i}" for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
               if p.name != "algorithms.md" for i, line in enumerate(p.read_text().splitlines(), 1) if "SPEC §" in line]
     assert not found, found
+
+
+def test_as_the_program_it_freezes_the_objects_left_for_a_quick_exit_and_not_when_called(monkeypatch, capsys):
+    """``gc.freeze()`` at the end of the ``lfed`` program (the interpreter's shutdown then skips collecting the imports'
+    millions of objects: 1.5 to 2 CPU s a command, issue 66); a call from a test or a notebook leaves the collector alone."""
+    import gc
+    import types
+
+    from lfed import entry
+
+    monkeypatch.setattr(sys, "argv", ["lfed", "--version"])
+    before = gc.get_freeze_count()
+    with pytest.raises(SystemExit):
+        entry.main()  # called from here: pytest's __main__ is not lfed's
+    assert gc.get_freeze_count() == before
+    program = types.ModuleType("__main__")
+    program.main = entry.main  # what the lfed script and python -m lfed import
+    monkeypatch.setitem(sys.modules, "__main__", program)
+    try:
+        with pytest.raises(SystemExit) as stop:
+            entry.main()
+        assert stop.value.code == 0 and gc.get_freeze_count() > before
+    finally:
+        gc.unfreeze()
+    assert capsys.readouterr().out.count("lfed ") == 2
+
+
+def test_python_m_lfed_as_the_program_exits_as_before():
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    done = subprocess.run([sys.executable, "-m", "lfed", "--version"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("lfed ") and done.stderr == ""
+    done = subprocess.run([sys.executable, "-m", "lfed", "plot", "nowhere"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2 and done.stderr.splitlines() == ["lfed plot: error: runs: nowhere does not exist"]
