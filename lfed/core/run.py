@@ -237,8 +237,8 @@ class FederatedRun(RunEvaluation, nn.Module):
     def notices(self) -> list[str]:
         """Lines to print at start-up (after :meth:`start`): where DP's noise comes from (a component's
         ``start_notice``), and which evaluation splits a DP run treats as client data."""
-        out = [c.start_notice() for c in self.components.each()
-               if callable(getattr(c, "start_notice", None))]
+        out = [line for c in self.components.each() if callable(getattr(c, "start_notice", None))
+               for line in c.start_notice().splitlines()]
         notes, gate = data_notes(self.data), self.metric_gate
         if gate.active and notes:
             shown = "logged as unaccounted/<name>" if gate.mode == "mark" else "not logged (log_unaccounted: true logs them as unaccounted/<name>)"

@@ -333,6 +333,7 @@ class DistributedDP(ServerCombination):
                 raise ValueError("target_epsilon: calibrating distributed DP's noise needs the model's size (a run "
                                  "gives it); give noise_multiplier instead")
             self.noise_multiplier = self.calibrate(self.target_epsilon, len(context.cohort_sizes))
+            self._calibrated_over = len(context.cohort_sizes)  # said before round 0 (start_notice)
             if self._given["scale"] is None:
                 self.scale = self.derive_scale(self.k_max, self._d)
         if self._given["scale"] is not None and self.noise_multiplier is not None:
@@ -404,8 +405,13 @@ class DistributedDP(ServerCombination):
         return min(math.sqrt(room / (k * k * C * C / d + z * z * C * C)), math.sqrt(2 * m * MAX_RATE * (1 - 1e-9)) / (z * C))  # (a hair below)
 
     def start_notice(self) -> str:
+        """At start-up: a calibrated noise multiplier (before round 0), where the noise comes from, the accounting."""
         where = "secure (the operating system's randomness)" if self.streams.secure else "seeded from the run's seed"
-        return f"distributed DP: Skellam noise shares and masks {where}; every round accounted at q = 1 (no amplification)"
+        rounds = getattr(self, "_calibrated_over", None)
+        calibrated = ("" if rounds is None else f"distributed DP noise multiplier z = {self.noise_multiplier:.4g}, "
+                      f"calibrated for target_epsilon {self.target_epsilon:g} at delta {self.delta:.3g} over {rounds} rounds\n")
+        return calibrated + (f"distributed DP: Skellam noise shares and masks {where}; every round accounted at q = 1 "
+                             "(no amplification)")
 
     # ------------------------------------------------------------------ one round
     def combine(self, updates, weights, cohort, *, noisy: Tensor | None = None, skip_noise: bool = False,

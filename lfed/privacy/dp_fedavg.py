@@ -225,6 +225,7 @@ class DPFedAvg(ServerCombination):
                 raise ValueError("target_epsilon: calibrating the noise needs the run's rounds (trainer.max_steps > 0)")
             rates = [k / N for k in sizes]
             self.noise_multiplier = calibrate_noise(self.target_epsilon, self.delta, rates, self.accountant.kind)
+            self._calibrated_over = (len(sizes), m / N)  # rounds, mean sampling rate: said before round 0 (start_notice)
         self.update_multiplier = self._update_multiplier()
 
     def _update_multiplier(self) -> float:
@@ -265,13 +266,21 @@ class DPFedAvg(ServerCombination):
                            self.accountant.epsilon(self.delta))
 
     def start_notice(self) -> str:
-        """One line at start-up: where the noise comes from, and what the guarantee then assumes."""
+        """At start-up: the noise multiplier a ``target_epsilon`` calibrated (before round 0, not only in the end-of-run
+        summary), then where the noise comes from and what the guarantee then assumes."""
+        calibrated = ""
+        over = getattr(self, "_calibrated_over", None)
+        if over is not None:
+            calibrated = (f"DP noise multiplier z = {self.noise_multiplier:.4g}, calibrated for target_epsilon "
+                          f"{self.target_epsilon:g} at delta {self.delta:.3g} over {over[0]} rounds at sampling rate "
+                          f"{over[1]:.4g} ({self.accountant.kind} accountant)\n")
         if self.streams.secure:
-            return ("DP noise and Poisson cohorts: secure (the operating system's cryptographic randomness, kept nowhere; "
-                    "a resumed run continues with fresh noise)")
-        return ("DP noise and Poisson cohorts: seeded from the run's seed (reproducible; the guarantee holds against an "
-                "adversary who does not know the seed, which config.yaml, the loggers' config and the checkpoint hold; "
-                "model.combination.init_args.noise: secure draws them from the operating system)")
+            return calibrated + ("DP noise and Poisson cohorts: secure (the operating system's cryptographic randomness, "
+                                 "kept nowhere; a resumed run continues with fresh noise)")
+        return calibrated + ("DP noise and Poisson cohorts: seeded from the run's seed (reproducible; the guarantee holds "
+                             "against an adversary who does not know the seed, which config.yaml, the loggers' config and "
+                             "the checkpoint hold; model.combination.init_args.noise: secure draws them from the "
+                             "operating system)")
 
     # ------------------------------------------------------------------ one round
     def combine(self, updates, weights, cohort):

@@ -757,3 +757,15 @@ def test_the_communication_table_of_a_dp_run_is_kept_only_with_log_unaccounted(t
     run_rounds(m, _digits(), 2, callbacks=[cost])
     assert (tmp_path / "communication.csv").exists() == log_unaccounted
     assert len(cost.rows) == (2 if log_unaccounted else 0)
+
+
+def test_a_calibrated_noise_multiplier_is_said_before_round_0(monkeypatch):
+    """Issue 66 item 9: z calibrated from target_epsilon was printed only in the end-of-run summary; the start-up
+    notices say it (the value the run then uses), with what it was calibrated for."""
+    lines = []
+    monkeypatch.setattr("lfed.lightning.driver.rank_zero_info", lambda message, *a, **k: lines.append(message))
+    m, _, _ = _fit_dp(1, noise_multiplier=None, target_epsilon=8.0, clip=0.5)
+    dp = m.runs[0].components.combination
+    [line] = [x for x in lines if "calibrated for target_epsilon" in x]
+    assert f"z = {dp.noise_multiplier:.4g}" in line and "target_epsilon 8 at delta" in line and "over 1 rounds" in line
+    assert lines.index(line) < next(i for i, x in enumerate(lines) if "DP noise and Poisson cohorts" in x)
