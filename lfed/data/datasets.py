@@ -39,7 +39,9 @@ Datasets (:data:`DATASETS`):
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -252,8 +254,9 @@ def _load_idx_dataset(name: str, data_dir: Path, download: bool) -> DatasetTenso
         if missing and download:
             root = data_dir
             try:
-                getattr(tvd, tv_name)(str(root), train=True, download=True)
-                getattr(tvd, tv_name)(str(root), train=False, download=True)
+                with _no_trace_of_a_failed_download(tv_raw):
+                    getattr(tvd, tv_name)(str(root), train=True, download=True)
+                    getattr(tvd, tv_name)(str(root), train=False, download=True)
             except Exception as err:  # noqa: BLE001 - offline: URLError, RuntimeError, OSError
                 raise FileNotFoundError(
                     f"{name}: download into {tv_raw} failed ({type(err).__name__}: {err}); "
@@ -277,6 +280,24 @@ def _load_idx_dataset(name: str, data_dir: Path, download: bool) -> DatasetTenso
             raise ValueError(f"{name}: torchvision could not read {raw} ({type(err).__name__}: {err})") from err
         splits += [ds.data.unsqueeze(1).to(torch.float32).div_(255.0), ds.targets.long()]
     return DatasetTensors(name, *splits, num_classes=10)
+
+
+@contextlib.contextmanager
+def _no_trace_of_a_failed_download(target: Path):
+    """Run a download into ``target``; if it fails, remove the folders it created (the first of ``target``'s
+    ancestors that did not exist, with any partial files in it), so a failed download leaves no empty or half-filled
+    data folder behind (issue 66: ``--data.download true`` offline left an empty one). Folders that existed stay."""
+    created = None
+    for folder in (target, *target.parents):
+        if folder.exists():
+            break
+        created = folder
+    try:
+        yield
+    except BaseException:
+        if created is not None and created.exists():
+            shutil.rmtree(created, ignore_errors=True)
+        raise
 
 
 def _torchvision_error(name: str, root: Path, expected: list[Path], download: bool, err: Exception) -> Exception:
@@ -304,7 +325,8 @@ def _load_cifar(name: str, data_dir: Path, download: bool) -> DatasetTensors:
     splits = []
     for train in (True, False):
         try:
-            ds = cls(str(data_dir), train=train, download=download)
+            with _no_trace_of_a_failed_download(folder) if download else contextlib.nullcontext():
+                ds = cls(str(data_dir), train=train, download=download)
         except Exception as err:  # noqa: BLE001 - RuntimeError (not found / corrupt), URLError offline
             raise _torchvision_error(name, data_dir, expected, download, err) from err
         x = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous().to(torch.float32).div_(255.0)
@@ -324,7 +346,8 @@ def _load_emnist(data_dir: Path, download: bool, split: str) -> DatasetTensors:
     splits = []
     for train in (True, False):
         try:
-            ds = tvd.EMNIST(str(data_dir), split=split, train=train, download=download)
+            with _no_trace_of_a_failed_download(raw) if download else contextlib.nullcontext():
+                ds = tvd.EMNIST(str(data_dir), split=split, train=train, download=download)
         except Exception as err:  # noqa: BLE001
             raise _torchvision_error("emnist", data_dir, expected, download, err) from err
         x = ds.data.transpose(1, 2).unsqueeze(1).to(torch.float32).div_(255.0)

@@ -241,8 +241,11 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("name", ["cifar10", "emnist", "mnist"])
 def test_download_offline_is_a_file_not_found_error(tmp_path: Path, no_network: None, name: str) -> None:
+    (tmp_path / "mine").mkdir()  # a folder that was there before stays
     with pytest.raises(FileNotFoundError, match="(?s)download.*failed.*download=True needs network"):
         load_dataset(name, tmp_path, download=True)
+    # issue 66: the failed download leaves no empty (or half-filled) data folder behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
 
 
 def test_bad_emnist_split(tmp_path: Path) -> None:
