@@ -34,6 +34,9 @@ Defaults that make a federated run read well:
   checkpoint checks). An error once the first round has started, or any other exception, keeps
   its traceback; ``LFED_DEBUG=1`` shows the traceback of every error. :func:`run_cli` (the
   Python API) raises every exception as it is.
+* A Ctrl-C once the rounds have begun: Lightning stops the run (exit status 1) and the last line says in which round,
+  which checkpoint holds how many rounds, and the command that continues from it
+  (:class:`lfed.lightning.run_dirs.ResumeNote`).
 
 This module is the command (:class:`LfedCLI`, :func:`run_cli`, :func:`main`); its parts, one concern each:
 :mod:`lfed.lightning.cli_args` (the command line before parsing: short names, refused arguments),
@@ -81,6 +84,7 @@ from lfed.lightning.reporting import MetricsCSV, RoundProgressBar, RoundTable, c
 from lfed.lightning.run_dirs import (
     CONFIG_KEY,
     RUN_DIR_ENV,
+    ResumeNote,
     RunConfig,
     check_config_fits_checkpoint,
     continued_run_dir,
@@ -119,6 +123,7 @@ class LfedCLI(LightningCLI):
             short["exit_on_error"] = False
         given = kwargs.get("args")
         words = sys.argv[1:] if given is None else given if isinstance(given, (list, tuple)) else []
+        self.command_line = list(words)  # for the command that continues after a Ctrl-C (ResumeNote)
         commands = SUBCOMMANDS
         if words and words[0] in SUBCOMMANDS:
             # the parser of the command given only: each command's parser reads the signatures of the Trainer, the
@@ -380,6 +385,8 @@ class LfedCLI(LightningCLI):
         if not any(isinstance(c, RoundTable) for c in callbacks):
             callbacks.append(RoundTable())
         callbacks.append(RunConfig(getattr(self, "run_settings", None) or self._settings(self._subconfig())))
+        if self.subcommand == "fit":  # a Ctrl-C ends with the checkpoint to continue from and the command
+            callbacks.append(ResumeNote(self.command_line, every))
         callbacks.append(self.first_step)
         kwargs.setdefault("callbacks", callbacks)
         logger = trainer_config.get("logger")
@@ -419,8 +426,17 @@ def main() -> None:
         run_cli()
         return
     silence_library_noise()
+    ResumeNote.deferred = []
     try:
         LfedCLI(FederatedModule, FederatedDataModule, save_config_kwargs={"overwrite": True}, config_errors=True)
+    except SystemExit:  # Lightning's exit after a Ctrl-C in a round: last, where the run can continue from (ResumeNote)
+        if ResumeNote.deferred:
+            wandb = sys.modules.get("wandb")
+            if getattr(wandb, "run", None) is not None:
+                wandb.finish(exit_code=1)  # its footer (how to sync an offline run) now, not after the line at exit
+            for line in ResumeNote.deferred:
+                print(line, file=sys.stderr, flush=True)
+        raise
     except ConfigError as err:
         print(f"{_prog(sys.argv[1:])}: error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -430,6 +446,8 @@ def main() -> None:
     except KeyboardInterrupt:  # Ctrl-C before round 0 (after it, Lightning stops the run itself, exit 1)
         print(f"{_prog(sys.argv[1:])}: interrupted before the first round; no run was kept", file=sys.stderr, flush=True)
         sys.exit(130)
+    finally:
+        ResumeNote.deferred = None
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -11,18 +11,23 @@
   the checkpoint records (:data:`CONFIG_KEY`, written by :class:`RunConfig`); a config that contradicts them is
   refused (:func:`check_config_fits_checkpoint`).
 * A run refused before its first step leaves nothing behind (:func:`discard_run_dir`).
+* A Ctrl-C during ``lfed fit`` ends with one line: the round it stopped in, the checkpoint to continue from and the
+  command that continues it (:class:`ResumeNote`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
+import sys
 from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, Trainer
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
 from lfed.lightning.checkpoint import read_checkpoint
 from lfed.lightning.cli_loggers import WANDB_ID_KEY, finish_wandb_runs
@@ -71,6 +76,85 @@ class RunConfig(Callback):
             run = getattr(logger, "_experiment", None)
             if "Wandb" in type(logger).__name__ and isinstance(getattr(run, "id", None), str):
                 checkpoint[WANDB_ID_KEY] = run.id
+
+
+class ResumeNote(Callback):
+    """After a Ctrl-C in ``lfed fit``: one line on stderr, the last thing the command prints (issue 66 item 6).
+
+    Lightning stops the run itself (its "attempting graceful shutdown" line, the loggers closed, exit status 1) and
+    calls the callbacks' ``on_exception`` on the way: this one then says in which round the run stopped, which
+    checkpoint holds how many rounds, and the command that continues from it (the command as given, with
+    ``--ckpt_path`` that file), or that there is no checkpoint yet (``--checkpoint_every``). The rounds a checkpoint
+    holds are those done when it was written (``on_save_checkpoint``), or, resumed and not saved since, those the run
+    started from.
+
+    Args:
+        args: The command line after ``lfed`` (default: ``sys.argv[1:]``), for the command that continues.
+        every: Rounds between checkpoints (``--checkpoint_every``), for the line without a checkpoint.
+    """
+
+    #: Where the line goes instead of stderr while the ``lfed`` command runs (:func:`lfed.lightning.cli.main` prints it
+    #: after Lightning has closed the loggers, so that it is the last line, after W&B's footer); None: printed at once.
+    deferred: list[str] | None = None
+
+    def __init__(self, args: list[str] | None = None, every: int | None = None) -> None:
+        self.args = list(sys.argv[1:] if args is None else args)
+        self.every = every
+        self.saved_round: int | None = None
+        self.line: str | None = None
+
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        if trainer.ckpt_path is not None and self.saved_round is None:
+            self.saved_round = int(trainer.global_step)  # what the checkpoint it resumed from holds
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        self.saved_round = int(checkpoint.get("global_step", trainer.global_step))
+
+    def checkpoint_file(self, trainer: Trainer) -> Path | None:
+        """The newest file a checkpoint callback of the run wrote (or resumed from), None when there is none yet."""
+        found = [Path(path) for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)
+                 for path in (c.last_model_path, c.best_model_path) if path and Path(path).is_file()]
+        return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+    @staticmethod
+    def shown(path: Path) -> str:
+        """``path`` relative to the current directory when under it."""
+        return os.path.relpath(path) if Path(path).resolve().is_relative_to(Path.cwd().resolve()) else str(path)
+
+    def continue_command(self, ckpt: Path) -> str:
+        """The command as given, with ``--ckpt_path`` the checkpoint."""
+        args, skip = [], False
+        for a in self.args:
+            if skip:
+                skip = False
+                continue
+            if a == "--ckpt_path":
+                skip = True
+                continue
+            if not a.startswith("--ckpt_path="):
+                args.append(a)
+        return shlex.join(["lfed", *args, "--ckpt_path", self.shown(ckpt)])
+
+    def message(self, trainer: Trainer) -> str:
+        """The line after a Ctrl-C in round ``trainer.global_step + 1``."""
+        stopped = f"lfed fit: interrupted in round {int(trainer.global_step) + 1}"
+        if trainer.max_steps and trainer.max_steps > 0:
+            stopped += f" of {trainer.max_steps}"
+        ckpt = self.checkpoint_file(trainer)
+        if ckpt is None:
+            every = f" (one every {self.every} rounds: --checkpoint_every)" if self.every else ""
+            return f"{stopped}, before its first checkpoint{every}: nothing to continue from; run the command again to start over"
+        held = f" ({self.saved_round} rounds done)" if self.saved_round is not None else ""
+        return f"{stopped}; the last checkpoint is {self.shown(ckpt)}{held}; continue with: {self.continue_command(ckpt)}"
+
+    @rank_zero_only
+    def on_exception(self, trainer: Trainer, pl_module: Any, exception: BaseException) -> None:
+        if isinstance(exception, KeyboardInterrupt) and trainer.state.fn == "fit":
+            self.line = self.message(trainer)
+            if ResumeNote.deferred is not None:
+                ResumeNote.deferred.append(self.line)
+            else:
+                print(self.line, file=sys.stderr, flush=True)
 
 
 def record_environment(path: Path, round: int, device: Any = None) -> None:
