@@ -59,6 +59,7 @@ class RunEvaluation:
                                       clients=sample)
         per_client = None if evaluated is None else evaluated[0]
         metrics.update(self.schedule.evaluation_metrics())  # against simulated time too (lfed.core.synchronous)
+        metrics.update(self.components.sampler.evaluation_metrics())  # or a sampler's (AvailableSampler's clock)
         metrics.update(self.components.attack.evaluation_metrics(  # a backdoor's success rate (docs/robustness.md §1.7)
             d, lambda x, y: evaluate_split(self.net, self.loss_fn, x, y, ranks, reduce_sum, batch_size, classification)))
         if per_client is not None:

@@ -132,5 +132,9 @@ class AvailableSampler(ClientSampler):
         """The round's availability and simulated time (after the server step: the next round's start)."""
         return {**self._round, "clock/time": self.clock.now}
 
+    def evaluation_metrics(self) -> dict[str, float]:
+        """Every evaluation is also logged against simulated time."""
+        return {"clock/time": self.clock.now}
+
     def extra_repr(self) -> str:
         return f"num_clients={self.num_clients}, now={self.clock.now:g}"

@@ -70,6 +70,10 @@ class ClientSampler(Component):
     def observe(self, cohort: Cohort, client_weights: Tensor, w_new: Tensor) -> None:
         """After the server step: the cohort's final local weights ``[K, P]`` and the new global model."""
 
+    def evaluation_metrics(self) -> dict[str, float]:
+        """What every evaluation adds (none; a sampler on a simulated clock: ``clock/time``)."""
+        return {}
+
     def setup(self, num_examples: Tensor, store=None) -> None:
         """Record the clients' example counts ``n_k`` (shape ``[N]``) and reset state.
 
@@ -229,6 +233,7 @@ class AttentionSampler(ClientSampler):
 
     def setup(self, num_examples: Tensor, store=None) -> None:
         super().setup(num_examples.to(self.scores.device), store=store)
+        self.__dict__["_tree"] = None  # rebuilt from the new scores at the next draw
 
     def observe(self, cohort: Cohort, client_weights: Tensor, w_new: Tensor) -> None:
         """AdaFL scores (docs/algorithms.md §5) move only for clients whose model the server received and used:
@@ -244,14 +249,43 @@ class AttentionSampler(ClientSampler):
     ) -> None:
         # Resize the buffer to the checkpoint's so a state dict loads before or
         # after setup(); the number of clients follows the loaded scores.
+        self.__dict__["_tree"] = None  # the loaded scores: the sum tree is rebuilt from them at the next draw
         saved = state_dict.get(prefix + "scores")
         if isinstance(saved, Tensor) and saved.shape != self.scores.shape:
             self.scores = torch.empty_like(saved, device=self.scores.device, dtype=torch.float64)
             self.num_clients = int(saved.numel())
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    #: How cohorts are drawn (:data:`lfed.participation.draws.DRAWS`): ``"rejection"`` (0.6 on: successive sampling
+    #: through a sum tree of the scores, O(k log N) a round, :mod:`lfed.participation.sum_tree`) or ``"permutation"``
+    #: (lfed 0.5's ``torch.multinomial`` over all ``N`` scores, O(N), kept for the runs it made). The same law.
+    draws = "rejection"
+
+    def _tree_now(self):
+        """The sum tree of the scores on the host: built from the state once (after set-up or a load), then moved by
+        the rows :meth:`_update` wrote (``K`` values read to the host here, at the next draw)."""
+        from lfed.participation.sum_tree import SumTree
+
+        tree = self.__dict__.get("_tree")
+        if tree is None:
+            tree = self.__dict__["_tree"] = SumTree(self.state("scores"))
+            self.__dict__["_pending"] = []
+        for ids, values_ in self.__dict__.pop("_pending", []):
+            tree.set(ids, values_)
+        self.__dict__["_pending"] = []
+        return tree
+
     def sample(self, round: int, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """``k`` clients by successive draws proportional to the scores (class docstring); ``p`` the scores the draw
+        used (with ``draws = "rejection"`` the sum tree's leaves on the host, valid until the next :meth:`observe`)."""
         self._check_k(k)
+        if self.draws != "permutation" and generator.device.type == "cpu":
+            from lfed.participation.sum_tree import weighted_draw
+
+            tree = self._tree_now()
+            ids = weighted_draw(tree, k, generator)
+            if ids is not None:
+                return ids.sort().values, tree.levels[0][: self.num_clients]
         scores = self.state("scores").to(generator.device)
         positive = scores > 0
         n_pos = int(positive.sum())
@@ -304,7 +338,10 @@ class AttentionSampler(ClientSampler):
         total_d = d.sum()
         shares = torch.where(total_d > 0, d / total_d, torch.full_like(d, 1.0 / d.numel()))
         a = self.rows("scores", sampled)
-        self.write_rows("scores", sampled, self.alpha * a + (1.0 - self.alpha) * shares * a.sum())
+        new = self.alpha * a + (1.0 - self.alpha) * shares * a.sum()
+        self.write_rows("scores", sampled, new)
+        if self.__dict__.get("_tree") is not None:  # the sum tree takes the same rows at the next draw
+            self.__dict__.setdefault("_pending", []).append((sampled, new))
 
     def extra_repr(self) -> str:
         return f"alpha={self.alpha}, num_clients={self.num_clients}"

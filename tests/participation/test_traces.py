@@ -216,6 +216,10 @@ def test_each_round_draws_only_the_clients_online_at_its_time_by_hand(tmp_path):
     assert [h["round/available"] for h in history] == [2.0, 2.0, 2.0, 3.0, 3.0]
     assert [h["round/clients"] for h in history] == [2.0, 2.0, 2.0, 3.0, 3.0]
     assert all(h["clock/round_duration"] == 25.0 for h in history)
+    from lfed.engine.ranks import Ranks
+
+    evaluated, _ = run.evaluate(Ranks(), lambda t: t)
+    assert "test/acc" in evaluated and evaluated["clock/time"] == 135.0  # an evaluation carries the simulated time
 
 
 def test_a_smaller_cohort_is_drawn_uniformly_among_the_online_clients_only(tmp_path):
