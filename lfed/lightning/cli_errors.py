@@ -124,11 +124,17 @@ def yaml_message(args: list[str], err: Exception) -> str:
             break
         except OSError:
             continue
+    return f"{where}: not valid YAML{yaml_problem(err)}"
+
+
+def yaml_problem(err: Exception) -> str:
+    """`` at line 3, column 1: found character '\\t' that cannot start any token (YAML indents with spaces, never tabs)``:
+    where a YAML file is broken and what the parser found, for one line (``--config`` files, sweep files)."""
     mark = getattr(err, "problem_mark", None)
     at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
     problem = getattr(err, "problem", None) or one_line(str(err))
     hint = " (YAML indents with spaces, never tabs)" if "\\t" in problem or "\t" in problem else ""
-    return f"{where}: not valid YAML{at}: {problem}{hint}"
+    return f"{at}: {problem}{hint}"
 
 
 def key_message(text: str, args: list[str], parser: Any) -> str | None:

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from lfed.base.metric_gate import check_metric_name
+from lfed.lightning.cli_errors import yaml_problem
 
 __all__ = ["Sweep", "load_sweep", "member_name"]
 
@@ -54,7 +55,7 @@ def load_sweep(path: str | Path) -> Sweep:
     """Read a W&B sweep file of ``method: grid`` (clear errors for anything else).
 
     Raises:
-        ValueError: If the file is not a mapping, its method is not ``grid``, a parameter has
+        ValueError: If the file is not YAML (the line and column named), not a mapping, its method is not ``grid``, a parameter has
             no ``values``/``value`` (a distribution), has no values, or the file has keys a W&B
             sweep does not have.
     """
@@ -62,7 +63,10 @@ def load_sweep(path: str | Path) -> Sweep:
     if not path.is_file():
         raise ValueError(f"sweep: no file {path}")
     with open(path) as f:
-        raw = yaml.safe_load(f)
+        try:
+            raw = yaml.safe_load(f)
+        except yaml.YAMLError as err:  # one line, as for a --config file (not PyYAML's 50-line traceback)
+            raise ValueError(f"sweep: {path}: not valid YAML{yaml_problem(err)}") from None
     if not isinstance(raw, dict):
         raise ValueError(f"sweep: {path} is not a W&B sweep (a YAML mapping with method and parameters)")
     unknown = sorted(set(raw) - KNOWN_KEYS)

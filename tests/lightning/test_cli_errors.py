@@ -243,6 +243,25 @@ def test_a_yaml_file_with_a_tab_is_one_line_naming_the_file_and_the_line(monkeyp
                               "cannot start any token (YAML indents with spaces, never tabs)")
 
 
+@pytest.mark.parametrize("text,problem", [
+    ("method: grid\nparameters:\n\tmodel.seed:\n    values: [1]\n",
+     "at line 3, column 1: found character '\\t' that cannot start any token (YAML indents with spaces, never tabs)"),
+    ("method: grid\nparameters: {model.seed: {values: [1, 2]}\n", "at line 3, column 1: expected ',' or '}', but got '<stream end>'"),
+])
+def test_a_sweep_file_that_is_not_yaml_is_one_line_naming_the_file_and_the_line(monkeypatch, capsys, tmp_path, text, problem):
+    """``lfed grid --sweep`` a broken YAML file: one line as for a --config file, not PyYAML's traceback (issue 66)."""
+    from lfed.entry import main
+
+    sweep = tmp_path / "broken.yaml"
+    sweep.write_text(text)
+    monkeypatch.setattr(sys, "argv", ["lfed", "grid", "--config", str(QUICK), "--sweep", str(sweep), "--root", str(tmp_path)])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err
+    assert err.strip().splitlines() == [f"lfed grid: error: sweep: {sweep}: not valid YAML {problem}"]
+
+
 def test_a_folder_that_cannot_be_written_is_one_line_naming_default_root_dir(monkeypatch, capsys, tmp_path):
     """A working folder where the run's folder cannot be made (read-only; here a file stands where a folder must go,
     which stops root as well): one line naming trainer.default_root_dir, not an OSError traceback."""
