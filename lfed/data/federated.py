@@ -41,6 +41,9 @@ HOST_FIELDS = ("client_sizes", "holdout_sizes", "client_val_sizes", "label_count
 class FederatedData:
     """Everything about the clients' data that a federated round needs.
 
+    Not to be changed once built: a checkpoint's fingerprint hashes the labels and the clients' indices once
+    (:meth:`digests`; a tensor replaced or written in place by torch is hashed again).
+
     Attributes:
         train_x, train_y: Pooled training examples of all clients.
         test_x, test_y: Global test set.

@@ -73,7 +73,8 @@ def holdout_split_flat(flat: Tensor, sizes: Tensor, fraction: float, seed: int =
 
     Returns:
         ``(train, train_sizes, holdout, holdout_sizes)``, concatenated the same way; equal to
-        :func:`holdout_split`'s lists, without making ``N`` tensors (100,000 clients: ~0.1 s).
+        :func:`holdout_split`'s lists, without making ``N`` tensors (100,000 clients: ~0.1 s). With ``fraction = 0``
+        nothing is drawn and ``train`` is ``flat`` itself, not a copy.
     """
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction < 1.0:
         raise ValueError(f"fraction must be a number in [0, 1), got {fraction!r}")
