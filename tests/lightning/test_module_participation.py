@@ -18,6 +18,7 @@ from lfed.lightning.datamodule import FederatedDataModule
 from lfed.lightning.module import FederatedModule
 from lfed.participation.sampling import AttentionSampler, ConstantFraction, ExplicitFraction, StepwiseFraction, UniformSampler
 from lfed.participation.stragglers import Stragglers
+from lfed.participation.sum_tree import SumTree, weighted_draw
 from lfed.rng import round_generator
 
 D_IN, CLASSES = 3, 2
@@ -66,7 +67,8 @@ def _spy(obj, name: str, record: list, before=None) -> None:
     def wrapper(*args, **kwargs):
         state = before() if before is not None else None
         out = original(*args, **kwargs)
-        record.append(out if before is None else (state, out))
+        kept = tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in out) if isinstance(out, tuple) else out
+        record.append(kept if before is None else (state, kept))  # as returned (a sampler's p may be a view)
         return out
 
     object.__setattr__(obj, name, wrapper)
@@ -152,8 +154,9 @@ def test_attention_scores_over_two_rounds_by_hand_with_the_module_distances(back
     for r, (scores_before, (ids, p)) in enumerate(draws):
         # the module samples round r with the hand-computed scores ...
         assert torch.allclose(scores_before, a, atol=1e-14, rtol=0) and torch.equal(p, scores_before)
-        # ... by successive draws proportional to them (torch.multinomial without replacement)
-        expected_ids = torch.multinomial(a, 3, replacement=False, generator=round_generator(1, r, "sample"))
+        # ... by successive draws proportional to them (the law of torch.multinomial without replacement; 0.6 draws
+        # them through a sum tree of the scores, lfed.participation.sum_tree)
+        expected_ids = weighted_draw(SumTree(a), 3, round_generator(1, r, "sample"))
         assert ids.tolist() == sorted(expected_ids.tolist())
         S = ids.tolist()
         local = {i: _local_gd(w, *_client_data(dm, i), steps=2, lr=0.5) for i in S}
@@ -168,7 +171,9 @@ def test_attention_scores_over_two_rounds_by_hand_with_the_module_distances(back
         assert not torch.allclose(new[S], a[S])  # and the sampled ones did move
         a, w = new, w_next
     assert torch.allclose(module.sampler.scores, a, atol=1e-14, rtol=0)
-    assert torch.equal(module.sampler.scores[others], a[others])
+    # the last round's unsampled clients keep, bit for bit, the scores the module gave them before it (those the
+    # first round moved were computed there by the module's arithmetic, equal to the hand's to 1e-14 above)
+    assert torch.equal(module.sampler.scores[others], draws[-1][0][others])
     assert abs(float(module.sampler.scores.sum()) - 1.0) < 1e-14
     assert torch.allclose(flat_weights(module), w, atol=1e-13, rtol=0)
 

@@ -603,3 +603,60 @@ def test_a_fraction_that_rounds_to_no_client_is_said_before_round_0():
     assert warnings_of(0.05) == []  # 1 client a round, as asked
     assert warnings_of(0.025) == []  # 0.5 clients rounds half up to 1
     assert len(warnings_of(StepwiseFraction(0.01, 0.5, 5))) == 1  # said once, at the first such round
+
+
+def test_the_sum_tree_by_hand_and_a_moved_tree_is_a_fresh_one_bit_for_bit():
+    from lfed.participation.sum_tree import SumTree
+
+    t = SumTree(torch.tensor([0.1, 0.0, 0.3, 0.2, 0.4], dtype=F64))  # padded to 8 leaves
+    assert [lvl.numel() for lvl in t.levels] == [8, 4, 2, 1] and t.positive == 4
+    assert t.levels[1].tolist() == pytest.approx([0.1, 0.5, 0.4, 0.0]) and t.total == pytest.approx(1.0)
+    # cumulative masses: [0, .1) -> 0; leaf 1 has none; [.1, .4) -> 2; [.4, .6) -> 3; [.6, 1) -> 4
+    u = torch.tensor([0.0, 0.05, 0.1, 0.39, 0.4, 0.59, 0.6, 0.99], dtype=F64)
+    assert t.descend(u).tolist() == [0, 0, 2, 2, 3, 3, 4, 4]
+    g = torch.Generator().manual_seed(3)
+    w = torch.rand(1000, generator=g, dtype=F64)
+    moved = SumTree(w)
+    for _ in range(20):  # rows moved as AdaFL's update moves them; parents recomputed, never shifted by a difference
+        ids = torch.randperm(1000, generator=g)[:7]
+        w[ids] = torch.rand(7, generator=g, dtype=F64) * (torch.rand(7, generator=g) > 0.3)
+        moved.set(ids, w[ids])
+    fresh = SumTree(w)
+    assert all(torch.equal(a, b) for a, b in zip(moved.levels, fresh.levels)) and moved.positive == fresh.positive
+
+
+def test_attention_draws_through_the_tree_follow_the_scores_and_0_5s_draws_stay_multinomial():
+    """The tree's draws (0.6) have the law of torch.multinomial without replacement (the successive-draw test above
+    runs them); lfed 0.5's runs (draws = "permutation") draw exactly torch.multinomial's cohorts. After updates the
+    tree the sampler keeps is the tree of its scores, so a resumed run (which rebuilds it from the checkpointed
+    scores) draws the same cohorts."""
+    a = AttentionSampler(alpha=0.5)
+    a.setup(torch.arange(1, 41))
+    for r in range(5):
+        ids, p = a.sample(r, 6, round_generator(0, r, "sample"))
+        assert torch.equal(p, a.scores)
+        a.update(ids, torch.rand(6, generator=torch.Generator().manual_seed(r), dtype=F64))
+    tree = a._tree_now()
+    from lfed.participation.sum_tree import SumTree
+
+    assert all(torch.equal(x, y) for x, y in zip(tree.levels, SumTree(a.scores).levels))
+    b = AttentionSampler(alpha=0.5)
+    b.setup(torch.arange(1, 41))
+    b.load_state_dict(a.state_dict())
+    assert torch.equal(b.sample(5, 6, round_generator(0, 5, "sample"))[0], a.sample(5, 6, round_generator(0, 5, "sample"))[0])
+    a.draws = "permutation"
+    want = torch.multinomial(a.scores, 6, replacement=False, generator=round_generator(0, 6, "sample")).sort().values
+    assert torch.equal(a.sample(6, 6, round_generator(0, 6, "sample"))[0], want)
+
+
+def test_the_set_draws_of_a_0_5_checkpoint_reach_the_attention_sampler():
+    from lfed.core import registry
+
+    alg = registry.build(registry.resolve("adafl"))
+    assert alg.sampler.draws == "rejection"
+    from lfed.core.algorithm import LocalTraining
+    from lfed.core.run import FederatedRun
+
+    run = FederatedRun(alg, LocalTraining(), lambda p: torch.optim.SGD(p, lr=1.0))
+    run.set_draws("permutation")
+    assert alg.sampler.draws == "permutation"
