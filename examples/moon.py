@@ -21,8 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lfed import GLOBAL, StateSpec
-from lfed import LossTerm
+from lfed import GLOBAL, LossTerm, StateSpec
 from lfed.client import ClientRule
 
 

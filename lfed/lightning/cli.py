@@ -74,6 +74,7 @@ from lfed.lightning.cli_errors import (
     key_message,
     nested_message,
     one_line,
+    with_full_key,
     yaml_message,
 )
 from lfed.lightning.cli_help import LfedHelpFormatter, describe_trainer_group
@@ -150,7 +151,9 @@ class LfedCLI(LightningCLI):
                 self._discard_run_dir()
             if not config_errors or (self.first_step.started and not isinstance(err, HookError)):
                 raise
-            raise ConfigError(nested_message(str(err), lambda: self._settings(self._subconfig())) or one_line(str(err))) from err
+            settings_of_run = lambda: self._settings(self._subconfig())  # noqa: E731
+            raise ConfigError(nested_message(str(err), settings_of_run)
+                              or with_full_key(one_line(str(err)), settings_of_run)) from err
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:

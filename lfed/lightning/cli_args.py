@@ -20,13 +20,14 @@ SUBCOMMANDS = ("fit", "validate", "test")
 
 
 def lfed_model_names() -> dict[str, str]:
-    """Short name -> class path of every ``nn.Module`` in :mod:`lfed.models.zoo`."""
+    """Short name -> class path of every ``nn.Module`` of the zoo (:mod:`lfed.models.zoo` and the families it imports:
+    :mod:`lfed.models.convnets`, :mod:`lfed.models.language`)."""
     from torch import nn
 
     out = {}
     for name in dir(lfed_models):
         obj = getattr(lfed_models, name)
-        if isinstance(obj, type) and issubclass(obj, nn.Module) and obj.__module__ == lfed_models.__name__:
+        if isinstance(obj, type) and issubclass(obj, nn.Module) and obj.__module__.startswith("lfed.models."):
             out[name] = f"lfed.models.{obj.__qualname__}"  # the zoo's public path (lfed.models exports it)
     return out
 

@@ -88,7 +88,38 @@ def _parser_key_message(key: str, body: list[str]) -> str:
     if expected is None or given is None:
         return f"{key}: " + " ".join(line.strip() for line in body if line.strip())
     tail = f" ({'; '.join(reasons)})" if reasons else ""
-    return f"{key}: expected {expected}, got {given.group(1).strip()}{tail}"
+    got = given.group(1).strip()
+    if literal:  # a misspelt name: the closest allowed one (issue 66: fedprx listed 29 names and no suggestion)
+        options = re.findall(r"'([^']*)'", literal.group(1))
+        close = difflib.get_close_matches(got.strip("'\""), options, n=1, cutoff=0.6)
+        tail += f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{key}: expected {expected}, got {got}{tail}"
+
+
+def with_full_key(message: str, settings_of_run: Callable[[], dict[str, Any]]) -> str:
+    """``message`` with its leading setting named by its full key (issue 66): a component's check says
+    ``fraction must be in (0, 1], got 1.5``; the command line says ``model.fraction``. The leading name (``fraction``,
+    ``engine.backend``) becomes the one key of the run's ``model``/``data`` settings it ends with; a name that is
+    already a full key, none, or several, leave the message as it is."""
+    m = re.match(r"([A-Za-z_][\w.]*)(:| must | is | should )", message)
+    if m is None or m.group(1).startswith(("model.", "data.", "trainer.")):
+        return message
+    try:
+        settings = settings_of_run()
+    except Exception:  # noqa: BLE001 - the message without its full key is still lfed's
+        return message
+    name, found = m.group(1), []
+
+    def walk(value: Any, path: str) -> None:
+        if path == name or path.endswith("." + name):
+            found.append(path)
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{path}.{k}" if path else k)
+
+    walk({k: v for k, v in settings.items() if k in ("model", "data")}, "")
+    found = [f for f in found if "." in f]
+    return message if len(found) != 1 else found[0] + message[len(name):]
 
 
 def one_line(message: str) -> str:

@@ -753,11 +753,11 @@ def test_the_digits_config_runs_and_reports_simulated_time(tmp_path):
 @pytest.mark.parametrize(
     "extra, expected",
     [
-        (["--model.objective", "scaffold"], "asynchronous: objective: Scaffold keeps client or server state"),
-        (["--model.objective", "lfed.client.feddyn.FedDyn"], "asynchronous: objective: FedDyn"),
-        (["--model.algorithm", "ditto"], "asynchronous: objective: Ditto"),
+        (["--model.objective", "scaffold"], "model.asynchronous: objective: Scaffold keeps client or server state"),
+        (["--model.objective", "lfed.client.feddyn.FedDyn"], "model.asynchronous: objective: FedDyn"),
+        (["--model.algorithm", "ditto"], "model.asynchronous: objective: Ditto"),
         (["--model.asynchronous", "lfed.core.asynchronous.FedAsync", "--model.channel", "0.1"],
-         "asynchronous: channel: FedAsync mixes the client's model"),
+         "model.asynchronous: channel: FedAsync mixes the client's model"),
     ],
 )
 def test_a_user_asking_the_digits_config_for_what_async_does_not_define_gets_one_line(extra, expected, tmp_path,

@@ -165,7 +165,7 @@ def test_the_terminal_shows_one_line_and_lfed_debug_the_traceback(tmp_path):
     args = [*base(tmp_path), "--model.fraction=0"]
     plain = lfed_terminal(tmp_path, *args)
     assert plain.returncode == 2, plain.stderr
-    assert last_line(plain.stderr) == "lfed fit: error: fraction must be in (0, 1], got 0.0"
+    assert last_line(plain.stderr) == "lfed fit: error: model.fraction must be in (0, 1], got 0.0"
     assert "Traceback" not in plain.stderr
     debug = lfed_terminal(tmp_path, *args, env={"LFED_DEBUG": "1"})
     assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
@@ -294,9 +294,9 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(monkeypatch, capsys, tm
 def test_data_mistakes_are_found_before_anything_starts_and_leave_nothing(monkeypatch, capsys, tmp_path):
     """Issue 51 item 9: a partition typo (with the close match), more clients than examples and a dataset that is not
     there are found before the Trainer starts a W&B run: one line, exit 2, no runs/ folder."""
-    cases = [(["--data.partition", "dirichlett"], "lfed fit: error: partition: 'dirichlett' is not one of ('iid', 'shards', "
+    cases = [(["--data.partition", "dirichlett"], "lfed fit: error: data.partition: 'dirichlett' is not one of ('iid', 'shards', "
               "'dirichlet', 'classes', 'natural') (did you mean 'dirichlet'?)"),
-             (["--data.num_clients", "5000"], "lfed fit: error: num_clients: must be <= the number of examples (1438), got 5000"),
+             (["--data.num_clients", "5000"], "lfed fit: error: data.num_clients: must be <= the number of examples (1438), got 5000"),
              (["--data.dataset", "mnist", "--data.data_dir", str(tmp_path / "nowhere")], "lfed fit: error: mnist: missing file(s)")]
     for extra, start in cases:
         code, err = run_main(monkeypatch, capsys, [*base(tmp_path), *extra])
@@ -317,7 +317,7 @@ def test_a_refusal_after_wandb_started_closes_its_run_and_leaves_nothing(monkeyp
         main()
     err = capsys.readouterr().err
     assert info.value.code == 2
-    assert last_line(err).startswith("lfed fit: error: net: outputs shape (5,) per example"), err
+    assert last_line(err).startswith("lfed fit: error: model.net: outputs shape (5,) per example"), err
     assert "wandb sync" not in err
     assert not (tmp_path / "runs").exists(), sorted(str(p) for p in (tmp_path / "runs").rglob("*"))
 
@@ -347,3 +347,14 @@ def test_a_components_setting_without_its_class_names_the_classes_that_have_it(m
                               "lfed.client.objectives.Prox, lfed.privacy.dp_sgd.DPSGD)")  # DP-SGD's prox option (issue 54)
     code, err = run_main(monkeypatch, capsys, [*base(tmp_path), "--model.sampler.nonsense", "1"])
     assert code == 2 and last_line(err).endswith("(no built-in sampler has a setting 'nonsense')")
+
+
+def test_a_misspelt_name_suggests_the_closest_and_a_components_refusal_names_the_full_key(monkeypatch, capsys):
+    """Issue 66 item 9: --model.algorithm fedprx listed 29 names and no suggestion; a component's own check said
+    "fraction must be ..." where the command line says model.fraction."""
+    code, err = run_main(monkeypatch, capsys, ["fit", "--config", str(REPO / "configs" / "quickstart.yaml"),
+                                               "--model.algorithm", "fedprx"])
+    assert code == 2 and last_line(err).endswith("got fedprx (did you mean 'fedprox'?)"), err
+    code, err = run_main(monkeypatch, capsys, ["fit", "--config", str(REPO / "configs" / "quickstart.yaml"),
+                                               "--model.fraction", "1.5"])
+    assert code == 2 and last_line(err) == "lfed fit: error: model.fraction must be in (0, 1], got 1.5", err

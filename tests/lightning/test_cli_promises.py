@@ -42,7 +42,7 @@ def test_a_preset_and_an_objective_that_contradict_it_are_refused_in_one_line(tm
                                                "--trainer.max_steps", "1", "--trainer.default_root_dir", str(tmp_path)])
     line = one_error_line(err)
     assert code == 2
-    assert line.startswith("lfed fit: error: objective: Ditto contradicts algorithm='fedrep', whose objective is FedRep")
+    assert line.startswith("lfed fit: error: model.objective: Ditto contradicts algorithm='fedrep', whose objective is FedRep")
     assert "--model.objective null" in line
     assert runs_left(tmp_path) == []
 

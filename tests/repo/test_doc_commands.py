@@ -110,7 +110,8 @@ NOT_RUN_HERE = {
 
 #: A file a config reads that a test does not make: the one line of a command without it (docs/adapters.md: the base
 #: is written by scripts/pretrain_shakespeare.py).
-FILES = {"configs/lora_shakespeare.yaml": ("runs/shakespeare_base/base.pt", r"base_checkpoint: no file at runs/shakespeare_base/base\.pt")}
+FILES = {"configs/lora_shakespeare.yaml": ("runs/shakespeare_base/base.pt",
+                                          r"model.net.init_args.base_checkpoint: no file at runs/shakespeare_base/base\.pt")}
 
 
 def _not_run_here(command: str) -> str | None:

@@ -47,11 +47,10 @@ def test_every_exported_name_imports(package):
 def test_the_method_names_of_the_issue_are_exported():
     import lfed
     import lfed.client
+    import lfed.engine
     import lfed.personal
     import lfed.privacy
     import lfed.server
-
-    import lfed.engine
 
     assert {"ClientRule", "Plain", "Prox", "Scaffold", "IGFL", "EFL", "FedDyn"} <= set(lfed.client.__all__)
     assert {"StepRule", "LossTerm"} <= set(lfed.engine.__all__) & set(lfed.__all__)  # the engine's, and the root's
