@@ -63,17 +63,32 @@ def _spelling(name: str, value: Any) -> str:
     return f"declare it as declares = Declaration({part}={_PART[part]}({key}={shown}))"
 
 
+def _class_scan(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(flags, hooks) of 0.5 that ``cls``'s own bodies (its MRO, lfed's bases aside) spell; kept per class (the round
+    asks every step, and a class body does not change)."""
+    said = _SCANNED.get(cls)
+    if said is None:
+        flags: list[str] = []
+        hooks: list[str] = []
+        for klass in cls.__mro__:
+            if _is_base(klass):
+                continue
+            flags += [n for n in FLAGS if n in klass.__dict__ and n not in flags]
+            hooks += [n for n in HOOKS if n in klass.__dict__ and n not in hooks]
+        said = _SCANNED[cls] = (tuple(flags), tuple(hooks))
+    return said
+
+
+_SCANNED: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+
 def _scan(component: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(flags, hooks) of 0.5 that ``component``'s class (or, for flags, the instance) spells; warned once per class."""
     cls = type(component)
-    flags: list[str] = []
-    hooks: list[str] = []
-    for klass in cls.__mro__:
-        if _is_base(klass):
-            continue
-        flags += [n for n in FLAGS if n in klass.__dict__ and n not in flags]
-        hooks += [n for n in HOOKS if n in klass.__dict__ and n not in hooks]
-    flags += [n for n in FLAGS if n in getattr(component, "__dict__", {}) and n not in flags]
+    class_flags, class_hooks = _class_scan(cls)
+    flags, hooks = list(class_flags), list(class_hooks)
+    own = getattr(component, "__dict__", {})
+    flags += [n for n in FLAGS if n in own and n not in flags]
     if (flags or hooks) and cls not in _WARNED:
         _WARNED.add(cls)
         lines = [f"{cls.__name__}.{n}: lfed 0.5's flag, deprecated in 0.6: {_spelling(n, getattr(component, n, None))}"

@@ -111,6 +111,23 @@ def _metric_columns(columns: Sequence[str]) -> list[str]:
     return [c for c in columns if c not in ("step", "rounds_done")]
 
 
+def _check_axes(tables: list[dict[str, list[float]]], labels: Sequence[str], metrics: Sequence[str], x: str) -> str:
+    """The column of ``x`` (:data:`X_AXES`); an error naming what the runs have when a metric is in none of them or
+    the x axis is missing from one."""
+    have = sorted({c for t in tables for c in _metric_columns(list(t))})
+    unknown = [m for m in metrics if not any(m in t for t in tables)]
+    if unknown:
+        raise PlotError(f"metric: {', '.join(unknown)} is in no run's {METRICS_FILE}; the runs have: {', '.join(have) or 'none'}")
+    column = X_AXES.get(x, x)
+    lacking = [lab for lab, t in zip(labels, tables) if column not in t]
+    if lacking:
+        shared = sorted(set.intersection(*(set(t) for t in tables)) - {"step", "rounds_done"})
+        growing = [c for c in shared if all(_never_decreases(t[c]) for t in tables)]  # what can be an x axis
+        raise PlotError(f"x: {x!r} is not a column of {', '.join(lacking)}; the x axes these runs have are round, step"
+                        f"{''.join(', ' + c for c in growing)}")
+    return column
+
+
 def plot_runs(
     runs: Sequence[str | os.PathLike],
     metrics: Sequence[str] = ("test/acc",),
@@ -144,17 +161,7 @@ def plot_runs(
     elif len(labels) != len(files):
         raise PlotError(f"label: {len(labels)} labels given for {len(files)} runs ({', '.join(map(str, files))})")
     tables = [read_metrics(f) for f in files]
-    have = sorted({c for t in tables for c in _metric_columns(list(t))})
-    unknown = [m for m in metrics if not any(m in t for t in tables)]
-    if unknown:
-        raise PlotError(f"metric: {', '.join(unknown)} is in no run's {METRICS_FILE}; the runs have: {', '.join(have) or 'none'}")
-    column = X_AXES.get(x, x)
-    lacking = [lab for lab, t in zip(labels, tables) if column not in t]
-    if lacking:
-        shared = sorted(set.intersection(*(set(t) for t in tables)) - {"step", "rounds_done"})
-        growing = [c for c in shared if all(_never_decreases(t[c]) for t in tables)]  # what can be an x axis
-        raise PlotError(f"x: {x!r} is not a column of {', '.join(lacking)}; the x axes these runs have are round, step"
-                        f"{''.join(', ' + c for c in growing)}")
+    column = _check_axes(tables, labels, metrics, x)
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
