@@ -3,7 +3,7 @@
 ``lfed.core.settings.build_run(...)`` builds a :class:`~lfed.core.run.FederatedRun`; ``fit_run(run, datamodule, rounds)``
 trains it for ``rounds`` rounds in this process and returns each round's metrics, with the evaluations asked
 for. It is the same round as under a ``Trainer`` (:class:`~lfed.lightning.driver.FederatedDriver`: prepare, one engine
-call, finish with the server step: :func:`lfed.core.run.train_step`) and gives the same weights bit for bit; what it
+call, finish with the server step: :func:`lfed.core.step.train_step`) and gives the same weights bit for bit; what it
 leaves to Lightning is the rest: loggers, checkpoints, several devices and mixed precision.
 """
 

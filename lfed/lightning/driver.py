@@ -2,7 +2,7 @@
 
 :class:`FederatedDriver` trains :class:`~lfed.core.run.FederatedRun` objects under Lightning's ``Trainer``: a single
 run (:class:`lfed.lightning.module.FederatedModule`) is a driver of one run, a grid (:class:`lfed.lightning.group.RunGroup`, ``lfed
-grid``) a driver of many. Each ``training_step`` is :func:`lfed.core.run.train_step` (every running run's round
+grid``) a driver of many. Each ``training_step`` is :func:`lfed.core.step.train_step` (every running run's round
 prepared, all their cohorts trained in as few engine calls as is exact, split over the ranks under DDP, each
 run's round finished with its own rows) and its logging; the server optimizers are stepped inside the round and
 Lightning's one optimizer (:class:`RunOptimizers`) counts the round, so ``global_step == round`` and
@@ -217,7 +217,7 @@ class FederatedDriver(LightningModule):
     @round_precision()  # mixed precision: autocast in the local steps only, the rest of the round in float32
     def training_step(self, batch: Any, batch_idx: int) -> None:
         """One federated round (docs/algorithms.md §1) of every running run, their cohorts trained together
-        (:func:`lfed.core.run.train_step`); what is the driver's: logging, stopping the fit."""
+        (:func:`lfed.core.step.train_step`); what is the driver's: logging, stopping the fit."""
         r, total = int(self.global_step), self._total_rounds()
         self._device_data()
         tick = self.optimizers()
