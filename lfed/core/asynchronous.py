@@ -140,7 +140,6 @@ class Asynchronous(Component):
         self.seq = 0
         self.times: list[float] = []  # simulated time after each server step
         self._plan: list[tuple[int, float, float, int]] = []  # this step's dispatch (client, start, duration, steps)
-        self._metrics: dict[str, Any] = {}  # this step's metrics (measured at the arrivals, logged after the server step)
         #: per slot: the accuracy of its client's locally trained model w_k on the client's own held-out split
         #: (docs/algorithms.md §9's local accuracy, scored at dispatch; reported when the result arrives); NaN: none
         self.local_acc: Tensor | None = None
@@ -390,14 +389,13 @@ class Asynchronous(Component):
             metrics["train/loss"] = result.loss.mean()
         if self.local_acc is not None:  # the arrivals' local accuracy (client/local_acc_mean, bmta_local: docs/algorithms.md §9)
             metrics["client/local_acc_mean"] = torch.nanmean(self.local_acc[popped_slots.to(self.local_acc.device)])
-        self._metrics = metrics
         return Uploads(record, updates, w, prepared.sizes, buffers=buffers, label="server step",
-                       warnings=[] if idle else prepared.record.warnings)
+                       warnings=[] if idle else prepared.record.warnings, measured=metrics)
 
     def step_metrics(self, run: Any, uploads: Any) -> dict[str, Any]:
         """The server step's metrics: arrivals, dispatches, staleness, clients in flight, simulated time, the arrivals'
         local accuracy (measured at :meth:`arrivals`)."""
-        return self._metrics
+        return uploads.measured
 
     # ------------------------------------------------------------------ checkpoint state
     def get_extra_state(self) -> dict[str, Any]:

@@ -202,6 +202,8 @@ class Uploads:
             with ``ends``.
         label: What a step is called in its messages (``round``, ``server step``).
         warnings: The step's warnings (the weighting's), each said once with the step's number.
+        measured: What the schedule measured of the step at its arrivals (an asynchronous step: staleness, clock,
+            clients in flight), for its ``step_metrics``.
     """
 
     record: RoundRecord
@@ -214,6 +216,7 @@ class Uploads:
     lr: float | None = None
     label: str = "round"
     warnings: list[str] = field(default_factory=list)
+    measured: dict[str, Any] = field(default_factory=dict)
 
     def messages(self) -> list[str]:
         """The step's warnings, each naming the step."""
