@@ -111,6 +111,9 @@ class Attack(Component):
         return self._set[2]
 
     def check(self, context) -> list[str]:
+        if self.active and self.poisons_data and getattr(context.data, "lazy", False):
+            raise ValueError(f"attack={self.name!r} poisons the pooled training set, which a population made per client "
+                             "(data.lazy) does not have; use data.lazy: false, or a model-poisoning attack")
         if type(self) is not NoAttack and not self.active:
             return [f"attack={self.name!r} has no Byzantine clients (fraction 0, no per_round), so it does nothing"]
         return []

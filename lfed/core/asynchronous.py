@@ -358,8 +358,7 @@ class Asynchronous(Component):
         taus = [step - e[4] for e in popped]
         cohort = draw_cohort(alg, data, run.training_plan, step, run.seed, clients=clients_p,
                              steps_done=torch.tensor([e[5] for e in popped]))
-        counts = data.host("label_counts")
-        a = alg.weighting.weights(cohort, counts[cohort.host.clients], data.population_label_counts())
+        a = alg.weighting.weights(cohort, data.label_counts_of(cohort.host.clients), data.population_label_counts())
         cohort.host.counting = alg.weighting.counting(cohort).detach().cpu()
         cohort.counting = to_device(cohort.host.counting, cohort.clients.device)
         alpha = 1.0 if self.mixing is None else self.mixing

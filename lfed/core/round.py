@@ -140,17 +140,15 @@ def prepare_round(
     cohort = draw_cohort(algorithm, data, training, round, seed, total_rounds, clients, steps_done)
     clients, n_k = cohort.clients, cohort.num_examples
     cohort.plan = training  # the hooks' context: the round's lr, batch size, budget, and the clients' label counts
-    counts_all = getattr(data, "label_counts", None)
-    cohort.label_counts = None if counts_all is None else counts_all[clients.to(counts_all.device)]
-    if any(declaration(c).needs.start_loss for c in algorithm.roles().values()):
-        cohort.start_loss = client_losses(engine, w, data.train_x, data.train_y, data.client_index[clients], n_k,
-                                          ranks or Ranks())
     host, device = cohort.host, clients.device
-    counts = data.host("label_counts")  # host values: no device read (lfed.engine.host)
+    counts = data.label_counts_of(host.clients)  # [K, C] on the host: no device read (lfed.engine.host)
+    cohort.label_counts = to_device(counts, device)
+    examples = data.gather(clients)  # (x, y, index [K, L]): the cohort's examples, wherever they are held
+    if any(declaration(c).needs.start_loss for c in algorithm.roles().values()):
+        cohort.start_loss = client_losses(engine, w, *examples, n_k, ranks or Ranks())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DegenerateWeightsWarning)
-        weights = to_device(algorithm.weighting.weights(cohort, counts[host.clients], data.population_label_counts()),
-                            device)
+        weights = to_device(algorithm.weighting.weights(cohort, counts, data.population_label_counts()), device)
     counting = algorithm.weighting.counting(cohort)
     host.counting = counting.detach().cpu()  # the built-in rules' mask is on the host already
     cohort.counting = to_device(counting, device)
@@ -171,8 +169,8 @@ def prepare_round(
     if term is not None:
         rule = replace(rule, loss_term=term)
     w_start = algorithm.objective.start_weights(cohort, w)  # [P], or [K, P] with local parts (docs/algorithms.md §13)
-    data_x, data_y = algorithm.attack.training_data(cohort, data, data.train_x, data.train_y)  # data poisoning (robustness.md §1)
-    job = TrainJob(w_start, data_x, data_y, data.client_index[clients], n_k, cohort.steps_done, rule, lr,
+    data_x, data_y = algorithm.attack.training_data(cohort, data, *examples[:2])  # data poisoning (robustness.md §1)
+    job = TrainJob(w_start, data_x, data_y, examples[2], n_k, cohort.steps_done, rule, lr,
                    training.batch_size, round_generator(seed, round, "batches"),
                    buffers=algorithm.objective.start_buffers(cohort),  # per-client running statistics (FedBN)
                    augment=(None if getattr(data, "augment", None) is None  # every step's batch redrawn (lfed.data.augment)

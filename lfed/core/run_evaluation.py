@@ -169,7 +169,7 @@ class RunEvaluation:
 
         d, plan = self.data, self.training_plan
         n_k = d.client_sizes[clients]
-        return LocalWork(self.engine, ranks, d.train_x, d.train_y, d.client_index[clients], self.seed,
+        return LocalWork(self.engine, ranks, *d.gather(clients), self.seed,
                          self.rounds_done, n_k, plan.step_budget(n_k), plan.client_lr, plan.batch_size, plan)
 
     def accuracy_histogram(self, path: str | Path) -> Path | None:

@@ -6,7 +6,7 @@ the round and the engine read it.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -62,6 +62,8 @@ class FederatedData:
     client_val_sizes: Tensor | None = None
     notes: frozenset = frozenset()
     augment: Any = None
+    #: A pooled population (every example in memory); :class:`lfed.data.lazy.LazyFederatedData` is the other kind.
+    lazy: ClassVar[bool] = False
 
     @property
     def num_clients(self) -> int:
@@ -99,6 +101,18 @@ class FederatedData:
         if "population_label_counts" not in cache:
             cache["population_label_counts"] = self.host("label_counts").sum(0)
         return cache["population_label_counts"]
+
+    def gather(self, clients: Tensor, split: str = "train") -> tuple[Tensor, Tensor, Tensor]:
+        """``(x, y, index [K, L])``: where the examples of ``clients``' ``split`` (``train``, ``test``: the held-out
+        split, ``val``: their own validation split) are: the pooled tensors themselves (no copy) and the clients' rows
+        of the split's index, client ``i``'s examples at ``x[index[i, :n_i]]``. The one way a round reaches a cohort's
+        examples, whatever holds them (:class:`lfed.data.lazy.LazyFederatedData` makes them on demand)."""
+        index = self.client_index if split == "train" else self.own_split(split)[0]
+        return self.train_x, self.train_y, index[clients.to(index.device)]
+
+    def label_counts_of(self, clients: Tensor) -> Tensor:
+        """``[K, C]`` the training label counts of ``clients`` (host ids), from the host copy."""
+        return self.host("label_counts")[clients]
 
     def digests(self) -> dict[str, str]:
         """The digests of the labels and the clients' indices a checkpoint's fingerprint records

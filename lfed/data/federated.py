@@ -96,6 +96,11 @@ class FederatedDataset:
             ``(seed, k)``, one client each (``partition='natural'``); the test set is every device's test share.
         synthetic_iid: ``dataset='synthetic'``: the reference's Synthetic-IID (one model for every device, centred
             inputs; α and β unread).
+        lazy: ``dataset='synthetic'``: make each cohort's devices when it trains, never the whole population
+            (:mod:`lfed.data.lazy`): 10^6-10^7 devices cost their sizes (8 bytes a device) and the cohort's examples.
+            Needs ``test_devices``, and no held-out or validation split (the fractions 0).
+        test_devices: ``dataset='synthetic'``: the test set is the test shares of this many devices, a seeded sample
+            (all of them when there are no more); None: every device's. Required with ``lazy``.
     """
 
     def __init__(
@@ -121,6 +126,8 @@ class FederatedDataset:
         synthetic_alpha: float = 1.0,
         synthetic_beta: float = 1.0,
         synthetic_iid: bool = False,
+        lazy: bool = False,
+        test_devices: int | None = None,
     ) -> None:
         self.augment = build_augmentation(augment)
         if num_clients < 1:
@@ -169,6 +176,7 @@ class FederatedDataset:
         if train is None and dataset not in DATASETS:
             raise ValueError(f"dataset: {dataset!r} is not one of {DATASETS}")
         self.synthetic = self._synthetic_spec(synthetic_alpha, synthetic_beta, synthetic_iid)
+        self.lazy, self.test_devices = self._lazy_settings(lazy, test_devices)
         read_by = {"rho": (rho, 1.0, "dirichlet"), "shards_per_client": (shards_per_client, 2, "shards"),
                    "classes_per_client": (classes_per_client, 2, "classes")}
         for name, (value, default, reader) in read_by.items():  # a setting the partition ignores, said before round 0
@@ -193,6 +201,36 @@ class FederatedDataset:
         except ValueError as err:
             raise ValueError(f"synthetic_{err}") from None
 
+    def _lazy_settings(self, lazy: bool, test_devices: int | None) -> tuple[bool, int | None]:
+        """``lazy`` and ``test_devices``, checked against the other settings (module docstring of lfed.data.lazy)."""
+        if not isinstance(lazy, bool):
+            raise ValueError(f"lazy: must be true or false, got {lazy!r}")
+        if test_devices is not None and (isinstance(test_devices, bool) or not isinstance(test_devices, int)
+                                         or test_devices < 1):
+            raise ValueError(f"test_devices: a number of devices >= 1, or null (every device's test share), "
+                             f"got {test_devices!r}")
+        if self.synthetic is None:
+            given = [f"{k}: {v}" for k, v, d in (("lazy", lazy, False), ("test_devices", test_devices, None)) if v != d]
+            if lazy:
+                raise ValueError(f"lazy: a population made per client is dataset 'synthetic' (FedProx's Synthetic); "
+                                 f"dataset {self.dataset!r} is loaded whole")
+            if given:
+                warnings.warn(f"{', '.join(given)} does nothing with dataset: {self.dataset!r} (only dataset: "
+                              "'synthetic' reads it)", UnusedSettingWarning, stacklevel=3)
+            return lazy, test_devices
+        if lazy:
+            if test_devices is None:
+                raise ValueError("test_devices: with lazy, the test set is the test shares of a sample of devices; give "
+                                 f"its size (e.g. 1000; {self.num_clients} for every device's)")
+            for name in ("holdout_fraction", "validation_fraction", "client_validation_fraction"):
+                if getattr(self, name) > 0:
+                    raise ValueError(f"{name}: must be 0 with lazy (a population made per client has no held-out or "
+                                     f"validation splits; the test set is test_devices' test shares), got "
+                                     f"{getattr(self, name)}")
+            if self.augment is not None:
+                raise ValueError("augment: not with lazy (Synthetic's inputs are vectors, not images)")
+        return lazy, test_devices
+
     @classmethod
     def from_tensors(
         cls, train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Tensor, **kwargs
@@ -204,6 +242,8 @@ class FederatedDataset:
     def dataset_key(self) -> tuple | None:
         """What identifies the loaded dataset (None for tensors of the user's): modules with one key share a load."""
         if self._user_train is not None:
+            return None
+        if self.lazy:  # nothing loaded to share: each module makes its cohorts
             return None
         key = (self.dataset, str(self.data_dir), self.download, self.invert_pixels)
         return key if self.synthetic is None else (*key, self.synthetic, self.num_clients)
@@ -250,7 +290,20 @@ class FederatedDataset:
         """Load, validate and partition the data (idempotent)."""
         if self.data is not None:
             return self.data
+        if self.lazy:
+            from lfed.data.lazy import LazyFederatedData
+            from lfed.data.synthetic import SyntheticSource
+
+            self.data = LazyFederatedData(SyntheticSource(self.synthetic, self.num_clients), self.test_devices, self.seed)
+            return self.data
         ds = self._loaded = self._load()
+        if self.synthetic is not None and self.test_devices is not None:  # the test shares of a sample of devices
+            from lfed.data.lazy import evaluation_devices
+
+            keep = torch.isin(ds.test_groups, evaluation_devices(self.num_clients, self.test_devices, self.seed))
+            ds = DatasetTensors(ds.name, ds.train_x, ds.train_y, ds.test_x[keep], ds.test_y[keep],
+                                               ds.num_classes, train_groups=ds.train_groups,
+                                               test_groups=ds.test_groups[keep])
         regression = ds.num_classes is None
         if regression:
             if self.partition != "iid":

@@ -43,7 +43,7 @@ from lfed.checks import number
 from lfed.data.tensors import DatasetTensors
 from lfed.rng import derive_seed
 
-__all__ = ["CLASSES", "FEATURES", "Synthetic", "SyntheticClient", "client_data", "client_parameters", "client_size",
+__all__ = ["CLASSES", "FEATURES", "Synthetic", "SyntheticClient", "SyntheticSource", "client_data", "client_parameters", "client_size",
            "client_sizes", "covariance_diagonal", "labels", "population"]
 
 #: Input dimension and number of classes (§5.1: ``x ∈ R^60``, 10 classes).
@@ -172,6 +172,39 @@ def client_data(spec: Synthetic, k: int) -> SyntheticClient:
     return SyntheticClient(W, b, v, u, B, x[:n_train], y[:n_train], x[n_train:], y[n_train:])
 
 
+def train_sizes(spec: Synthetic, sizes: Tensor) -> Tensor:
+    """``[N]`` each device's training share ``floor((1 - f) n_k)`` of its sizes ``n_k`` (as :func:`client_data` cuts)."""
+    return ((1.0 - spec.test_fraction) * sizes.double()).long()
+
+
+@dataclass(frozen=True)
+class SyntheticSource:
+    """Devices ``0..num_clients-1`` of ``spec`` made one at a time (:func:`client_data`): the
+    :class:`~lfed.data.lazy.ClientSource` of ``data.lazy: true``, a population that is never materialized whole."""
+
+    spec: Synthetic
+    num_clients: int
+    name = "synthetic"
+    num_classes = CLASSES
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_clients, bool) or not isinstance(self.num_clients, int) or self.num_clients < 1:
+            raise ValueError(f"num_clients: the number of devices, an int >= 1, got {self.num_clients!r}")
+
+    def sizes(self) -> Tensor:
+        """``[N]`` the devices' training shares (one generator and one header draw each: ~20 µs a device)."""
+        return train_sizes(self.spec, client_sizes(self.spec, self.num_clients))
+
+    def client(self, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        if not 0 <= k < self.num_clients:
+            raise ValueError(f"k: a device of 0..{self.num_clients - 1}, got {k}")
+        c = client_data(self.spec, k)
+        return c.train_x, c.train_y, c.test_x, c.test_y
+
+    def identity(self) -> str:
+        return f"{self.spec!r}/{self.num_clients}"
+
+
 def population(spec: Synthetic, num_clients: int) -> DatasetTensors:
     """Devices ``0..N-1`` materialized: training shares pooled in device order with ``train_groups = k``, test shares
     pooled as the test set with ``test_groups = k``.
@@ -182,7 +215,7 @@ def population(spec: Synthetic, num_clients: int) -> DatasetTensors:
     if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
         raise ValueError(f"num_clients: the number of devices, an int >= 1, got {num_clients!r}")
     sizes = client_sizes(spec, num_clients)
-    n_train = ((1.0 - spec.test_fraction) * sizes.double()).long()  # int((1 - f) * n_k) of client_data, for all k
+    n_train = train_sizes(spec, sizes)  # int((1 - f) * n_k) of client_data, for all k
     n_test = sizes - n_train
     out = {}
     for split, counts in (("train", n_train), ("test", n_test)):

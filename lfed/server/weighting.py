@@ -107,4 +107,8 @@ class DWFedWeights(AggregationWeights):
         """DWFed's weights are computed from the clients' label counts: refuse targets that are not class labels."""
         if context.data is not None:
             context.data.require_labels("weighting='dwfed' (label-count weights)")
+            if context.data.population_label_counts() is None:
+                raise ValueError("weighting='dwfed' weighs each client by its label distance to the population's label "
+                                 "counts, which a population made per client (data.lazy) does not count (a pass over "
+                                 "every example); use data.lazy: false, or another weighting")
         return super().check(context)

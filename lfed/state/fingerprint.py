@@ -93,7 +93,7 @@ def data_fingerprint(datamodule: Any) -> dict[str, Any]:
         "data.seed": datamodule.seed,
         "data.holdout_fraction": datamodule.holdout_fraction,
         "data.validation_fraction": getattr(datamodule, "validation_fraction", 0.0),
-        "data.train_examples": int(d.train_y.numel()),
+        "data.train_examples": int(d.train_examples if getattr(d, "lazy", False) else d.train_y.numel()),
         "data.train_labels_hash": digests["train_labels"],
         "data.client_indices_hash": digests["client_indices"],
     }

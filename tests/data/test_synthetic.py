@@ -218,3 +218,15 @@ def test_a_round_runs_on_it():
                     training={"client_lr": 0.01, "batch_size": 10, "local_epochs": 1}, seed=0)
     history = fit_run(run, ds, 1)
     assert history[-1]["round/clients"] == 2 and math.isfinite(history[-1]["test/loss"])
+
+
+def test_alpha_moves_no_label():
+    """u_k shifts every entry of W_k and b_k by the same scalar, so x W_k + b_k moves by (u_k (Σ_j x_j) + u_k) on every
+    class alike: the argmax, the label, is the same whatever α (the same seed and β give the same inputs). α changes
+    the devices' models, not their labelling functions (docs/algorithms.md §8.1)."""
+    for k in range(30):
+        base = client_data(Synthetic(0.0, 1.0, seed=5), k)
+        for alpha in (1.0, 3.0):
+            c = client_data(Synthetic(alpha, 1.0, seed=5), k)
+            assert torch.equal(c.train_x, base.train_x) and torch.equal(c.train_y, base.train_y)
+            assert not torch.equal(c.W, base.W)  # the model moved
