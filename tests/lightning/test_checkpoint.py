@@ -226,8 +226,14 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_pat
                     "combination": {"class_path": "lfed.robust.rules.Bucketing",  # pre-aggregator; an attack's data
                                     "init_args": {"rule": "centered_clipping", "bucket_size": 2}},
                     "attack": {"class_path": "lfed.robust.attacks.LabelFlip", "init_args": {"fraction": 0.2}}}),
+        # a population made per client (data.lazy): each round's devices made again from their seeds on resume
+        ("scaffold", {"net": {"class_path": "lfed.models.LogisticRegression", "init_args": {"in_features": 60, "num_classes": 10}},
+                      "fraction": 0.005,
+                      "data": {"dataset": "synthetic", "partition": "natural", "num_clients": 2000, "rho": 1.0,
+                               "holdout_fraction": 0.0, "lazy": True, "test_devices": 5}}),
     ],
-    ids=["fedadam-loop", "time-attention-adafl-sampler", "dropout-vmap", "dropout-loop", "robust-bucketed-clipping-host"],
+    ids=["fedadam-loop", "time-attention-adafl-sampler", "dropout-vmap", "dropout-loop", "robust-bucketed-clipping-host",
+         "lazy-synthetic-scaffold"],
 )
 def test_resume_from_a_middle_checkpoint_is_bit_identical(tmp_path, algorithm, extra):
     """Resume from the round-3 file of a run that kept every checkpoint (save_top_k=-1)."""
