@@ -1,0 +1,519 @@
+"""A settings mistake of ``lfed fit|validate|test`` answered before torch and Lightning are imported (issue 66).
+
+``import lightning.pytorch`` alone costs ~5 CPU s, and the full command (:mod:`lfed.lightning.cli`) needs it to build
+its parser. :func:`precheck` reads the command line and its ``--config`` files with PyYAML only and refuses what it can
+see without them, with the full command's own one line (``lfed fit: error: ...``, exit status 2), in a fraction of a
+second:
+
+* a ``--config`` file that does not exist or is not YAML;
+* a key that is not a setting (``--model.fractoin``, ``modle:`` in a file), with the closest setting named;
+* a name that is not one of its allowed names (``--model.algorithm fedprx``, ``model.partial_work``,
+  ``model.engine.backend``), with the closest name;
+* ``fit``'s simple values out of range: ``model.fraction``, ``model.training``'s, ``model.stragglers``',
+  ``model.engine.chunk_size``, ``data``'s numbers, ``data.dataset``, ``data.partition`` and ``trainer.max_steps``.
+
+What it knows it reads from the sources, never a copy: the settings are the signatures of Lightning's ``Trainer``,
+:class:`~lfed.lightning.module.FederatedModule` and :class:`~lfed.data.federated.FederatedDataset` and the fields of
+the settings' groups, read with :mod:`ast` from their files (a few milliseconds); the names are the registry's
+``PRESETS``, ``DATASETS``, ``PARTITIONS`` and ``PARTIAL_WORK``, read the same way; the value checks are
+:mod:`lfed.checks`' and :mod:`lfed.participation.fractions`' (no torch). Anything else (a ``class_path`` and its
+``init_args``, a component's own settings, a role's name, lfed 0.3's keys, Trainer values, an abbreviated option, a
+type it does not know) it leaves to the full command, and whenever it cannot read a source it says nothing: it never
+refuses what the full command accepts. ``tests/test_precheck.py`` holds its tables to the real parser's, its messages
+to the full command's, and every shipped config to passing it.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import functools
+import importlib.util
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Tables", "precheck", "tables"]
+
+#: The commands checked here (``lfed grid`` reads a sweep, ``lfed audit`` and ``lfed plot`` their own arguments).
+COMMANDS = ("fit", "validate", "test")
+#: The settings of every command that are not in a section: LightningCLI's and lfed's (``--checkpoint_every``); each
+#: command has the arguments of its ``Trainer`` method besides (``ckpt_path``, ``weights_only``; ``verbose``).
+TOP_LEVEL = ("checkpoint_every", "config", "data", "lr_scheduler", "model", "optimizer", "print_config",
+             "seed_everything", "trainer")
+#: Arguments whose meaning the full command decides alone (help, printing the config, Lightning's refused optimizer).
+DEFER = ("-h", "--help", "--help-all", "--print_config", "--optimizer", "--lr_scheduler")
+
+_LFED = Path(__file__).resolve().parent
+_INT = re.compile(r"[+-]?\d+")
+
+
+class Tables:
+    """What :func:`precheck` knows, read from the sources (:func:`tables`).
+
+    Attributes:
+        top_level: ``{command: (setting, ...)}``: the settings outside the sections (:data:`TOP_LEVEL` and the
+            command's ``Trainer`` method's arguments).
+        sections: ``{"model"|"data"|"trainer": {setting: annotation source}}``, the signatures' parameters.
+        groups: ``{"model.training": (field, ...)}``: the settings that are groups of settings (dataclasses).
+        literals: ``{key: (names, optional)}``: settings whose value is one of some names (``optional``: or null).
+        deprecated: lfed 0.3's model keys (the full command refuses them, naming each new key).
+        datasets, partitions: ``data.dataset``'s and ``data.partition``'s names.
+    """
+
+    def __init__(self) -> None:
+        self.top_level: dict[str, tuple[str, ...]] = {}
+        self.sections: dict[str, dict[str, str]] = {}
+        self.groups: dict[str, tuple[str, ...]] = {}
+        self.literals: dict[str, tuple[tuple[str, ...], bool]] = {}
+        self.deprecated: frozenset[str] = frozenset()
+        self.datasets: tuple[str, ...] = ()
+        self.partitions: tuple[str, ...] = ()
+
+    def known(self) -> list[str]:
+        """Every dotted setting (``model.training.client_lr``, ``trainer.max_steps``): the closest one is suggested."""
+        out = [f"{s}.{k}" for s, keys in self.sections.items() for k in keys]
+        out += [f"{g}.{f}" for g, names in self.groups.items() for f in names]
+        return sorted(out)
+
+
+# ----------------------------------------------------------------------------------------------- reading the sources
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
+def _class(path: Path, name: str) -> ast.ClassDef:
+    for node in _tree(path).body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node
+    raise LookupError(f"{name} not in {path}")
+
+
+def _find_class(name: str, first: str) -> tuple[Path, ast.ClassDef]:
+    """lfed's class ``name``, looked for in ``first`` (relative to the package), then in every module of the package."""
+    candidates = [_LFED / first, *sorted(_LFED.rglob("*.py"))]
+    for path in candidates:
+        if path.is_file() and f"class {name}" in path.read_text():
+            try:
+                return path, _class(path, name)
+            except LookupError:
+                continue
+    raise LookupError(f"class {name} not found in lfed")
+
+
+def _parameters(cls: ast.ClassDef) -> dict[str, str]:
+    """``__init__``'s named parameters (not ``self``, ``*args``, ``**kwargs``) and their annotations' source."""
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+            args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+            return {a.arg: ast.unparse(a.annotation) if a.annotation else "" for a in args if a.arg != "self"}
+    raise LookupError(f"{cls.name} has no __init__")
+
+
+def _fields(cls: ast.ClassDef) -> tuple[str, ...]:
+    """A dataclass's fields (its annotated class attributes)."""
+    if not any("dataclass" in ast.unparse(d) for d in cls.decorator_list):
+        raise LookupError(f"{cls.name} is not a dataclass")
+    return tuple(n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name))
+
+
+def _constant(path: Path, name: str) -> Any:
+    """The literal value of a module-level ``name = ...`` (a dict's keys when its values are not literals)."""
+    for node in _tree(path).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0] if isinstance(node, ast.Assign) else None
+        if isinstance(target, ast.Name) and target.id == name and node.value is not None:
+            if isinstance(node.value, ast.Dict):
+                return tuple(ast.literal_eval(k) for k in node.value.keys if k is not None)
+            return ast.literal_eval(node.value)
+    raise LookupError(f"{name} not in {path}")
+
+
+def _literal_names(annotation: str) -> tuple[str, ...] | None:
+    """``Literal["auto", "vmap"]`` (alone or with ``| None``) -> its names; None for another annotation."""
+    m = re.fullmatch(r"Literal\[(.*)\](?: \| None)?", annotation)
+    return tuple(ast.literal_eval(f"({m.group(1)},)")) if m else None
+
+
+def _trainer() -> ast.ClassDef:
+    """Lightning's ``Trainer``, read from its file without importing Lightning."""
+    spec = importlib.util.find_spec("lightning")  # a top-level package: found, not imported
+    if spec is None or spec.origin is None:
+        raise LookupError("lightning is not installed")
+    return _class(Path(spec.origin).parent / "pytorch" / "trainer" / "trainer.py", "Trainer")
+
+
+def _method_parameters(cls: ast.ClassDef, name: str) -> tuple[str, ...]:
+    """A ``Trainer`` method's arguments that LightningCLI makes a command's settings (not the model, the data module
+    or the data loaders)."""
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            args = [*node.args.args, *node.args.kwonlyargs]
+            return tuple(a.arg for a in args if a.arg not in ("self", "model", "datamodule") and "dataloaders" not in a.arg)
+    raise LookupError(f"Trainer has no {name}")
+
+
+@functools.cache
+def tables() -> Tables:
+    """What the pre-check knows, read from the sources (raises ``LookupError`` or ``SyntaxError`` when one moved)."""
+    t = Tables()
+    _, module = _find_class("FederatedModule", "lightning/module.py")
+    _, data = _find_class("FederatedDataset", "data/federated.py")
+    trainer = _trainer()
+    t.sections = {"model": _parameters(module), "data": _parameters(data), "trainer": _parameters(trainer)}
+    t.top_level = {command: (*TOP_LEVEL, *_method_parameters(trainer, command)) for command in COMMANDS}
+    where = {"LocalTraining": "core/algorithm.py", "Stragglers": "participation/stragglers.py",
+             "Engine": "core/groups.py", "Evaluation": "core/groups.py"}
+    for key, annotation in t.sections["model"].items():
+        if annotation in where:  # a group of settings: a dataclass whose fields are settings
+            path, cls = _find_class(annotation, where[annotation])
+            t.groups[f"model.{key}"] = _fields(cls)
+            for node in cls.body:
+                if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                    names = _literal_names(ast.unparse(node.annotation))
+                    if names is not None:
+                        t.literals[f"model.{key}.{node.target.id}"] = (names, False)
+    presets = _constant(_LFED / "core" / "registry.py", "PRESETS")
+    if t.sections["model"].get("algorithm") == "algorithms.AlgorithmName":
+        t.literals["model.algorithm"] = (presets, False)
+    if t.sections["model"].get("partial_work") == "PartialWork | None":
+        t.literals["model.partial_work"] = (_constant(_LFED / "server" / "weight_formulas.py", "PARTIAL_WORK"), True)
+    settings = _LFED / "core" / "settings.py"
+    t.deprecated = frozenset().union(*(_constant(settings, n) for n in ("GROUPED", "RENAMED", "METHOD")))
+    t.datasets = _constant(_LFED / "data" / "datasets.py", "DATASETS")
+    t.partitions = _constant(_LFED / "data" / "partition.py", "PARTITIONS")
+    return t
+
+
+# ------------------------------------------------------------------------------------------------- the command line
+class _Defer(Exception):
+    """Something the pre-check does not read: the full command decides."""
+
+
+class _Refused(Exception):
+    """A mistake, said in one line (the message)."""
+
+
+def _unknown_message(key: str, known: list[str], sub: str, files: list[str]) -> str:
+    """lfed's line for a key that is not a setting (:func:`lfed.lightning.cli_errors.key_message`'s wording)."""
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+    where = ""
+    for name in files:  # the last --config file that holds the key
+        node: Any = _load(name, quiet=True)
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            where = f"--config {name}: "
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"{where}{key}: not a setting of lfed {sub}{hint}; lfed {sub} --help lists them"
+
+
+def _literal_message(key: str, value: str, names: tuple[str, ...], optional: bool) -> str:
+    """The parser's line for a name that is not one of ``names`` (:func:`lfed.lightning.cli_errors.one_line`'s)."""
+    quoted = ", ".join(repr(n) for n in names)
+    reasons = f" (Expected a typing.Literal[{quoted}])" if optional else ""
+    close = difflib.get_close_matches(value, names, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{key}: expected one of {quoted}, got {value}{reasons}{hint}"
+
+
+def _load(name: str, quiet: bool = False) -> Any:
+    """A ``--config`` file's YAML (``quiet``: None for any problem)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(Path(name).read_text())
+    except yaml.YAMLError as err:
+        if quiet:
+            return None
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None)
+        if not problem:
+            raise _Defer from err
+        hint = " (YAML indents with spaces, never tabs)" if "\\t" in problem or "\t" in problem else ""
+        raise _Refused(f"--config {name}: not valid YAML{at}: {problem}{hint}") from err
+    except (OSError, UnicodeDecodeError) as err:
+        if quiet:
+            return None
+        raise _Defer from err
+
+
+class _Reader:
+    """The command line and its config files, read in the parser's order into one dict of settings."""
+
+    def __init__(self, t: Tables, sub: str, args: list[str], files: list[str]) -> None:
+        self.t, self.sub, self.args = t, sub, args
+        self.known = t.known()
+        self.files = files  # the files named by `--config NAME` (key_message's "where")
+        self.settings: dict[str, Any] = {}
+        self.unknown: str | None = None  # the first unknown key of the command line (said after the parse, as argparse)
+
+    # -- keys
+    def _kind(self, key: str) -> str:
+        """``known`` (a setting), ``below`` (under a setting the full command reads: a class's ``init_args``, a
+        group's field of a class), ``deprecated`` (lfed 0.3's) or ``unknown``."""
+        parts = key.split(".")
+        top = self.t.top_level[self.sub]
+        if len(parts) == 1:
+            return "known" if key in top else "unknown"
+        section, name = parts[0], parts[1]
+        if section not in self.t.sections:
+            return "below" if section in top else "unknown"
+        if section == "model" and name in self.t.deprecated:
+            return "deprecated"
+        if name not in self.t.sections[section]:
+            return "unknown"
+        group = self.t.groups.get(f"{section}.{name}")
+        if len(parts) == 2:
+            return "known"
+        if group is not None and len(parts) == 3:
+            return "known" if parts[2] in group else "unknown"
+        if group is not None and parts[2] not in group:
+            return "unknown"
+        return "below"
+
+    def _check_name(self, key: str, value: Any) -> None:
+        if key in self.t.literals and isinstance(value, str):
+            names, optional = self.t.literals[key]
+            if value not in names:
+                raise _Refused(_literal_message(key, value, names, optional))
+
+    def _set(self, key: str, value: Any) -> None:
+        node = self.settings
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise _Defer
+        node[parts[-1]] = value
+
+    # -- a config file
+    def config(self, name: str) -> None:
+        if not Path(name).is_file():
+            if Path(name).exists():
+                raise _Defer
+            raise _Refused(f"config: File does not exist: '{os.path.join(os.getcwd(), name)}'")
+        content = _load(name)
+        if content is None:
+            return
+        if not isinstance(content, dict):
+            raise _Defer
+        self._walk(content, "")
+
+    def _walk(self, node: dict, prefix: str) -> None:
+        for k, value in node.items():
+            if not isinstance(k, str) or k.startswith("__"):
+                raise _Defer
+            key = f"{prefix}{k}"
+            kind = self._kind(key)
+            if kind == "deprecated":
+                raise _Defer
+            if kind == "unknown":
+                while isinstance(value, dict) and value:  # the parser names the first leaf under an unknown key
+                    first = next(iter(value))
+                    key, value = f"{key}.{first}", value[first]
+                raise _Refused(_unknown_message(key, self.known, self.sub, self.files))
+            descend = key in self.t.sections or key in self.t.groups
+            if descend and isinstance(value, dict):
+                self._walk(value, key + ".")
+                continue
+            if descend and value is not None:
+                raise _Defer  # a section or group as another value: the parser says
+            if kind == "known":
+                self._check_name(key, value)
+                self._set(key, value)
+
+    # -- the command line
+    def read(self) -> None:
+        args, i = self.args, 0
+        while i < len(args):
+            a = args[i]
+            if a in DEFER or a.startswith(("--help", "--print_config")) or not a.startswith("--"):
+                raise _Defer
+            key, eq, raw = a[2:].partition("=")
+            if not eq:
+                if i + 1 >= len(args) or args[i + 1].startswith("-") and not _number(args[i + 1]):
+                    raise _Defer  # a flag, or a value the parser reads otherwise
+                raw, i = args[i + 1], i + 1
+            i += 1
+            if key == "config":
+                self.config(raw)
+                continue
+            if not key or key.split(".")[0] in ("optimizer", "lr_scheduler"):
+                raise _Defer  # Lightning's optimizer arguments: the full command refuses them in its own words
+            if key.endswith("+"):
+                continue  # an item appended to a list setting (trainer.callbacks+)
+            kind = self._kind(key)
+            if kind == "deprecated" or (kind == "unknown" and self._abbreviates(key)):
+                raise _Defer
+            if kind == "unknown":
+                self.unknown = self.unknown or key
+                continue
+            if kind != "known":
+                continue
+            value = _value(raw)
+            if key in self.t.sections or key in self.t.groups:
+                raise _Defer  # a whole section as one value
+            self._check_name(key, value)
+            self._set(key, value)
+        if self.unknown is not None:
+            raise _Refused(_unknown_message(self.unknown, self.known, self.sub, self.files))
+
+    def _abbreviates(self, key: str) -> bool:
+        """Whether ``--key`` is the start of an option (argparse takes an unambiguous start for the option)."""
+        return any(k.startswith(key) for k in [*self.t.top_level[self.sub], *self.known])
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _value(raw: str) -> Any:
+    """A command-line value as the parser reads it (YAML); a string it cannot read stays the string."""
+    import yaml
+
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+# ---------------------------------------------------------------------------------------------------- the values
+def _float(value: Any) -> float | None:
+    """A ``float`` setting's value as the parser gives it to the class (an int becomes a float); None: not a number
+    the parser reads (it says so itself)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value) if _number(value) and value.strip().lower() not in ("nan", "inf", "-inf", "+inf") else None
+        except ValueError:
+            return None
+    return None
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and _INT.fullmatch(value.strip()):
+        return int(value)
+    return None
+
+
+def _check_values(settings: dict[str, Any]) -> None:
+    """``fit``'s checks of simple values, in the order the full command meets them: the Trainer's end, the model's
+    settings, the data's (:class:`lfed.data.federated.FederatedDataset`'s first checks)."""
+    from lfed.checks import integer, number
+    from lfed.participation.fractions import _check_fraction
+
+    def section(name: str) -> dict[str, Any]:
+        value = settings.get(name)
+        return value if isinstance(value, dict) else {}
+
+    def refuse(prefix: str, check, *args, **kwargs) -> None:
+        try:
+            check(*args, **kwargs)
+        except ValueError as err:
+            raise _Refused(f"{prefix}{err}") from None
+
+    trainer, model, data = section("trainer"), section("model"), section("data")
+    steps = _int(trainer.get("max_steps"))
+    given_epochs = trainer.get("max_epochs")
+    epochs = _int(given_epochs)
+    if steps is not None and steps < 1 and trainer.get("max_time") is None and (given_epochs is None or epochs is not None):
+        if epochs is not None and epochs >= 0:  # lfed.lightning.cli_errors.check_an_end
+            raise _Refused(f"trainer.max_epochs: a federated run counts rounds, not epochs (one training step is one "
+                           f"round); give trainer.max_steps, the number of rounds (>= 1), instead of max_epochs={epochs}")
+        raise _Refused(f"trainer.max_steps: the rounds of the run, an integer >= 1, got {steps} (a run with no end)")
+
+    training = model.get("training")
+    if isinstance(training, dict):  # lfed.core.algorithm.LocalTraining.__post_init__
+        lr, batch = _float(training.get("client_lr", 0.05)), _int(training.get("batch_size", 10))
+        epochs, steps = _int(training.get("local_epochs", 1)), training.get("local_steps")
+        if lr is not None:
+            refuse("model.training.", number, "client_lr", lr, above=0)
+        if batch is not None and training.get("batch_size", 10) is not None:
+            refuse("model.training.", integer, "batch_size", batch, at_least=1, detail=" or None (full batch)")
+        if steps is None and epochs is not None:
+            refuse("model.training.", integer, "local_epochs", epochs, at_least=1)
+        elif _int(steps) is not None:
+            refuse("model.training.", integer, "local_steps", _int(steps), at_least=1, detail=" or None (local_epochs)")
+    stragglers = model.get("stragglers")
+    if isinstance(stragglers, dict):  # lfed.participation.stragglers.Stragglers.__post_init__
+        for name in ("p_inactive", "p_incomplete"):
+            p = _float(stragglers.get(name, 0.0))
+            if p is not None:
+                refuse("model.stragglers.", number, name, p, at_least=0, at_most=1, detail=" (a probability)")
+    engine = model.get("engine")
+    if isinstance(engine, dict) and _int(engine.get("chunk_size")) is not None:  # lfed.core.groups.Engine
+        refuse("model.", integer, "engine.chunk_size", _int(engine["chunk_size"]), at_least=1,
+               detail=" or None (the whole cohort)")
+    fraction = _float(model.get("fraction")) if not isinstance(model.get("fraction"), str) else None
+    if fraction is not None:
+        refuse("model.", _check_fraction, "fraction", fraction)
+
+    # lfed.data.federated.FederatedDataset.__init__, its checks before anything is read
+    clients = _int(data.get("num_clients"))
+    if clients is not None and clients < 1:
+        raise _Refused(f"data.num_clients: must be >= 1, got {clients}")
+    holdout = _float(data.get("holdout_fraction"))
+    if holdout is not None and not 0 <= holdout < 1:
+        raise _Refused(f"data.holdout_fraction: must be in [0, 1), got {holdout}")
+    for name in ("validation_fraction", "client_validation_fraction"):
+        value = _float(data.get(name))
+        if value is not None and not 0 <= value < 1:
+            raise _Refused(f"data.{name}: must be in [0, 1), got {value}")
+    batch = _int(data.get("eval_batch_size"))
+    if batch is not None and batch < 1:
+        raise _Refused(f"data.eval_batch_size: must be >= 1, got {batch}")
+    partition = data.get("partition")
+    t = tables()
+    if isinstance(partition, str) and partition not in t.partitions:
+        close = difflib.get_close_matches(partition, t.partitions, n=1)
+        raise _Refused(f"data.partition: {partition!r} is not one of {t.partitions}"
+                       + (f" (did you mean {close[0]!r}?)" if close else ""))
+    rho = _float(data.get("rho"))
+    if rho is not None and not rho > 0:
+        raise _Refused(f"data.rho: the Dirichlet concentration, a number > 0, got {rho}")
+    for name in ("shards_per_client", "classes_per_client"):
+        value = _int(data.get(name))
+        if value is not None and value < 1:
+            raise _Refused(f"data.{name}: must be an integer >= 1, got {value!r}")
+    dataset = data.get("dataset")
+    if isinstance(dataset, str) and dataset not in t.datasets and data.get("train") is None and data.get("test") is None:
+        raise _Refused(f"data.dataset: {dataset!r} is not one of {t.datasets}")
+
+
+def precheck(argv: list[str]) -> str | None:
+    """The one line of the first mistake :func:`precheck` can see in ``argv`` (``["fit", "--config", ...]``, the
+    command line after ``lfed``), as ``lfed fit`` would say it after ``: error: ``; None when it sees none (or
+    cannot read what it would need: the full command decides).
+
+    Reads the command line and its ``--config`` files in the parser's order: a missing or broken file, a name
+    that is not allowed, and the type-checked settings are said where the parser meets them; a key that is not a
+    setting after the whole command line (argparse's order); then, for ``fit``, the simple values.
+    """
+    if not argv or argv[0] not in COMMANDS or any(a in DEFER or a.startswith(("--help", "--print_config")) for a in argv):
+        return None  # nothing to check, or what the full command alone answers (its help, its config printed)
+    sub, args = argv[0], ["--config" if a == "-c" else a for a in argv[1:]]
+    files = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"]
+    try:
+        reader = _Reader(tables(), sub, args, files)
+        reader.read()
+        if sub == "fit":  # validate/test take the model's and data's settings from the checkpoint
+            _check_values(reader.settings)
+    except _Refused as refused:
+        return str(refused)
+    except Exception:  # noqa: BLE001 - whatever the pre-check cannot read, the full command reads
+        return None
+    return None
