@@ -292,8 +292,8 @@ class _Reader:
     # -- a config file
     def config(self, name: str) -> None:
         if not Path(name).is_file():
-            if Path(name).exists():
-                raise _Defer
+            if Path(name).exists() or not isinstance(_value(name), str):
+                raise _Defer  # a folder, or the settings themselves (--config '{model: {fraction: 0.5}}'): the parser reads it
             raise _Refused(f"config: File does not exist: '{os.path.join(os.getcwd(), name)}'")
         content = _load(name)
         if content is None:

@@ -163,6 +163,7 @@ def test_every_shipped_config_passes():
     ["--print_config"],
     ["--help"],
     ["--ckpt_path", "last"],
+    ["--config", "{model: {fraction: 0.5}}"],  # a config given as its text, not a file
 ])
 def test_what_the_full_command_accepts_or_reads_itself_passes(extra):
     assert precheck(["fit", "--config", QUICKSTART, *extra]) is None
