@@ -187,6 +187,10 @@ def tables() -> Tables:
 
 
 # ------------------------------------------------------------------------------------------------- the command line
+#: A setting given through its component's own settings (``--data.train.class_path ...``): given, not read here.
+_GIVEN = object()
+
+
 class _Defer(Exception):
     """Something the pre-check does not read: the full command decides."""
 
@@ -351,7 +355,9 @@ class _Reader:
             if kind == "unknown":
                 self.unknown = self.unknown or key
                 continue
-            if kind != "known":
+            if kind == "below":  # a component's own setting (--data.train.class_path ...): its setting is given, unread
+                parts = key.split(".")
+                self._set(".".join(parts[:3] if ".".join(parts[:2]) in self.t.groups else parts[:2]), _GIVEN)
                 continue
             value = _value(raw)
             if key in self.t.sections or key in self.t.groups:

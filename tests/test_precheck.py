@@ -164,6 +164,9 @@ def test_every_shipped_config_passes():
     ["--help"],
     ["--ckpt_path", "last"],
     ["--config", "{model: {fraction: 0.5}}"],  # a config given as its text, not a file
+    ["--data.dataset", "custom", "--data.train.class_path", "my.Data", "--data.test.class_path", "my.Data"],  # your data
+    ["--model.fraction.class_path", "lfed.participation.sampling.StepwiseFraction", "--model.fraction.init_args.start",
+     "0.1"],
 ])
 def test_what_the_full_command_accepts_or_reads_itself_passes(extra):
     assert precheck(["fit", "--config", QUICKSTART, *extra]) is None
