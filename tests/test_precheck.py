@@ -238,16 +238,17 @@ def test_its_tables_are_the_real_ones():
     assert t.datasets == DATASETS and t.partitions == PARTITIONS
 
 
-def test_a_mistake_imports_neither_torch_nor_lightning():
+def test_a_mistake_imports_neither_torch_nor_lightning(bad_files):
     """``lfed fit --config configs/quickstart.yaml --model.algorithm fedprx``, as the console script runs it: one line,
-    exit status 2, and neither torch nor Lightning in ``sys.modules``."""
+    exit status 2, and neither torch nor Lightning in ``sys.modules``; a config file's mistake too."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
     env.pop("LFED_DEBUG", None)
     code = ("import sys, runpy; sys.argv = ['lfed', *sys.argv[1:]]\n"
             "try:\n    runpy.run_module('lfed', run_name='__main__')\n"
             "finally:\n    print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'lightning'}), file=sys.stderr)")
     for extra in (["--model.algorithm", "fedprx"], ["--model.fraction", "1.5"], ["--data.num_clients", "0"],
-                  ["--model.fractoin", "0.1"]):
+                  ["--model.fractoin", "0.1"], ["--config", str(bad_files / "unknown_key.yaml")],
+                  ["--config", str(bad_files / "bad_values.yaml")], ["--config", str(bad_files / "missing.yaml")]):
         done = subprocess.run([sys.executable, "-c", code, "fit", "--config", QUICKSTART, *extra], capture_output=True,
                               text=True, env=env, timeout=120, cwd=REPO)
         lines = done.stderr.splitlines()
