@@ -3,7 +3,8 @@
 Defaults that make a federated run read well:
 
 * Every run writes into its own directory, ``<trainer.default_root_dir>/runs/<algorithm>-<dataset>-<config
-  id>/version_<n>/`` (the current directory when ``default_root_dir`` is not set; the config id is a
+  id>/version_<n>/`` (without ``default_root_dir``: the ``save_dir`` given to a W&B, CSV or TensorBoard logger, which
+  then writes inside the run directory, else the current directory; the config id is a
   hash of the ``model``, ``data`` and ``seed_everything`` settings, :mod:`lfed.lightning.reporting`): ``config.yaml``,
   ``metrics.csv`` (every logged metric, one row per round), ``checkpoints/last.ckpt``, ``environment.json`` (what
   the run's bits depend on: versions, device, CPU capability, threads; one record per start or resume,
@@ -58,7 +59,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import Logger
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lfed.checks import HookError
 from lfed.core.registry import settings_label
@@ -78,7 +79,7 @@ from lfed.lightning.cli_errors import (
     yaml_message,
 )
 from lfed.lightning.cli_help import LfedHelpFormatter, describe_trainer_group
-from lfed.lightning.cli_loggers import default_logger, point_loggers_at_run
+from lfed.lightning.cli_loggers import default_logger, logger_root, loggers_elsewhere, point_loggers_at_run
 from lfed.lightning.datamodule import FederatedDataModule
 from lfed.lightning.module import FederatedModule
 from lfed.lightning.reporting import MetricsCSV, RoundProgressBar, RoundTable, config_id, run_name, silence_library_noise
@@ -87,6 +88,7 @@ from lfed.lightning.run_dirs import (
     RUN_DIR_ENV,
     ResumeNote,
     RunConfig,
+    RunSaveConfig,
     check_config_fits_checkpoint,
     continued_run_dir,
     discard_run_dir,
@@ -135,6 +137,7 @@ class LfedCLI(LightningCLI):
         parser_kwargs = {**short, "prog": "lfed", "description": "lfed: federated learning on PyTorch Lightning (lfed --help lists the commands)",
                          **{s: dict(short) for s in commands}, **given_kwargs}
         self.first_step = FirstStep()
+        kwargs.setdefault("save_config_callback", RunSaveConfig)  # config.yaml in the run's folder, whatever the loggers
         try:
             super().__init__(*args, auto_configure_optimizers=auto_configure_optimizers, parser_kwargs=parser_kwargs, **kwargs)
         except ArgumentError as err:
@@ -240,7 +243,8 @@ class LfedCLI(LightningCLI):
         silence_library_noise()
         cfg = self._subconfig()
         ckpt = cfg.get("ckpt_path")
-        root = Path(cfg.get("trainer", {}).get("default_root_dir") or os.getcwd())
+        trainer = cfg.get("trainer", {})
+        root = self._root = Path(trainer.get("default_root_dir") or logger_root(trainer) or os.getcwd())  # or a logger's save_dir
         settings = self._settings(cfg)
         evaluating = self.subcommand in ("validate", "test")
         check_command(self.subcommand, cfg)
@@ -296,7 +300,7 @@ class LfedCLI(LightningCLI):
         self.run_dir = run_dir
         self.run_settings = settings
         cfg["trainer"]["default_root_dir"] = str(run_dir)
-        point_loggers_at_run(cfg["trainer"], run_dir, self.subcommand, cfg.get("ckpt_path"))
+        point_loggers_at_run(cfg["trainer"], run_dir, self.subcommand, cfg.get("ckpt_path"), getattr(self, "_root", None))
 
     def _set_seed(self) -> None:
         """Lightning's, except for ``validate``/``test`` without a seed of their own: they take the run's own seed from
@@ -398,6 +402,9 @@ class LfedCLI(LightningCLI):
         if wants_log and not any(isinstance(lg, MetricsCSV) for lg in loggers) and all(isinstance(lg, Logger) for lg in loggers):
             kwargs.setdefault("logger", [*loggers, MetricsCSV(run_dir)])
         trainer = super().instantiate_trainer(**kwargs)
+        elsewhere = loggers_elsewhere(trainer.loggers, run_dir) if getattr(self, "run_dir", None) else None
+        if elsewhere:  # a logger of the user's lfed cannot put inside the run's folder: where each is, in one line
+            rank_zero_info(elsewhere)
         install_atomic_io(trainer.strategy)
         return trainer
 

@@ -2,8 +2,12 @@
 
 * :func:`default_logger`: W&B, online when the user is logged in (:func:`wandb_logged_in`), offline otherwise;
   ``WANDB_MODE=disabled`` turns W&B off (the metrics CSV is still written).
-* :func:`point_loggers_at_run`: the W&B files and the metrics CSV go to the run's directory, and a resumed run continues
-  its W&B run (the id its checkpoint records under :data:`WANDB_ID_KEY`: :func:`wandb_id`).
+* :func:`point_loggers_at_run`: the W&B files, a ``CSVLogger``'s or ``TensorBoardLogger``'s and the metrics CSV go into
+  the run's directory (one run, one folder: issue 66 item 7), and a resumed run continues its W&B run (the id its
+  checkpoint records under :data:`WANDB_ID_KEY`: :func:`wandb_id`).
+* :func:`logger_root`: a ``save_dir`` given to such a logger is where the run's directory goes (``<save_dir>/runs/...``).
+* :func:`loggers_elsewhere`: the one line a run prints at its start when a logger of the user's keeps its files outside
+  the run's directory (MLflow's store, a logger lfed does not know).
 * :func:`finish_wandb_runs`: a W&B run a refused command had started is closed before its files are removed.
 """
 
@@ -55,16 +59,44 @@ def wandb_id(ckpt: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def point_loggers_at_run(trainer: Any, run_dir: Path, subcommand: str | None, ckpt_path: Any) -> None:
-    """The configured loggers (``trainer``: the command's ``trainer`` settings) write into ``run_dir``: W&B's
-    ``save_dir`` and the metrics CSV's ``dirpath``, where not given; ``lfed fit`` from a checkpoint continues the W&B
-    run the checkpoint records."""
-    logger = trainer.get("logger")
-    for lg in logger if isinstance(logger, list) else [logger]:
-        init = lg.get("init_args") if hasattr(lg, "get") else None
-        if init is None:
-            continue
-        if "Wandb" in str(lg.get("class_path")) and init.get("save_dir") is None:
+#: The loggers whose files lfed puts inside the run's directory (by their ``save_dir``): W&B's and Lightning's file
+#: loggers (a ``CSVLogger`` writes ``<run>/<name>/version_<n>/``, beside lfed's own ``metrics.csv``).
+FOLDER_LOGGERS = ("Wandb", "CSVLogger", "TensorBoardLogger")
+
+
+def _logger_configs(trainer: Any) -> list[Any]:
+    """The ``trainer.logger`` settings as a list of ``{class_path, init_args}`` (none for ``false``)."""
+    logger = trainer.get("logger") if hasattr(trainer, "get") else None
+    return [lg for lg in (logger if isinstance(logger, list) else [logger])
+            if hasattr(lg, "get") and lg.get("init_args") is not None]
+
+
+def _in_run_folder(config: Any) -> bool:
+    name = str(config.get("class_path"))
+    return any(k in name for k in FOLDER_LOGGERS) and not name.endswith("MetricsCSV")
+
+
+def logger_root(trainer: Any) -> str | None:
+    """Where the run's directory goes when ``trainer.default_root_dir`` is not set: the ``save_dir`` given to the first
+    W&B, CSV or TensorBoard logger (``--trainer.logger.save_dir logs``: ``logs/runs/<name>/version_<n>/``), None
+    when none is given (the current directory)."""
+    for lg in _logger_configs(trainer):
+        if _in_run_folder(lg) and lg["init_args"].get("save_dir") not in (None, ""):
+            return str(lg["init_args"]["save_dir"])
+    return None
+
+
+def point_loggers_at_run(trainer: Any, run_dir: Path, subcommand: str | None, ckpt_path: Any,
+                         root: Path | None = None) -> None:
+    """The configured loggers (``trainer``: the command's ``trainer`` settings) write into ``run_dir``: the ``save_dir``
+    of W&B, ``CSVLogger`` and ``TensorBoardLogger`` where not given or where it is ``root``, the folder ``run_dir`` was
+    made in (:func:`logger_root`), and the metrics CSV's ``dirpath`` where not given; a ``save_dir`` given besides
+    ``--trainer.default_root_dir`` stays as given (:func:`loggers_elsewhere` names it). ``lfed fit`` from a checkpoint
+    continues the W&B run the checkpoint records."""
+    for lg in _logger_configs(trainer):
+        init = lg["init_args"]
+        given = init.get("save_dir")
+        if _in_run_folder(lg) and (given in (None, "") or (root is not None and Path(given).resolve() == Path(root).resolve())):
             init["save_dir"] = str(run_dir)
         if "Wandb" in str(lg.get("class_path")) and subcommand == "fit" and ckpt_path and init.get("id") is None:
             run_id = wandb_id(str(ckpt_path))
@@ -72,6 +104,22 @@ def point_loggers_at_run(trainer: Any, run_dir: Path, subcommand: str | None, ck
                 init["id"], init["resume"] = run_id, "allow"
         if str(lg.get("class_path")).endswith("MetricsCSV") and init.get("dirpath") is None:
             init["dirpath"] = str(run_dir)
+
+
+def loggers_elsewhere(loggers: Any, run_dir: Path) -> str | None:
+    """One line naming the loggers (instantiated) that keep their files outside ``run_dir``, and where; None when every
+    logger writes inside it (lfed's own, W&B, CSV, TensorBoard: :func:`point_loggers_at_run`)."""
+    run = Path(run_dir).resolve()
+    away = []
+    for logger in loggers or []:
+        save_dir = getattr(logger, "save_dir", None)
+        if save_dir is not None and Path(save_dir).resolve().is_relative_to(run):
+            continue
+        away.append(f"{type(logger).__name__} in {save_dir}" if save_dir else f"{type(logger).__name__} (no local folder)")
+    if not away:
+        return None
+    return (f"lfed: this run's folder is {run_dir} (config.yaml, metrics.csv, checkpoints); "
+            f"{', '.join(away)} {'keeps its' if len(away) == 1 else 'keep their'} own files")
 
 
 def finish_wandb_runs(loggers: Any) -> None:

@@ -6,6 +6,9 @@ holds what hooks into Lightning's strategies (docs/distributed.md).
 
 from __future__ import annotations
 
+import re
+import warnings
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -14,7 +17,32 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lfed.engine.ranks import Ranks, check_digests, state_digest
 
-__all__ = ["ReplicaCheck", "prepare_strategy"]
+__all__ = ["ReplicaCheck", "logged_as_reduced", "prepare_strategy"]
+
+#: Lightning's advice for a metric logged once per evaluation without ``sync_dist`` under DDP, up to its name.
+SYNC_ADVICE = "It is recommended to use `self.log({name!r}, ..., sync_dist=True)`"
+_quieted: set[str] = set()
+
+
+def logged_as_reduced(names: Iterable[str]) -> None:
+    """Metrics that are the same number on every rank, logged without ``sync_dist``: Lightning's advice to sync them
+    (one ``PossibleUserWarning`` per name under DDP, issue 66 item 9) is dropped for these names only.
+
+    An evaluation's metrics are computed from sums already reduced over the ranks (loss, correct and count of each
+    rank's share, each client's correct count: docs/distributed.md, "Evaluation"), so every rank logs the same value.
+    ``sync_dist=True`` would average W copies of that value: a collective per metric per evaluation for nothing, and,
+    where W is not a power of 2, a value that can differ from the one-process run's in its last bit.
+    ``rank_zero_only=True`` is for a metric only rank 0 logs (callbacks cannot monitor it, Lightning documents); here
+    every rank logs it and a ``ModelCheckpoint`` or ``EarlyStopping`` on every rank monitors it, and alone it does not
+    silence the advice (only with ``sync_dist=True``, a combination whose skipped sync is Lightning's internal detail).
+    A metric of a user's own module keeps the advice.
+    """
+    from lightning.fabric.utilities.warnings import PossibleUserWarning
+
+    for name in names:
+        if name not in _quieted:
+            _quieted.add(name)
+            warnings.filterwarnings("ignore", message=re.escape(SYNC_ADVICE.format(name=name)), category=PossibleUserWarning)
 
 
 def prepare_strategy(trainer: Trainer) -> None:

@@ -30,7 +30,7 @@ from lfed.core.run import FederatedRun
 from lfed.core.step import train_step
 from lfed.engine.precision import release_loss_scaler, round_precision
 from lfed.engine.ranks import Ranks
-from lfed.lightning.ddp import prepare_strategy
+from lfed.lightning.ddp import logged_as_reduced, prepare_strategy
 from lfed.lightning.rounds import check_trainer_schedule, request_final_evaluation
 from lfed.state.environment import EnvironmentWarning, environment, environment_note
 from lfed.state.fingerprint import run_fingerprint, verify_fingerprint
@@ -274,8 +274,11 @@ class FederatedDriver(LightningModule):
             if record:
                 run.record_evaluation(int(self.global_step), metrics, per_client)
             p = self._prefix(run)
-            for key, value in run.metric_gate(metrics).items():  # under DP: what it may release (lfed.base.metric_gate)
-                self.log(p + key, value, prog_bar=key == "test/acc" and not self.grouped)
+            released = {p + key: value for key, value in run.metric_gate(metrics).items()}  # under DP: what it may release
+            if ranks.distributed:  # the same numbers on every rank: logged as they are, not averaged over the ranks
+                logged_as_reduced(released)
+            for name, value in released.items():  # (lfed.lightning.ddp.logged_as_reduced says why sync_dist is off)
+                self.log(name, value, prog_bar=name == "test/acc" and not self.grouped, sync_dist=False)
 
     def client_accuracy(self) -> torch.Tensor | None:
         """Accuracy of the (first) run's global model on each client's held-out split (clients with one)."""
@@ -312,8 +315,13 @@ class FederatedDriver(LightningModule):
 
         if self.trainer.global_rank != 0 or not self.trainer.loggers:
             return
+        from lfed.lightning.reporting import MetricsCSV
+
         first = self.trainer.loggers[0]
-        base = Path(getattr(first, "log_dir", None) or first.save_dir or self.trainer.default_root_dir)
+        ours = next((lg for lg in self.trainer.loggers if isinstance(lg, MetricsCSV)), None)
+        # beside lfed's metrics.csv (the run directory), not in the first logger's folder (a CSVLogger's version_<n>)
+        base = Path(ours.save_dir if ours is not None else
+                    getattr(first, "log_dir", None) or first.save_dir or self.trainer.default_root_dir)
         for run in self.runs:
             path = run.accuracy_histogram(base / run.name / "personal_accuracy.png" if run.name
                                           else base / "personal_accuracy.png")

@@ -11,6 +11,8 @@
   the checkpoint records (:data:`CONFIG_KEY`, written by :class:`RunConfig`); a config that contradicts them is
   refused (:func:`check_config_fits_checkpoint`).
 * A run refused before its first step leaves nothing behind (:func:`discard_run_dir`).
+* ``config.yaml`` is written into the run directory whatever the loggers (:class:`RunSaveConfig`), which
+  :func:`lfed.lightning.cli_loggers.point_loggers_at_run` points the loggers into: one run, one folder.
 * A Ctrl-C during ``lfed fit`` ends with one line: the round it stopped in, the checkpoint to continue from and the
   command that continues it (:class:`ResumeNote`).
 """
@@ -27,6 +29,7 @@ from typing import Any
 
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
 from lfed.lightning.checkpoint import read_checkpoint
@@ -76,6 +79,25 @@ class RunConfig(Callback):
             run = getattr(logger, "_experiment", None)
             if "Wandb" in type(logger).__name__ and isinstance(getattr(run, "id", None), str):
                 checkpoint[WANDB_ID_KEY] = run.id
+
+
+class RunSaveConfig(SaveConfigCallback):
+    """The command's configuration as ``config.yaml`` in the run directory (the Trainer's ``default_root_dir``).
+
+    Lightning's ``SaveConfigCallback`` writes it into the first logger's folder (``trainer.log_dir``): with
+    ``--trainer.logger CSVLogger`` that was the logger's ``lightning_logs/version_<n>``, away from the checkpoints and
+    lfed's ``metrics.csv`` (issue 66 item 7); with MLflow, its store. Rank 0 writes it, once per command.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["save_to_log_dir"] = False  # save_config below writes it, into the run directory
+        super().__init__(*args, **kwargs)
+
+    def save_config(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        run_dir = Path(trainer.default_root_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.parser.save(self.config, str(run_dir / self.config_filename), skip_none=False, overwrite=self.overwrite,
+                         multifile=self.multifile)
 
 
 class ResumeNote(Callback):

@@ -83,8 +83,12 @@ def test_quickstart_writes_an_offline_wandb_run_with_no_account(tmp_path):
     subprocess.run(
         [sys.executable, "-m", "lfed.lightning.cli", "fit", "--config", str(REPO / "configs/quickstart.yaml"),
          "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false",
-         "--trainer.logger.init_args.save_dir", str(tmp_path)],
+         "--trainer.logger.init_args.save_dir", str(tmp_path / "wb")],
         cwd=tmp_path, env=env, check=True, capture_output=True, text=True, timeout=300,
     )
-    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    # the save_dir given is where the run's folder goes, the W&B run inside it, beside the checkpoint (issue 66 item 7)
+    [run] = (tmp_path / "wb").glob("runs/*/version_0")
+    runs = list((run / "wandb").glob("offline-run-*"))
     assert runs and any(p.suffix == ".wandb" for p in runs[0].iterdir())
+    assert (run / "checkpoints" / "last.ckpt").is_file() and (run / "config.yaml").is_file()
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "wb" / "wandb").exists()

@@ -451,6 +451,27 @@ def test_two_processes_with_rows_off_the_device_give_the_one_process_device_run(
         assert dirs and not [f for d in dirs for f in d.rglob("*.rows")], dirs
 
 
+def test_two_processes_say_each_line_once_and_no_sync_dist_advice(tmp_path):
+    """Issue 66 item 9: a 2-process ``lfed fit`` (Lightning's launcher, the quickstart, lfed's metrics CSV) prints its
+    start line, its table and its summary once (rank 0's), and none of Lightning's 7 warnings that an evaluation metric
+    is logged without ``sync_dist=True``: the ranks log the same numbers, reduced before they are logged
+    (:func:`lfed.lightning.ddp.logged_as_reduced`), so they are not averaged again."""
+    from conftest import REPO
+
+    log = _launch(tmp_path, [sys.executable, "-m", "lfed.lightning.cli", "fit", "--config", str(REPO / "configs/quickstart.yaml"),
+                             "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.accelerator", "cpu",
+                             "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.enable_progress_bar", "false"],
+                  "lightning")
+    assert "Starting with 2 processes" in log
+    ours = [line for line in log.splitlines() if line.startswith("lfed: ")]
+    for start in ("lfed: fedavg on 20 clients", "lfed: evaluations of the global model", "lfed: final/test_acc"):
+        assert sum(line.startswith(start) for line in ours) == 1, log
+    assert len(ours) == len(set(ours)), ours
+    assert "sync_dist" not in log, log
+    [run] = tmp_path.glob("runs/*/version_0")  # and the ranks wrote one run's folder
+    assert (run / "metrics.csv").is_file() and (run / "config.yaml").is_file()
+
+
 def test_a_grid_on_two_processes_equals_the_grid_on_one(tmp_path):
     """``lfed grid --trainer.strategy ddp --trainer.devices 2``: the union of the runs' cohorts (FedAvg and
     SCAFFOLD, two learning rates: two engine calls a round) split over the ranks, the ranks identical after
