@@ -205,6 +205,12 @@ def run_grid(argv: list[str] | None = None) -> tuple[RunGroup, Path]:
     if bad:
         raise ValueError(f"grid: unknown arguments {bad}; allowed: --config, --sweep, --root, --ckpt_path, --checkpoint_every "
                          "and --model.*/--data.*/--trainer.*/--seed_everything overrides for every run")
+    loggers = [a.split("=", 1)[0] for a in overrides if a.split("=", 1)[0].split(".")[:2] == ["--trainer", "logger"]
+               and a.lower() not in ("--trainer.logger=false", "--trainer.logger=null")]  # off, as the grid has it
+    if loggers:  # it was dropped without a word (each point is parsed with --trainer.logger=false): issue 66 item 7
+        raise ValueError(f"grid: {loggers[0]}: a grid logs each run itself, into grids/<sweep>-<id>/<run>/metrics.csv and, "
+                         "unless WANDB_MODE=disabled, a W&B run of the grid's group; a logger of your own is not taken "
+                         "(train_group(members, ...) with each member's loggers does, docs/grids.md)")
     if args.checkpoint_every < 0:
         raise ValueError(f"checkpoint_every: must be >= 0 rounds (0 turns it off), got {args.checkpoint_every}")
     sweep = load_sweep(args.sweep)

@@ -136,6 +136,27 @@ def sweep_file(tmp_path, parameters):
     return str(p)
 
 
+def test_a_grid_refuses_a_logger_of_ones_own_instead_of_dropping_it(tmp_path, monkeypatch):
+    """Issue 66 item 7: ``--trainer.logger`` was dropped without a word (every point is parsed with a logger off)."""
+    sweep = sweep_file(tmp_path, {"model.training.client_lr": [0.05, 0.1]})
+    for logger in (["--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", "logs"],
+                   ["--trainer.logger.save_dir=logs"]):
+        with pytest.raises(ValueError, match=r"grid: --trainer\.logger(\.save_dir)?: a grid logs each run itself"):
+            run_grid(["--config", config("quickstart.yaml"), "--sweep", sweep, "--root", str(tmp_path), *logger])
+    assert not (tmp_path / "grids").exists()
+    from lfed.lightning import grid
+
+    class Past(Exception):
+        pass
+
+    def past_the_checks(path):  # --trainer.logger false (what the grid sets itself) is no logger of one's own
+        raise Past(path)
+
+    monkeypatch.setattr(grid, "load_sweep", past_the_checks)
+    with pytest.raises(Past):
+        run_grid(["--config", config("quickstart.yaml"), "--sweep", sweep, "--root", str(tmp_path), "--trainer.logger", "false"])
+
+
 def test_a_diverging_member_stops_alone(tmp_path):
     group, directory = run_grid(["--config", config("quickstart.yaml"), "--sweep",
                                  sweep_file(tmp_path, {"model.training.client_lr": [0.05, 1e300]}), "--root", str(tmp_path), *ROUNDS])
