@@ -497,7 +497,9 @@ def _check_values(settings: dict[str, Any]) -> None:
             raise _Refused(f"data.{name}: must be an integer >= 1, got {value!r}")
     dataset = data.get("dataset")
     if isinstance(dataset, str) and dataset not in t.datasets and data.get("train") is None and data.get("test") is None:
-        raise _Refused(f"data.dataset: {dataset!r} is not one of {t.datasets}")
+        close = difflib.get_close_matches(dataset, t.datasets, n=1)
+        raise _Refused(f"data.dataset: {dataset!r} is not one of {t.datasets}"
+                       + (f" (did you mean {close[0]!r}?)" if close else ""))
 
 
 def precheck(argv: list[str]) -> str | None:

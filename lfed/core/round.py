@@ -143,7 +143,7 @@ def prepare_round(
     host, device = cohort.host, clients.device
     counts = data.label_counts_of(host.clients)  # [K, C] on the host: no device read (lfed.engine.host)
     cohort.label_counts = to_device(counts, device)
-    examples = data.gather(clients)  # (x, y, index [K, L]): the cohort's examples, wherever they are held
+    examples = data.gather(clients, host_clients=host.clients)  # (x, y, index [K, L]): the cohort's examples
     if any(declaration(c).needs.start_loss for c in algorithm.roles().values()):
         cohort.start_loss = client_losses(engine, w, *examples, n_k, ranks or Ranks())
     with warnings.catch_warnings(record=True) as caught:

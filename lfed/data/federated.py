@@ -21,7 +21,7 @@ from lfed.data.augment import Augmentation, build_augmentation
 from lfed.data.built import HOST_FIELDS, FederatedData
 from lfed.data.datasets import DATASETS, load_dataset
 from lfed.data.partition import PARTITIONS, partition_flat
-from lfed.data.splits import holdout_split_flat, label_counts_flat, pack_flat, validation_split
+from lfed.data.splits import holdout_split_flat, label_counts_flat, validation_split
 from lfed.data.synthetic import Synthetic
 from lfed.data.tensors import DatasetTensors, inverted_pixels, validate_labels
 from lfed.data.user_tensors import as_tensors
@@ -174,7 +174,9 @@ class FederatedDataset:
         self._user_num_classes = num_classes
         self.data: FederatedData | None = None
         if train is None and dataset not in DATASETS:
-            raise ValueError(f"dataset: {dataset!r} is not one of {DATASETS}")
+            close = difflib.get_close_matches(str(dataset), DATASETS, n=1)
+            raise ValueError(f"dataset: {dataset!r} is not one of {DATASETS}"
+                             + (f" (did you mean {close[0]!r}?)" if close else ""))
         self.synthetic = self._synthetic_spec(synthetic_alpha, synthetic_beta, synthetic_iid)
         self.lazy, self.test_devices = self._lazy_settings(lazy, test_devices)
         read_by = {"rho": (rho, 1.0, "dirichlet"), "shards_per_client": (shards_per_client, 2, "shards"),
@@ -333,18 +335,17 @@ class FederatedDataset:
         if val_index is not None:  # positions among the rest -> positions in the pooled set
             flat = rest.to(flat.device)[flat]
         train, sizes, held, h_sizes = holdout_split_flat(flat, all_sizes, self.holdout_fraction, self.seed)
-        cv_index = cv_sizes = None
+        cv_flat = cv_sizes = None
         if self.client_validation_fraction > 0:  # each client's own validation split, from what it trains on
-            train, sizes, cv, cv_sizes = holdout_split_flat(train, sizes, self.client_validation_fraction,
-                                                            client_validation_seed(self.seed))
-            cv_index, cv_sizes = pack_flat(cv, cv_sizes), cv_sizes.to(cv.device)
-        index = pack_flat(train, sizes)
+            train, sizes, cv_flat, cv_sizes = holdout_split_flat(train, sizes, self.client_validation_fraction,
+                                                                 client_validation_seed(self.seed))
+            cv_sizes = cv_sizes.to(cv_flat.device)
         sizes = sizes.to(train.device)
         num = sizes.numel()
         if self.holdout_fraction > 0:
-            h_index, h_sizes = pack_flat(held, h_sizes), h_sizes.to(held.device)
-        else:
-            h_index, h_sizes = torch.zeros(num, 1, dtype=torch.long), torch.zeros(num, dtype=torch.long)
+            h_flat, h_sizes = held, h_sizes.to(held.device)
+        else:  # no held-out split: FederatedData's [N, 1] zeros
+            h_flat, h_sizes = None, torch.zeros(num, dtype=torch.long)
         if self.augment is not None:
             self.augment.check(tuple(ds.train_x.shape[1:]))
         self.data = FederatedData(
@@ -353,15 +354,18 @@ class FederatedDataset:
             train_y=ds.train_y,
             test_x=ds.test_x,
             test_y=ds.test_y,
-            client_index=index,
+            client_index=None,
+            client_flat=train,  # the clients' positions flat (CSR with the sizes): never N x the largest client
             client_sizes=sizes,
-            holdout_index=h_index,
+            holdout_index=None,
+            holdout_flat=h_flat,
             holdout_sizes=h_sizes,
             label_counts=(torch.zeros(num, 0, dtype=torch.long) if regression
                           else label_counts_flat(ds.train_y, train, sizes, ds.num_classes)),
             num_classes=ds.num_classes,
             val_index=val_index,
-            client_val_index=cv_index,
+            client_val_index=None,
+            client_val_flat=cv_flat,
             client_val_sizes=cv_sizes,
             notes=frozenset(n for n, yes in (("test_from_clients", ds.test_groups is not None),
                                              ("val_from_clients", val_index is not None and ds.train_groups is not None)) if yes),
@@ -400,7 +404,8 @@ class FederatedDataset:
         """
         from lfed.state.fingerprint import data_fingerprint, tensor_digest, verify_fingerprint
 
-        saved, current = state_dict.get("fingerprint"), data_fingerprint(self)
+        saved = state_dict.get("fingerprint")
+        current = data_fingerprint(self, saved)
         sizes = state_dict.get("client_sizes_digest")
         if sizes is None and isinstance(state_dict.get("client_sizes"), Tensor):  # lfed <= 0.5: the array itself
             sizes = tensor_digest(state_dict["client_sizes"].long())

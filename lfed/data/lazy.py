@@ -157,7 +157,8 @@ class LazyFederatedData:
         key = owner * self.num_classes + y[index[valid]]
         return torch.bincount(key, minlength=index.shape[0] * self.num_classes).reshape(-1, self.num_classes)
 
-    def gather(self, clients: Tensor, split: str = "train") -> tuple[Tensor, Tensor, Tensor]:
+    def gather(self, clients: Tensor, split: str = "train", host_clients: Tensor | None = None
+               ) -> tuple[Tensor, Tensor, Tensor]:
         """``(x, y, index [K, L])``: the training examples of ``clients`` made now (on the data's device, inputs in its
         dtype), client ``i``'s at ``index[i, :n_i]`` (``L`` the cohort's largest size; padding 0). The last cohort's
         are kept, so a round that reads them twice (start losses, training, label counts) makes them once.
@@ -168,7 +169,7 @@ class LazyFederatedData:
         if split != "train":
             raise ValueError(f"split {split!r}: a population made per client (data.lazy) has no held-out or validation "
                              "splits")
-        x, y, index = self._gather(clients)
+        x, y, index = self._gather(clients if host_clients is None else host_clients)
         x = x.to(self.device)
         if self.dtype is not None and x.is_floating_point():
             x = x.to(self.dtype)

@@ -154,24 +154,20 @@ def client_evaluation(net: nn.Module, data, rank: int, world_size: int, reduce_s
     """
     if not is_classification(data.train_y):
         return None
-    index, split_sizes = _split(data, split)
+    split_sizes = _sizes(data, split)
     has = split_sizes > 0
     if not bool(has.any()):
         return None
-    device = index.device
-    rows = torch.arange(data.num_clients, device=device)
+    device = split_sizes.device
     if clients is not None:
         rows = clients.to(device)
-        index, picked = index[rows], split_sizes[rows]
+        picked = split_sizes[rows]
         split_sizes = torch.zeros_like(split_sizes)
         split_sizes[rows] = picked
         has = split_sizes > 0
         if not bool(has.any()):
             return None
-    h = index.shape[1]
-    valid = torch.arange(h, device=device)[None, :] < split_sizes[rows][:, None]
-    owner = rows[:, None].expand_as(valid)[valid]
-    idx = index[valid]
+    owner, idx = _positions(data, None if clients is None else rows, split)  # flat: O(the examples)
     correct = torch.zeros(data.num_clients, device=device, dtype=torch.float64)
     nll_sum = torch.zeros(data.num_clients, device=device, dtype=torch.float64) if nll else None
     n = idx.numel()
@@ -196,10 +192,27 @@ def client_evaluation(net: nn.Module, data, rank: int, world_size: int, reduce_s
     return acc, mean_nll
 
 
-def _split(data, split: str) -> tuple[Tensor, Tensor]:
-    """``(index, sizes)`` of the clients' own ``split`` (:meth:`~lfed.lightning.datamodule.FederatedData.own_split`);
-    ``test`` is read as the held-out fields, so any object with them will do."""
-    return (data.holdout_index, data.holdout_sizes) if split == "test" else data.own_split(split)
+def _positions(data, rows: Tensor | None, split: str) -> tuple[Tensor, Tensor]:
+    """``(owner, idx)`` of the split's examples of ``rows`` (None: every client), flat
+    (:meth:`~lfed.data.built.FederatedData.positions`); from the padded index for another object with the fields."""
+    if hasattr(data, "positions"):
+        return data.positions(rows, split)
+    index = data.holdout_index if split == "test" else data.own_split(split)[0]
+    sizes = _sizes(data, split)
+    rows = torch.arange(sizes.numel(), device=index.device) if rows is None else rows
+    valid = torch.arange(index.shape[1], device=index.device)[None, :] < sizes[rows][:, None]
+    return rows[:, None].expand_as(valid)[valid], index[rows][valid]
+
+
+def _sizes(data, split: str) -> Tensor:
+    """``[N]`` the sizes of the clients' own ``split`` (``test``: held out, ``val``: their validation split)."""
+    if split == "test":
+        return data.holdout_sizes
+    if split != "val":
+        raise ValueError(f"split: must be 'test' or 'val', got {split!r}")
+    if data.client_val_sizes is None:
+        raise ValueError("split 'val': the clients hold no validation split (set data.client_validation_fraction)")
+    return data.client_val_sizes
 
 
 def sample_mean_se(values: Tensor, population: int) -> float:
@@ -265,8 +278,7 @@ def own_split_scores(net: nn.Module, layout, weights: Tensor, data, clients: Ten
     """
     from torch.func import functional_call, vmap
 
-    index, all_sizes = _split(data, split)
-    sizes = all_sizes[clients]
+    sizes = _sizes(data, split)[clients]
     K = clients.numel()
     if host_clients is not None and hasattr(data, "host"):  # no device read (lfed.engine.host)
         host_sizes = data.host("holdout_sizes" if split == "test" else "client_val_sizes")
@@ -277,9 +289,8 @@ def own_split_scores(net: nn.Module, layout, weights: Tensor, data, clients: Ten
     mean_nll = acc.clone() if nll else None
     if h == 0:
         return acc, mean_nll
-    idx = index[clients][:, :h]
+    idx = data.gather(clients, split, host_clients=host_clients)[2][:, :h]  # [K, h]: the chunk's rows, padded with 0
     valid = torch.arange(h, device=idx.device)[None, :] < sizes[:, None]
-    idx = torch.where(valid, idx, torch.zeros_like(idx))
     dtype = next(net.parameters()).dtype
     correct = torch.zeros(K, dtype=torch.float64, device=weights.device)
     nll_sum = torch.zeros(K, dtype=torch.float64, device=weights.device)

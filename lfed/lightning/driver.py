@@ -375,7 +375,7 @@ class FederatedDriver(LightningModule):
                              "configuration (and sweep) it was written by")
         total = self._total_rounds() if self._trainer is not None else None
         for run, state in zip(self.runs, states):
-            verify_fingerprint(state.get("fingerprint"), run_fingerprint(run, total, run.datamodule))
+            verify_fingerprint(state.get("fingerprint"), run_fingerprint(run, total, run.datamodule, state.get("fingerprint")))
             run.load_extra_state(state)
         if self._trainer is not None and self.trainer.state.fn == "fit":  # a resume: what its bits depend on, if changed
             note = environment_note(checkpoint["lfed"].get("environment"), environment(self._root_device()),

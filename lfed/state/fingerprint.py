@@ -63,26 +63,43 @@ def tensor_digest(*tensors: Tensor) -> str:
 
 def data_digests(data: Any) -> dict[str, str]:
     """The digests :func:`data_fingerprint` records of built data (a :class:`~lfed.data.federated.FederatedData`):
-    ``train_labels`` (the training labels), ``client_indices`` (every client's sizes and indices, trained on and held
-    out), ``client_sizes`` (the sizes alone, what a checkpoint keeps of them) and, where the clients hold validation
-    splits, ``client_val``. ``FederatedData.digests`` computes them once and keeps them."""
+    ``train_labels`` (the training labels), ``client_indices`` (every client's sizes and positions, trained on and held
+    out, flat: :attr:`~lfed.data.built.FederatedData.client_flat`), ``client_sizes`` (the sizes alone, what a checkpoint
+    keeps of them) and, where the clients hold validation splits, ``client_val``. ``FederatedData.digests`` computes
+    them once and keeps them. (lfed 0.5 hashed the padded ``[N, max]`` indices: :func:`padded_index_digest`.)"""
     out = {
         "train_labels": tensor_digest(data.train_y),
-        "client_indices": tensor_digest(data.client_sizes, data.client_index, data.holdout_sizes, data.holdout_index),
+        "client_indices": tensor_digest(data.client_sizes, data.client_flat, data.holdout_sizes, data.holdout_flat),
         "client_sizes": tensor_digest(data.client_sizes),
     }
     if getattr(data, "client_val_sizes", None) is not None:
-        out["client_val"] = tensor_digest(data.client_val_sizes, data.client_val_index)
+        out["client_val"] = tensor_digest(data.client_val_sizes, data.client_val_flat)
     return out
 
 
-def data_fingerprint(datamodule: Any) -> dict[str, Any]:
+def padded_index_digest(data: Any, what: str = "client_indices") -> str:
+    """The digest lfed 0.5 recorded of the clients' positions, over the padded ``[N, max]`` indices (built for it: ``N
+    x`` the largest client): what a checkpoint of lfed 0.5 (or of 0.6 before its flat digests) is compared with."""
+    if what == "client_val":
+        return tensor_digest(data.client_val_sizes, data.client_val_index)
+    return tensor_digest(data.client_sizes, data.client_index, data.holdout_sizes, data.holdout_index)
+
+
+#: The fingerprint's keys whose digests lfed <= 0.5 took over the padded ``[N, max]`` indices (0.6: over the flat
+#: positions), and the digest of :func:`data_digests` each is.
+LEGACY_INDEX_KEYS = {"data.client_indices_hash": "client_indices", "data.client_val_hash": "client_val"}
+
+
+def data_fingerprint(datamodule: Any, saved: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What a :class:`~lfed.lightning.datamodule.FederatedDataModule` split its data into.
 
     ``data.*`` keys: dataset, number of clients, partition and its seed and parameter, held-out
     share, and hashes of the training labels and of each client's example indices (so the same
     config on other files, or another partitioner version, is caught too). The hashes are the data's own, made once
-    (``FederatedData.digests``): saving and resuming a checkpoint hash nothing again.
+    (``FederatedData.digests``): saving and resuming a checkpoint hash nothing again. ``saved``: the checkpoint's
+    fingerprint this one is compared with; where its index digests differ from these, they are lfed 0.5's, over the
+    padded indices (:func:`padded_index_digest`), and those are computed for the comparison (so a 0.5 checkpoint of
+    the same split resumes, and one of another split is still refused).
     """
     d = datamodule.build()
     digests = d.digests() if hasattr(d, "digests") else data_digests(d)
@@ -100,6 +117,9 @@ def data_fingerprint(datamodule: Any) -> dict[str, Any]:
     if getattr(datamodule, "client_validation_fraction", 0.0) > 0:  # absent otherwise: older fingerprints still match
         out["data.client_validation_fraction"] = datamodule.client_validation_fraction
         out["data.client_val_hash"] = digests["client_val"]
+    for key, what in LEGACY_INDEX_KEYS.items():  # a checkpoint of lfed <= 0.5 hashed the padded indices
+        if saved is not None and key in out and saved.get(key) != out[key] and not getattr(d, "lazy", False):
+            out[key] = padded_index_digest(d, what)  # built for the comparison only (N x the largest client)
     out["data.invert_pixels"] = bool(getattr(datamodule, "invert_pixels", False))  # a checkpoint without it: not compared
     param = {"dirichlet": "rho", "shards": "shards_per_client", "classes": "classes_per_client"}.get(datamodule.partition)
     if param is not None:
@@ -122,12 +142,14 @@ def _optimizer_summary(factory: Any) -> tuple[str, dict[str, Any]]:
     return f"{cls.__module__}.{cls.__qualname__}", hp
 
 
-def run_fingerprint(module: Any, total_rounds: int | None = None, datamodule: Any = None) -> dict[str, Any]:
+def run_fingerprint(module: Any, total_rounds: int | None = None, datamodule: Any = None,
+                    saved: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The fingerprint of a run (:class:`~lfed.core.run.FederatedRun`).
 
     Structural keys (``composition.*``, ``model.*``, ``data.*``; see :data:`STRUCTURAL_PREFIXES`)
     identify the run; ``hparams.*`` keys are hyperparameters whose change is allowed with a
-    warning. ``data.*`` keys are present when its ``FederatedDataModule`` is given, ``model.*``
+    warning. ``data.*`` keys are present when its ``FederatedDataModule`` is given (``saved``: the checkpoint's
+    fingerprint it is compared with, for the digests of lfed 0.5 it may hold: :func:`data_fingerprint`), ``model.*``
     keys once it has a net, the rounds when a fraction schedule depends on them. A net with
     frozen parameters (a frozen base, :mod:`lfed.models.adapters`) adds their names and shapes
     (``model.frozen``) and a digest of their values (``model.frozen_digest``): a checkpoint made
@@ -180,7 +202,7 @@ def run_fingerprint(module: Any, total_rounds: int | None = None, datamodule: An
             fp["model.frozen_digest"] = tensor_digest(*(p for _, p in frozen))
     dm = datamodule
     if dm is not None and hasattr(dm, "build"):
-        fp.update(data_fingerprint(dm))
+        fp.update(data_fingerprint(dm, saved))
     return fp
 
 

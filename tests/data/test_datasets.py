@@ -335,3 +335,10 @@ def test_leaf_errors(tmp_path: Path) -> None:
     _write_leaf(femnist / "f_test.json.gz", {"w": ([[0.5] * 784], [0])})
     with pytest.raises(ValueError, match="label 62 outside"):
         load_dataset("femnist", tmp_path)
+
+
+def test_a_misspelt_dataset_gets_the_closest_name():
+    from lfed.data.federated import FederatedDataset
+
+    with pytest.raises(ValueError, match=r"dataset: 'mnsit' is not one of .* \(did you mean 'mnist'\?\)"):
+        FederatedDataset(dataset="mnsit")

@@ -60,13 +60,21 @@ def test_the_fingerprint_hashes_once_and_records_what_it_recorded_before(monkeyp
     dm.load_state_dict(state)
     assert data_fingerprint(dm) == first and dm.state_dict() == state
     assert len(calls) == hashed, "a save or a resume hashed the data again"
-    # the same values lfed 0.5 recorded (old checkpoints still match)
+    # the labels and sizes as lfed 0.5 recorded them; the clients' positions flat since 0.6 (CSR: never N x max n_k)
     assert first["data.train_labels_hash"] == _old_digest(d.train_y)
-    assert first["data.client_indices_hash"] == _old_digest(d.client_sizes, d.client_index, d.holdout_sizes,
-                                                            d.holdout_index)
+    assert first["data.client_indices_hash"] == _old_digest(d.client_sizes, d.client_flat, d.holdout_sizes, d.holdout_flat)
     if client_validation:
-        assert first["data.client_val_hash"] == _old_digest(d.client_val_sizes, d.client_val_index)
+        assert first["data.client_val_hash"] == _old_digest(d.client_val_sizes, d.client_val_flat)
     assert state["client_sizes_digest"] == _old_digest(d.client_sizes)
+    # a checkpoint of lfed 0.5 recorded them over the padded indices: it still resumes (they are computed to compare),
+    padded = {"data.client_indices_hash": _old_digest(d.client_sizes, d.client_index, d.holdout_sizes, d.holdout_index)}
+    if client_validation:
+        padded["data.client_val_hash"] = _old_digest(d.client_val_sizes, d.client_val_index)
+    assert padded["data.client_indices_hash"] != first["data.client_indices_hash"]
+    dm.load_state_dict({**state, "fingerprint": {**state["fingerprint"], **padded}})
+    for key in padded:  # and one of another split is still refused, naming the key
+        with pytest.raises(ValueError, match=key.replace(".", r"\.") + ": checkpoint"):
+            dm.load_state_dict({**state, "fingerprint": {**state["fingerprint"], key: "0" * 16}})
 
 
 def test_data_changed_after_the_build_is_hashed_again():
@@ -79,8 +87,8 @@ def test_data_changed_after_the_build_is_hashed_again():
     assert after["data.train_labels_hash"] != before["data.train_labels_hash"]
     assert after["data.train_labels_hash"] == tensor_digest(d.train_y)
     d.client_index = d.client_index.flip(1)  # another tensor
-    assert data_fingerprint(dm)["data.client_indices_hash"] == tensor_digest(d.client_sizes, d.client_index,
-                                                                              d.holdout_sizes, d.holdout_index)
+    assert data_fingerprint(dm)["data.client_indices_hash"] == tensor_digest(d.client_sizes, d.client_flat,
+                                                                              d.holdout_sizes, d.holdout_flat)
     assert data_fingerprint(dm)["data.client_indices_hash"] != after["data.client_indices_hash"]
 
 
