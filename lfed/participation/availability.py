@@ -37,7 +37,44 @@ from lfed.participation.clock import SimulatedClock, model_bits
 from lfed.participation.draws import uniform_draw
 from lfed.participation.sampling import ClientSampler
 
-__all__ = ["AvailableSampler"]
+__all__ = ["AvailableSampler", "Online"]
+
+
+class Online:
+    """The clients online at one time, in ascending order, as a pattern of ``period`` (clients ``0..N-1``; client ``k``
+    online iff ``k mod period`` is in ``on``, the online members of ``0..period-1``, ascending; ``on`` None: everyone).
+
+    A trace of ``M`` rows gives ``period = M`` (client ``k`` follows row ``k mod M``), so the set of ``N`` clients is
+    held in O(M) and its ``j``-th member found in O(1) (:meth:`select`): ``N = Q M + r`` clients are ``Q`` whole periods
+    of ``R = |on|`` online clients each, then the part of ``on`` below ``r``.
+    """
+
+    def __init__(self, num_clients: int, on: Tensor | None, period: int) -> None:
+        self.num_clients, self.on, self.period = num_clients, on, period
+        if on is None:
+            self.size = num_clients
+        else:
+            self.whole, rest = divmod(num_clients, period)
+            self.tail = int((on < rest).sum())  # on is ascending: its first `tail` rows have a client in the last period
+            self.size = self.whole * on.numel() + self.tail
+
+    def select(self, positions: Tensor) -> Tensor:
+        """The online clients at ``positions`` (0-based ranks in ascending order), long."""
+        positions = positions.long()
+        if self.on is None:
+            return positions
+        R = self.on.numel()
+        q = torch.div(positions, R, rounding_mode="floor")
+        return q * self.period + self.on[positions - q * R]  # the last period's ranks continue into on's first rows
+
+    def distribution(self) -> Tensor:
+        """``[N]`` float64: ``1/A`` for each online client, 0 for the others (what the draw is uniform over; for
+        logging: one ``[N]`` gather)."""
+        if self.on is None:
+            return torch.tensor(1.0 / self.num_clients, dtype=torch.float64).expand(self.num_clients)
+        row = torch.zeros(self.period, dtype=torch.float64)
+        row[self.on] = 1.0 / self.size
+        return row.repeat(-(-self.num_clients // self.period))[: self.num_clients]
 
 
 class AvailableSampler(ClientSampler):
@@ -82,16 +119,26 @@ class AvailableSampler(ClientSampler):
         """Simulated seconds at the start of the next round."""
         return self.clock.now
 
-    def online(self) -> tuple[Tensor, float]:
-        """``([A] long, t)``: the clients online at the next round's time ``t`` (``now``, or the first opening after it
-        when nobody is online then), ascending."""
-        N = self.num_clients
-        everyone = torch.arange(N, dtype=torch.long)
+    def online(self) -> tuple[Online, float]:
+        """``(online, t)``: the clients online at the next round's time ``t`` (``now``, or the first opening after it
+        when nobody is online then), an :class:`Online` set in ascending order.
+
+        With a trace, client ``k`` follows the trace's row ``k mod M``: whether it is online is its row's, so the rows
+        are read (``M`` of them, each a bisection of its intervals) and the set is made of them, not of the ``N``
+        clients: a round costs O(M log L + K), whatever N. Periodic windows have a phase per client: O(N)."""
+        N, now = self.num_clients, self.clock.now
         if not self.clock.windows:
-            return everyone, self.clock.now
-        opens = self.clock.next_available(everyone, self.clock.now, self.seed, N)
+            return Online(N, None, N), now
+        if self.clock.trace is not None:
+            M = self.clock.availability_trace().num_clients
+            rows = torch.arange(min(N, M), dtype=torch.long)  # client m < M is row m: the rows every client follows
+            opens = self.clock.next_available(rows, now, self.seed, N)
+            t = float(opens.min())
+            return Online(N, torch.nonzero(opens == t).flatten(), M), t
+        everyone = torch.arange(N, dtype=torch.long)
+        opens = self.clock.next_available(everyone, now, self.seed, N)
         t = float(opens.min())
-        return torch.nonzero(opens == t).flatten(), t
+        return Online(N, torch.nonzero(opens == t).flatten(), N), t
 
     def sample(self, round: int, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         self._check_k(k)
@@ -99,20 +146,18 @@ class AvailableSampler(ClientSampler):
         available, t = self.online()
         wait = t - self.clock.now
         self.clock.now = t  # the server waited for the first client to come online
-        A = available.numel()
+        A = available.size
         if A <= k:
-            ids = available
+            ids = available.select(torch.arange(A, dtype=torch.long))
             if A < k and not self._warned:
                 self._warned = True
                 warnings.warn(f"sampler: round {round}: {A} of the {N} clients are online at simulated time {t:g}, fewer "
                               f"than the cohort of {k}: the round takes all {A} (round/available logs it every round)",
                               stacklevel=2)
         else:
-            ids = available[uniform_draw(A, k, generator).cpu()].sort().values
+            ids = available.select(uniform_draw(A, k, generator).cpu()).sort().values
         self._round = {"round/available": float(A), "clock/wait": wait}
-        p = torch.zeros(N, dtype=torch.float64)
-        p[available] = 1.0 / A
-        return ids.to(device), p.to(device)
+        return ids.to(device), available.distribution().to(device)
 
     def observe(self, cohort: Cohort, client_weights: Tensor, w_new: Tensor) -> None:
         """After the server step: ``now`` moves on by the round's duration, its slowest working client's."""

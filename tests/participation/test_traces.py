@@ -360,3 +360,28 @@ def test_a_synchronous_trace_run_resumed_from_a_middle_checkpoint_is_bit_identic
     got = state(fit(config, "--ckpt_path", str(tmp_path / "ckpts" / "epoch=0-step=3.ckpt")))
     assert got["now"] == want["now"] and want["global_step"] == 6
     assert_same_state(got, want)
+
+
+@pytest.mark.parametrize("num_clients", [3, 5, 13, 25])
+def test_the_online_set_read_from_the_trace_rows_is_the_clients_one_by_one(tmp_path, num_clients):
+    """Client k follows row k mod M: the online set made from the M rows (O(M) a round, lfed.participation.availability.
+    Online) is the set of the N clients each asked one by one (lfed 0.6's first reading, O(N)), in the same ascending
+    order, so the same draws pick the same clients; also when nobody is online and the server waits, and N < M."""
+    from lfed.participation.availability import Online
+
+    clock = SimulatedClock("constant", trace=_write_trace(tmp_path / "behave.json"))
+    sampler = AvailableSampler(clock)
+    sampler.num_clients, sampler.seed = num_clients, 0
+    everyone = torch.arange(num_clients)
+    for now in [0.0, 7.5, 25.0, 50.0, 55.0, 60.0, 85.0, 99.0, 110.0, 233.0]:
+        clock.now = now
+        opens = clock.next_available(everyone, now, 0, num_clients)
+        t = float(opens.min())
+        want = torch.nonzero(opens == t).flatten()  # every client asked
+        online, got_t = sampler.online()
+        assert isinstance(online, Online) and got_t == t and online.size == want.numel()
+        assert torch.equal(online.select(torch.arange(online.size)), want)
+        p = online.distribution()
+        assert p.shape == (num_clients,) and torch.equal(p.nonzero().flatten(), want)
+        assert torch.allclose(p[want], torch.full((want.numel(),), 1.0 / want.numel(), dtype=torch.float64))
+        assert set(want.tolist()) == {k for k in range(num_clients) if k % 5 in _online_by_hand(t)}  # by hand
