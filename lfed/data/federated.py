@@ -179,12 +179,16 @@ class FederatedDataset:
                              + (f" (did you mean {close[0]!r}?)" if close else ""))
         self.synthetic = self._synthetic_spec(synthetic_alpha, synthetic_beta, synthetic_iid)
         self.lazy, self.test_devices = self._lazy_settings(lazy, test_devices)
+        self._warn_unread(rho, shards_per_client, classes_per_client)
+
+    def _warn_unread(self, rho: float, shards_per_client: int, classes_per_client: int) -> None:
+        """A partition's setting that the chosen partition ignores, said before round 0."""
         read_by = {"rho": (rho, 1.0, "dirichlet"), "shards_per_client": (shards_per_client, 2, "shards"),
                    "classes_per_client": (classes_per_client, 2, "classes")}
-        for name, (value, default, reader) in read_by.items():  # a setting the partition ignores, said before round 0
-            if value != default and partition != reader:
-                warnings.warn(f"{name}: {value} does nothing with partition: {partition!r} (only partition: {reader!r} "
-                              "reads it)", UnusedSettingWarning, stacklevel=2)
+        for name, (value, default, reader) in read_by.items():
+            if value != default and self.partition != reader:
+                warnings.warn(f"{name}: {value} does nothing with partition: {self.partition!r} (only partition: "
+                              f"{reader!r} reads it)", UnusedSettingWarning, stacklevel=3)
 
     def _synthetic_spec(self, alpha: float, beta: float, iid: bool) -> Synthetic | None:
         """The Synthetic(α, β) settings when ``dataset='synthetic'`` (checked); else None, warning of set ones."""
@@ -298,14 +302,7 @@ class FederatedDataset:
 
             self.data = LazyFederatedData(SyntheticSource(self.synthetic, self.num_clients), self.test_devices, self.seed)
             return self.data
-        ds = self._loaded = self._load()
-        if self.synthetic is not None and self.test_devices is not None:  # the test shares of a sample of devices
-            from lfed.data.lazy import evaluation_devices
-
-            keep = torch.isin(ds.test_groups, evaluation_devices(self.num_clients, self.test_devices, self.seed))
-            ds = DatasetTensors(ds.name, ds.train_x, ds.train_y, ds.test_x[keep], ds.test_y[keep],
-                                               ds.num_classes, train_groups=ds.train_groups,
-                                               test_groups=ds.test_groups[keep])
+        ds = self._sampled_test_devices(self._load())
         regression = ds.num_classes is None
         if regression:
             if self.partition != "iid":
@@ -371,6 +368,18 @@ class FederatedDataset:
                                              ("val_from_clients", val_index is not None and ds.train_groups is not None)) if yes),
         )
         return self.data
+
+    def _sampled_test_devices(self, ds: DatasetTensors) -> DatasetTensors:
+        """``ds`` with its test set the test shares of ``test_devices`` sampled devices (``dataset='synthetic'``), the
+        same devices as with ``lazy`` (:func:`lfed.data.lazy.evaluation_devices`); ``ds`` itself otherwise."""
+        self._loaded = ds
+        if self.synthetic is None or self.test_devices is None:
+            return ds
+        from lfed.data.lazy import evaluation_devices
+
+        keep = torch.isin(ds.test_groups, evaluation_devices(self.num_clients, self.test_devices, self.seed))
+        return DatasetTensors(ds.name, ds.train_x, ds.train_y, ds.test_x[keep], ds.test_y[keep], ds.num_classes,
+                              train_groups=ds.train_groups, test_groups=ds.test_groups[keep])
 
     @property
     def sample_shape(self) -> Sequence[int]:
