@@ -47,6 +47,7 @@ def test_the_gather_is_the_materialized_population_rows():
     assert lazy.gather(clients)[0] is not None and lazy._last[0] == (5, 1, 3)  # made once per cohort
 
 
+@pytest.mark.bitlevel
 @pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
 def test_a_round_on_it_equals_the_round_on_the_pool(algorithm):
     pooled, lazy = _both()

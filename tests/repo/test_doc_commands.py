@@ -138,6 +138,8 @@ def _datasets(words: list[str]) -> set[str]:
 def _missing(dataset: str) -> bool:
     from lfed.data.datasets import load_dataset
 
+    if dataset == "synthetic":  # FedProx's Synthetic: generated from its seed, nothing to find
+        return False
     try:
         load_dataset(dataset, None, download=False)
     except FileNotFoundError:
