@@ -15,25 +15,17 @@ import os
 import sys
 import time
 
-import torch
-
 
 def main(N: int, rounds: int) -> dict:
-    from lfed.core.algorithm import LocalTraining
+    from population_job import data_module, examples, issue65_run
+
     from lfed.core.fit import fit_run
     from lfed.core.round import run_round
-    from lfed.core.settings import build_run
-    from lfed.lightning.datamodule import FederatedDataModule
-    from lfed.models import MLP
 
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(N * 5 + 100, 16, generator=g)
-    y = torch.randint(0, 10, (N * 5 + 100,), generator=g)
+    x, y = examples(N)
     t0 = time.process_time()
-    dm = FederatedDataModule.from_tensors(x[100:], y[100:], x[:100], y[:100], num_clients=N, partition="iid",
-                                          holdout_fraction=0.0, num_classes=10)
-    run = build_run(net=MLP(16, [32], 10), fraction=100 / N,
-                    training=LocalTraining(client_lr=0.1, batch_size=5, local_steps=1))
+    dm = data_module(x, y, N)
+    run = issue65_run(N)
     fit_run(run, dm, 1)  # builds the run (data, state) and trains round 0
     build = time.process_time() - t0
     w = run.layout.module_vector(run.net)

@@ -39,31 +39,21 @@ def one(N: int, rounds: int) -> dict:
     import warnings
 
     import torch
+    from population_job import data_module, examples, issue65_run
 
-    try:
-        from lfed.core.algorithm import LocalTraining
-    except ImportError:  # lfed 0.5
-        from lfed.core.round import LocalTraining
     from lfed.core.fit import fit_run
     from lfed.core.round import run_round
-    from lfed.core.settings import build_run
     from lfed.engine.ranks import Ranks
-    from lfed.lightning.datamodule import FederatedDataModule
-    from lfed.models import MLP
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(N * 5 + 100, 16, generator=g)
-    y = torch.randint(0, 10, (N * 5 + 100,), generator=g)
-    dm = FederatedDataModule.from_tensors(x[100:], y[100:], x[:100], y[:100], num_clients=N, partition="iid",
-                                          holdout_fraction=0.2, num_classes=10)
+    x, y = examples(N)
+    dm = data_module(x, y, N, holdout=0.2)
     rss0, t = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.process_time()
     dm.build()
     build = time.process_time() - t
     rss = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 2**20  # KiB -> GiB
-    run = build_run(net=MLP(16, [32], 10), fraction=min(1.0, 100 / N),
-                    training=LocalTraining(client_lr=0.1, batch_size=5, local_steps=1))
+    run = issue65_run(N)
     fit_run(run, dm, 1)  # the run's state set up, round 0 trained
     w = run.layout.module_vector(run.net)
     times = []

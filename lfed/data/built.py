@@ -18,6 +18,18 @@ _NAMES = {"train": ("client_index", "client_flat", "client_sizes"), "test": ("ho
           "val": ("client_val_index", "client_val_flat", "client_val_sizes")}
 
 
+def _positions(split: str, kind: str, doc: str) -> property:
+    """A split's positions as an attribute: read through :meth:`FederatedData.padded` or :meth:`FederatedData.flat`
+    (the clients' validation split: None when there is none), set as given in that form."""
+
+    def read(self: FederatedData) -> Tensor | None:
+        if split not in self._given:  # only the validation split may be absent
+            return None
+        return self.padded(split) if kind == "padded" else self.flat(split)
+
+    return property(read, lambda self, value: self._set(split, kind, value), doc=doc)
+
+
 def _pack(flat: Tensor, sizes: Tensor, width: int, starts: Tensor) -> Tensor:
     """``[N, width]`` the flat positions padded with 0 (client ``k``'s in row ``k``)."""
     column = torch.arange(width, device=sizes.device)[None, :]
@@ -157,20 +169,12 @@ class FederatedData:
         else:
             self._given[split] = (kind, value)
 
-    client_index = property(lambda self: self.padded("train"), lambda self, v: self._set("train", "padded", v),
-                            doc="``[N, max_n]``: :meth:`padded` of the training split (settable: replaces the positions).")
-    holdout_index = property(lambda self: self.padded("test"), lambda self, v: self._set("test", "padded", v),
-                             doc="``[N, max_h]``: :meth:`padded` of the held-out split (``[N, 1]`` zeros without one).")
-    client_val_index = property(lambda self: self.padded("val") if "val" in self._given else None,
-                                lambda self, v: self._set("val", "padded", v),
-                                doc="``[N, max_v]``: :meth:`padded` of the clients' validation split; None without one.")
-    client_flat = property(lambda self: self.flat("train"), lambda self, v: self._set("train", "flat", v),
-                           doc="The training positions concatenated (:meth:`flat`).")
-    holdout_flat = property(lambda self: self.flat("test"), lambda self, v: self._set("test", "flat", v),
-                            doc="The held-out positions concatenated (:meth:`flat`).")
-    client_val_flat = property(lambda self: self.flat("val") if "val" in self._given else None,
-                               lambda self, v: self._set("val", "flat", v),
-                               doc="The clients' validation positions concatenated (:meth:`flat`); None without them.")
+    client_index = _positions("train", "padded", "``[N, max_n]``: :meth:`padded` of the training split (settable).")
+    holdout_index = _positions("test", "padded", "``[N, max_h]``: the held-out split padded (``[N, 1]`` zeros without one).")
+    client_val_index = _positions("val", "padded", "``[N, max_v]``: the clients' validation split padded; None without one.")
+    client_flat = _positions("train", "flat", "The training positions concatenated (:meth:`flat`; settable).")
+    holdout_flat = _positions("test", "flat", "The held-out positions concatenated (:meth:`flat`).")
+    client_val_flat = _positions("val", "flat", "The clients' validation positions concatenated; None without them.")
 
     def positions(self, clients: Tensor | None, split: str = "test") -> tuple[Tensor, Tensor]:
         """``(owner [M], idx [M])``: the split's examples of ``clients`` (None: every client) flat, each with its client,

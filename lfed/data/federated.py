@@ -302,7 +302,8 @@ class FederatedDataset:
 
             self.data = LazyFederatedData(SyntheticSource(self.synthetic, self.num_clients), self.test_devices, self.seed)
             return self.data
-        ds = self._sampled_test_devices(self._load())
+        self._loaded = self._load()
+        ds = self._sampled_test_devices(self._loaded)
         regression = ds.num_classes is None
         if regression:
             if self.partition != "iid":
@@ -372,7 +373,6 @@ class FederatedDataset:
     def _sampled_test_devices(self, ds: DatasetTensors) -> DatasetTensors:
         """``ds`` with its test set the test shares of ``test_devices`` sampled devices (``dataset='synthetic'``), the
         same devices as with ``lazy`` (:func:`lfed.data.lazy.evaluation_devices`); ``ds`` itself otherwise."""
-        self._loaded = ds
         if self.synthetic is None or self.test_devices is None:
             return ds
         from lfed.data.lazy import evaluation_devices
